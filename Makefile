@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean services-check
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+services-check:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "redis-server not found: installing it (apt-get install -y redis-server)"; \
+	    (apt-get update -q && apt-get install -y -q redis-server) >/dev/null; \
+	  else \
+	    echo "redis-server is required: install it (e.g. 'sudo apt-get install -y redis-server') and re-run"; exit 1; \
+	  fi; }
+
+demo: $(STAMP) services-check
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP) services-check
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP) services-check
+	$(BIN)/python scripts/bench.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache *.egg-info

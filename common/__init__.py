@@ -1,0 +1,1 @@
+"""Shared pieces of downcluster: configuration, models, queues, connections and errors."""

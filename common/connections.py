@@ -1,0 +1,64 @@
+"""Connections to MongoDB (aliases "source" and "log") and Redis, made lazily per process.
+
+rq's forking worker runs each job in a fresh child; a pymongo client must not cross a fork,
+so ``connect_mongo`` reconnects when it finds itself in a new process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import mongoengine
+from pymongo import MongoClient
+from redis import Redis
+
+from common.config import settings
+
+_lock = threading.Lock()
+_mongo_pid: int | None = None
+_redis: tuple[int, str, Redis] | None = None
+
+
+def connect_mongo(ensure_indexes: bool = False) -> None:
+    """Register the "source" and "log" aliases (idempotent within one process)."""
+    global _mongo_pid
+    with _lock:
+        if _mongo_pid == os.getpid():
+            return
+        if _mongo_pid is not None:
+            disconnect_mongo_unlocked()
+        opts = dict(serverSelectionTimeoutMS=10_000, connect=False, uuidRepresentation="standard")
+        mongoengine.connect(alias="source", host=settings.MONGO_URI, **opts)
+        mongoengine.connect(alias="log", host=settings.MONGO_LOG_URI, **opts)
+        _mongo_pid = os.getpid()
+    if ensure_indexes:
+        from common.models import ALL_MODELS
+
+        for model in ALL_MODELS:
+            model.ensure_indexes()
+
+
+def disconnect_mongo_unlocked() -> None:
+    global _mongo_pid
+    for alias in ("source", "log"):
+        mongoengine.disconnect(alias)
+    _mongo_pid = None
+
+
+def disconnect_mongo() -> None:
+    with _lock:
+        disconnect_mongo_unlocked()
+
+
+def mongo_client(alias: str = "source") -> MongoClient:
+    connect_mongo()
+    return mongoengine.get_connection(alias)
+
+
+def redis_conn() -> Redis:
+    """One Redis client per process and URL."""
+    global _redis
+    url = settings.REDIS_URL
+    if _redis is None or _redis[0] != os.getpid() or _redis[1] != url:
+        _redis = (os.getpid(), url, Redis.from_url(url, health_check_interval=30))
+    return _redis[2]

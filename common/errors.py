@@ -1,0 +1,36 @@
+"""The error tree of downcluster.
+
+    DownclusterError
+    ├── ConfigError          a setting cannot be read (not retryable)
+    ├── ValidationError      a manifest, downloader, URL or setting is invalid (not retryable)
+    ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
+    └── DownloadError        one download failed; ``retryable`` says whether to try again
+"""
+from __future__ import annotations
+
+
+class DownclusterError(Exception):
+    """Root of every error downcluster raises on purpose."""
+
+
+class ConfigError(DownclusterError):
+    """A setting is missing or malformed. Not retryable: fix the configuration."""
+
+
+class ValidationError(DownclusterError):
+    """Input from a person (manifest, code, URL, setting) is invalid. Not retryable."""
+
+
+class DispatchLocked(DownclusterError):
+    """Another dispatcher run holds the cluster-wide lock. Safe to retry later."""
+
+
+class DownloadError(DownclusterError):
+    """A download failed. ``retryable`` tells whether a later attempt may succeed;
+    ``retry_after`` is a server-requested delay in seconds, if any."""
+
+    def __init__(self, reason: str, retryable: bool = True, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retryable = retryable
+        self.retry_after = retry_after

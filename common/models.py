@@ -1,0 +1,191 @@
+"""MongoDB documents (mongoengine), two aliases as in the seed: "source" and "log".
+
+Collection names are mongoengine's defaults for the seed's class names; analysts query them
+directly, so field names and status strings are part of the interface (README "Schema").
+Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
+and the indexes.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from mongoengine import (
+    BinaryField,
+    DateTimeField,
+    DictField,
+    Document,
+    IntField,
+    ObjectIdField,
+    ReferenceField,
+    StringField,
+)
+
+
+def utcnow() -> datetime:
+    """Naive UTC, as BSON stores it."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+ON, OFF = "ON", "OFF"
+
+# task statuses
+LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD = "LIVE", "DISPATCH", "SUCCESS", "FAIL", "CANCEL", "DEAD"
+TASK_STATUSES = (LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD)
+
+
+class Job(Document):
+    name = StringField(required=True, unique=True, max_length=128)
+    status = StringField(choices=(ON, OFF), default=ON)
+    priority = IntField(min_value=-1, max_value=5, default=5)
+    host = StringField(default="")
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source", "indexes": [("status", "priority")]}
+
+
+class CrawlerDownloadType(Document):
+    language = StringField(required=True, unique=True)
+    is_support = StringField(choices=("support", "unsupport"), default="support")
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+class CrawlerDownload(Document):
+    job = ReferenceField(Job, required=True, unique=True)
+    code = StringField(default="")
+    types = ReferenceField(CrawlerDownloadType, required=True)
+    status = StringField(choices=(ON, OFF), default=ON)
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+class CrawlerDownloadSetting(Document):
+    PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
+    job = ReferenceField(Job, required=True, unique=True)
+    dispatch_num = IntField(min_value=1, default=100)
+    max_retry_times = IntField(min_value=0, default=5)
+    proxy = StringField(default="")
+    cookie = StringField(default="")
+    headers = DictField()
+    download_engine = StringField(max_length=16, default="requests")
+    download_js = StringField(default="")
+    prior = IntField(choices=(0, 1, 2), default=0)
+    report_mails = StringField(max_length=256, default="")
+    last_update_datetime = DateTimeField(default=utcnow)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+class CrawlerTask(Document):
+    """One URL of one job. ``lease`` names the queue entry (rq job ``dc:<lease>``) that holds
+    the task while it is DISPATCH; ``retry_at`` is when a FAIL task may go again (null: never)."""
+
+    job = ReferenceField(Job, required=True)
+    uri = StringField(required=True)
+    status = StringField(choices=TASK_STATUSES, default=LIVE)
+    download_times = IntField(default=0)
+    recoveries = IntField(default=0)
+    host_name = StringField(default="")
+    lease = StringField()
+    queue = StringField()
+    dispatched_at = DateTimeField()
+    retry_at = DateTimeField()
+    failed_reason = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {
+        "db_alias": "source",
+        "indexes": [
+            {"fields": ("job", "uri"), "unique": True},
+            ("job", "status", "_id"),
+            ("status", "lease"),
+        ],
+    }
+
+
+class CrawlerDownloadData(Document):
+    """A successful attempt's response, stored once: unique on (task, lease)."""
+
+    job = ReferenceField(Job, required=True)
+    downloader = ReferenceField(CrawlerDownload)
+    task = ReferenceField(CrawlerTask, required=True)
+    lease = StringField(required=True)
+    url = StringField()
+    status_code = IntField()
+    requests_headers = DictField()
+    response_headers = DictField()
+    requests_body = BinaryField()
+    response_body = BinaryField()
+    response_body_gridfs = ObjectIdField()
+    encoding = StringField()
+    hostname = StringField()
+    remote_ip = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {
+        "db_alias": "source",
+        "indexes": [{"fields": ("task", "lease"), "unique": True}, ("job", "_id")],
+    }
+
+
+class CrawlerDownloadLog(Document):
+    job = ReferenceField(Job)
+    task = ReferenceField(CrawlerTask)
+    lease = StringField()
+    status = StringField(choices=(SUCCESS, FAIL))
+    requests_size = IntField(default=0)
+    response_size = IntField(default=0)
+    failed_reason = StringField(max_length=10240)
+    downloads_hostname = StringField()
+    spend_time = IntField(default=0)  # microseconds
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log", "indexes": [("task", "lease"), "add_datetime"]}
+
+
+class CrawlerDispatchAlertLog(Document):
+    job = ReferenceField(Job)
+    type = StringField(max_length=128)
+    reason = StringField(max_length=10240, required=True)
+    content_bytes = IntField(default=0)
+    hostname = StringField(required=True)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+class CrawlerDispatchLog(Document):
+    """One record per queue entry a dispatcher run wrote (or failed to write)."""
+
+    job = ReferenceField(Job)
+    status = StringField(choices=(SUCCESS, FAIL))
+    queue = StringField()
+    lease = StringField()
+    count = IntField(default=0)
+    reason = StringField(max_length=10240)
+    hostname = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+class CrawlerRegistrationErrorLog(Document):
+    """A rejected ``job register``: nothing else was stored."""
+
+    name = StringField()
+    manifest = StringField()
+    reason = StringField(max_length=10240, required=True)
+    hostname = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+ALL_MODELS = (
+    Job,
+    CrawlerDownloadType,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerTask,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerRegistrationErrorLog,
+)

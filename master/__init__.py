@@ -1,0 +1,1 @@
+"""The master: job registry, task intake, dispatcher, defender, stats and export."""

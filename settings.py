@@ -1,0 +1,118 @@
+"""downcluster defaults.
+
+Every UPPERCASE name here can be overridden, in increasing precedence, by a local settings
+file named in ``DOWNCLUSTER_SETTINGS``, by the environment variable ``DOWNCLUSTER_<NAME>``,
+and by a command-line flag where one exists. Read values through ``common.config.settings``.
+"""
+
+# --- connections -------------------------------------------------------------------------
+REDIS_URL = "redis://127.0.0.1:6379/0"
+"""Redis holding the rq queues, the dispatcher lock and download heartbeats."""
+
+MONGO_URI = "mongodb://127.0.0.1:27017/downcluster"
+"""MongoDB "source" database (jobs, tasks, stored data); the database name is in the URI."""
+
+MONGO_LOG_URI = "mongodb://127.0.0.1:27017/downcluster_log"
+"""MongoDB "log" database (download, dispatch, alert and registration-error logs)."""
+
+SENTRY_DSN = ""
+"""Sentry DSN; empty switches Sentry off."""
+
+HOSTNAME = ""
+"""This host's name in logs and host queues; empty means the machine's hostname."""
+
+# --- dispatcher (seed 003) ---------------------------------------------------------------
+MAX_TOTAL_DISPATCH_COUNT_ONCE = 7000
+"""Tasks one dispatcher run may enqueue in all."""
+
+DISPATCH_USE_POOL_TIMEOUT = 300
+"""Seconds one dispatcher run may take; past it the run is killed as a whole."""
+
+DISPATCH_POOL_SIZE = 4
+"""Jobs handled in parallel by one dispatcher run."""
+
+DISPATCH_ORDER = "priority"
+"""Order in which jobs draw on the queue caps: "priority", "host" or "priority,host"."""
+
+DISPATCH_BATCH_SIZE = 50
+"""Tasks of one job carried by one queue entry; the queue caps count entries."""
+
+DISPATCH_LOOP_INTERVAL = 1.0
+"""Seconds between top-ups in ``downcluster dispatch --loop``."""
+
+Q_DOWN_SUPER_LEN = 1000
+"""Cap on entries in down_super (and in each host's down_super)."""
+
+Q_DOWN_HIGH_LEN = 1000
+"""Cap on entries in down_high (and in each host's down_high)."""
+
+Q_DOWN_MID_LEN = 1000
+"""Cap on entries in down_mid (and in each host's down_mid)."""
+
+Q_DOWN_LOW_LEN = 1000
+"""Cap on entries in down_low (and in each host's down_low)."""
+
+DEFAULT_DISPATCH_NUM = 100
+"""Per-job tasks per dispatcher run when the job's settings do not say."""
+
+DEFAULT_MAX_RETRY_TIMES = 5
+"""A FAIL task is re-dispatched while its download_times is below this."""
+
+# --- recovery and retries ----------------------------------------------------------------
+MAX_RECOVERIES = 3
+"""Times a task may be recovered from a lost queue entry or dead worker before it is DEAD."""
+
+HEARTBEAT_INTERVAL = 5
+"""Seconds between a running batch's heartbeats."""
+
+HEARTBEAT_TTL = 20
+"""Seconds after the last heartbeat when a running batch counts as dead."""
+
+LEASE_TIMEOUT = 3600
+"""Seconds after which a dispatched task is recovered whatever its queue entry says."""
+
+RETRY_BACKOFF_BASE = 2.0
+"""Seconds of the first retry delay; it doubles with each attempt."""
+
+RETRY_BACKOFF_MAX = 600.0
+"""Longest retry delay in seconds (also caps a server's Retry-After)."""
+
+# --- downloads ---------------------------------------------------------------------------
+DOWNLOAD_TIMEOUT = 300
+"""Seconds one download may take in all, whatever the downloader type."""
+
+DOWNLOAD_MAXSIZE = 64 * 1024 * 1024
+"""Largest body kept, counted after decompression; a larger one fails the download."""
+
+DOWNLOAD_MAX_REDIRECTS = 10
+"""Redirects the built-in engine follows before failing."""
+
+DOWNLOAD_CONCURRENCY = 16
+"""Downloads of one batch run at the same time in a worker."""
+
+DOWNLOAD_USER_AGENT = "downcluster/1.0"
+"""User-Agent header of the built-in engine."""
+
+SANDBOX_MEMORY_MB = 1024
+"""Address-space limit of a python or shell downloader process."""
+
+SANDBOX_CPU_SECONDS = 300
+"""CPU-seconds limit of a python or shell downloader process."""
+
+SANDBOX_MAX_PROCESSES = 64
+"""Processes a shell downloader may run at once (per uid, where the kernel counts them)."""
+
+SANDBOX_MAX_OPEN_FILES = 256
+"""Open files of a python or shell downloader process."""
+
+SANDBOX_MAX_FILE_MB = 64
+"""Largest file a python or shell downloader may write."""
+
+SANDBOX_STDERR_BYTES = 4096
+"""Tail of a downloader's stderr kept as its failure reason."""
+
+GRIDFS_THRESHOLD = 15 * 1024 * 1024
+"""Bodies at least this large are stored in GridFS instead of inside the data document."""
+
+MAX_URL_LENGTH = 8192
+"""Longest URL accepted by ``task add``."""

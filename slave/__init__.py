@@ -1,0 +1,1 @@
+"""The slave: rq worker entry, the batch job function and the downloader engines."""

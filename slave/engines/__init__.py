@@ -1,0 +1,1 @@
+"""Downloader engines: one module per downloader type."""
