@@ -38,6 +38,7 @@ class Job(Document):
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=-1, max_value=5, default=5)
     host = StringField(default="")
+    live_from = ObjectIdField()  # dispatcher watermark: no LIVE task of this job has a lower _id
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
@@ -175,6 +176,12 @@ class CrawlerRegistrationErrorLog(Document):
     hostname = StringField()
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "log"}
+
+
+def lower_live_from(job_id, oid) -> None:
+    """Lower a job's dispatch watermark so tasks from ``oid`` upward are scanned again
+    (call after anything makes a task LIVE)."""
+    Job._get_collection().update_one({"_id": job_id}, {"$min": {"live_from": oid}})
 
 
 ALL_MODELS = (

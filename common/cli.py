@@ -1,0 +1,71 @@
+"""The ``downcluster`` command: one click group whose commands live in master/ and slave/.
+
+Commands are loaded lazily by dotted path (click's lazy-group pattern), so common/ imports
+neither side and a slave host never loads master code it does not run.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from common.errors import ConfigError, DispatchLocked, ValidationError
+
+COMMANDS = {
+    "job": "master.cli:job",
+    "task": "master.cli:task",
+    "dispatch": "master.cli:dispatch",
+    "defender": "master.cli:defender",
+    "scheduler": "master.cli:scheduler",
+    "stats": "master.cli:stats",
+    "data": "master.cli:data",
+    "worker": "slave.cli:worker",
+}
+
+EXIT_INVALID = 2
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another dispatcher holds the lock; cron may simply go on
+
+
+def import_attribute(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return import_attribute(COMMANDS[name]) if name in COMMANDS else None
+
+    def invoke(self, ctx: click.Context):
+        from pymongo.errors import ServerSelectionTimeoutError
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        from common.secrets import redact
+
+        try:
+            return super().invoke(ctx)
+        except (ValidationError, ConfigError) as exc:
+            click.secho(f"error: {redact(str(exc))}", err=True, fg="red")
+            ctx.exit(EXIT_INVALID)
+        except DispatchLocked as exc:
+            click.secho(str(exc), err=True, fg="yellow")
+            ctx.exit(EXIT_LOCKED)
+        except ServerSelectionTimeoutError as exc:
+            click.secho(f"error: cannot reach MongoDB: {redact(str(exc)).splitlines()[0][:300]}", err=True, fg="red")
+            ctx.exit(1)
+        except RedisConnectionError as exc:
+            click.secho(f"error: cannot reach Redis: {redact(str(exc))}", err=True, fg="red")
+            ctx.exit(1)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option("1.0.0", prog_name="downcluster")
+def main() -> None:
+    """downcluster: a distributed, crawler-style download cluster (rq + Redis + MongoDB)."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Sentry through sentry-sdk, with secrets scrubbed from every event."""
+from __future__ import annotations
+
+from typing import Any
+
+from common.secrets import SENSITIVE_KEYS, redact
+
+_initialised = False
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: ("[Filtered]" if str(k).lower() in SENSITIVE_KEYS else _scrub(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scrub(v) for v in value)
+    return value
+
+
+def before_send(event: dict, hint: dict) -> dict:
+    """Redact URL credentials, cookies, proxies and remembered secrets anywhere in the event."""
+    return _scrub(event)
+
+
+def init_sentry(dsn: str, transport: Any = None, **options: Any) -> bool:
+    """Initialise sentry-sdk with its RQ integration; an empty DSN switches it off."""
+    global _initialised
+    if not dsn and transport is None:
+        return False
+    import sentry_sdk
+    from sentry_sdk.integrations.rq import RqIntegration
+    from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
+
+    sentry_sdk.init(
+        dsn=dsn or None,
+        transport=transport,
+        integrations=[RqIntegration()],
+        send_default_pii=False,
+        event_scrubber=EventScrubber(denylist=DEFAULT_DENYLIST + list(SENSITIVE_KEYS), recursive=True),
+        before_send=before_send,
+        **options,
+    )
+    _initialised = True
+    return True
+
+
+def capture(exc: BaseException) -> None:
+    if _initialised:
+        import sentry_sdk
+
+        sentry_sdk.capture_exception(exc)

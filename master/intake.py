@@ -1,0 +1,88 @@
+"""Task intake: one URL a line into ``CrawlerTask`` (status LIVE), in bulk.
+
+Duplicates of a (job, url) already stored are ignored by the unique index; bad lines are
+reported with their line number and skipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from pymongo.errors import BulkWriteError
+
+from common.config import settings
+from common.errors import ValidationError
+from common.models import LIVE, CrawlerTask, Job, lower_live_from, utcnow
+from common.urls import check_url
+
+CHUNK = 1000
+DUPLICATE_KEY = 11000
+
+
+@dataclass
+class IntakeReport:
+    added: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+def parse_lines(lines: Iterable[str], report: IntakeReport, max_length: int) -> Iterable[str]:
+    """Yield valid URLs; record rejected ones (line number, reason). Blank and # lines are skipped."""
+    for number, line in enumerate(lines, 1):
+        url = line.rstrip("\r\n").strip()
+        if not url or url.startswith("#"):
+            continue
+        try:
+            yield check_url(url, max_length)
+        except ValidationError as exc:
+            report.rejected += 1
+            report.errors.append((number, str(exc)))
+
+
+def add_tasks(
+    job_name: str,
+    lines: Iterable[str],
+    host: str = "",
+    progress: Callable[[int], None] | None = None,
+) -> IntakeReport:
+    job = Job.objects(name=job_name).only("id").first()
+    if job is None:
+        raise ValidationError(f"no job named {job_name!r}")
+    collection = CrawlerTask._get_collection()
+    report = IntakeReport()
+    seen: set[str] = set()
+    chunk: list[dict] = []
+
+    def flush() -> None:
+        if not chunk:
+            return
+        try:
+            result = collection.insert_many(chunk, ordered=False)
+            report.added += len(result.inserted_ids)
+        except BulkWriteError as exc:
+            details = exc.details
+            dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
+            if dupes != len(details["writeErrors"]):
+                raise
+            report.added += details["nInserted"]
+            report.duplicate += dupes
+        lower_live_from(job.id, min(doc["_id"] for doc in chunk))
+        if progress:
+            progress(len(chunk))
+        chunk.clear()
+
+    now = utcnow()
+    for url in parse_lines(lines, report, settings.MAX_URL_LENGTH):
+        if url in seen:
+            report.duplicate += 1
+            continue
+        seen.add(url)
+        chunk.append({
+            "job": job.id, "uri": url, "status": LIVE, "download_times": 0, "recoveries": 0,
+            "host_name": host, "add_datetime": now, "last_update_datetime": now,
+        })
+        if len(chunk) >= CHUNK:
+            flush()
+    flush()
+    return report

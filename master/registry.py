@@ -1,0 +1,243 @@
+"""Job registration: validate a TOML manifest and its downloader code, then store the job.
+
+Everything is checked before anything is written; an invalid manifest stores nothing but
+a ``CrawlerRegistrationErrorLog`` record and raises ``ValidationError`` with one line.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from common.config import settings
+from common.errors import ValidationError
+from common.models import (
+    OFF,
+    ON,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerDownloadType,
+    CrawlerRegistrationErrorLog,
+    Job,
+    utcnow,
+)
+
+DOWNLOADER_TYPES = ("python", "shell", "none")
+ENGINES = ("requests",)
+MAX_CODE_BYTES = 1024 * 1024
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+EMAIL_RE = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
+TOP_KEYS = {"name", "priority", "host", "type", "code", "settings"}
+
+
+@dataclass
+class JobSpec:
+    """A validated manifest, ready to store."""
+
+    name: str
+    priority: int
+    host: str
+    type: str
+    code: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _int(settings_: dict, key: str, low: int, high: int) -> None:
+    value = settings_.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError(f"settings.{key} must be an integer in {low}..{high}, got {value!r}")
+
+
+def _str(settings_: dict, key: str, max_len: int = 4096) -> str:
+    value = settings_.get(key, "")
+    if not isinstance(value, str):
+        raise ValidationError(f"settings.{key} must be a string, got {type(value).__name__}")
+    if len(value) > max_len or "\n" in value or "\r" in value:
+        raise ValidationError(f"settings.{key} must be one line of at most {max_len} characters")
+    return value
+
+
+def validate_settings(raw: Any) -> dict[str, Any]:
+    """Check each CrawlerDownloadSetting field's type and range; return the cleaned dict."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValidationError("[settings] must be a table")
+    known = {"dispatch_num", "max_retry_times", "proxy", "cookie", "headers", "download_engine",
+             "download_js", "prior", "report_mails"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValidationError(f"unknown setting {unknown[0]!r}")
+    _int(raw, "dispatch_num", 1, 100_000)
+    _int(raw, "max_retry_times", 0, 100)
+    _int(raw, "prior", 0, 2)
+    proxy = _str(raw, "proxy")
+    if proxy:
+        try:
+            parts = urlsplit(proxy)
+            parts.port
+        except ValueError:
+            raise ValidationError("settings.proxy is not a valid URL") from None
+        if parts.scheme not in ("http", "https", "socks5", "socks5h") or not parts.hostname:
+            raise ValidationError("settings.proxy must be a http://, https:// or socks5:// URL with a host")
+    _str(raw, "cookie")
+    _str(raw, "download_js", 100_000)
+    engine = _str(raw, "download_engine") or "requests"
+    if engine not in ENGINES:
+        raise ValidationError(f"settings.download_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    mails = _str(raw, "report_mails", 256)
+    for mail in filter(None, (m.strip() for m in mails.split(","))):
+        if not EMAIL_RE.match(mail):
+            raise ValidationError(f"settings.report_mails: {mail!r} is not an e-mail address")
+    headers = raw.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in headers.items()
+    ):
+        raise ValidationError("settings.headers must be a table of one-line strings")
+    return dict(raw)
+
+
+def check_python(code: str) -> None:
+    """Parse (never run) python downloader code; it must define a top-level ``download(task)``."""
+    try:
+        tree = ast.parse(code, filename="<downloader>")
+    except SyntaxError as exc:
+        raise ValidationError(f"python code does not parse: {exc.msg} (line {exc.lineno})") from None
+    except ValueError as exc:  # e.g. null bytes
+        raise ValidationError(f"python code does not parse: {exc}") from None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "download":
+            args = node.args
+            if len(args.posonlyargs) + len(args.args) >= 1 or args.vararg:
+                return
+            raise ValidationError("python code: download() must take the task as its argument")
+    raise ValidationError("python code defines no top-level function download(task)")
+
+
+def validate_manifest(data: Any, base_dir: Path) -> JobSpec:
+    """Validate a parsed manifest; read and check the code file it names."""
+    if not isinstance(data, dict):
+        raise ValidationError("manifest must be a TOML table")
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise ValidationError(f"unknown manifest key {unknown[0]!r}")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValidationError(f"name must be 1-128 letters, digits, '_', '.' or '-', got {name!r}")
+    priority = data.get("priority", 5)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -1 <= priority <= 5:
+        raise ValidationError(f"priority must be an integer in -1..5, got {priority!r}")
+    host = data.get("host", "")
+    if not isinstance(host, str) or not re.match(r"^[A-Za-z0-9_.-]{0,128}$", host):
+        raise ValidationError(f"host must be a host name, got {host!r}")
+    kind = data.get("type", "none")
+    if kind not in DOWNLOADER_TYPES:
+        raise ValidationError(f"type must be one of {', '.join(DOWNLOADER_TYPES)}, got {kind!r}")
+    cleaned = validate_settings(data.get("settings"))
+    code = ""
+    if kind != "none":
+        rel = data.get("code")
+        if not isinstance(rel, str) or not rel:
+            raise ValidationError(f"type {kind} needs code = \"path/to/file\"")
+        path = base_dir / rel
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
+        if len(raw) > MAX_CODE_BYTES:
+            raise ValidationError(f"code file {rel} is larger than {MAX_CODE_BYTES} bytes")
+        try:
+            code = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError(f"code file {rel} is not UTF-8") from None
+        if kind == "python":
+            check_python(code)
+        elif not code.strip():
+            raise ValidationError(f"shell code file {rel} is empty")
+    elif data.get("code"):
+        raise ValidationError("type none uses the built-in engine and takes no code")
+    return JobSpec(name=name, priority=priority, host=host, type=kind, code=code, settings=cleaned)
+
+
+def load_manifest(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValidationError(f"cannot read manifest {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValidationError(f"manifest {path} is not UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValidationError(f"manifest {path} is not valid TOML: {exc}") from None
+    return validate_manifest(data, path.parent)
+
+
+def ensure_download_types() -> None:
+    """Create the supported CrawlerDownloadType rows the first time they are needed."""
+    for language in DOWNLOADER_TYPES:
+        CrawlerDownloadType.objects(language=language).update_one(
+            set_on_insert__is_support="support", set_on_insert__add_datetime=utcnow(), upsert=True
+        )
+
+
+def store(spec: JobSpec) -> Job:
+    """Create or update the job, its downloader and its settings."""
+    ensure_download_types()
+    dtype = CrawlerDownloadType.objects.get(language=spec.type)
+    if dtype.is_support != "support":
+        raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
+    now = utcnow()
+    job = Job.objects(name=spec.name).first() or Job(name=spec.name, add_datetime=now)
+    job.priority, job.host, job.last_update_datetime = spec.priority, spec.host, now
+    job.save()
+    download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
+    download.code, download.types, download.status, download.last_update_datetime = spec.code, dtype, ON, now
+    download.save()
+    setting = CrawlerDownloadSetting.objects(job=job).first() or CrawlerDownloadSetting(job=job, add_datetime=now)
+    fields = {
+        "dispatch_num": settings.DEFAULT_DISPATCH_NUM,
+        "max_retry_times": settings.DEFAULT_MAX_RETRY_TIMES,
+        "proxy": "", "cookie": "", "headers": {}, "download_engine": "requests",
+        "download_js": "", "prior": 0, "report_mails": "",
+    }
+    fields.update(spec.settings)
+    for key, value in fields.items():
+        setattr(setting, key, value)
+    setting.last_update_datetime = now
+    setting.save()
+    return job
+
+
+def register(path: str | Path) -> Job:
+    """Validate and store the manifest at ``path``; on rejection log it and re-raise."""
+    try:
+        spec = load_manifest(path)
+        return store(spec)
+    except ValidationError as exc:
+        CrawlerRegistrationErrorLog(
+            name=_guess_name(path), manifest=str(path), reason=str(exc), hostname=settings.HOSTNAME
+        ).save()
+        raise
+
+
+def _guess_name(path: str | Path) -> str:
+    try:
+        return str(tomllib.loads(Path(path).read_text(encoding="utf-8")).get("name", ""))[:128]
+    except Exception:  # the manifest is broken; the log still records the path
+        return ""
+
+
+def set_status(name: str, status: str) -> Job:
+    assert status in (ON, OFF)
+    job = Job.objects(name=name).first()
+    if job is None:
+        raise ValidationError(f"no job named {name!r}")
+    job.update(set__status=status, set__last_update_datetime=utcnow())
+    job.reload()
+    return job

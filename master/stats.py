@@ -1,0 +1,76 @@
+"""``downcluster stats``: queue depths and ages, task counts per job, recent success rate."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+
+from common.models import FAIL, SUCCESS, TASK_STATUSES, CrawlerDownloadLog, CrawlerTask, Job, utcnow
+from common.queues import QUEUE_NAMES, base_of, cap
+
+
+def queue_stats(redis: Redis) -> list[dict[str, Any]]:
+    names = set(QUEUE_NAMES) | {q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES}
+    order = {name: i for i, name in enumerate(QUEUE_NAMES)}
+    now = datetime.now(timezone.utc)
+    rows = []
+    for name in sorted(names, key=lambda n: (order[base_of(n)], n)):
+        queue = Queue(name, connection=redis)
+        depth = queue.count
+        age = None
+        head = redis.lindex(queue.key, 0)
+        if head:
+            enqueued = redis.hget("rq:job:" + head.decode(), "enqueued_at")
+            if enqueued:
+                stamp = datetime.fromisoformat(enqueued.decode().replace("Z", "+00:00"))
+                if stamp.tzinfo is None:
+                    stamp = stamp.replace(tzinfo=timezone.utc)
+                age = round((now - stamp).total_seconds(), 1)
+        rows.append({"queue": name, "depth": depth, "cap": cap(name), "oldest_age_s": age})
+    return rows
+
+
+def task_counts() -> list[dict[str, Any]]:
+    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    counts: dict[Any, dict[str, int]] = {}
+    for row in CrawlerTask._get_collection().aggregate([
+        {"$group": {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}}},
+    ]):
+        job = row["_id"]["job"]
+        counts.setdefault(job, {s: 0 for s in TASK_STATUSES})[row["_id"]["status"]] = row["n"]
+    return [{"job": names.get(job, str(job)), **c} for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
+
+
+def success_rate(hours: float = 1.0) -> dict[str, Any]:
+    since = utcnow() - timedelta(hours=hours)
+    seen = {SUCCESS: 0, FAIL: 0}
+    for row in CrawlerDownloadLog._get_collection().aggregate([
+        {"$match": {"add_datetime": {"$gte": since}}},
+        {"$group": {"_id": "$status", "n": {"$sum": 1}}},
+    ]):
+        seen[row["_id"]] = row["n"]
+    total = seen[SUCCESS] + seen[FAIL]
+    return {"window_hours": hours, "success": seen[SUCCESS], "fail": seen[FAIL],
+            "rate": round(seen[SUCCESS] / total, 4) if total else None}
+
+
+def collect(redis: Redis) -> dict[str, Any]:
+    return {"queues": queue_stats(redis), "jobs": task_counts(), "last_hour": success_rate()}
+
+
+def render(stats: dict[str, Any]) -> str:
+    lines = [f"{'queue':<28}{'depth':>8}{'cap':>8}{'oldest(s)':>12}"]
+    for q in stats["queues"]:
+        age = "-" if q["oldest_age_s"] is None else f"{q['oldest_age_s']:.1f}"
+        lines.append(f"{q['queue']:<28}{q['depth']:>8}{q['cap']:>8}{age:>12}")
+    lines.append("")
+    lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in TASK_STATUSES))
+    for row in stats["jobs"]:
+        lines.append(f"{row['job']:<24}" + "".join(f"{row[s]:>10}" for s in TASK_STATUSES))
+    rate = stats["last_hour"]
+    shown = "-" if rate["rate"] is None else f"{rate['rate'] * 100:.1f}%"
+    lines.append("")
+    lines.append(f"last hour: {rate['success']} succeeded, {rate['fail']} failed, success rate {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,51 @@
+"""Task state changes an administrator asks for: cancel and requeue (seed 001's state machine).
+
+    LIVE --dispatch--> DISPATCH --download--> SUCCESS | FAIL (retry_at set: due again) | FAIL (final)
+    DISPATCH --lease broken--> LIVE (recoveries + 1) | DEAD (recovery cap)
+    LIVE | FAIL | DISPATCH --cancel--> CANCEL          FAIL | DEAD --requeue--> LIVE
+"""
+from __future__ import annotations
+
+from common.errors import ValidationError
+from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, Job, lower_live_from, utcnow
+
+CANCELLABLE = {LIVE, FAIL, DISPATCH}
+REQUEUEABLE = {FAIL, DEAD, CANCEL}
+
+
+def _job_id(name: str):
+    job = Job.objects(name=name).only("id").first()
+    if job is None:
+        raise ValidationError(f"no job named {name!r}")
+    return job.id
+
+
+def cancel(name: str, statuses=(LIVE, FAIL, DISPATCH)) -> int:
+    """Cancel the job's tasks in ``statuses``; a worker holding one will not store its data."""
+    bad = set(statuses) - CANCELLABLE
+    if bad:
+        raise ValidationError(f"cannot cancel tasks in status {sorted(bad)[0]}")
+    return CrawlerTask._get_collection().update_many(
+        {"job": _job_id(name), "status": {"$in": list(statuses)}},
+        {"$set": {"status": CANCEL, "last_update_datetime": utcnow()},
+         "$unset": {"lease": "", "queue": "", "dispatched_at": "", "retry_at": ""}},
+    ).modified_count
+
+
+def requeue(name: str, statuses=(FAIL, DEAD)) -> int:
+    """Put the job's tasks in ``statuses`` back to LIVE with fresh counters."""
+    bad = set(statuses) - REQUEUEABLE
+    if bad:
+        raise ValidationError(f"cannot requeue tasks in status {sorted(bad)[0]}")
+    job_id = _job_id(name)
+    coll = CrawlerTask._get_collection()
+    flt = {"job": job_id, "status": {"$in": list(statuses)}}
+    first = coll.find_one(flt, {"_id": 1}, sort=[("_id", 1)])
+    count = coll.update_many(flt, {
+        "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
+                 "last_update_datetime": utcnow()},
+        "$unset": {"retry_at": ""},
+    }).modified_count
+    if first is not None:
+        lower_live_from(job_id, first["_id"])
+    return count
