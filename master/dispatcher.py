@@ -118,10 +118,10 @@ def allocate(works: list[JobWork], free: dict[str, int], total: int, batch_size:
             free[group.queue] = room - math.ceil(grant / batch_size)
             total -= grant
             if grant < want:
-                if grant == min(want, room * batch_size):
-                    kind, why = "total_cap", f"MAX_TOTAL_DISPATCH_COUNT_ONCE reached"
-                else:
+                if grant == min(want, room * batch_size):  # the queue, not the total, ran out
                     kind, why = "queue_full", f"queue {group.queue} is full (cap {cap(group.queue)} entries)"
+                else:
+                    kind, why = "total_cap", "MAX_TOTAL_DISPATCH_COUNT_ONCE reached"
                 alerts.append((work, kind, f"{why}: {want - grant} of {want} {group.status} tasks stay for a later run"))
     return alerts
 
