@@ -227,7 +227,10 @@ def data_export(name: str, fmt: str, output: str) -> None:
 
     _connect()
     started = time.monotonic()
-    with click.open_file(output, "w", encoding="utf-8", newline="" if fmt == "csv" else None) as out:
-        count = export(name, fmt, out)
+    if output == "-":
+        count = export(name, fmt, click.get_text_stream("stdout"))
+    else:
+        with open(output, "w", encoding="utf-8", newline="") as out:
+            count = export(name, fmt, out)
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)

@@ -1,0 +1,183 @@
+"""A small loopback HTTP site for tests, the demo and the benchmark.
+
+Routes are deterministic so callers can compute expected bytes (``page_body``); others
+misbehave on purpose (errors, redirects, bombs, trickles, resets, odd encodings).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import random
+import socket
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+SHIFT_JIS_BODY = "<html><body>日本語のページです</body></html>".encode("shift_jis")
+INVALID_UTF8_BODY = b"ok \xff\xfe\x80 bad"
+LATIN1_BODY = "caf\xe9 cr\xe8me".encode("latin-1")
+PDF_BODY = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n" + bytes(range(256))
+_flaky: dict[str, int] = {}
+_flaky_lock = threading.Lock()
+_bomb: bytes | None = None
+
+
+def page_body(n: int) -> bytes:
+    """The ~2 KB page served at /page/<n>."""
+    filler = "".join(f"<p>row {n}-{i} lorem ipsum dolor sit amet</p>\n" for i in range(50))
+    return f"<html><head><title>page {n}</title></head><body>\n{filler}</body></html>\n".encode()
+
+
+def bytes_body(n: int) -> bytes:
+    return random.Random(n).randbytes(n)
+
+
+def gzip_bomb() -> bytes:
+    """1 GiB of zeros, gzip-compressed (about 1 MB), built once."""
+    global _bomb
+    if _bomb is None:
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9) as gz:
+            chunk = b"\0" * (1 << 20)
+            for _ in range(1024):
+                gz.write(chunk)
+        _bomb = buf.getvalue()
+    return _bomb
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay_ms = 0
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str = "text/plain", headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: C901 - a route table
+        if self.delay_ms:
+            time.sleep(self.delay_ms / 1000)
+        url = urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        head, arg = parts[0], parts[1] if len(parts) > 1 else ""
+        try:
+            if head == "page":
+                self._send(200, page_body(int(arg)), "text/html; charset=utf-8")
+            elif head == "bytes":
+                self._send(200, bytes_body(int(arg)), "application/octet-stream")
+            elif head == "stream":
+                self._stream(int(arg))
+            elif head == "status":
+                self._send(int(arg), f"status {arg}".encode())
+            elif head == "retry-after":
+                self._send(503, b"busy", headers={"Retry-After": arg})
+            elif head == "flaky":
+                key, k = arg, int(parts[2])
+                with _flaky_lock:
+                    _flaky[key] = _flaky.get(key, 0) + 1
+                    seen = _flaky[key]
+                self._send(500, b"flaky") if seen <= k else self._send(200, f"ok {key}".encode())
+            elif head == "slow":
+                self._trickle()
+            elif head == "hang":
+                self.send_response(200)
+                self.send_header("Content-Length", "10")
+                self.end_headers()
+                self.wfile.flush()
+                time.sleep(600)
+            elif head == "redirect":
+                n = int(arg)
+                self._redirect(f"/redirect/{n - 1}") if n > 0 else self._send(200, b"done")
+            elif head == "redirect-loop":
+                self._redirect("/redirect-loop")
+            elif head == "redirect-file":
+                self._redirect("file:///etc/passwd")
+            elif head == "redirect-to":
+                self._redirect(parse_qs(url.query)["url"][0])
+            elif head == "gzip-bomb":
+                self._send(200, gzip_bomb(), "text/plain", {"Content-Encoding": "gzip"})
+            elif head == "shift_jis":
+                self._send(200, SHIFT_JIS_BODY, "text/html; charset=shift_jis")
+            elif head == "invalid-utf8":
+                self._send(200, INVALID_UTF8_BODY, "text/plain; charset=utf-8")
+            elif head == "wrong-charset":
+                self._send(200, LATIN1_BODY, "text/plain; charset=utf-8")
+            elif head == "pdf":
+                self._send(200, PDF_BODY, "application/pdf")
+            elif head == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                self.close_connection = True
+            elif head == "headers":
+                self._send(200, json.dumps(dict(self.headers.items())).encode(), "application/json")
+            else:
+                self._send(404, b"not found")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+    def _redirect(self, location: str) -> None:
+        self.send_response(302)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _stream(self, n: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b"x" * 65536
+        sent = 0
+        while sent < n:
+            part = chunk[: min(65536, n - sent)]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            sent += len(part)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _trickle(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "600")
+        self.end_headers()
+        for _ in range(600):
+            self.wfile.write(b"x")
+            self.wfile.flush()
+            time.sleep(1)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 512
+
+
+def start_site(host: str = "127.0.0.1", port: int = 0, delay_ms: int = 0):
+    """Start the site in a background thread; return (server, base_url). ``server.shutdown()`` stops it."""
+    handler = type("SiteHandler", (Handler,), {"delay_ms": delay_ms})
+    server = Server((host, port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="sample-site").start()
+    return server, f"http://{host}:{server.server_address[1]}"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--delay-ms", type=int, default=0)
+    args = parser.parse_args()
+    srv, base = start_site(port=args.port, delay_ms=args.delay_ms)
+    print(f"sample site on {base}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        srv.shutdown()

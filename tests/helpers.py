@@ -1,0 +1,51 @@
+"""Small helpers shared by the integration tests."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from common.cli import main
+from common.models import CrawlerTask, Job
+
+
+def cli(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def write_job(tmp_path: Path, name: str, priority: int = 5, kind: str = "none", code: str = "",
+              host: str = "", **settings) -> Path:
+    lines = [f'name = "{name}"', f"priority = {priority}", f'type = "{kind}"']
+    if host:
+        lines.append(f'host = "{host}"')
+    if kind != "none":
+        suffix = "py" if kind == "python" else "sh"
+        (tmp_path / f"{name}.{suffix}").write_text(code)
+        lines.append(f'code = "{name}.{suffix}"')
+    if settings:
+        lines.append("[settings]")
+        for key, value in settings.items():
+            lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+    manifest = tmp_path / f"{name}.toml"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def register(tmp_path: Path, name: str, **kw) -> Job:
+    result = cli("job", "register", str(write_job(tmp_path, name, **kw)))
+    assert result.exit_code == 0, result.output
+    return Job.objects.get(name=name)
+
+
+def add_urls(name: str, urls: list[str]) -> str:
+    result = cli("task", "add", name, "-", input="\n".join(urls) + "\n")
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def statuses(name: str) -> dict[str, int]:
+    job = Job.objects.get(name=name)
+    out: dict[str, int] = {}
+    for t in CrawlerTask.objects(job=job).only("status"):
+        out[t.status] = out.get(t.status, 0) + 1
+    return out

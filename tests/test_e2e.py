@@ -1,0 +1,120 @@
+"""End to end with real `rq worker` / `downcluster worker` processes, for all downloader types."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
+from master.dispatcher import dispatch_once
+from sample_site import page_body
+from tests.helpers import add_urls, register, statuses
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+QUEUES = ["down_super", "down_high", "down_mid", "down_low"]
+
+PYTHON_DOWNLOADER = '''
+import urllib.request
+
+def download(task):
+    assert task["attempt"] >= 1 and task["job"] and task["task_id"] and "settings" in task
+    with urllib.request.urlopen(task["url"], timeout=10) as resp:
+        return {"status_code": resp.status, "headers": dict(resp.headers.items()), "body": resp.read()}
+'''
+SHELL_DOWNLOADER = 'exec curl -sS --fail --max-time 10 -- "$1"\n'
+
+
+def rq_worker(cluster, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, **cluster.env}
+    return subprocess.run([str(BIN / "rq"), "worker", "-u", cluster.env["DOWNCLUSTER_REDIS_URL"], "--burst",
+                           *extra, *([] if any(q.startswith("down") for q in extra) else QUEUES)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def dc_worker(cluster, *extra: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, **cluster.env}
+    return subprocess.run([str(BIN / "downcluster"), "worker", "--burst", *extra], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _body(doc) -> bytes:
+    return bytes(doc.response_body)
+
+
+def test_three_downloader_types_store_byte_exact_data(cluster, tmp_path):
+    register(tmp_path, "py", priority=-1, kind="python", code=PYTHON_DOWNLOADER)
+    register(tmp_path, "sh", priority=2, kind="shell", code=SHELL_DOWNLOADER)
+    register(tmp_path, "eng", priority=5, cookie="sid=topsecret")
+    for offset, name in enumerate(("py", "sh", "eng")):
+        add_urls(name, [f"{cluster.site}/page/{offset * 100 + i}" for i in range(20)])
+    assert dispatch_once(cluster.redis).total == 60
+    proc = rq_worker(cluster)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for offset, name in enumerate(("py", "sh", "eng")):
+        assert statuses(name) == {"SUCCESS": 20}, name
+        job = Job.objects.get(name=name)
+        docs = list(CrawlerDownloadData.objects(job=job))
+        assert len(docs) == 20
+        for doc in docs:
+            n = int(doc.url.rsplit("/", 1)[1])
+            assert _body(doc) == page_body(n)
+            assert doc.hostname == "testhost" and doc.lease
+        logs = CrawlerDownloadLog.objects(job=job)
+        assert logs.count() == 20 and all(log.status == "SUCCESS" and log.spend_time > 0 for log in logs)
+        assert all(log.response_size == len(page_body(0)) or log.response_size > 1000 for log in logs)
+    eng = CrawlerDownloadData.objects(job=Job.objects.get(name="eng")).first()
+    assert eng.status_code == 200 and "topsecret" not in str(eng.requests_headers)
+    assert eng.remote_ip in ("127.0.0.1", "")
+
+
+def test_failing_url_ends_fail_after_max_retry_times(cluster, tmp_path, monkeypatch):
+    cluster.env["DOWNCLUSTER_RETRY_BACKOFF_BASE"] = "0.01"
+    register(tmp_path, "bad", priority=0, max_retry_times=3)
+    add_urls("bad", [f"{cluster.site}/status/500", f"{cluster.site}/status/404"])
+    for _ in range(6):
+        dispatch_once(cluster.redis)
+        rq_worker(cluster)
+        time.sleep(0.1)
+    t500 = CrawlerTask.objects.get(uri=f"{cluster.site}/status/500")
+    t404 = CrawlerTask.objects.get(uri=f"{cluster.site}/status/404")
+    assert (t500.status, t500.download_times, t500.retry_at) == ("FAIL", 3, None)
+    assert (t404.status, t404.download_times, t404.retry_at) == ("FAIL", 1, None)  # 404 is not retried
+    assert CrawlerDownloadLog.objects(task=t500, status="FAIL").count() == 3
+    assert "HTTP 500" in CrawlerDownloadLog.objects(task=t500).first().failed_reason
+    assert CrawlerDownloadData.objects.count() == 0
+
+
+def test_host_targeted_tasks_taken_only_by_that_host(cluster, tmp_path):
+    register(tmp_path, "pinned", priority=3, host="alpha")
+    add_urls("pinned", [f"{cluster.site}/page/{i}" for i in range(5)])
+    dispatch_once(cluster.redis)
+    assert dc_worker(cluster, "--host", "beta").returncode == 0
+    assert statuses("pinned") == {"DISPATCH": 5}
+    assert dc_worker(cluster, "--host", "alpha").returncode == 0
+    assert statuses("pinned") == {"SUCCESS": 5}
+    assert {d.hostname for d in CrawlerDownloadData.objects} == {"alpha"}
+
+
+def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
+    register(tmp_path, "low", priority=5, dispatch_num=10)
+    add_urls("low", [f"{cluster.site}/page/{i}" for i in range(10)])
+    cluster.env["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
+    os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
+    try:
+        from common.config import settings
+        settings.reload()
+        dispatch_once(cluster.redis)
+        register(tmp_path, "urgent", priority=-1)
+        add_urls("urgent", [f"{cluster.site}/page/999"])
+        dispatch_once(cluster.redis)
+    finally:
+        del os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"]
+    proc = rq_worker(cluster, "--max-jobs", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert statuses("urgent") == {"SUCCESS": 1}
+    assert statuses("low") == {"DISPATCH": 10}

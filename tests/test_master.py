@@ -1,0 +1,195 @@
+"""Registry, intake and dispatcher against real Redis and MongoDB (SecantusDB)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from rq import Queue
+
+from common.config import settings
+from common.models import (
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerRegistrationErrorLog,
+    CrawlerTask,
+    Job,
+)
+from common.queues import LOCK_KEY
+from master.dispatcher import dispatch_once
+from tests.helpers import add_urls, cli, register, statuses, write_job
+
+
+def _nothing_stored():
+    return Job.objects.count() == 0 and CrawlerDownload.objects.count() == 0 and CrawlerDownloadSetting.objects.count() == 0
+
+
+@pytest.mark.parametrize("body,code,why", [
+    ('name = "x"\npriority = [', None, "not valid TOML"),
+    ('name = "x"\npriority = 7\n', None, "priority"),
+    ('name = "x"\ntype = "python"\ncode = "d.py"\n', "def download(:\n", "does not parse"),
+    ('name = "x"\ntype = "python"\ncode = "d.py"\n', "def fetch(task):\n    pass\n", "no top-level"),
+    ('name = "x"\n[settings]\ndispatch_num = -3\n', None, "dispatch_num"),
+    ('name = "x"\n[settings]\nproxy = "::nonsense"\n', None, "proxy"),
+])
+def test_invalid_manifest_stores_nothing_and_exits_2(cluster, tmp_path, body, code, why):
+    if code is not None:
+        (tmp_path / "d.py").write_text(code)
+    manifest = tmp_path / "job.toml"
+    manifest.write_text(body)
+    result = cli("job", "register", str(manifest))
+    assert result.exit_code == 2
+    assert why in result.output and len(result.output.strip().splitlines()) == 1
+    assert _nothing_stored()
+    assert CrawlerRegistrationErrorLog.objects.count() == 1 and why in CrawlerRegistrationErrorLog.objects.first().reason
+
+
+def test_register_then_update_and_enable_disable(cluster, tmp_path):
+    job = register(tmp_path, "news", priority=3, dispatch_num=7)
+    assert CrawlerDownloadSetting.objects.get(job=job).dispatch_num == 7
+    first_update = job.last_update_datetime
+    register(tmp_path, "news", priority=1, dispatch_num=9)
+    job.reload()
+    assert job.priority == 1 and Job.objects.count() == 1 and job.last_update_datetime >= first_update
+    assert CrawlerDownloadSetting.objects.get(job=job).dispatch_num == 9
+    assert cli("job", "disable", "news").exit_code == 0 and Job.objects.get(name="news").status == "OFF"
+    assert cli("job", "enable", "news").exit_code == 0 and Job.objects.get(name="news").status == "ON"
+    listing = cli("job", "list").output
+    assert "news" in listing and "none" in listing
+    shown = cli("job", "show", "news").output
+    assert "dispatch_num: 9" in shown
+    assert cli("job", "show", "nope").exit_code == 2
+
+
+def test_task_add_counts_duplicates_and_rejections(cluster, tmp_path):
+    register(tmp_path, "news")
+    urls = [f"http://127.0.0.1:1/p{i}" for i in range(2500)] + ["ftp://x/y", "not a url", "http://127.0.0.1:1/p1"]
+    out = add_urls("news", urls)
+    assert "added 2500, duplicate 1, rejected 2" in out
+    assert "line 2501" in out and "line 2502" in out
+    assert "added 0, duplicate 2500, rejected 0" in add_urls("news", urls[:2500])
+    assert CrawlerTask.objects.count() == 2500
+    assert cli("task", "add", "nope", "-", input="http://h/\n").exit_code == 2
+
+
+def _queue_len(redis, name):
+    return Queue(name, connection=redis).count
+
+
+def test_dispatch_maps_priorities_to_queues_and_marks_tasks(cluster, tmp_path):
+    for name, prio in (("s", -1), ("h", 1), ("m", 2), ("l", 5)):
+        register(tmp_path, name, priority=prio, dispatch_num=30)
+        add_urls(name, [f"http://127.0.0.1:1/{name}/{i}" for i in range(40)])
+    report = dispatch_once(cluster.redis)
+    assert dict(report.tasks) == {"down_super": 30, "down_high": 30, "down_mid": 30, "down_low": 30}
+    for q in ("down_super", "down_high", "down_mid", "down_low"):
+        assert _queue_len(cluster.redis, q) == 1  # 30 tasks, batch size 50: one entry
+    assert statuses("s") == {"DISPATCH": 30, "LIVE": 10}
+    dispatched = CrawlerTask.objects(status="DISPATCH").first()
+    assert dispatched.lease and dispatched.queue and dispatched.dispatched_at
+    assert CrawlerDispatchLog.objects(status="SUCCESS").count() == 4
+    report = dispatch_once(cluster.redis)  # the rest, then nothing is dispatched twice
+    assert report.total == 40 and statuses("s") == {"DISPATCH": 40}
+    assert dispatch_once(cluster.redis).total == 0
+
+
+def test_queue_cap_never_exceeded_and_alert_written(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_Q_DOWN_LOW_LEN", "3")
+    monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "1")
+    settings.reload()
+    register(tmp_path, "l", priority=5, dispatch_num=100)
+    add_urls("l", [f"http://127.0.0.1:1/{i}" for i in range(10)])
+    for _ in range(3):
+        dispatch_once(cluster.redis)
+        assert _queue_len(cluster.redis, "down_low") == 3
+    assert statuses("l") == {"DISPATCH": 3, "LIVE": 7}
+    alerts = CrawlerDispatchAlertLog.objects(type="queue_full")
+    assert alerts.count() >= 1 and "7 of 10" in alerts.first().reason
+
+
+def test_total_cap_and_dispatch_num(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_MAX_TOTAL_DISPATCH_COUNT_ONCE", "25")
+    monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "10")
+    settings.reload()
+    register(tmp_path, "a", priority=0, dispatch_num=20)
+    register(tmp_path, "b", priority=4, dispatch_num=20)
+    add_urls("a", [f"http://127.0.0.1:1/a{i}" for i in range(50)])
+    add_urls("b", [f"http://127.0.0.1:1/b{i}" for i in range(50)])
+    report = dispatch_once(cluster.redis)
+    assert report.total == 25
+    assert statuses("a")["DISPATCH"] == 20 and statuses("b")["DISPATCH"] == 5  # priority first
+    assert CrawlerDispatchAlertLog.objects(type="total_cap").count() == 1
+
+
+def test_retryable_fail_redispatched_until_max_retry_times(cluster, tmp_path):
+    import datetime as dt
+
+    job = register(tmp_path, "r", priority=5, max_retry_times=2)
+    add_urls("r", ["http://127.0.0.1:1/a", "http://127.0.0.1:1/b"])
+    past = dt.datetime(2000, 1, 1)
+    coll = CrawlerTask._get_collection()
+    coll.update_one({"uri": "http://127.0.0.1:1/a"}, {"$set": {"status": "FAIL", "download_times": 1, "retry_at": past}})
+    coll.update_one({"uri": "http://127.0.0.1:1/b"}, {"$set": {"status": "FAIL", "download_times": 2, "retry_at": past}})
+    dispatch_once(cluster.redis)
+    assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/a").status == "DISPATCH"
+    assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/b").status == "FAIL"  # 2 >= max_retry_times
+    assert job.status == "ON"
+
+
+def test_disabled_job_not_dispatched(cluster, tmp_path):
+    register(tmp_path, "off")
+    add_urls("off", ["http://127.0.0.1:1/x"])
+    cli("job", "disable", "off")
+    assert dispatch_once(cluster.redis).total == 0
+
+
+def test_dispatcher_lock_makes_second_run_exit_at_once(cluster, tmp_path):
+    register(tmp_path, "j")
+    add_urls("j", ["http://127.0.0.1:1/x"])
+    cluster.redis.set(LOCK_KEY, "someone-else", ex=60)
+    result = cli("dispatch")
+    assert result.exit_code == 75 and "another dispatcher" in result.output
+    assert statuses("j") == {"LIVE": 1}
+    cluster.redis.delete(LOCK_KEY)
+    assert cli("dispatch").exit_code == 0 and statuses("j") == {"DISPATCH": 1}
+
+
+def test_concurrent_dispatchers_enqueue_each_task_once(cluster, tmp_path):
+    register(tmp_path, "c", dispatch_num=500)
+    add_urls("c", [f"http://127.0.0.1:1/{i}" for i in range(300)])
+    for _ in range(5):
+        barrier = threading.Barrier(2)
+        results = []
+
+        def go():
+            barrier.wait()
+            try:
+                results.append(dispatch_once(cluster.redis).total)
+            except Exception as exc:  # the loser sees the lock
+                results.append(type(exc).__name__)
+        threads = [threading.Thread(target=go) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    leases = [t.lease for t in CrawlerTask.objects(status="DISPATCH")]
+    assert len(leases) == 300
+    assert sum(_queue_len(cluster.redis, "down_low") for _ in [0]) == 6  # 300 / 50, no duplicate entry
+
+
+def test_host_targeted_tasks_go_to_host_queue(cluster, tmp_path):
+    register(tmp_path, "hj", priority=2, host="alpha")
+    register(tmp_path, "free", priority=2)
+    add_urls("hj", ["http://127.0.0.1:1/h"])
+    cli("task", "add", "free", "-", "--host", "beta", input="http://127.0.0.1:1/f\n")
+    add_urls("free", ["http://127.0.0.1:1/g"])
+    report = dispatch_once(cluster.redis)
+    assert dict(report.tasks) == {"down_mid@alpha": 1, "down_mid@beta": 1, "down_mid": 1}
+
+
+def test_stats_and_export_commands_run(cluster, tmp_path):
+    register(tmp_path, "st")
+    add_urls("st", ["http://127.0.0.1:1/x"])
+    out = cli("stats", "--json").output
+    assert '"LIVE": 1' in out and "down_low" in out
+    assert "last hour" in cli("stats").output
+    assert cli("data", "export", "st", "--format", "csv").output.startswith("task_id,url")
