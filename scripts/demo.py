@@ -29,11 +29,12 @@ PAGES = 200
 DOWNCLUSTER = str(Path(sys.executable).parent / "downcluster")
 
 
-def run(args: list[str], env: dict, stdin: str | None = None, check: bool = True) -> str:
-    print("$ downcluster " + " ".join(args), flush=True)
+def run(args: list[str], env: dict, stdin: str | None = None, check: bool = True, quiet: bool = False) -> str:
+    if not quiet:
+        print("$ downcluster " + " ".join(args), flush=True)
     proc = subprocess.run([DOWNCLUSTER, *args], env=env, input=stdin, text=True, capture_output=True)
     out = (proc.stdout + proc.stderr).rstrip()
-    if out:
+    if out and not quiet:
         print("  " + out.replace("\n", "\n  "), flush=True)
     if check and proc.returncode != 0:
         raise SystemExit(f"demo: `downcluster {' '.join(args)}` exited {proc.returncode}")
@@ -58,11 +59,12 @@ def main() -> int:
             run(["task", "add", name, "-"], env, stdin="\n".join(urls) + "\n")
         for round_ in range(1, 8):
             run(["dispatch"], env)
+            print("$ downcluster worker --burst  (x2)", flush=True)
             workers = [subprocess.Popen([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env)
                        for _ in range(2)]
             for w in workers:
                 w.wait(timeout=600)
-            counts = json.loads(run(["stats", "--json"], env | {"NO_ECHO": "1"}, check=True) or "{}")
+            counts = json.loads(run(["stats", "--json"], env, quiet=True) or "{}")
             pending = sum(r["LIVE"] + r["DISPATCH"] for r in counts.get("jobs", []))
             retrying = sum(r["FAIL"] for r in counts.get("jobs", []))
             if pending == 0 and round_ > 1:
