@@ -93,6 +93,7 @@ class CrawlerTask(Document):
     dispatched_at = DateTimeField()
     retry_at = DateTimeField()
     failed_reason = StringField()
+    data_lease = StringField()  # on SUCCESS: the lease of its crawler_download_data document
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {

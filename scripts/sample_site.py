@@ -88,6 +88,13 @@ class Handler(BaseHTTPRequestHandler):
                     _flaky[key] = _flaky.get(key, 0) + 1
                     seen = _flaky[key]
                 self._send(500, b"flaky") if seen <= k else self._send(200, f"ok {key}".encode())
+            elif head == "hang-once":  # the first request for a key hangs, later ones answer
+                with _flaky_lock:
+                    _flaky["hang:" + arg] = _flaky.get("hang:" + arg, 0) + 1
+                    first = _flaky["hang:" + arg] == 1
+                if first:
+                    time.sleep(600)
+                self._send(200, page_body(0), "text/html; charset=utf-8")
             elif head == "slow":
                 self._trickle()
             elif head == "hang":

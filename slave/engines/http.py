@@ -237,13 +237,21 @@ def classify_exception(exc: BaseException) -> DownloadError:
     if has(rex.TooManyRedirects):
         return fail("too many redirects", False)
     bad = has(rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.URLRequired,
-              u3.LocationValueError, ValidationError, UnicodeError)
+              u3.LocationValueError, ValidationError)
     if bad is not None:
         return fail(f"invalid URL: {bad}", False)
     bad = has(rex.InvalidHeader) or (None if has(OSError) else has(ValueError))
     if bad is not None:
         return fail(f"invalid request: {bad}", False)
-    if has(rex.ConnectTimeout, u3.ConnectTimeoutError):
+    if has(ConnectionRefusedError):
+        return fail("connection refused", True)
+    if has(ConnectionResetError):
+        return fail("connection reset", True)
+    dns = has(u3.NameResolutionError, socket.gaierror)
+    if dns is not None:
+        return fail(f"DNS lookup failed: {dns}", True)
+    # urllib3's NewConnectionError (refused, unreachable, DNS) subclasses ConnectTimeoutError
+    if has(rex.ConnectTimeout) or (has(u3.ConnectTimeoutError) and not has(u3.NewConnectionError)):
         return fail("connect timeout", True)
     if has(rex.Timeout, u3.TimeoutError, socket.timeout):
         return fail("read timeout", True)
@@ -257,13 +265,6 @@ def classify_exception(exc: BaseException) -> DownloadError:
         return fail(f"TLS error: {tls}", True)
     if has(rex.ProxyError, u3.ProxyError):
         return fail("proxy error", True)
-    if has(ConnectionRefusedError):
-        return fail("connection refused", True)
-    if has(ConnectionResetError):
-        return fail("connection reset", True)
-    dns = has(u3.NameResolutionError, socket.gaierror)
-    if dns is not None:
-        return fail(f"DNS lookup failed: {dns}", True)
     if has(rex.ContentDecodingError, u3.DecodeError):
         return fail("content decoding failed", True)
     broken = has(rex.ChunkedEncodingError, u3.ProtocolError, ConnectionError, rex.ConnectionError, OSError)

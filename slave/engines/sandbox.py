@@ -202,7 +202,7 @@ def run_shell(code: str, url: str, limits: Limits) -> Download:
     if "\0" in url or "\0" in code:
         raise DownloadError("URL or script contains a NUL byte", retryable=False)
     message = {"code": code, "url": url, "limits": asdict(limits)}
-    outcome = _run("shell", message, limits, {"DOWNLOAD_URL": url}, limits.maxsize)
+    outcome = _run_safely("shell", message, limits, {"DOWNLOAD_URL": url}, limits.maxsize)
     if outcome.timed_out or outcome.overflow or outcome.returncode != 0:
         raise _redacted(_process_error(outcome, limits, limits.maxsize))
     return Download(status_code=200, headers={}, body=bytes(outcome.stdout), url=url)
@@ -213,7 +213,7 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
     settings = task.get("settings") if isinstance(task.get("settings"), dict) else {}
     secrets = [str(settings.get(k) or "") for k in ("proxy", "cookie")]
     cap = limits.maxsize + FRAME_OVERHEAD
-    outcome = _run("python", {"code": code, "task": task, "limits": asdict(limits)}, limits, {}, cap)
+    outcome = _run_safely("python", {"code": code, "task": task, "limits": asdict(limits)}, limits, {}, cap)
     frame = None if outcome.overflow else decode_frame(bytes(outcome.stdout))
     if frame is None:
         if not (outcome.timed_out or outcome.overflow or outcome.returncode):
@@ -225,8 +225,24 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
         if kind == "downloader":
             raise _redacted(DownloadError(f"downloader error: {error}", retryable=False), secrets)
         raise _redacted(DownloadError(error, retryable=kind != "size"), secrets)
-    headers = header["headers"]
-    return Download(status_code=header["status_code"], headers=headers, body=body,
-                    url=str(task.get("url", "")), remote_ip=header.get("remote_ip", ""),
-                    request_headers=header.get("request_headers", {}), request_body=request_body,
+    status, headers = header.get("status_code"), header.get("headers")
+    remote_ip, request_headers = header.get("remote_ip", ""), header.get("request_headers", {})
+    if not (type(status) is int and _is_str_dict(headers) and _is_str_dict(request_headers)
+            and isinstance(remote_ip, str) and len(body) <= limits.maxsize):
+        # sandbox_main validated the result; only code writing its own frame gets here
+        raise DownloadError("downloader error: malformed result frame", retryable=False)
+    return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
+                    remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
                     encoding=content_charset(headers))
+
+
+def _is_str_dict(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _run_safely(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], cap: int) -> _Outcome:
+    """``_run``, with a failure to start the sandbox (no memory, pids or fds) as DownloadError."""
+    try:
+        return _run(mode, message, limits, extra_env, cap)
+    except (OSError, ValueError) as exc:
+        raise DownloadError(f"cannot run the sandbox: {type(exc).__name__}: {exc}", retryable=True) from None

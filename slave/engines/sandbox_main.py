@@ -178,7 +178,7 @@ def validate_result(result, maxsize: int) -> tuple[dict, bytes, bytes]:
 def _describe(exc: BaseException) -> str:
     """"ExcType: message" on one line."""
     try:
-        text = f"{type(exc).__name__}: {exc}"
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     except BaseException:  # noqa: BLE001 - a __str__ that raises
         text = type(exc).__name__
     return " ".join(text.split())[:1000]

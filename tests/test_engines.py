@@ -1,0 +1,535 @@
+"""The three downloader engines against real local servers and real sandbox processes (no mocks):
+the built-in requests engine (slave.engines.http) and the python/shell sandbox."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import tracemalloc
+import zlib
+from email.utils import formatdate
+from urllib.parse import quote
+
+import pytest
+import requests
+
+from common.errors import DownloadError
+from slave.engines import http as engine
+from slave.engines.base import Limits
+from slave.engines.sandbox import run_python, run_shell
+
+from sample_site import INVALID_UTF8_BODY, LATIN1_BODY, PDF_BODY, SHIFT_JIS_BODY, page_body
+
+MiB = 1024 * 1024
+
+
+# --- a second local server for misbehaviour the sample site does not offer ---------------------
+
+def _gzip_bomb_parts() -> tuple[bytes, bytes]:
+    """A gzip stream start and a block that may be repeated: each block inflates to 1 MiB."""
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    head = comp.compress(b"\0" * MiB) + comp.flush(zlib.Z_FULL_FLUSH)
+    block = comp.compress(b"\0" * MiB) + comp.flush(zlib.Z_FULL_FLUSH)
+    return head, block
+
+
+def _handle(conn: socket.socket, bomb: tuple[bytes, bytes]) -> None:
+    try:
+        conn.settimeout(30)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        request_line, _, rest = data.partition(b"\r\n")
+        target = request_line.split()[1].decode()
+        path = target.split("?")[0]
+        if target.startswith("http://"):  # we were used as a forward proxy: echo what we got
+            lines = rest.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+            body = json.dumps({"target": target, "headers": dict(l.split(": ", 1) for l in lines if l)}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (len(body), body))
+        elif path == "/bomb":  # 1 GiB of zeros, about 1 MB on the wire
+            head, block = bomb
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n\r\n" + head)
+            for _ in range(1023):
+                conn.sendall(block)
+        elif path == "/huge-length":  # announces 10 GB, then sends nothing
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")
+            time.sleep(30)
+        elif path == "/header-trickle":  # slowloris on the status line and headers
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.2)
+        elif path == "/redirect-with-endless-body":  # a redirect whose body never ends
+            conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /done\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                conn.sendall(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+        elif path == "/done":
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\ndone")
+        else:
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def trap():
+    """Base URL of a raw-socket server with hostile routes (one thread per connection)."""
+    bomb = _gzip_bomb_parts()
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_handle, args=(conn, bomb), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = engine.new_session()
+    yield s
+    s.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fail(fn, *args, **kwargs) -> tuple[DownloadError, float]:
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fn(*args, **kwargs)
+    return info.value, time.monotonic() - start
+
+
+# --- built-in engine: success and byte-exactness ------------------------------------------------
+
+def test_page_is_byte_exact_with_metadata(site, session):
+    got = engine.fetch(f"{site}/page/7", limits=Limits(timeout=10), session=session, cookie="sid=abc123",
+                       headers={"X-Job": "news", "Authorization": "Bearer tok"})
+    assert got.status_code == 200 and got.body == page_body(7)
+    assert got.encoding == "utf-8" and got.remote_ip == "127.0.0.1"
+    assert got.url == f"{site}/page/7" and got.headers["Content-Type"].startswith("text/html")
+    assert got.request_headers["User-Agent"] == "downcluster/1.0" and got.request_headers["X-Job"] == "news"
+    assert got.request_headers["Cookie"] == "***" and got.request_headers["Authorization"] == "***"
+
+
+def test_fetch_without_a_session_and_binary_body(site):
+    got = engine.fetch(f"{site}/bytes/300000", limits=Limits(timeout=10))
+    assert len(got.body) == 300000 and got.encoding is None
+
+
+@pytest.mark.parametrize("path, body, encoding", [
+    ("shift_jis", SHIFT_JIS_BODY, "shift_jis"),
+    ("invalid-utf8", INVALID_UTF8_BODY, "utf-8"),
+    ("wrong-charset", LATIN1_BODY, "utf-8"),
+    ("pdf", PDF_BODY, None),
+])
+def test_odd_encodings_are_stored_byte_exact(site, session, path, body, encoding):
+    got = engine.fetch(f"{site}/{path}", limits=Limits(timeout=10), session=session)
+    assert got.body == body and got.encoding == encoding
+
+
+def test_sixteen_concurrent_fetches_share_one_session(site, session):
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda n: engine.fetch(f"{site}/page/{n}", limits=Limits(timeout=10),
+                                                       session=session), range(48)))
+    assert [r.body for r in results] == [page_body(n) for n in range(48)]
+
+
+# --- built-in engine: classification ------------------------------------------------------------
+
+def test_404_is_not_retryable(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/status/404", limits=Limits(timeout=10), session=session)
+    assert err.reason == "HTTP 404" and not err.retryable
+
+
+def test_503_with_retry_after_is_retryable(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/retry-after/120", limits=Limits(timeout=10), session=session)
+    assert err.reason == "HTTP 503" and err.retryable and err.retry_after == 120
+
+
+def test_classify_status():
+    assert engine.classify_status(200, None) is None and engine.classify_status(304, None) is None
+    for code in (408, 429, 500, 502):
+        assert engine.classify_status(code, None).retryable
+    for code in (400, 403, 404, 410):
+        assert not engine.classify_status(code, "5").retryable
+    assert engine.classify_status(429, "99999").retry_after == 600
+    assert engine.classify_status(503, "soon").retry_after is None
+    assert engine.classify_status(503, "Wed, 21 Oct 2015 07:28:00 GMT").retry_after == 0
+    future = engine.classify_status(503, formatdate(time.time() + 120, usegmt=True)).retry_after
+    assert 115 <= future <= 120
+
+
+def test_classify_exception():
+    cert = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    cert.verify_message = "self-signed certificate"
+    tls = engine.classify_exception(requests.exceptions.SSLError(cert))
+    assert not tls.retryable and tls.reason == "TLS certificate error: self-signed certificate"
+    assert not engine.classify_exception(requests.exceptions.TooManyRedirects("x")).retryable
+    assert not engine.classify_exception(requests.exceptions.InvalidURL("bad")).retryable
+    assert not engine.classify_exception(requests.exceptions.InvalidSchema("ftp")).retryable
+    refused = engine.classify_exception(requests.exceptions.ConnectionError(ConnectionRefusedError(111, "x")))
+    assert refused.retryable and refused.reason == "connection refused"
+    dns = engine.classify_exception(requests.exceptions.ConnectionError(socket.gaierror(-2, "Name unknown")))
+    assert dns.retryable and dns.reason.startswith("DNS lookup failed")
+    assert engine.classify_exception(requests.exceptions.ReadTimeout("x")).retryable
+    assert "\n" not in engine.classify_exception(RuntimeError("a\nb")).reason
+
+
+def test_connection_reset_is_retryable(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/reset", limits=Limits(timeout=10), session=session)
+    assert err.retryable and err.reason in ("connection reset", "connection error: RemoteDisconnected: "
+                                                                 "Remote end closed connection without response")
+
+
+def test_connection_refused_is_retryable(session):
+    err, _ = _fail(engine.fetch, f"http://127.0.0.1:{_free_port()}/", limits=Limits(timeout=10), session=session)
+    assert err.retryable and err.reason == "connection refused"
+
+
+def test_tls_certificate_error_is_not_retryable(tmp_path, session):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+            with context.wrap_socket(conn, server_side=True):
+                pass
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        err, _ = _fail(engine.fetch, f"https://localhost:{listener.getsockname()[1]}/",
+                       limits=Limits(timeout=10), session=session)
+    finally:
+        listener.close()
+    assert not err.retryable and err.reason.startswith("TLS certificate error")
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "http://", "not a url"])
+def test_invalid_urls_are_not_retryable(url, session):
+    err, _ = _fail(engine.fetch, url, limits=Limits(timeout=10), session=session)
+    assert not err.retryable and err.reason.startswith("invalid URL")
+
+
+# --- built-in engine: deadline and size -----------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["body", "headers", "hang"])
+def test_slow_servers_end_at_the_deadline(site, trap, session, where):
+    url = {"body": f"{site}/slow", "headers": f"{trap}/header-trickle", "hang": f"{site}/hang"}[where]
+    err, took = _fail(engine.fetch, url, limits=Limits(timeout=2), session=session)
+    assert err.reason == "timeout after 2.0s" and err.retryable
+    assert 1.9 < took < 3.0
+
+
+@pytest.mark.slow
+def test_deadline_holds_with_a_plain_requests_session(site):
+    with requests.Session() as plain:
+        err, took = _fail(engine.fetch, f"{site}/slow", limits=Limits(timeout=2), session=plain)
+    assert err.reason == "timeout after 2.0s" and 1.9 < took < 3.0
+
+
+def test_gzip_bomb_stops_near_maxsize_with_bounded_memory(trap, session):
+    tracemalloc.start()
+    try:
+        err, took = _fail(engine.fetch, f"{trap}/bomb", limits=Limits(timeout=10, maxsize=MiB), session=session)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.reason == f"body larger than {MiB} bytes" and not err.retryable
+    assert took < 2.0 and peak < 8 * MiB
+
+
+def test_content_length_too_big_fails_at_once(trap, session):
+    err, took = _fail(engine.fetch, f"{trap}/huge-length", limits=Limits(timeout=20, maxsize=MiB), session=session)
+    assert err.reason == f"body larger than {MiB} bytes" and not err.retryable and took < 1.0
+
+
+def test_streamed_body_over_maxsize_fails(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/stream/{3 * MiB}", limits=Limits(timeout=10, maxsize=MiB), session=session)
+    assert err.reason == f"body larger than {MiB} bytes"
+    assert engine.fetch(f"{site}/stream/{MiB}", limits=Limits(timeout=10, maxsize=MiB), session=session).body == b"x" * MiB
+
+
+# --- built-in engine: redirects ---------------------------------------------------------------------
+
+def test_redirects_are_followed_up_to_the_limit(site, session):
+    got = engine.fetch(f"{site}/redirect/3", limits=Limits(timeout=10, max_redirects=3), session=session)
+    assert got.body == b"done" and got.url == f"{site}/redirect/0"
+    err, _ = _fail(engine.fetch, f"{site}/redirect/3", limits=Limits(timeout=10, max_redirects=2), session=session)
+    assert err.reason == "too many redirects (more than 2)" and not err.retryable
+
+
+def test_redirect_loop_is_too_many_redirects(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/redirect-loop", limits=Limits(timeout=10), session=session)
+    assert err.reason.startswith("too many redirects") and not err.retryable
+
+
+def test_redirect_to_file_scheme_fails(site, session):
+    err, _ = _fail(engine.fetch, f"{site}/redirect-file", limits=Limits(timeout=10), session=session)
+    assert err.reason == "redirect to unsupported scheme 'file'" and not err.retryable
+
+
+def test_redirect_body_is_not_read(trap, session):
+    got = engine.fetch(f"{trap}/redirect-with-endless-body", limits=Limits(timeout=5, maxsize=MiB), session=session)
+    assert got.body == b"done"
+
+
+def test_cookie_and_authorization_stay_on_their_host(site, session):
+    secret = {"cookie": "sid=s3cret-cookie", "headers": {"Authorization": "Bearer s3cret-token"}}
+    same = engine.fetch(f"{site}/redirect-to?url=/headers", limits=Limits(timeout=10), session=session, **secret)
+    seen = json.loads(same.body)
+    assert seen["Cookie"] == "sid=s3cret-cookie" and seen["Authorization"] == "Bearer s3cret-token"
+    other = site.replace("127.0.0.1", "localhost") + "/headers"
+    cross = engine.fetch(f"{site}/redirect-to?url={quote(other, safe='')}", limits=Limits(timeout=10),
+                         session=session, **secret)
+    seen = json.loads(cross.body)
+    assert "Cookie" not in seen and "Authorization" not in seen and cross.url == other
+    assert "Cookie" not in cross.request_headers
+
+
+def test_proxy_is_used_and_its_credentials_never_leak(trap, session):
+    proxy = trap.replace("http://", "http://user:pr0xy-pass@")
+    got = engine.fetch("http://example.invalid/path", limits=Limits(timeout=10), session=session, proxy=proxy)
+    seen = json.loads(got.body)
+    assert seen["target"] == "http://example.invalid/path" and seen["headers"]["Proxy-Authorization"].startswith("Basic")
+    dead = f"http://user:pr0xy-pass@127.0.0.1:{_free_port()}"
+    err, _ = _fail(engine.fetch, "http://example.invalid/", limits=Limits(timeout=10), session=session,
+                   proxy=dead, cookie="sid=c00kie-value")
+    assert err.retryable and "pr0xy-pass" not in err.reason and "c00kie" not in err.reason
+
+
+# --- python sandbox ------------------------------------------------------------------------------------
+
+PY_LIMITS = Limits(timeout=10, maxsize=MiB, memory_mb=1024, max_processes=16)
+
+
+def test_python_success_is_byte_exact():
+    code = (
+        "def download(task):\n"
+        "    body = b'\\x00\\xff\\r\\n' + bytes(range(256)) + task['url'].encode()\n"
+        "    return {'status_code': 201, 'headers': {'Content-Type': 'text/plain; charset=latin-1', 'X-N': 3},\n"
+        "            'body': body, 'remote_ip': '10.0.0.1', 'request_headers': {'A': 'b'}, 'request_body': 'q=1'}\n"
+    )
+    task = {"url": "http://example.com/é", "task_id": "t1", "job": "j", "attempt": 1, "settings": {}}
+    got = run_python(code, task, PY_LIMITS)
+    assert got.body == b"\x00\xff\r\n" + bytes(range(256)) + "http://example.com/é".encode()
+    assert got.status_code == 201 and got.headers == {"Content-Type": "text/plain; charset=latin-1", "X-N": "3"}
+    assert got.url == task["url"] and got.remote_ip == "10.0.0.1" and got.request_body == b"q=1"
+    assert got.request_headers == {"A": "b"} and got.encoding == "latin-1"
+
+
+def test_python_str_body_is_utf8_and_prints_do_not_corrupt_it():
+    code = (
+        "import os, subprocess, sys\n"
+        "print('top-level noise')\n"
+        "def download(task):\n"
+        "    print('noise ' * 10000)\n"
+        "    sys.stdout.write('more')\n"
+        "    os.write(1, b'raw fd noise')\n"
+        "    subprocess.run(['echo', 'child noise'])\n"
+        "    return {'status_code': 200, 'headers': {}, 'body': 'héllo'}\n"
+    )
+    assert run_python(code, {"url": "u"}, PY_LIMITS).body == "héllo".encode()
+
+
+def test_python_exception_is_a_retryable_failure():
+    err, _ = _fail(run_python, "def download(task):\n    raise ValueError('boom\\nsecond line')\n", {}, PY_LIMITS)
+    assert err.reason == "ValueError: boom second line" and err.retryable
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("def download(task)\n    pass\n", "downloader error: SyntaxError: expected ':' (<downloader>, line 1)"),
+    ("def fetch(task):\n    pass\n", "downloader error: no download(task) function"),
+    ("import no_such_module_xyz\n", "downloader error: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("def download(task):\n    return [200]\n", "downloader error: download() must return a dict, got list"),
+    ("def download(task):\n    return {'status_code': '200', 'headers': {}, 'body': b''}\n",
+     "downloader error: status_code must be an int from 100 to 999, got '200'"),
+    ("def download(task):\n    return {'status_code': 200, 'headers': [], 'body': b''}\n",
+     "downloader error: headers must be a dict, got list"),
+    ("def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': 5}\n",
+     "downloader error: body must be bytes or str, got int"),
+    ("def download(task):\n    return {'status_code': 200, 'headers': {}}\n", "downloader error: result has no body"),
+])
+def test_unusable_downloaders_are_not_retryable(code, reason):
+    err, _ = _fail(run_python, code, {"url": "u"}, PY_LIMITS)
+    assert err.reason == reason and not err.retryable
+
+
+def test_python_body_over_maxsize_fails():
+    code = "def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': b'x' * (2 * 1024 * 1024)}\n"
+    err, _ = _fail(run_python, code, {}, PY_LIMITS)
+    assert err.reason == f"body larger than {MiB} bytes" and not err.retryable
+
+
+def test_python_memory_limit():
+    err, took = _fail(run_python, "def download(task):\n    x = bytearray(4 * 1024 ** 3)\n", {},
+                      Limits(timeout=10, memory_mb=512))
+    assert err.reason == "MemoryError" and err.retryable and took < 3
+
+
+@pytest.mark.slow
+def test_python_hang_times_out():
+    err, took = _fail(run_python, "import time\ndef download(task):\n    time.sleep(1000)\n", {}, Limits(timeout=2))
+    assert err.reason == "timed out after 2s" and err.retryable and 1.9 < took < 3
+
+
+def test_python_environment_has_no_secrets(monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_REDIS_URL", "redis://:hunter2@10.0.0.5:6379/0")
+    monkeypatch.setenv("DOWNCLUSTER_SENTRY_DSN", "https://key@sentry.example/1")
+    code = ("import json, os\n"
+            "def download(task):\n"
+            "    return {'status_code': 200, 'headers': {}, 'body': json.dumps(dict(os.environ))}\n")
+    env = json.loads(run_python(code, {}, PY_LIMITS).body)
+    assert set(env) == {"PATH", "LANG", "HOME", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
+    assert not any(k.startswith("DOWNCLUSTER") for k in env) and "hunter2" not in json.dumps(env)
+    assert env["PATH"] == "/usr/bin:/bin" and not os.path.exists(env["HOME"])  # temp dir removed
+
+
+# --- shell sandbox -----------------------------------------------------------------------------------------
+
+SH_LIMITS = Limits(timeout=10, maxsize=MiB, max_processes=16)
+
+
+def test_shell_success_is_byte_exact():
+    got = run_shell("printf 'a\\000b\\377\\r\\n'; printf '%s' \"$1\"", "http://x/é", SH_LIMITS)
+    assert got.status_code == 200 and got.headers == {} and got.body == b"a\x00b\xff\r\n" + "http://x/é".encode()
+
+
+def test_shell_failure_reason_is_the_stderr_tail():
+    err, _ = _fail(run_shell, "echo first >&2; echo 'curl: (6) Could not resolve host' >&2; exit 3", "u", SH_LIMITS)
+    assert err.reason == "exit status 3: curl: (6) Could not resolve host" and err.retryable
+
+
+def test_shell_environment_has_no_secrets(monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_REDIS_URL", "redis://:hunter2@10.0.0.5:6379/0")
+    got = run_shell("env", "http://x/", SH_LIMITS).body.decode()
+    assert "DOWNCLUSTER" not in got and "hunter2" not in got and "DOWNLOAD_URL=http://x/" in got
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-writable directory, so a sandbox that could inject a command could also leave a trace."""
+    path = tempfile.mkdtemp(prefix="engines-test-")
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_url_is_only_an_argument(shared_dir):
+    url = (f"-n http://x/;touch {shared_dir}/semi $(touch {shared_dir}/dollar) `touch {shared_dir}/tick`"
+           f"\ntouch {shared_dir}/newline '\"")
+    got = run_shell('printf "%s|%s" "$1" "$DOWNLOAD_URL"', url, SH_LIMITS)
+    assert got.body == f"{url}|{url}".encode()
+    assert os.listdir(shared_dir) == []
+
+
+def _live(pids=(), pgid=None) -> list[int]:
+    """Processes (not zombies) among ``pids`` or in process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] not in "ZX" and (int(entry) in pids or (pgid is not None and int(stat[2]) == pgid)):
+            found.append(int(entry))
+    return found
+
+
+def _eventually_none_live(**kwargs) -> list[int]:
+    for _ in range(100):
+        live = _live(**kwargs)
+        if not live:
+            return []
+        time.sleep(0.02)
+    return live
+
+
+@pytest.mark.slow
+def test_shell_sleep_is_killed_with_its_grandchildren(shared_dir):
+    code = f"sh -c 'echo $$ > {shared_dir}/pid; exec sleep 1000' & sleep 1000"
+    err, took = _fail(run_shell, code, "u", Limits(timeout=2))
+    assert err.reason == "timed out after 2s" and err.retryable and 1.9 < took < 3
+    pid = int(open(f"{shared_dir}/pid").read())
+    assert _eventually_none_live(pids=(pid,)) == []
+
+
+def test_background_child_does_not_delay_a_successful_script(shared_dir):
+    code = (f"sh -c 'echo $$ > {shared_dir}/pid; exec sleep 1000' >/dev/null 2>&1 & "
+            f"while [ ! -s {shared_dir}/pid ]; do sleep 0.01; done; printf done")
+    start = time.monotonic()
+    assert run_shell(code, "u", Limits(timeout=5)).body == b"done"
+    assert time.monotonic() - start < 2
+    pid = int(open(f"{shared_dir}/pid").read())
+    assert _eventually_none_live(pids=(pid,)) == []
+
+
+def test_gigabyte_of_output_is_cut_at_the_cap():
+    err, took = _fail(run_shell, "head -c 1000000000 /dev/zero", "u", Limits(timeout=10, maxsize=MiB))
+    assert err.reason == f"output larger than {MiB} bytes" and not err.retryable and took < 2
+
+
+def test_classic_fork_bomb_is_rejected_quickly():
+    err, took = _fail(run_shell, ":(){ :|:& };:", "u", Limits(timeout=3, max_processes=8))
+    assert took < 3
+
+
+@pytest.mark.slow
+def test_shell_fork_bomb_is_cleaned_up_by_the_deadline(shared_dir):
+    code = f"echo $$ > {shared_dir}/pgid; b() {{ b | b & }}; b; sleep 1000"
+    err, took = _fail(run_shell, code, "u", Limits(timeout=2, max_processes=16))
+    assert err.reason == "timed out after 2s" and took < 3.5
+    assert _eventually_none_live(pgid=int(open(f"{shared_dir}/pgid").read())) == []
+
+
+@pytest.mark.slow
+def test_python_fork_bomb_is_cleaned_up_by_the_deadline(shared_dir):
+    code = ("import os\n"
+            "def download(task):\n"
+            f"    open('{shared_dir}/pgid', 'w').write(str(os.getpgid(0)))\n"
+            "    while True:\n"
+            "        try:\n"
+            "            os.fork()\n"
+            "        except OSError:\n"
+            "            pass\n")
+    err, took = _fail(run_python, code, {}, Limits(timeout=2, max_processes=16))
+    assert err.reason == "timed out after 2s" and took < 3.5
+    assert _eventually_none_live(pgid=int(open(f"{shared_dir}/pgid").read())) == []
