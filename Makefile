@@ -24,8 +24,9 @@ services-check:
 demo: $(STAMP) services-check
 	$(BIN)/python scripts/demo.py
 
+PYTEST_ARGS ?=
 test: $(STAMP) services-check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) services-check
 	$(BIN)/python scripts/bench.py

@@ -36,7 +36,6 @@ def init_sentry(dsn: str, transport: Any = None, **options: Any) -> bool:
         dsn=dsn or None,
         transport=transport,
         integrations=[RqIntegration()],
-        send_default_pii=False,
         event_scrubber=EventScrubber(denylist=DEFAULT_DENYLIST + list(SENSITIVE_KEYS), recursive=True),
         before_send=before_send,
         **options,

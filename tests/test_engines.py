@@ -54,7 +54,8 @@ def _handle(conn: socket.socket, bomb: tuple[bytes, bytes]) -> None:
         path = target.split("?")[0]
         if target.startswith("http://"):  # we were used as a forward proxy: echo what we got
             lines = rest.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
-            body = json.dumps({"target": target, "headers": dict(l.split(": ", 1) for l in lines if l)}).encode()
+            seen = dict(line.split(": ", 1) for line in lines if line)
+            body = json.dumps({"target": target, "headers": seen}).encode()
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n%s" % (len(body), body))
         elif path == "/bomb":  # 1 GiB of zeros, about 1 MB on the wire
@@ -117,6 +118,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _get(url: str, session=None, **kwargs):
+    """engine.fetch with the Limits fields among ``kwargs`` gathered into a Limits."""
+    limits = Limits(**{k: kwargs.pop(k) for k in ("timeout", "maxsize", "max_redirects") if k in kwargs})
+    return engine.fetch(url, limits=limits, session=session, **kwargs)
+
+
 def _fail(fn, *args, **kwargs) -> tuple[DownloadError, float]:
     start = time.monotonic()
     with pytest.raises(DownloadError) as info:
@@ -127,7 +134,7 @@ def _fail(fn, *args, **kwargs) -> tuple[DownloadError, float]:
 # --- built-in engine: success and byte-exactness ------------------------------------------------
 
 def test_page_is_byte_exact_with_metadata(site, session):
-    got = engine.fetch(f"{site}/page/7", limits=Limits(timeout=10), session=session, cookie="sid=abc123",
+    got = _get(f"{site}/page/7", session, timeout=10, cookie="sid=abc123",
                        headers={"X-Job": "news", "Authorization": "Bearer tok"})
     assert got.status_code == 200 and got.body == page_body(7)
     assert got.encoding == "utf-8" and got.remote_ip == "127.0.0.1"
@@ -148,7 +155,7 @@ def test_fetch_without_a_session_and_binary_body(site):
     ("pdf", PDF_BODY, None),
 ])
 def test_odd_encodings_are_stored_byte_exact(site, session, path, body, encoding):
-    got = engine.fetch(f"{site}/{path}", limits=Limits(timeout=10), session=session)
+    got = _get(f"{site}/{path}", session, timeout=10)
     assert got.body == body and got.encoding == encoding
 
 
@@ -162,12 +169,12 @@ def test_sixteen_concurrent_fetches_share_one_session(site, session):
 # --- built-in engine: classification ------------------------------------------------------------
 
 def test_404_is_not_retryable(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/status/404", limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, f"{site}/status/404", session, timeout=10)
     assert err.reason == "HTTP 404" and not err.retryable
 
 
 def test_503_with_retry_after_is_retryable(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/retry-after/120", limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, f"{site}/retry-after/120", session, timeout=10)
     assert err.reason == "HTTP 503" and err.retryable and err.retry_after == 120
 
 
@@ -201,13 +208,13 @@ def test_classify_exception():
 
 
 def test_connection_reset_is_retryable(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/reset", limits=Limits(timeout=10), session=session)
-    assert err.retryable and err.reason in ("connection reset", "connection error: RemoteDisconnected: "
-                                                                 "Remote end closed connection without response")
+    err, _ = _fail(_get, f"{site}/reset", session, timeout=10)
+    closed = "connection error: RemoteDisconnected: Remote end closed connection without response"
+    assert err.retryable and err.reason in ("connection reset", closed)
 
 
 def test_connection_refused_is_retryable(session):
-    err, _ = _fail(engine.fetch, f"http://127.0.0.1:{_free_port()}/", limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, f"http://127.0.0.1:{_free_port()}/", session, timeout=10)
     assert err.retryable and err.reason == "connection refused"
 
 
@@ -241,8 +248,14 @@ def test_tls_certificate_error_is_not_retryable(tmp_path, session):
 
 @pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "http://", "not a url"])
 def test_invalid_urls_are_not_retryable(url, session):
-    err, _ = _fail(engine.fetch, url, limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, url, session, timeout=10)
     assert not err.retryable and err.reason.startswith("invalid URL")
+
+
+def test_header_injection_is_refused_without_echoing_the_value(site, session):
+    err, _ = _fail(_get, f"{site}/headers", session, timeout=10,
+                   cookie="sid=s3cret\r\nX-Injected: 1")
+    assert not err.retryable and err.reason.startswith("invalid request") and "s3cret" not in err.reason
 
 
 # --- built-in engine: deadline and size -----------------------------------------------------------
@@ -251,7 +264,7 @@ def test_invalid_urls_are_not_retryable(url, session):
 @pytest.mark.parametrize("where", ["body", "headers", "hang"])
 def test_slow_servers_end_at_the_deadline(site, trap, session, where):
     url = {"body": f"{site}/slow", "headers": f"{trap}/header-trickle", "hang": f"{site}/hang"}[where]
-    err, took = _fail(engine.fetch, url, limits=Limits(timeout=2), session=session)
+    err, took = _fail(_get, url, session, timeout=2)
     assert err.reason == "timeout after 2.0s" and err.retryable
     assert 1.9 < took < 3.0
 
@@ -266,7 +279,7 @@ def test_deadline_holds_with_a_plain_requests_session(site):
 def test_gzip_bomb_stops_near_maxsize_with_bounded_memory(trap, session):
     tracemalloc.start()
     try:
-        err, took = _fail(engine.fetch, f"{trap}/bomb", limits=Limits(timeout=10, maxsize=MiB), session=session)
+        err, took = _fail(_get, f"{trap}/bomb", session, timeout=10, maxsize=MiB)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -275,43 +288,43 @@ def test_gzip_bomb_stops_near_maxsize_with_bounded_memory(trap, session):
 
 
 def test_content_length_too_big_fails_at_once(trap, session):
-    err, took = _fail(engine.fetch, f"{trap}/huge-length", limits=Limits(timeout=20, maxsize=MiB), session=session)
+    err, took = _fail(_get, f"{trap}/huge-length", session, timeout=20, maxsize=MiB)
     assert err.reason == f"body larger than {MiB} bytes" and not err.retryable and took < 1.0
 
 
 def test_streamed_body_over_maxsize_fails(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/stream/{3 * MiB}", limits=Limits(timeout=10, maxsize=MiB), session=session)
+    err, _ = _fail(_get, f"{site}/stream/{3 * MiB}", session, timeout=10, maxsize=MiB)
     assert err.reason == f"body larger than {MiB} bytes"
-    assert engine.fetch(f"{site}/stream/{MiB}", limits=Limits(timeout=10, maxsize=MiB), session=session).body == b"x" * MiB
+    assert _get(f"{site}/stream/{MiB}", session, timeout=10, maxsize=MiB).body == b"x" * MiB
 
 
 # --- built-in engine: redirects ---------------------------------------------------------------------
 
 def test_redirects_are_followed_up_to_the_limit(site, session):
-    got = engine.fetch(f"{site}/redirect/3", limits=Limits(timeout=10, max_redirects=3), session=session)
+    got = _get(f"{site}/redirect/3", session, timeout=10, max_redirects=3)
     assert got.body == b"done" and got.url == f"{site}/redirect/0"
-    err, _ = _fail(engine.fetch, f"{site}/redirect/3", limits=Limits(timeout=10, max_redirects=2), session=session)
+    err, _ = _fail(_get, f"{site}/redirect/3", session, timeout=10, max_redirects=2)
     assert err.reason == "too many redirects (more than 2)" and not err.retryable
 
 
 def test_redirect_loop_is_too_many_redirects(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/redirect-loop", limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, f"{site}/redirect-loop", session, timeout=10)
     assert err.reason.startswith("too many redirects") and not err.retryable
 
 
 def test_redirect_to_file_scheme_fails(site, session):
-    err, _ = _fail(engine.fetch, f"{site}/redirect-file", limits=Limits(timeout=10), session=session)
+    err, _ = _fail(_get, f"{site}/redirect-file", session, timeout=10)
     assert err.reason == "redirect to unsupported scheme 'file'" and not err.retryable
 
 
 def test_redirect_body_is_not_read(trap, session):
-    got = engine.fetch(f"{trap}/redirect-with-endless-body", limits=Limits(timeout=5, maxsize=MiB), session=session)
+    got = _get(f"{trap}/redirect-with-endless-body", session, timeout=5, maxsize=MiB)
     assert got.body == b"done"
 
 
 def test_cookie_and_authorization_stay_on_their_host(site, session):
     secret = {"cookie": "sid=s3cret-cookie", "headers": {"Authorization": "Bearer s3cret-token"}}
-    same = engine.fetch(f"{site}/redirect-to?url=/headers", limits=Limits(timeout=10), session=session, **secret)
+    same = _get(f"{site}/redirect-to?url=/headers", session, timeout=10, **secret)
     seen = json.loads(same.body)
     assert seen["Cookie"] == "sid=s3cret-cookie" and seen["Authorization"] == "Bearer s3cret-token"
     other = site.replace("127.0.0.1", "localhost") + "/headers"
@@ -326,7 +339,8 @@ def test_proxy_is_used_and_its_credentials_never_leak(trap, session):
     proxy = trap.replace("http://", "http://user:pr0xy-pass@")
     got = engine.fetch("http://example.invalid/path", limits=Limits(timeout=10), session=session, proxy=proxy)
     seen = json.loads(got.body)
-    assert seen["target"] == "http://example.invalid/path" and seen["headers"]["Proxy-Authorization"].startswith("Basic")
+    assert seen["target"] == "http://example.invalid/path"
+    assert seen["headers"]["Proxy-Authorization"].startswith("Basic")
     dead = f"http://user:pr0xy-pass@127.0.0.1:{_free_port()}"
     err, _ = _fail(engine.fetch, "http://example.invalid/", limits=Limits(timeout=10), session=session,
                    proxy=dead, cookie="sid=c00kie-value")
@@ -342,13 +356,16 @@ def test_python_success_is_byte_exact():
     code = (
         "def download(task):\n"
         "    body = b'\\x00\\xff\\r\\n' + bytes(range(256)) + task['url'].encode()\n"
-        "    return {'status_code': 201, 'headers': {'Content-Type': 'text/plain; charset=latin-1', 'X-N': 3},\n"
-        "            'body': body, 'remote_ip': '10.0.0.1', 'request_headers': {'A': 'b'}, 'request_body': 'q=1'}\n"
+        "    return {'status_code': 201,\n"
+        "            'headers': {'Content-Type': 'text/plain; charset=latin-1', 'X-N': 3},\n"
+        "            'body': body, 'remote_ip': '10.0.0.1', 'request_headers': {'A': 'b'},\n"
+        "            'request_body': 'q=1'}\n"
     )
     task = {"url": "http://example.com/é", "task_id": "t1", "job": "j", "attempt": 1, "settings": {}}
     got = run_python(code, task, PY_LIMITS)
     assert got.body == b"\x00\xff\r\n" + bytes(range(256)) + "http://example.com/é".encode()
-    assert got.status_code == 201 and got.headers == {"Content-Type": "text/plain; charset=latin-1", "X-N": "3"}
+    assert got.status_code == 201
+    assert got.headers == {"Content-Type": "text/plain; charset=latin-1", "X-N": "3"}
     assert got.url == task["url"] and got.remote_ip == "10.0.0.1" and got.request_body == b"q=1"
     assert got.request_headers == {"A": "b"} and got.encoding == "latin-1"
 
@@ -368,14 +385,16 @@ def test_python_str_body_is_utf8_and_prints_do_not_corrupt_it():
 
 
 def test_python_exception_is_a_retryable_failure():
-    err, _ = _fail(run_python, "def download(task):\n    raise ValueError('boom\\nsecond line')\n", {}, PY_LIMITS)
+    code = "def download(task):\n    raise ValueError('boom\\nsecond line')\n"
+    err, _ = _fail(run_python, code, {}, PY_LIMITS)
     assert err.reason == "ValueError: boom second line" and err.retryable
 
 
 @pytest.mark.parametrize("code, reason", [
     ("def download(task)\n    pass\n", "downloader error: SyntaxError: expected ':' (<downloader>, line 1)"),
     ("def fetch(task):\n    pass\n", "downloader error: no download(task) function"),
-    ("import no_such_module_xyz\n", "downloader error: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("import no_such_module_xyz\n",
+     "downloader error: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     ("def download(task):\n    return [200]\n", "downloader error: download() must return a dict, got list"),
     ("def download(task):\n    return {'status_code': '200', 'headers': {}, 'body': b''}\n",
      "downloader error: status_code must be an int from 100 to 999, got '200'"),
@@ -383,7 +402,8 @@ def test_python_exception_is_a_retryable_failure():
      "downloader error: headers must be a dict, got list"),
     ("def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': 5}\n",
      "downloader error: body must be bytes or str, got int"),
-    ("def download(task):\n    return {'status_code': 200, 'headers': {}}\n", "downloader error: result has no body"),
+    ("def download(task):\n    return {'status_code': 200, 'headers': {}}\n",
+     "downloader error: result has no body"),
 ])
 def test_unusable_downloaders_are_not_retryable(code, reason):
     err, _ = _fail(run_python, code, {"url": "u"}, PY_LIMITS)
@@ -391,7 +411,7 @@ def test_unusable_downloaders_are_not_retryable(code, reason):
 
 
 def test_python_body_over_maxsize_fails():
-    code = "def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': b'x' * (2 * 1024 * 1024)}\n"
+    code = "def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': b'x' * 2 ** 21}\n"
     err, _ = _fail(run_python, code, {}, PY_LIMITS)
     assert err.reason == f"body larger than {MiB} bytes" and not err.retryable
 
@@ -404,7 +424,8 @@ def test_python_memory_limit():
 
 @pytest.mark.slow
 def test_python_hang_times_out():
-    err, took = _fail(run_python, "import time\ndef download(task):\n    time.sleep(1000)\n", {}, Limits(timeout=2))
+    code = "import time\ndef download(task):\n    time.sleep(1000)\n"
+    err, took = _fail(run_python, code, {}, Limits(timeout=2))
     assert err.reason == "timed out after 2s" and err.retryable and 1.9 < took < 3
 
 
@@ -427,11 +448,13 @@ SH_LIMITS = Limits(timeout=10, maxsize=MiB, max_processes=16)
 
 def test_shell_success_is_byte_exact():
     got = run_shell("printf 'a\\000b\\377\\r\\n'; printf '%s' \"$1\"", "http://x/é", SH_LIMITS)
-    assert got.status_code == 200 and got.headers == {} and got.body == b"a\x00b\xff\r\n" + "http://x/é".encode()
+    assert got.status_code == 200 and got.headers == {}
+    assert got.body == b"a\x00b\xff\r\n" + "http://x/é".encode()
 
 
 def test_shell_failure_reason_is_the_stderr_tail():
-    err, _ = _fail(run_shell, "echo first >&2; echo 'curl: (6) Could not resolve host' >&2; exit 3", "u", SH_LIMITS)
+    code = "echo first >&2; echo 'curl: (6) Could not resolve host' >&2; exit 3"
+    err, _ = _fail(run_shell, code, "u", SH_LIMITS)
     assert err.reason == "exit status 3: curl: (6) Could not resolve host" and err.retryable
 
 
@@ -505,6 +528,11 @@ def test_background_child_does_not_delay_a_successful_script(shared_dir):
 def test_gigabyte_of_output_is_cut_at_the_cap():
     err, took = _fail(run_shell, "head -c 1000000000 /dev/zero", "u", Limits(timeout=10, maxsize=MiB))
     assert err.reason == f"output larger than {MiB} bytes" and not err.retryable and took < 2
+
+
+def test_cpu_limit_kills_a_busy_loop():
+    err, took = _fail(run_shell, "while :; do :; done", "u", Limits(timeout=10, cpu_seconds=1))
+    assert err.reason == "killed by signal SIGXCPU (CPU limit)" and not err.retryable and took < 3
 
 
 def test_classic_fork_bomb_is_rejected_quickly():

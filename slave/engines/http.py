@@ -240,7 +240,11 @@ def classify_exception(exc: BaseException) -> DownloadError:
               u3.LocationValueError, ValidationError)
     if bad is not None:
         return fail(f"invalid URL: {bad}", False)
-    bad = has(rex.InvalidHeader) or (None if has(OSError) else has(ValueError))
+    if has(rex.InvalidHeader):  # its message quotes the value, which may be a secret
+        return fail("invalid request: a header name or value has forbidden characters", False)
+    if has(UnicodeEncodeError) and not has(OSError):
+        return fail("invalid request: a header is not latin-1 encodable", False)
+    bad = None if has(OSError) else has(ValueError)
     if bad is not None:
         return fail(f"invalid request: {bad}", False)
     if has(ConnectionRefusedError):
@@ -288,7 +292,10 @@ def _secrets_of(proxy: str, cookie: str, headers: CaseInsensitiveDict) -> list[s
                 values.append(parts.netloc.rsplit("@", 1)[0])
         except ValueError:
             pass
-    return [v for v in values if v]
+    variants = []
+    for v in filter(None, values):  # also as they show in one-line and repr'd messages
+        variants += [v, " ".join(v.split()), repr(v)[1:-1]]
+    return variants
 
 
 def _masked(headers) -> dict[str, str]:
@@ -352,7 +359,8 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
                 if not isinstance(exc, DownloadError) and (deadline.expired or deadline.remaining() <= 0):
                     raise deadline.error() from None
                 error = classify_exception(exc)
-                raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
+                reason = redact(error.reason, secrets)
+                raise DownloadError(reason, error.retryable, error.retry_after) from None
     finally:
         if own_session:
             session.close()

@@ -237,7 +237,8 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
 
 
 def _is_str_dict(value) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
 
 
 def _run_safely(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], cap: int) -> _Outcome:

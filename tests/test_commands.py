@@ -1,0 +1,35 @@
+"""The README's two commands, run as a newcomer would: real subprocesses of make."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _make(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOWNCLUSTER_")}
+    return subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_make_demo_runs_the_whole_cluster():
+    proc = _make("demo", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "registered job demo-python" in out and "registered job demo-builtin" in out
+    assert "down_super: 202 tasks" in out and "down_low: 202 tasks" in out
+    assert "success rate" in out
+    for name in ("demo-python", "demo-shell", "demo-builtin"):
+        lines = (ROOT / "var" / "export" / f"{name}.jsonl").read_text().splitlines()
+        assert len(lines) == 201, name  # 200 pages + the URL that failed once, then succeeded
+
+
+def test_make_test_runs_the_suite():
+    # The whole suite would run this test again; the README's command with a subset proves the wiring.
+    proc = _make("test", "PYTEST_ARGS=tests/test_units.py", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert " passed" in proc.stdout

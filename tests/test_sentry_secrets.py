@@ -1,0 +1,68 @@
+"""Exceptions reach Sentry (sentry-sdk's RQ integration, a local recording transport) with
+proxy credentials, cookies and authorization scrubbed; failure reasons and logs too."""
+from __future__ import annotations
+
+import json
+import logging
+
+import sentry_sdk
+from rq import Queue, SimpleWorker
+from sentry_sdk.transport import Transport
+
+from common.models import CrawlerDownloadLog, CrawlerTask
+from common.secrets import install_logging_filter, remember
+from common.sentry import init_sentry
+from master.dispatcher import dispatch_once
+from tests.helpers import add_urls, register
+
+PROXY = "http://alice:hunter2pw@127.0.0.1:9"
+COOKIE = "sid=cookie-secret-123"
+
+
+class Recording(Transport):
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.envelopes = []
+
+    def capture_envelope(self, envelope):
+        self.envelopes.append(envelope)
+
+    def events(self) -> list[dict]:
+        return [item.payload.json for env in self.envelopes for item in env.items if item.payload.json]
+
+
+def _leaks(text: str) -> list[str]:
+    return [s for s in ("hunter2pw", "cookie-secret-123", "tok-abcdef") if s in text]
+
+
+def test_rq_exception_reaches_sentry_scrubbed(cluster):
+    transport = Recording()
+    remember(COOKIE)
+    init_sentry("", transport=transport)
+    try:
+        queue = Queue("down_high", connection=cluster.redis)
+        queue.enqueue("tests.sentry_target.boom", PROXY, COOKIE)
+        SimpleWorker([queue], connection=cluster.redis).work(burst=True)
+        sentry_sdk.flush()
+        events = transport.events()
+        assert events, "no event reached the transport"
+        blob = json.dumps(events, default=str)
+        assert "RuntimeError" in blob and "boom" in blob
+        assert _leaks(blob) == []
+    finally:
+        sentry_sdk.init(dsn=None)
+
+
+def test_failed_reason_and_logs_hide_proxy_credentials(cluster, tmp_path, caplog):
+    install_logging_filter()
+    register(tmp_path, "px", priority=0, proxy=PROXY, cookie=COOKIE, max_retry_times=1)
+    add_urls("px", [f"{cluster.site}/page/1"])
+    dispatch_once(cluster.redis)
+    with caplog.at_level(logging.DEBUG):
+        SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis).work(burst=True)
+        logging.getLogger("x").warning("proxy was %s", PROXY)
+    task = CrawlerTask.objects.get()
+    assert task.status == "FAIL" and task.failed_reason
+    log = CrawlerDownloadLog.objects.get(task=task)
+    assert _leaks(task.failed_reason + log.failed_reason) == []
+    assert _leaks(caplog.text) == []
