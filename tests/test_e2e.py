@@ -118,3 +118,22 @@ def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert statuses("urgent") == {"SUCCESS": 1}
     assert statuses("low") == {"DISPATCH": 10}
+
+
+def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
+    slow = 'import time, urllib.request\ndef download(task):\n    time.sleep(1.5)\n' \
+           '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    register(tmp_path, "cx", priority=0, kind="python", code=slow)
+    add_urls("cx", [f"{cluster.site}/page/{i}" for i in range(3)])
+    dispatch_once(cluster.redis)
+    env = {**os.environ, **cluster.env}
+    worker = subprocess.Popen([str(BIN / "rq"), "worker", "-u", cluster.env["DOWNCLUSTER_REDIS_URL"], "--burst", *QUEUES],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not cluster.redis.keys("downcluster:hb:*") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    from tests.helpers import cli
+    assert "cancelled 3 tasks" in cli("task", "cancel", "cx").output
+    worker.wait(timeout=60)
+    assert statuses("cx") == {"CANCEL": 3}
+    assert CrawlerDownloadData.objects.count() == 0

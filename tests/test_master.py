@@ -193,3 +193,43 @@ def test_stats_and_export_commands_run(cluster, tmp_path):
     assert '"LIVE": 1' in out and "down_low" in out
     assert "last hour" in cli("stats").output
     assert cli("data", "export", "st", "--format", "csv").output.startswith("task_id,url")
+
+
+def test_cancel_and_requeue(cluster, tmp_path):
+    register(tmp_path, "cr")
+    add_urls("cr", [f"http://127.0.0.1:1/{i}" for i in range(4)])
+    coll = CrawlerTask._get_collection()
+    coll.update_one({"uri": "http://127.0.0.1:1/0"}, {"$set": {"status": "FAIL", "download_times": 5}})
+    coll.update_one({"uri": "http://127.0.0.1:1/1"}, {"$set": {"status": "DEAD", "recoveries": 3}})
+    assert "requeued 2 tasks" in cli("task", "requeue", "cr").output
+    assert statuses("cr") == {"LIVE": 4}
+    assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/0").download_times == 0
+    assert dispatch_once(cluster.redis).total == 4  # the watermark was lowered: requeued tasks are seen
+    assert "cancelled 4 tasks" in cli("task", "cancel", "cr").output
+    assert statuses("cr") == {"CANCEL": 4}
+    assert cli("task", "cancel", "cr", "--status", "SUCCESS").exit_code == 2
+
+
+def test_scheduler_installs_cron_and_dispatches(cluster, tmp_path):
+    from rq_scheduler import Scheduler
+
+    from master.schedule import JOB_ID, QUEUE
+
+    register(tmp_path, "sch")
+    add_urls("sch", ["http://127.0.0.1:1/x"])
+    result = cli("scheduler", "--burst", "--cron", "* * * * *")
+    assert result.exit_code == 0, result.output
+    assert JOB_ID in Scheduler(queue_name=QUEUE, connection=cluster.redis)
+    # the first cron run is in the future; run the scheduled function as rq would
+    from master.schedule import scheduled_dispatch
+    assert scheduled_dispatch() == "dispatched 1 tasks"
+    assert statuses("sch") == {"DISPATCH": 1}
+
+
+def test_dispatch_loop_tops_up_with_one_lock(cluster, tmp_path):
+    register(tmp_path, "lp", dispatch_num=10)
+    add_urls("lp", [f"http://127.0.0.1:1/{i}" for i in range(25)])
+    result = cli("dispatch", "--loop", "--interval", "0", "--max-runs", "3")
+    assert result.exit_code == 0 and result.output.count("dispatched 10 tasks") == 2
+    assert statuses("lp") == {"DISPATCH": 25}
+    assert not cluster.redis.exists(LOCK_KEY)
