@@ -137,3 +137,21 @@ def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
     worker.wait(timeout=60)
     assert statuses("cx") == {"CANCEL": 3}
     assert CrawlerDownloadData.objects.count() == 0
+
+
+def test_body_over_16_mib_goes_to_gridfs_byte_exact(cluster, tmp_path):
+    from sample_site import bytes_body
+
+    from master.export import rows
+
+    size = 17 * 1024 * 1024
+    register(tmp_path, "big", priority=0)
+    add_urls("big", [f"{cluster.site}/bytes/{size}"])
+    dispatch_once(cluster.redis)
+    proc = rq_worker(cluster)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert statuses("big") == {"SUCCESS": 1}
+    doc = CrawlerDownloadData.objects.get()
+    assert doc.response_body is None and doc.response_body_gridfs is not None
+    [(meta, body)] = list(rows("big"))
+    assert body == bytes_body(size)
