@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import uuid
@@ -229,6 +230,10 @@ def acquire_lock(redis: Redis, ttl: int):
     return lock
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def _force_exit() -> None:
     logger.error("dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: killed", settings.DISPATCH_USE_POOL_TIMEOUT)
     os._exit(3)
@@ -240,7 +245,9 @@ def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> Dispatch
 
 
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
-    """``dispatch --loop``: keep the queues topped up, holding the lock between runs."""
+    """``dispatch --loop``: keep the queues topped up, holding the lock between runs.
+    SIGTERM (a supervisor stopping it) ends the loop cleanly and releases the lock."""
+    signal.signal(signal.SIGTERM, _terminate)
     for report in _runs(redis, max_runs, interval, True):
         if on_run:
             on_run(report)
