@@ -203,7 +203,7 @@ def main() -> int:
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--json", default=str(ROOT / "var" / "bench.json"))
     args = parser.parse_args()
-    pages, backlog, base_pages = (300, 2000, 40) if args.smoke else (args.pages, 100_000, 400)
+    pages, backlog, base_pages = (300, 2000, 40) if args.smoke else (args.pages, 100_000, 300)
     n_dispatch = 500 if args.smoke else 7000
     servers, sites = [], []
     try:
@@ -217,23 +217,36 @@ def main() -> int:
         env = {**os.environ, **env_for(redis_srv.url, mongo.uri("bench"), mongo.uri("bench_log"), HOSTNAME="bench")}
         os.environ.update(env)
         from common.config import settings
-        from common.connections import connect_mongo, mongo_client, redis_conn
+        from common.connections import connect_mongo, disconnect_mongo, mongo_client, redis_conn
 
         settings.reload()
+
+        def fresh_store() -> None:
+            """Each phase on an empty store: SecantusDB slows as its in-memory data grows."""
+            disconnect_mongo()
+            mongo.restart()
+            connect_mongo(ensure_indexes=True)
+
         connect_mongo(ensure_indexes=True)
         results: dict = {"mode": "smoke" if args.smoke else "full", "workers": args.workers}
         print("measuring the store's ceiling ...", flush=True)
         results["store"] = bench_store(mongo_client()["bench_scratch"])
         print("measuring dispatch ...", flush=True)
         results["dispatch"] = bench_dispatch(redis_conn(), n_dispatch, backlog, base0)
-        timeout = max(120.0, pages / 20)
+        print(f"  {results['store']}\n  {results['dispatch']}", flush=True)
+        timeout = max(120.0, pages / 40)
         for label, base in (("0ms", base0), ("100ms", base100)):
+            fresh_store()
+            redis_conn().flushall()
             print(f"measuring end to end at {label} ({pages} pages, {args.workers} workers) ...", flush=True)
             results[f"e2e_{label}"] = bench_e2e(env, base, pages, args.workers, label, timeout)
+            print(f"  {results[f'e2e_{label}']}", flush=True)
             if not args.skip_baseline:
+                fresh_store()
                 print(f"measuring the seed-design baseline at {label} ({base_pages} pages) ...", flush=True)
                 results[f"baseline_{label}"] = bench_baseline(env, redis_srv.url, mongo.uri("baseline"), base,
                                                               base_pages, label)
+                print(f"  {results[f'baseline_{label}']}", flush=True)
     finally:
         for p in sites:
             p.terminate()
