@@ -274,7 +274,7 @@ def report(r: dict) -> None:
         e = r[f"e2e_{label}"]
         rows.append((f"end to end at {label} ({e['pages']} pages)", f"{e['pages_per_s']} pages/s", f">= {target}",
                      verdict(e["pages_per_s"] >= target)))
-        rows.append((f"  worker peak RSS / CPU per page", f"{e['worker_peak_rss_mb']} MB / {e['cpu_ms_per_page']} ms",
+        rows.append(("  worker peak RSS / CPU per page", f"{e['worker_peak_rss_mb']} MB / {e['cpu_ms_per_page']} ms",
                      "<= 150 MB", verdict(e["worker_peak_rss_mb"] <= 150)))
         b = r.get(f"baseline_{label}")
         if b:

@@ -15,7 +15,7 @@ from rq import Queue
 
 from common.config import settings
 from common.connections import connect_mongo, disconnect_mongo
-from common.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerTask, Job
+from common.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerTask
 from common.queues import HEARTBEAT_PREFIX
 from master.dispatcher import dispatch_once
 from services import MongoServer

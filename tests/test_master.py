@@ -18,7 +18,7 @@ from common.models import (
 )
 from common.queues import LOCK_KEY
 from master.dispatcher import dispatch_once
-from tests.helpers import add_urls, cli, register, statuses, write_job
+from tests.helpers import add_urls, cli, register, statuses
 
 
 def _nothing_stored():
