@@ -18,6 +18,7 @@ from common.connections import connect_mongo, disconnect_mongo
 from common.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerTask
 from common.queues import HEARTBEAT_PREFIX
 from master.dispatcher import dispatch_once
+import sample_site
 from services import MongoServer
 from tests.helpers import add_urls, register, statuses
 
@@ -62,6 +63,11 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def hung(key: str) -> bool:
+    """The site has received the request that hangs (so killing now interrupts a download)."""
+    return sample_site._flaky.get("hang:" + key, 0) >= 1
+
+
 def heartbeat(cluster) -> bool:
     return bool(cluster.redis.keys(HEARTBEAT_PREFIX + "*"))
 
@@ -95,7 +101,7 @@ def test_killed_worker_or_horse_mid_download_task_recovered_and_done_once(fast, 
     dispatch_once(fast.redis)
     worker = start_worker(fast)
     try:
-        wait_for(lambda: heartbeat(fast) and children(worker.pid), what="download to start")
+        wait_for(lambda: children(worker.pid) and hung(key), what="the hanging download to start")
         horse = children(worker.pid)[0]
         if victim == "worker":
             os.kill(horse, signal.SIGKILL)
@@ -185,12 +191,13 @@ def test_flood_stays_within_caps_and_drains(fast, tmp_path, monkeypatch):
 
 def test_poison_task_killing_its_worker_ends_dead(fast, tmp_path):
     register(tmp_path, "poison", priority=0)
-    add_urls("poison", [f"{fast.site}/hang-once/{uuid.uuid4().hex}"])
+    key = uuid.uuid4().hex
+    add_urls("poison", [f"{fast.site}/hang-once/{key}"])
     for _ in range(settings.MAX_RECOVERIES):
         dispatch_once(fast.redis)
         worker = start_worker(fast)
         try:
-            wait_for(lambda: heartbeat(fast) and children(worker.pid), what="download to start")
+            wait_for(lambda: children(worker.pid) and hung(key), what="the hanging download to start")
             os.killpg(os.getpgid(children(worker.pid)[0]), signal.SIGKILL)
             os.kill(worker.pid, signal.SIGKILL)
         finally:
@@ -198,7 +205,8 @@ def test_poison_task_killing_its_worker_ends_dead(fast, tmp_path):
         wait_for(lambda: not heartbeat(fast), timeout=10, what="heartbeat to expire")
         # every attempt hangs again: the site answers only the first request per key with a hang,
         # so make each attempt a fresh key
-        CrawlerTask._get_collection().update_many({}, {"$set": {"uri": f"{fast.site}/hang-once/{uuid.uuid4().hex}"}})
+        key = uuid.uuid4().hex
+        CrawlerTask._get_collection().update_many({}, {"$set": {"uri": f"{fast.site}/hang-once/{key}"}})
     dispatch_once(fast.redis)
     task = CrawlerTask.objects.get()
     assert task.status == "DEAD" and task.recoveries == settings.MAX_RECOVERIES
