@@ -6,14 +6,14 @@ misbehave on purpose (errors, redirects, bombs, trickles, resets, odd encodings)
 from __future__ import annotations
 
 import argparse
-import gzip
-import io
 import json
 import random
 import socket
 import struct
+import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -24,6 +24,8 @@ PDF_BODY = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n" + bytes(range(25
 _flaky: dict[str, int] = {}
 _flaky_lock = threading.Lock()
 _bomb: bytes | None = None
+_bomb_lock = threading.Lock()
+MiB = 1024 * 1024
 
 
 def page_body(n: int) -> bytes:
@@ -33,19 +35,28 @@ def page_body(n: int) -> bytes:
 
 
 def bytes_body(n: int) -> bytes:
+    """The n pseudo-random bytes served at /bytes/<n> (seeded by n)."""
     return random.Random(n).randbytes(n)
 
 
 def gzip_bomb() -> bytes:
-    """1 GiB of zeros, gzip-compressed (about 1 MB), built once."""
+    """One valid gzip member (about 1 MB) that inflates to 1 GiB of zeros, built once.
+
+    Compressing 1 GiB takes ~6 s, so one 1 MiB deflate block ending in a full flush (which
+    makes what follows independent of what came before) is repeated, then framed by hand.
+    """
     global _bomb
-    if _bomb is None:
-        buf = io.BytesIO()
-        with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9) as gz:
-            chunk = b"\0" * (1 << 20)
+    with _bomb_lock:
+        if _bomb is None:
+            zeros = b"\0" * MiB
+            comp = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: we write the gzip framing
+            block = comp.compress(zeros) + comp.flush(zlib.Z_FULL_FLUSH)
+            crc = 0
             for _ in range(1024):
-                gz.write(chunk)
-        _bomb = buf.getvalue()
+                crc = zlib.crc32(zeros, crc)
+            header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # magic, deflate, no flags/mtime, OS unknown
+            trailer = struct.pack("<II", crc, (1024 * MiB) & 0xFFFFFFFF)
+            _bomb = header + block * 1024 + comp.flush() + trailer
     return _bomb
 
 
@@ -59,11 +70,13 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, body: bytes, ctype: str = "text/plain", headers: dict | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
+        if code not in (204, 304):
+            self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body)
+        if code not in (204, 304):
+            self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: C901 - a route table
         if self.delay_ms:
@@ -130,7 +143,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, json.dumps(dict(self.headers.items())).encode(), "application/json")
             else:
                 self._send(404, b"not found")
-        except (BrokenPipeError, ConnectionResetError, OSError):
+        except (ValueError, IndexError, KeyError):  # a malformed argument, found before anything was sent
+            self._send(404, b"not found")
+        except OSError:  # the client went away: stop quietly
             self.close_connection = True
 
     def _redirect(self, location: str) -> None:
@@ -144,12 +159,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        chunk = b"x" * 65536
-        sent = 0
-        while sent < n:
-            part = chunk[: min(65536, n - sent)]
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            sent += len(part)
+        chunk = b"x" * 65536  # generated on the fly: n may be gigabytes
+        left = n
+        while left > 0:
+            part = chunk[: min(65536, left)]
+            self.wfile.write(b"%x\r\n" % len(part))
+            self.wfile.write(part)
+            self.wfile.write(b"\r\n")
+            left -= len(part)
         self.wfile.write(b"0\r\n\r\n")
 
     def _trickle(self) -> None:
@@ -163,9 +180,17 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class Server(ThreadingHTTPServer):
+    """Daemon thread per connection; never joins them (/hang would block for 600 s)."""
+
     daemon_threads = True
+    block_on_close = False
     allow_reuse_address = True
     request_queue_size = 512
+
+    def handle_error(self, request, client_address) -> None:
+        """Quiet about clients hanging up (tests do it on purpose); loud about anything else."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 def start_site(host: str = "127.0.0.1", port: int = 0, delay_ms: int = 0):

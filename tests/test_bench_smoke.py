@@ -1,4 +1,4 @@
-"""The benchmark's smoke mode, so `make bench` never rots (no timing assertions)."""
+"""The benchmark's smoke mode, so `make bench` never rots (no timing targets asserted)."""
 from __future__ import annotations
 
 import json
@@ -11,17 +11,42 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 @pytest.mark.slow
 def test_bench_smoke_measures_every_figure(tmp_path):
     out = tmp_path / "b.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["store"]["insert_docs_per_s"] > 0 and r["store"]["update_docs_per_s"] > 0
-    assert r["dispatch"]["dispatch_tasks"] == 500 and r["dispatch"]["backlog_dispatch_tasks"] == 500
-    assert r["dispatch"]["redis_key_bytes_per_task"] > 0
+    assert r["mode"] == "smoke" and r["errors"] == []
+
+    store = r["store"]
+    for key in ("insert_docs_per_s", "update_range50_docs_per_s", "update_in50_docs_per_s",
+                "update_range50_task_indexes_docs_per_s"):
+        assert _positive(store[key]), key
+
+    for kind in ("live", "backlog"):
+        d = r["dispatch"][kind]
+        assert d["dispatched"] == 500, (kind, d)
+        for key in ("seconds", "insert_s", "insert_docs_per_s", "mongo_time_s"):
+            assert _positive(d[key]), (kind, key)
+    assert r["dispatch"]["backlog"]["tasks"] == 2000
+    assert _positive(r["dispatch"]["live"]["redis_bytes_per_task"])
+    assert _positive(r["dispatch"]["live"]["redis_key_bytes_per_task"])
+
     for label in ("0ms", "100ms"):
-        e2e = r[f"e2e_{label}"]
-        assert e2e["complete"] and e2e["pages_per_s"] > 0 and e2e["worker_peak_rss_mb"] > 0
-        assert r[f"baseline_{label}"]["pages_per_s"] > 0 and r[f"ratio_{label}"] > 0
+        for key in (f"e2e_{label}", f"e2e_simple_{label}"):
+            e = r[key]
+            assert e["complete"] and e["done"] == e["pages"], (key, e)
+            assert e["data_docs"] == e["pages"] and e["success_log_docs"] == e["pages"], (key, e)
+            for fig in ("pages_per_s", "seconds", "worker_peak_rss_mb", "worker_cpu_ms_per_page",
+                        "all_cpu_ms_per_page"):
+                assert _positive(e[fig]), (key, fig)
+            assert _positive(e["cores_busy"]["store"]) and _positive(e["cores_busy"]["workers"]), (key, e)
+        b = r[f"baseline_{label}"]
+        assert b["complete"] and _positive(b["pages_per_s"]) and _positive(b["worker_peak_rss_mb"]), b
+        assert _positive(r[f"ratio_{label}"]) and _positive(r[f"ratio_simple_{label}"])
