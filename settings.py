@@ -88,7 +88,8 @@ DOWNLOAD_MAX_REDIRECTS = 10
 """Redirects the built-in engine follows before failing."""
 
 DOWNLOAD_CONCURRENCY = 16
-"""Downloads of one batch run at the same time in a worker."""
+"""Threads per worker process for downloads that block: the requests engine and python and
+shell downloaders (the built-in aiohttp engine needs none)."""
 
 DOWNLOAD_USER_AGENT = "downcluster/1.0"
 """User-Agent header of the built-in engine."""
@@ -116,3 +117,12 @@ GRIDFS_THRESHOLD = 15 * 1024 * 1024
 
 MAX_URL_LENGTH = 8192
 """Longest URL accepted by ``task add``."""
+
+# --- worker ------------------------------------------------------------------------------
+WORKER_INFLIGHT = 128
+"""Downloads one ``downcluster worker`` process keeps in flight; it takes the next queue entry
+(strict queue order) whenever fewer are running."""
+
+STORE_FLUSH_BYTES = 8 * 1024 * 1024
+"""An entry's downloaded bodies are stored once this many bytes wait (and at its end), so a
+worker's memory stays bounded whatever the bodies."""

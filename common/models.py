@@ -15,6 +15,7 @@ from mongoengine import (
     DictField,
     Document,
     IntField,
+    ListField,
     ObjectIdField,
     ReferenceField,
     StringField,
@@ -38,7 +39,11 @@ class Job(Document):
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=-1, max_value=5, default=5)
     host = StringField(default="")
-    live_from = ObjectIdField()  # dispatcher watermark: no LIVE task of this job has a lower _id
+    # The fresh-task cursor (see master/selection.py): intake numbers a job's tasks 1, 2, ...
+    # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
+    seq_next = IntField(default=0)   # highest seq handed out by intake
+    seq_sent = IntField(default=0)   # highest seq the dispatcher sent out
+    intake = ListField(DictField())  # reservations still being inserted: {"seq": first, "at": time}
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
@@ -69,7 +74,7 @@ class CrawlerDownloadSetting(Document):
     proxy = StringField(default="")
     cookie = StringField(default="")
     headers = DictField()
-    download_engine = StringField(max_length=16, default="requests")
+    download_engine = StringField(max_length=16, default="aiohttp")
     download_js = StringField(default="")
     prior = IntField(choices=(0, 1, 2), default=0)
     report_mails = StringField(max_length=256, default="")
@@ -79,11 +84,17 @@ class CrawlerDownloadSetting(Document):
 
 
 class CrawlerTask(Document):
-    """One URL of one job. ``lease`` names the queue entry (rq job ``dc:<lease>``) that holds
-    the task while it is DISPATCH; ``retry_at`` is when a FAIL task may go again (null: never)."""
+    """One URL of one job, numbered ``seq`` within its job by intake.
+
+    A fresh task (``retry_at`` null) goes out once, in a queue entry, without a write of its
+    own: it stays LIVE until the worker settles it, and the entry's lease (``crawler_lease``)
+    says where it is. A task that goes again (a retry, a recovery, a requeue; ``retry_at`` set)
+    is marked DISPATCH with the ``lease`` of its entry. ``retry_at`` is when a FAIL or requeued
+    task may go again (null on a FAIL: never)."""
 
     job = ReferenceField(Job, required=True)
     uri = StringField(required=True)
+    seq = IntField()
     status = StringField(choices=TASK_STATUSES, default=LIVE)
     download_times = IntField(default=0)
     recoveries = IntField(default=0)
@@ -100,10 +111,37 @@ class CrawlerTask(Document):
         "db_alias": "source",
         "indexes": [
             {"fields": ("job", "uri"), "unique": True},
-            ("job", "status", "_id"),
-            ("status", "lease"),
+            # fresh selection (job, LIVE, null, seq range), retry selection (job, FAIL, <= now),
+            # cancel/requeue/stats (job, status): one index, as every index costs each update
+            ("job", "status", "retry_at", "seq"),
         ],
     }
+
+
+QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
+FRESH, AGAIN = "FRESH", "AGAIN"
+
+
+class CrawlerLease(Document):
+    """One queue entry (rq job ``dc-<_id>``) and the tasks it carries, from enqueue to settle.
+
+    QUEUED (in its rq queue) -> RUNNING (a worker claimed it; ``beat_at`` refreshed while it
+    runs) -> deleted when settled; LOST when the defender finds it gone from Redis or its worker
+    dead, until its tasks are released. ``kind`` FRESH: tasks still LIVE; AGAIN: tasks DISPATCH."""
+
+    id = StringField(primary_key=True)
+    job = ReferenceField(Job, required=True)
+    queue = StringField(required=True)
+    kind = StringField(choices=(FRESH, AGAIN), required=True)
+    ids = ListField(ObjectIdField())
+    state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
+    worker = StringField()
+    hostname = StringField()
+    created_at = DateTimeField(default=utcnow)
+    started_at = DateTimeField()
+    beat_at = DateTimeField()
+    lost_reason = StringField()
+    meta = {"db_alias": "source", "indexes": [("state", "beat_at")]}
 
 
 class CrawlerDownloadData(Document):
@@ -141,7 +179,7 @@ class CrawlerDownloadLog(Document):
     downloads_hostname = StringField()
     spend_time = IntField(default=0)  # microseconds
     add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log", "indexes": [("task", "lease"), "add_datetime"]}
+    meta = {"db_alias": "log", "indexes": ["task", "add_datetime"]}
 
 
 class CrawlerDispatchAlertLog(Document):
@@ -179,18 +217,13 @@ class CrawlerRegistrationErrorLog(Document):
     meta = {"db_alias": "log"}
 
 
-def lower_live_from(job_id, oid) -> None:
-    """Lower a job's dispatch watermark so tasks from ``oid`` upward are scanned again
-    (call after anything makes a task LIVE)."""
-    Job._get_collection().update_one({"_id": job_id}, {"$min": {"live_from": oid}})
-
-
 ALL_MODELS = (
     Job,
     CrawlerDownloadType,
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerTask,
+    CrawlerLease,
     CrawlerDownloadData,
     CrawlerDownloadLog,
     CrawlerDispatchAlertLog,

@@ -45,3 +45,61 @@ def worker_queue_names(host: str = "") -> list[str]:
 
 def rq_job_id(lease: str) -> str:
     return RQ_JOB_PREFIX + lease
+
+
+# --- atomic queue operations (Lua: one round trip, no interleaving) ------------------------
+
+# Push an entry only while the caller still holds the dispatcher lock and the queue is below
+# its cap: two dispatchers (say after a Redis restart dropped the lock) can never overfill it.
+# KEYS: lock, queue list, job hash, rq's set of queues. ARGV: token, cap, at_front, job id,
+# then the job hash's field/value pairs.
+_PUSH = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('SADD', KEYS[4], KEYS[2])
+if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[4]) else redis.call('RPUSH', KEYS[2], ARGV[4]) end
+return 1
+"""
+
+# The first entry of the first non-empty queue, in the order given (strict priority).
+_POP = """
+for i = 1, #KEYS do
+  local v = redis.call('LPOP', KEYS[i])
+  if v then return {KEYS[i], v} end
+end
+return false
+"""
+
+PUSHED, FULL, NOT_OWNER = 1, 0, -1
+_scripts: dict = {}
+
+
+def _script(redis, source: str):
+    key = (id(redis), source)
+    if key not in _scripts:
+        _scripts[key] = redis.register_script(source)
+    return _scripts[key]
+
+
+def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, cap_entries: int,
+               token: bytes | str = "", at_front: bool = False, client=None) -> int:
+    """PUSHED, FULL (queue at its cap) or NOT_OWNER (``token`` no longer holds the lock).
+    ``mapping`` is the rq job hash; the entry pushed is ``job_id``. With ``client`` a pipeline,
+    the answer comes from its ``execute()``."""
+    if isinstance(token, bytes):
+        token = token.decode()
+    flat: list = []
+    for k, v in mapping.items():
+        flat += [k, v]
+    args = [token, cap_entries, "1" if at_front else "0", job_id] + flat
+    got = _script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client)
+    return got if client is not None else int(got)
+
+
+def pop_first(redis, queue_keys: list[str]):
+    """(queue key, job id) of the head of the first non-empty queue, or None."""
+    got = _script(redis, _POP)(keys=queue_keys, args=[])
+    if not got:
+        return None
+    return got[0].decode(), got[1].decode()

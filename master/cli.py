@@ -174,16 +174,10 @@ def dispatch(loop: bool, interval: float | None, max_runs: int | None) -> None:
 def defender() -> None:
     """Recover tasks whose queue entry was lost or whose worker died (runs in every dispatch too)."""
     from master.defender import recover
-    from master.dispatcher import acquire_lock
 
     _connect()
-    redis = redis_conn()
-    lock = acquire_lock(redis, settings.DISPATCH_USE_POOL_TIMEOUT)
-    try:
-        report = recover(redis)
-    finally:
-        lock.release()
-    click.echo(f"recovered {report.recovered} tasks, {report.dead} dead")
+    report = recover(redis_conn())  # takes the dispatcher lock
+    click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, {report.requeued} sent again (never started)")
     for reason in report.reasons:
         click.echo(f"  {reason}")
 

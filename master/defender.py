@@ -1,16 +1,24 @@
-"""The defender: return to the retry path every dispatched task whose queue entry is gone.
+"""The defender: give back to the dispatcher every task whose queue entry can no longer settle it.
 
-A DISPATCH task names its entry by ``lease`` (rq job ``dc-<lease>``). Its lease is broken
-when the entry no longer exists (Redis flushed or restarted), rq gave up on it (failed,
-stopped, cancelled; e.g. the work-horse was killed), it started but its heartbeat stopped
-(the worker died), or it is older than LEASE_TIMEOUT. Such tasks go back to LIVE with
-``recoveries`` + 1; a task recovered MAX_RECOVERIES times becomes DEAD (a poison task).
-Runs at the start of every dispatch and as ``downcluster defender``; rq's own maintenance
-is never waited for.
+It judges leases (``crawler_lease``), never tasks, and only by facts that cannot be wrong:
+  * QUEUED and absent from every rq queue list: the entry was lost (Redis flushed or restarted)
+    or dequeued by a worker that died before claiming it. Not an attempt: nothing is counted.
+    An entry still waiting in its queue is never touched, however long it waits.
+  * RUNNING with no heartbeat (``beat_at``, written to MongoDB by the worker, so a Redis restart
+    does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
+    attempt died. Its tasks get ``recoveries`` + 1; at MAX_RECOVERIES they end DEAD (poison).
+A judged lease is first marked LOST by compare-and-set (a worker claiming or beating at that
+moment makes it fail), then its tasks are released with updates guarded exactly as the worker's
+settle is, so each task ends either settled by the worker or released here, never both; data
+the lost attempt wrote for tasks it did not settle is removed last, GridFS files included.
+
+Runs at the start of every dispatch (under the dispatcher lock, which the "absent from Redis"
+judgement needs) and as ``downcluster defender``.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -18,90 +26,120 @@ from redis import Redis
 
 from common.config import settings
 from common.connections import redis_conn
-from common.models import DEAD, DISPATCH, LIVE, CrawlerDownloadData, CrawlerTask, lower_live_from, utcnow
-from common.queues import HEARTBEAT_PREFIX, rq_job_id
+from common.data import drop_unsettled
+from common.models import DEAD, DISPATCH, FRESH, LIVE, LOST, QUEUED, RUNNING, CrawlerLease, CrawlerTask, utcnow
+from common.queues import QUEUE_NAMES, base_of, rq_job_id
 
 logger = logging.getLogger(__name__)
-
-WAITING = {"queued", "deferred", "scheduled", "created"}
-GAVE_UP = {"failed", "stopped", "canceled"}
 
 
 @dataclass
 class RecoveryReport:
     recovered: int = 0
     dead: int = 0
+    requeued: int = 0  # tasks of entries lost before any attempt
     reasons: list[str] = field(default_factory=list)
 
 
-def lease_verdict(rq_status: str | None, heartbeat: bool, dispatched_at: datetime | None,
-                  now: datetime, lease_timeout: float) -> str | None:
-    """Why a lease is broken, or None while its entry may still settle the task."""
-    if dispatched_at is not None and now - dispatched_at > timedelta(seconds=lease_timeout):
-        return f"lease older than {lease_timeout:g}s"
-    if rq_status is None:
-        return "queue entry lost (Redis flushed or restarted)"
-    if rq_status in WAITING:
-        return None
-    if rq_status == "started":
-        return None if heartbeat else "worker died while downloading (no heartbeat)"
-    if rq_status in GAVE_UP:
-        return f"queue entry {rq_status}"
-    return f"queue entry {rq_status} without settling the task"
+def lease_verdict(lease: dict, in_queue: bool, now: datetime, heartbeat_ttl: float,
+                  lease_timeout: float) -> tuple[str, bool] | None:
+    """(reason, counts as an attempt) when the lease can no longer settle its tasks, else None."""
+    state = lease.get("state")
+    if state == LOST:
+        return lease.get("lost_reason") or "lost", bool(lease.get("started_at"))
+    if state == QUEUED:
+        return None if in_queue else ("queue entry lost before it started (Redis flushed or restarted)", False)
+    if state == RUNNING:
+        started, beat = lease.get("started_at"), lease.get("beat_at") or lease.get("started_at")
+        if started and now - started > timedelta(seconds=lease_timeout):
+            return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
+        if beat and now - beat > timedelta(seconds=heartbeat_ttl):
+            return f"worker {lease.get('worker') or '?'} died while downloading (no heartbeat for {heartbeat_ttl:g}s)", True
+    return None
 
 
-def recover(redis: Redis | None = None, now: datetime | None = None) -> RecoveryReport:
-    redis = redis or redis_conn()
-    now = now or utcnow()
-    coll = CrawlerTask._get_collection()
-    leases = list(coll.aggregate([
-        {"$match": {"status": DISPATCH}},
-        {"$group": {"_id": "$lease", "at": {"$min": "$dispatched_at"}}},
-    ]))
-    if not leases:
-        return RecoveryReport()
+def queued_entries(redis: Redis) -> set[str]:
+    """rq job ids waiting in any of our queues (shared, host and foreign ones)."""
+    keys = [k.decode() if isinstance(k, bytes) else k for k in redis.smembers("rq:queues")]
+    keys = [k for k in keys if base_of(k.removeprefix("rq:queue:")) in QUEUE_NAMES]
     pipe = redis.pipeline(transaction=False)
-    for row in leases:
-        pipe.hget("rq:job:" + rq_job_id(str(row["_id"])), "status")
-        pipe.exists(HEARTBEAT_PREFIX + str(row["_id"]))
-    answers = pipe.execute()
+    for key in keys:
+        pipe.lrange(key, 0, -1)
+    return {i.decode() for ids in pipe.execute() for i in ids}
+
+
+def recover(redis: Redis | None = None, now: datetime | None = None, budget: float | None = None,
+            locked: bool = False) -> RecoveryReport:
+    """One defender pass. ``locked``: the caller holds the dispatcher lock (else it is taken)."""
+    if not locked:
+        from master.lock import DispatchLock
+
+        redis = redis or redis_conn()
+        with DispatchLock(redis):
+            return recover(redis, now, budget, locked=True)
+    redis = redis or redis_conn()
+    end = time.monotonic() + (budget if budget is not None else float("inf"))
+    coll = CrawlerLease._get_collection()
+    leases = list(coll.find({"state": {"$in": [QUEUED, RUNNING, LOST]}}, {"ids": 0}))
     report = RecoveryReport()
-    for i, row in enumerate(leases):
-        status, beat = answers[2 * i], answers[2 * i + 1]
-        status = status.decode() if isinstance(status, bytes) else status
-        # The started check needs its heartbeat a little after start: a fresh entry gets a grace.
-        if status == "started" and not beat and row["at"] and now - row["at"] < timedelta(seconds=settings.HEARTBEAT_TTL):
+    if not leases:
+        return report
+    waiting = queued_entries(redis)
+    now = now or utcnow()
+    for lease in leases:
+        if time.monotonic() > end:
+            logger.warning("defender: time budget spent; %s leases left for the next run", len(leases))
+            break
+        verdict = lease_verdict(lease, rq_job_id(lease["_id"]) in waiting, now,
+                                settings.HEARTBEAT_TTL, settings.LEASE_TIMEOUT)
+        if verdict is None:
             continue
-        reason = lease_verdict(status, bool(beat), row["at"], now, settings.LEASE_TIMEOUT)
-        if reason:
-            _release(coll, row["_id"], reason, now, report)
-            if status is not None:
-                redis.delete("rq:job:" + rq_job_id(str(row["_id"])))
-    if report.recovered or report.dead:
-        logger.warning("defender: %s tasks back to LIVE, %s DEAD", report.recovered, report.dead)
+        reason, attempt = verdict
+        if lease["state"] != LOST:
+            guard = {"_id": lease["_id"], "state": lease["state"]}
+            if lease["state"] == RUNNING:
+                guard["beat_at"] = lease.get("beat_at")
+            if coll.update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}}).modified_count == 0:
+                continue  # claimed or beat meanwhile: alive after all
+        release(lease["_id"], reason, attempt, now, report)
+        try:
+            redis.delete("rq:job:" + rq_job_id(lease["_id"]))
+        except Exception:  # Redis away: the hash is harmless and expires with rq's cleanup
+            pass
+    if report.recovered or report.dead or report.requeued:
+        logger.warning("defender: %s tasks back to the dispatcher, %s DEAD, %s never started",
+                       report.recovered, report.dead, report.requeued)
     return report
 
 
-def _release(coll, lease, reason: str, now: datetime, report: RecoveryReport) -> None:
-    base = {"lease": lease, "status": DISPATCH}
-    unset = {"lease": "", "queue": "", "dispatched_at": ""}
-    docs = list(coll.find(base, {"_id": 1, "job": 1}))
-    if not docs:
+def release(lease_id: str, reason: str, attempt: bool, now: datetime, report: RecoveryReport) -> None:
+    """Give a LOST lease's unsettled tasks back (they go again at once), then forget the lease."""
+    lease = CrawlerLease._get_collection().find_one({"_id": lease_id})
+    if lease is None:
         return
-    dead = coll.update_many(
-        {**base, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
-        {"$set": {"status": DEAD, "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
-                  "last_update_datetime": now}, "$inc": {"recoveries": 1}, "$unset": unset},
-    ).modified_count
-    back = coll.update_many(
-        base,
-        {"$set": {"status": LIVE, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
-         "$inc": {"recoveries": 1}, "$unset": unset},
-    ).modified_count
-    # Data an unsettled attempt may have written before it died is not that task's data.
-    CrawlerDownloadData._get_collection().delete_many({"task": {"$in": [d["_id"] for d in docs]}, "lease": lease})
-    if back:  # one entry holds tasks of one job
-        lower_live_from(docs[0]["job"], min(d["_id"] for d in docs))
-    report.recovered += back
-    report.dead += dead
+    ids = lease.get("ids") or []
+    tasks = CrawlerTask._get_collection()
+    flt = {"_id": {"$in": ids}, "status": LIVE, "retry_at": None} if lease["kind"] == FRESH else \
+        {"_id": {"$in": ids}, "status": DISPATCH, "lease": lease_id}
+    unset = {"lease": "", "queue": "", "dispatched_at": ""}
+    dead = back = 0
+    if attempt:
+        dead = tasks.update_many(
+            {**flt, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
+            {"$set": {"status": DEAD, "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
+                      "retry_at": None, "last_update_datetime": now}, "$inc": {"recoveries": 1}, "$unset": unset},
+        ).modified_count
+        back = tasks.update_many(flt, {
+            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
+            "$inc": {"recoveries": 1}, "$unset": unset}).modified_count
+        report.recovered += back
+        report.dead += dead
+    else:
+        back = tasks.update_many(flt, {
+            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"sent again: {reason}", "last_update_datetime": now},
+            "$unset": unset}).modified_count
+        report.requeued += back
+    # Only now can no attempt under this lease settle a task: its unsettled data can go.
+    drop_unsettled(lease_id, ids)
+    CrawlerLease._get_collection().delete_one({"_id": lease_id})
     report.reasons.append(f"{back + dead} tasks: {reason}")

@@ -2,23 +2,23 @@
 
 One run (seed 003, ``dispatch_download``):
   1. take the cluster-wide lock (a second dispatcher exits at once) and arm a watchdog that
-     kills the run after DISPATCH_USE_POOL_TIMEOUT;
-  2. recover tasks whose queue entry was lost (the defender);
-  3. select, per ON job and in parallel, up to ``dispatch_num`` due tasks: retryable FAIL
-     tasks first, then LIVE ones (an ``_id`` watermark per job keeps this independent of the
-     backlog);
-  4. allocate queue entries in job order (priority, host, or both) against each queue's free
-     room and the run's total cap; what does not fit stays in MongoDB and an alert says so;
-  5. per batch of DISPATCH_BATCH_SIZE tasks of one job: enqueue one rq entry ``dc-<lease>``,
-     then mark exactly the selected tasks DISPATCH with that lease (one update);
-  6. write the dispatch and alert logs, release the lock.
+     ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
+  2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);
+  3. per ON job: up to ``dispatch_num`` due tasks, those that go again first, then fresh ones
+     above the job's seq cursor (master/selection.py);
+  4. plan entries of DISPATCH_BATCH_SIZE tasks per target queue, in job order (priority, host
+     or both), against each queue's free room and the run's total cap; fresh tasks are taken
+     in seq order and stop at the first that does not fit, so the cursor never skips one;
+  5. per job: insert the entries' lease documents, mark tasks that go again DISPATCH, move the
+     cursor (compare-and-set), then push each entry with a Redis script that checks the lock
+     and the cap atomically; an entry refused is released at once, and a lost lock ends the run;
+  6. dispatch logs are written per job as its entries go out; alerts at the end.
 
-A queue entry carries (lease, job id, task count); the worker finds its tasks by lease.
+Per task the dispatcher writes nothing on the fresh path: its cost is per entry (50 tasks).
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import threading
@@ -29,56 +29,65 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from bson import ObjectId
 from redis import Redis
 from rq import Queue
 
 from common.config import settings
 from common.connections import redis_conn
-from common.errors import DispatchLocked
+from common.errors import ConfigError, DispatchLocked
 from common.models import (
+    AGAIN,
     DISPATCH,
     FAIL,
+    FRESH,
     LIVE,
     ON,
+    QUEUED,
     SUCCESS,
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownloadSetting,
+    CrawlerLease,
     CrawlerTask,
     Job,
     utcnow,
 )
-from common.queues import LOCK_KEY, cap, queue_for_priority, queue_name, rq_job_id
-from master import defender, watermark
+from common.queues import FULL, NOT_OWNER, PUSHED, cap, push_entry, queue_for_priority, queue_name, rq_job_id
+from master import defender
+from master.lock import DispatchLock
+from master.selection import Picked, again_filter, fresh_cursor, select_again, select_fresh
 
 logger = logging.getLogger(__name__)
 
 JOB_FUNCTION = "slave.jobs.run_batch"
+ORDERS = ("priority", "host", "priority,host", "host,priority")
 
 
 @dataclass
-class Group:
-    """Due tasks of one job, one status and one target queue, sorted by _id."""
-
-    status: str
-    host: str
+class Entry:
+    kind: str
     queue: str
-    ids: list[ObjectId]
-    granted: int = 0
+    ids: list
 
 
 @dataclass
 class JobWork:
-    job: Job
+    job: dict
     dispatch_num: int
     max_retry_times: int
-    groups: list[Group] = field(default_factory=list)
-    live_bounds: tuple = (None, None)  # watermark (old, new) if every selected task goes out
+    prior: int = 0
+    again: list[Picked] = field(default_factory=list)
+    fresh: list[Picked] = field(default_factory=list)
+    read_to: int = 0
+    entries: list[Entry] = field(default_factory=list)
+    fresh_taken: int = 0
 
     @property
-    def wanted(self) -> int:
-        return sum(len(g.ids) for g in self.groups)
+    def name(self) -> str:
+        return self.job["name"]
+
+    def queue_of(self, picked: Picked) -> str:
+        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "")
 
 
 @dataclass
@@ -96,34 +105,65 @@ class DispatchReport:
 
 # --- pure parts --------------------------------------------------------------------------
 
-def order_key(job: Job, order: str = "priority") -> tuple:
+def order_key(job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
-    host_key = (0 if job.host else 1, job.host or "")
+    get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
+    host, priority, name = get("host", "") or "", get("priority", 5), get("name", "")
+    host_key = (0 if host else 1, host)
     if order == "host":
-        return (*host_key, job.priority, job.name)
+        return (*host_key, priority, name)
     if order in ("priority,host", "host,priority"):
-        return (job.priority, *host_key, job.name)
-    return (job.priority, job.name)
+        return (priority, *host_key, name)
+    return (priority, name)
 
 
-def allocate(works: list[JobWork], free: dict[str, int], total: int, batch_size: int) -> list[tuple[JobWork, str, str]]:
-    """Grant tasks to each group in order without exceeding any queue's free entries or
-    the run's total; return alerts as (work, type, reason)."""
+def pack(tasks: list[Picked], queue_of, free: dict[str, int], total: int, batch_size: int,
+         prefix: bool) -> tuple[list[Entry], int, str | None]:
+    """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
+    and ``total`` tasks. ``prefix``: stop at the first task that does not fit (fresh tasks, so
+    the cursor can follow). Returns (entries, tasks taken, why some were left or None)."""
+    entries: list[Entry] = []
+    open_: dict[str, Entry] = {}
+    taken, why = 0, None
+    for t in tasks:
+        if total - taken <= 0:
+            why = "total_cap"
+            break
+        q = queue_of(t)
+        cur = open_.get(q)
+        if cur is None or len(cur.ids) >= batch_size:
+            if free.get(q, 0) <= 0:
+                why = why or f"queue_full:{q}"
+                if prefix:
+                    break
+                continue
+            free[q] = free.get(q, 0) - 1
+            cur = open_[q] = Entry("", q, [])
+            entries.append(cur)
+        cur.ids.append(t.id)
+        taken += 1
+    return entries, taken, why
+
+
+def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int) -> list[tuple[JobWork, str, str]]:
+    """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
-        for group in work.groups:
-            want = len(group.ids)
-            room = free.get(group.queue, 0)
-            grant = min(want, room * batch_size, total)
-            group.granted = grant
-            free[group.queue] = room - math.ceil(grant / batch_size)
-            total -= grant
-            if grant < want:
-                if grant == min(want, room * batch_size):  # the queue, not the total, ran out
-                    kind, why = "queue_full", f"queue {group.queue} is full (cap {cap(group.queue)} entries)"
+        for kind, tasks in ((AGAIN, work.again), (FRESH, work.fresh)):
+            entries, taken, why = pack(tasks, work.queue_of, free, total, batch_size, prefix=kind == FRESH)
+            for e in entries:
+                e.kind = kind
+            work.entries += entries
+            total -= taken
+            if kind == FRESH:
+                work.fresh_taken = taken
+            if taken < len(tasks):
+                left = f"{len(tasks) - taken} of {len(tasks)} {'fresh' if kind == FRESH else 'retry'} tasks stay for a later run"
+                if why and why.startswith("queue_full:"):
+                    q = why.split(":", 1)[1]
+                    alerts.append((work, "queue_full", f"queue {q} is full (cap {cap(q)} entries): {left}"))
                 else:
-                    kind, why = "total_cap", "MAX_TOTAL_DISPATCH_COUNT_ONCE reached"
-                alerts.append((work, kind, f"{why}: {want - grant} of {want} {group.status} tasks stay for a later run"))
+                    alerts.append((work, "total_cap", f"MAX_TOTAL_DISPATCH_COUNT_ONCE reached: {left}"))
     return alerts
 
 
@@ -131,181 +171,220 @@ def batches(ids: list, size: int) -> list[list]:
     return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
-# --- selection ---------------------------------------------------------------------------
-
-def _load_work(job: Job, now: datetime) -> JobWork:
-    setting = CrawlerDownloadSetting.objects(job=job).only("dispatch_num", "max_retry_times").first()
-    work = JobWork(
-        job=job,
-        dispatch_num=setting.dispatch_num if setting else settings.DEFAULT_DISPATCH_NUM,
-        max_retry_times=setting.max_retry_times if setting else settings.DEFAULT_MAX_RETRY_TIMES,
-    )
-    coll = CrawlerTask._get_collection()
-    need = work.dispatch_num
-    picked: list[tuple[str, dict]] = []
-    if work.max_retry_times > 0:
-        retry_filter = _fail_filter(job.id, work.max_retry_times, now)
-        for doc in coll.find(retry_filter, {"_id": 1, "host_name": 1}).sort("_id", 1).limit(need):
-            picked.append((FAIL, doc))
-    if len(picked) < need:
-        docs, work.live_bounds = watermark.select_live(coll, job, need - len(picked), now)
-        picked.extend((LIVE, doc) for doc in docs)
-    by_key: dict[tuple[str, str], Group] = {}
-    base = queue_for_priority(job.priority)
-    for status, doc in picked:
-        host = doc.get("host_name") or job.host or ""
-        key = (status, host)
-        if key not in by_key:
-            by_key[key] = Group(status=status, host=host, queue=queue_name(base, host), ids=[])
-        by_key[key].ids.append(doc["_id"])
-    work.groups = list(by_key.values())
-    return work
-
-
-def _fail_filter(job_id, max_retry_times: int, now: datetime) -> dict:
-    return {"job": job_id, "status": FAIL, "retry_at": {"$lte": now}, "download_times": {"$lt": max_retry_times}}
-
-
-def _batch_filter(work: JobWork, group: Group, ids: list[ObjectId], now: datetime) -> dict:
-    """Exactly the selected tasks of one batch that are still due (``$in`` of at most a batch:
-    cheap on any MongoDB, and within SecantusDB's comfortable list length)."""
-    flt = _fail_filter(work.job.id, work.max_retry_times, now) if group.status == FAIL else {"job": work.job.id, "status": LIVE}
-    flt["_id"] = {"$in": ids}
-    return flt
-
-
-# --- enqueue -----------------------------------------------------------------------------
-
 def entry_timeout() -> int:
-    rounds = math.ceil(settings.DISPATCH_BATCH_SIZE / max(1, settings.DOWNLOAD_CONCURRENCY))
+    """rq's limit for one entry when run by a plain ``rq worker``: its downloads run at once
+    (up to DOWNLOAD_CONCURRENCY), each within DOWNLOAD_TIMEOUT, then the store."""
+    rounds = -(-settings.DISPATCH_BATCH_SIZE // max(1, settings.DOWNLOAD_CONCURRENCY))
     return int(settings.DOWNLOAD_TIMEOUT * rounds + 120)
 
 
-def _enqueue_work(work: JobWork, redis: Redis, now: datetime, report: DispatchReport, lock: threading.Lock) -> list:
-    """Enqueue and mark every granted batch of one job; return its dispatch log documents."""
+def check_settings() -> None:
+    """Refuse settings that would break the run's guarantees (one line each)."""
+    if settings.DISPATCH_ORDER not in ORDERS:
+        raise ConfigError(f"DISPATCH_ORDER must be one of {', '.join(ORDERS)}; got {settings.DISPATCH_ORDER!r}")
+    if settings.LEASE_TIMEOUT <= entry_timeout():
+        raise ConfigError(f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed an entry's longest run "
+                          f"({entry_timeout()}s from DOWNLOAD_TIMEOUT, DISPATCH_BATCH_SIZE, DOWNLOAD_CONCURRENCY)")
+    if settings.DISPATCH_BATCH_SIZE < 1:
+        raise ConfigError("DISPATCH_BATCH_SIZE must be at least 1")
+
+
+# --- selection ---------------------------------------------------------------------------
+
+def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
+    conf = {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
+        {"job": {"$in": [j["_id"] for j in jobs]}}, {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1})}
     coll = CrawlerTask._get_collection()
-    logs = []
-    complete = True
-    for group in work.groups:
-        queue = Queue(group.queue, connection=redis)
-        for ids in batches(group.ids[: group.granted], settings.DISPATCH_BATCH_SIZE):
-            lease = uuid.uuid4().hex
-            log = {"job": work.job.id, "queue": group.queue, "lease": lease, "count": len(ids),
+
+    def load(job: dict) -> JobWork:
+        c = conf.get(job["_id"], {})
+        work = JobWork(job=job, dispatch_num=c.get("dispatch_num", settings.DEFAULT_DISPATCH_NUM),
+                       max_retry_times=c.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES),
+                       prior=c.get("prior", 0))
+        work.again = select_again(coll, job["_id"], work.max_retry_times, work.dispatch_num, now)
+        work.fresh, work.read_to = select_fresh(coll, job, work.dispatch_num - len(work.again), now)
+        return work
+
+    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
+        return [w for w in pool.map(load, jobs) if w.again or w.fresh]
+
+
+# --- sending -----------------------------------------------------------------------------
+
+def _job_mapping(queue: Queue, lease: str, work: JobWork, count: int) -> dict:
+    job = queue.create_job(JOB_FUNCTION, args=(lease,), job_id=rq_job_id(lease), timeout=entry_timeout(),
+                           result_ttl=0, failure_ttl=settings.LEASE_TIMEOUT,
+                           description=f"{work.name} x{count}")
+    job.origin = queue.name
+    job.enqueued_at = utcnow()
+    job._status = "queued"
+    return job.to_dict()
+
+
+def release_entry(lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
+    """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
+    tasks = CrawlerTask._get_collection()
+    flt = {"_id": {"$in": ids}, "status": LIVE, "retry_at": None} if kind == FRESH else \
+        {"_id": {"$in": ids}, "status": DISPATCH, "lease": lease}
+    tasks.update_many(flt, {"$set": {"status": LIVE, "retry_at": now, "failed_reason": f"not sent: {reason}",
+                                     "last_update_datetime": now},
+                            "$unset": {"lease": "", "queue": "", "dispatched_at": ""}})
+    CrawlerLease._get_collection().delete_one({"_id": lease})
+
+
+class Run:
+    """One dispatcher run's shared state (report, lock token, stop flag)."""
+
+    def __init__(self, redis: Redis, token: bytes | str, now: datetime) -> None:
+        self.redis, self.token, self.now = redis, token, now
+        self.report = DispatchReport()
+        self.lost_lock = False
+        self._mutex = threading.Lock()
+
+    def send(self, work: JobWork) -> None:
+        """Send one job's planned entries (see the module docstring, step 5)."""
+        if not work.entries or self.lost_lock:
+            return
+        now = self.now
+        leases = [uuid.uuid4().hex for _ in work.entries]
+        CrawlerLease._get_collection().insert_many([
+            {"_id": lease, "job": work.job["_id"], "queue": e.queue, "kind": e.kind, "ids": e.ids,
+             "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
+            for lease, e in zip(leases, work.entries)], ordered=False)
+        tasks = CrawlerTask._get_collection()
+        again_flt = again_filter(work.job["_id"], work.max_retry_times, now)
+        for lease, e in zip(leases, work.entries):
+            if e.kind == AGAIN:
+                tasks.update_many(
+                    {"_id": {"$in": e.ids}, "$or": again_flt},
+                    {"$set": {"status": DISPATCH, "lease": lease, "queue": e.queue, "dispatched_at": now,
+                              "last_update_datetime": now}})
+        if work.fresh:
+            new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
+            moved = Job._get_collection().update_one(
+                {"_id": work.job["_id"], "seq_sent": work.job.get("seq_sent", 0)}, {"$set": {"seq_sent": new}})
+            if moved.matched_count == 0:  # another dispatcher sent these fresh tasks: send nothing
+                for lease, e in zip(leases, work.entries):
+                    release_entry(lease, e.kind, e.ids, "another dispatcher ran", now) if e.kind == AGAIN \
+                        else CrawlerLease._get_collection().delete_one({"_id": lease})
+                self.lost_lock = True
+                return
+        pipe = self.redis.pipeline(transaction=False)
+        for lease, e in zip(leases, work.entries):
+            q = Queue(e.queue, connection=self.redis)
+            push_entry(self.redis, q.key, "rq:job:" + rq_job_id(lease), rq_job_id(lease),
+                       _job_mapping(q, lease, work, len(e.ids)), cap(e.queue), self.token,
+                       at_front=work.prior == 1, client=pipe)
+        try:
+            results = pipe.execute()
+        except Exception as exc:  # Redis down: nothing or part pushed; unpushed entries are released
+            logger.warning("dispatch of job %s: Redis failed: %s", work.name, exc)
+            results = [None] * len(leases)
+        logs = []
+        for lease, e, res in zip(leases, work.entries, results):
+            log = {"job": work.job["_id"], "queue": e.queue, "lease": lease, "count": len(e.ids),
                    "hostname": settings.HOSTNAME, "add_datetime": now}
-            try:
-                queue.enqueue_call(
-                    JOB_FUNCTION, args=(lease, str(work.job.id), len(ids)), job_id=rq_job_id(lease),
-                    timeout=entry_timeout(), result_ttl=0, failure_ttl=settings.LEASE_TIMEOUT,
-                    description=f"{work.job.name} x{len(ids)}",
-                )
-                coll.update_many(
-                    _batch_filter(work, group, ids, now),
-                    {"$set": {"status": DISPATCH, "lease": lease, "queue": group.queue,
-                              "dispatched_at": now, "last_update_datetime": now}},
-                )
-            except Exception as exc:  # Redis or MongoDB down: the tasks stay due for the next run
-                complete = False
-                logger.warning("dispatch of %s tasks of job %s to %s failed: %s", len(ids), work.job.name, group.queue, exc)
-                logs.append({**log, "status": FAIL, "reason": f"{type(exc).__name__}: {exc}"})
-                with lock:
-                    report.failed_entries += 1
+            if res == PUSHED:
+                logs.append({**log, "status": SUCCESS})
+                with self._mutex:
+                    self.report.tasks[e.queue] += len(e.ids)
+                    self.report.entries[e.queue] += 1
                 continue
-            logs.append({**log, "status": SUCCESS})
-            with lock:
-                report.tasks[group.queue] += len(ids)
-                report.entries[group.queue] += 1
-        if group.granted < len(group.ids):
-            complete = False
-    if complete:
-        watermark.advance(work.job, work.live_bounds)
-    return logs
+            why = {FULL: f"queue {e.queue} reached its cap", NOT_OWNER: "dispatcher lock lost"}.get(
+                res, "Redis unavailable" if res is None else f"push failed: {res!r}")
+            if res == NOT_OWNER:
+                self.lost_lock = True
+            # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
+            if res is not None:
+                release_entry(lease, e.kind, e.ids, why, now)
+            logs.append({**log, "status": FAIL, "reason": why})
+            with self._mutex:
+                self.report.failed_entries += 1
+        if logs:
+            CrawlerDispatchLog._get_collection().insert_many(logs, ordered=False)
 
 
-# --- the run -----------------------------------------------------------------------------
+def _run(redis: Redis, token) -> DispatchReport:
+    start = time.monotonic()
+    recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True)
+    now = utcnow()
+    run = Run(redis, token, now)
+    run.report.recovered = recovered.recovered
+    jobs = sorted(Job._get_collection().find({"status": ON}, {"name": 1, "priority": 1, "host": 1, "seq_sent": 1,
+                                                              "seq_next": 1, "intake": 1}),
+                  key=lambda j: order_key(j, settings.DISPATCH_ORDER))
+    if not jobs:
+        return run.report
+    works = _load_works(jobs, now)
+    queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh)})
+    pipe = redis.pipeline(transaction=False)
+    for name in queues:
+        pipe.llen(Queue(name, connection=redis).key)
+    free = {name: max(0, cap(name) - n) for name, n in zip(queues, pipe.execute())}
+    alerts = plan(works, free, settings.MAX_TOTAL_DISPATCH_COUNT_ONCE, settings.DISPATCH_BATCH_SIZE)
+    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
+        list(pool.map(run.send, works))
+    if alerts:
+        CrawlerDispatchAlertLog._get_collection().insert_many([
+            {"job": w.job["_id"], "type": kind, "reason": reason, "content_bytes": 0,
+             "hostname": settings.HOSTNAME, "add_datetime": now}
+            for w, kind, reason in alerts
+        ])
+        run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
+    if run.lost_lock:
+        raise DispatchLocked("lost the dispatcher lock during the run; stopped")
+    logger.debug("dispatch run took %.3fs", time.monotonic() - start)
+    return run.report
 
-def acquire_lock(redis: Redis, ttl: int):
-    lock = redis.lock(LOCK_KEY, timeout=ttl, blocking=False)
-    if not lock.acquire(blocking=False):
-        raise DispatchLocked("another dispatcher is running (lock held); this run exits")
-    return lock
+
+# --- the lock and the run ----------------------------------------------------------------
+
+def _watchdog(lock: DispatchLock) -> threading.Timer:
+    def fire() -> None:
+        logger.error("dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: stopped", settings.DISPATCH_USE_POOL_TIMEOUT)
+        lock.release()
+        os._exit(3)
+
+    timer = threading.Timer(settings.DISPATCH_USE_POOL_TIMEOUT, fire)
+    timer.daemon = True
+    return timer
+
+
+def _timed_run(redis: Redis, lock: DispatchLock, watchdog: bool) -> DispatchReport:
+    timer = _watchdog(lock)
+    if watchdog:
+        timer.start()
+    try:
+        return _run(redis, lock.token)
+    finally:
+        timer.cancel()
+
+
+def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> DispatchReport:
+    """One dispatcher run under the cluster lock (raises DispatchLocked if it is held)."""
+    check_settings()
+    redis = redis or redis_conn()
+    with DispatchLock(redis) as lock:
+        return _timed_run(redis, lock, watchdog)
 
 
 def _terminate(signum, frame) -> None:
     raise SystemExit(0)
 
 
-def _force_exit() -> None:
-    logger.error("dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: killed", settings.DISPATCH_USE_POOL_TIMEOUT)
-    os._exit(3)
-
-
-def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> DispatchReport:
-    """One dispatcher run under the cluster lock (raises DispatchLocked if it is held)."""
-    return next(iter(_runs(redis or redis_conn(), 1, 0.0, watchdog)))
-
-
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
     """``dispatch --loop``: keep the queues topped up, holding the lock between runs.
     SIGTERM (a supervisor stopping it) ends the loop cleanly and releases the lock."""
+    check_settings()
     signal.signal(signal.SIGTERM, _terminate)
-    for report in _runs(redis, max_runs, interval, True):
-        if on_run:
-            on_run(report)
-
-
-def _runs(redis: Redis, count: int | None, interval: float, watchdog: bool):
-    ttl = settings.DISPATCH_USE_POOL_TIMEOUT + 30
-    lock = acquire_lock(redis, ttl)
     done = 0
-    try:
-        while count is None or done < count:
-            timer = threading.Timer(settings.DISPATCH_USE_POOL_TIMEOUT, _force_exit)
-            timer.daemon = True
-            if watchdog:
-                timer.start()
-            try:
-                report = _run(redis)
-            finally:
-                timer.cancel()
+    with DispatchLock(redis) as lock:
+        while max_runs is None or done < max_runs:
+            report = _timed_run(redis, lock, True)
             done += 1
-            yield report
-            if count is not None and done >= count:
+            if on_run:
+                on_run(report)
+            if max_runs is not None and done >= max_runs:
                 break
             time.sleep(interval)
-            if not lock.reacquire():
-                raise DispatchLocked("lost the dispatcher lock; stopping")
-    finally:
-        try:
-            lock.release()
-        except Exception:  # expired already; nothing to release
-            pass
-
-
-def _run(redis: Redis) -> DispatchReport:
-    report = DispatchReport()
-    report.recovered = defender.recover(redis).recovered
-    now = utcnow()
-    jobs = sorted(Job.objects(status=ON), key=lambda j: order_key(j, settings.DISPATCH_ORDER))
-    if not jobs:
-        return report
-    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
-        works = [w for w in pool.map(lambda j: _load_work(j, now), jobs) if w.wanted]
-    queues = {g.queue for w in works for g in w.groups}
-    pipe = redis.pipeline(transaction=False)
-    for name in sorted(queues):
-        pipe.llen(Queue(name, connection=redis).key)
-    free = {name: max(0, cap(name) - n) for name, n in zip(sorted(queues), pipe.execute())}
-    alerts = allocate(works, free, settings.MAX_TOTAL_DISPATCH_COUNT_ONCE, settings.DISPATCH_BATCH_SIZE)
-    lock = threading.Lock()
-    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
-        logs = [doc for docs in pool.map(lambda w: _enqueue_work(w, redis, now, report, lock), works) for doc in docs]
-    if logs:
-        CrawlerDispatchLog._get_collection().insert_many(logs, ordered=False)
-    if alerts:
-        CrawlerDispatchAlertLog._get_collection().insert_many([
-            {"job": w.job.id, "type": kind, "reason": reason, "content_bytes": 0,
-             "hostname": settings.HOSTNAME, "add_datetime": now}
-            for w, kind, reason in alerts
-        ])
-        report.alerts = [f"{w.job.name}: {reason}" for w, _, reason in alerts]
-    return report
+            lock.keep()

@@ -1,7 +1,9 @@
 """Task intake: one URL a line into ``CrawlerTask`` (status LIVE), in bulk.
 
-Duplicates of a (job, url) already stored are ignored by the unique index; bad lines are
-reported with their line number and skipped.
+Each chunk is numbered from the job's counter: reserve ``seq`` numbers (listed in
+``job.intake`` while the insert runs, so the dispatcher's cursor cannot pass them), insert,
+then drop the reservation. Duplicates of a (job, url) already stored are ignored by the
+unique index; bad lines are reported with their line number and skipped.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pymongo.errors import BulkWriteError
 
 from common.config import settings
 from common.errors import ValidationError
-from common.models import LIVE, CrawlerTask, Job, lower_live_from, utcnow
+from common.models import LIVE, CrawlerTask, Job, utcnow
 from common.urls import check_url
 
 CHUNK = 1000
@@ -57,17 +59,25 @@ def add_tasks(
     def flush() -> None:
         if not chunk:
             return
-        try:
-            result = collection.insert_many(chunk, ordered=False)
-            report.added += len(result.inserted_ids)
-        except BulkWriteError as exc:
-            details = exc.details
-            dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
-            if dupes != len(details["writeErrors"]):
-                raise
-            report.added += details["nInserted"]
-            report.duplicate += dupes
-        lower_live_from(job.id, min(doc["_id"] for doc in chunk))
+        known = {d["uri"] for d in collection.find({"job": job.id, "uri": {"$in": [d["uri"] for d in chunk]}}, {"uri": 1})}
+        fresh = [d for d in chunk if d["uri"] not in known]
+        report.duplicate += len(chunk) - len(fresh)
+        if fresh:
+            first = reserve(job.id, len(fresh))
+            for i, doc in enumerate(fresh):
+                doc["seq"] = first + i
+            try:
+                result = collection.insert_many(fresh, ordered=False)
+                report.added += len(result.inserted_ids)
+            except BulkWriteError as exc:
+                details = exc.details
+                dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
+                if dupes != len(details["writeErrors"]):
+                    raise
+                report.added += details["nInserted"]
+                report.duplicate += dupes
+            finally:
+                commit(job.id, first, len(fresh))
         if progress:
             progress(len(chunk))
         chunk.clear()
@@ -86,3 +96,27 @@ def add_tasks(
             flush()
     flush()
     return report
+
+
+def reserve(job_id, count: int) -> int:
+    """Reserve ``count`` seq numbers of a job (compare-and-set on its counter); returns the first."""
+    coll = Job._get_collection()
+    while True:
+        top = (coll.find_one({"_id": job_id}, {"seq_next": 1}) or {}).get("seq_next", 0)
+        first = top + 1
+        if coll.update_one({"_id": job_id, "seq_next": top},
+                           {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}
+                           ).modified_count:
+            return first
+
+
+def commit(job_id, first: int, count: int) -> None:
+    """Drop the reservation. If the dispatcher meanwhile took it for a dead intake's (it waited
+    longer than INTAKE_STALE), its tasks may lie below the cursor: send them as retries."""
+    removed = Job._get_collection().update_one({"_id": job_id, "intake.seq": first},
+                                               {"$pull": {"intake": {"seq": first}}}).modified_count
+    if not removed:
+        now = utcnow()
+        CrawlerTask._get_collection().update_many(
+            {"job": job_id, "status": LIVE, "retry_at": None, "seq": {"$gte": first, "$lt": first + count}},
+            {"$set": {"retry_at": now, "last_update_datetime": now}})

@@ -27,7 +27,7 @@ from common.models import (
 )
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
-ENGINES = ("requests",)
+ENGINES = ("aiohttp", "requests")  # the first is the default
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 EMAIL_RE = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
@@ -88,7 +88,7 @@ def validate_settings(raw: Any) -> dict[str, Any]:
             raise ValidationError("settings.proxy must be a http://, https:// or socks5:// URL with a host")
     _str(raw, "cookie")
     _str(raw, "download_js", 100_000)
-    engine = _str(raw, "download_engine") or "requests"
+    engine = _str(raw, "download_engine") or ENGINES[0]
     if engine not in ENGINES:
         raise ValidationError(f"settings.download_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     mails = _str(raw, "report_mails", 256)
@@ -203,7 +203,7 @@ def store(spec: JobSpec) -> Job:
     fields = {
         "dispatch_num": settings.DEFAULT_DISPATCH_NUM,
         "max_retry_times": settings.DEFAULT_MAX_RETRY_TIMES,
-        "proxy": "", "cookie": "", "headers": {}, "download_engine": "requests",
+        "proxy": "", "cookie": "", "headers": {}, "download_engine": ENGINES[0],
         "download_js": "", "prior": 0, "report_mails": "",
     }
     fields.update(spec.settings)
@@ -234,7 +234,8 @@ def _guess_name(path: str | Path) -> str:
 
 
 def set_status(name: str, status: str) -> Job:
-    assert status in (ON, OFF)
+    if status not in (ON, OFF):
+        raise ValidationError(f"status must be ON or OFF, got {status!r}")
     job = Job.objects(name=name).first()
     if job is None:
         raise ValidationError(f"no job named {name!r}")

@@ -7,7 +7,18 @@ from typing import Any
 from redis import Redis
 from rq import Queue
 
-from common.models import FAIL, SUCCESS, TASK_STATUSES, CrawlerDownloadLog, CrawlerTask, Job, utcnow
+from common.models import (
+    FAIL,
+    QUEUED,
+    RUNNING,
+    SUCCESS,
+    TASK_STATUSES,
+    CrawlerDownloadLog,
+    CrawlerLease,
+    CrawlerTask,
+    Job,
+    utcnow,
+)
 from common.queues import QUEUE_NAMES, base_of, cap
 
 
@@ -40,6 +51,16 @@ def task_counts() -> list[dict[str, Any]]:
     ]):
         job = row["_id"]["job"]
         counts.setdefault(job, {s: 0 for s in TASK_STATUSES})[row["_id"]["status"]] = row["n"]
+    # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps
+    # status LIVE until it is settled; these columns say it is out)
+    for c in counts.values():
+        c["queued"] = c["running"] = 0
+    for row in CrawlerLease._get_collection().aggregate([
+        {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
+        {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
+    ]):
+        c = counts.setdefault(row["_id"]["job"], {s: 0 for s in TASK_STATUSES} | {"queued": 0, "running": 0})
+        c["queued" if row["_id"]["state"] == QUEUED else "running"] += row["n"]
     return [{"job": names.get(job, str(job)), **c} for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
 
 
@@ -66,9 +87,10 @@ def render(stats: dict[str, Any]) -> str:
         age = "-" if q["oldest_age_s"] is None else f"{q['oldest_age_s']:.1f}"
         lines.append(f"{q['queue']:<28}{q['depth']:>8}{q['cap']:>8}{age:>12}")
     lines.append("")
-    lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in TASK_STATUSES))
+    cols = (*TASK_STATUSES, "queued", "running")
+    lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in cols))
     for row in stats["jobs"]:
-        lines.append(f"{row['job']:<24}" + "".join(f"{row[s]:>10}" for s in TASK_STATUSES))
+        lines.append(f"{row['job']:<24}" + "".join(f"{row[s]:>10}" for s in cols))
     rate = stats["last_hour"]
     shown = "-" if rate["rate"] is None else f"{rate['rate'] * 100:.1f}%"
     lines.append("")

@@ -1,13 +1,14 @@
 """Task state changes an administrator asks for: cancel and requeue (seed 001's state machine).
 
-    LIVE --dispatch--> DISPATCH --download--> SUCCESS | FAIL (retry_at set: due again) | FAIL (final)
-    DISPATCH --lease broken--> LIVE (recoveries + 1) | DEAD (recovery cap)
-    LIVE | FAIL | DISPATCH --cancel--> CANCEL          FAIL | DEAD --requeue--> LIVE
+    LIVE (fresh) --sent in an entry, no write--> SUCCESS | FAIL (retry_at set: due again) | FAIL (final)
+    FAIL (due) | LIVE (retry_at set) --sent again--> DISPATCH --download--> SUCCESS | FAIL
+    an entry whose attempt died --> LIVE with retry_at (recoveries + 1) | DEAD (recovery cap)
+    LIVE | FAIL | DISPATCH --cancel--> CANCEL          FAIL | DEAD | CANCEL --requeue--> LIVE (retry_at: now)
 """
 from __future__ import annotations
 
 from common.errors import ValidationError
-from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, Job, lower_live_from, utcnow
+from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, Job, utcnow
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}
@@ -28,24 +29,20 @@ def cancel(name: str, statuses=(LIVE, FAIL, DISPATCH)) -> int:
     return CrawlerTask._get_collection().update_many(
         {"job": _job_id(name), "status": {"$in": list(statuses)}},
         {"$set": {"status": CANCEL, "last_update_datetime": utcnow()},
-         "$unset": {"lease": "", "queue": "", "dispatched_at": "", "retry_at": ""}},
+         "$unset": {"lease": "", "queue": "", "dispatched_at": ""}},
     ).modified_count
 
 
 def requeue(name: str, statuses=(FAIL, DEAD)) -> int:
-    """Put the job's tasks in ``statuses`` back to LIVE with fresh counters."""
+    """Put the job's tasks in ``statuses`` back to LIVE with fresh counters, due at once."""
     bad = set(statuses) - REQUEUEABLE
     if bad:
         raise ValidationError(f"cannot requeue tasks in status {sorted(bad)[0]}")
     job_id = _job_id(name)
     coll = CrawlerTask._get_collection()
     flt = {"job": job_id, "status": {"$in": list(statuses)}}
-    first = coll.find_one(flt, {"_id": 1}, sort=[("_id", 1)])
-    count = coll.update_many(flt, {
+    now = utcnow()
+    return coll.update_many(flt, {
         "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
-                 "last_update_datetime": utcnow()},
-        "$unset": {"retry_at": ""},
+                 "retry_at": now, "last_update_datetime": now},
     }).modified_count
-    if first is not None:
-        lower_live_from(job_id, first["_id"])
-    return count

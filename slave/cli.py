@@ -10,14 +10,18 @@ from common.config import settings
 @click.option("--burst", is_flag=True, help="Quit once the queues are empty.")
 @click.option("--host", default="", envvar="DOWNCLUSTER_HOSTNAME",
               help="This host's name: its own queues are read before the shared ones.")
-@click.option("--simple", is_flag=True, help="Run jobs in the worker process (no fork per queue entry).")
-@click.option("--name", default=None, help="rq worker name (default: rq's).")
+@click.option("--classic", "mode", flag_value="classic",
+              help="Run rq's forking Worker (one entry at a time, a fork each) instead of the event loop.")
+@click.option("--simple", "mode", flag_value="simple",
+              help="Run rq's SimpleWorker (one entry at a time, in this process) instead of the event loop.")
+@click.option("--name", default=None, help="rq worker name (--classic/--simple only).")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many queue entries.")
 @click.option("--logging-level", default="INFO", show_default=True)
-def worker(burst: bool, host: str, simple: bool, name: str | None, max_jobs: int | None, logging_level: str) -> None:
-    """Run an rq worker over down_super > down_high > down_mid > down_low (host queues first)."""
+def worker(burst: bool, host: str, mode: str | None, name: str | None, max_jobs: int | None, logging_level: str) -> None:
+    """Drain down_super > down_high > down_mid > down_low (host queues first), many entries at once."""
     from slave.worker import run_worker
 
     if host:
         settings.override(HOSTNAME=host)
-    run_worker(host=host, burst=burst, simple=simple, name=name, logging_level=logging_level, max_jobs=max_jobs)
+    run_worker(host=host, burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
+               max_jobs=max_jobs)

@@ -1,7 +1,9 @@
-"""``downcluster worker``: an rq worker over the priority queues, host queues first.
+"""``downcluster worker``: drain the priority queues, host queues first.
 
-Plain ``rq worker -u REDIS_URL down_super down_high down_mid down_low`` works as well; this
-entry adds the host's own queues, Sentry, the hostname and secret-scrubbing logs.
+By default one process runs many entries at once on an event loop (slave/runner.py), taking
+the next entry in strict queue order whenever fewer than WORKER_INFLIGHT downloads are in
+flight. ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a
+time), exactly what a plain ``rq worker down_super down_high down_mid down_low`` does.
 """
 from __future__ import annotations
 
@@ -17,17 +19,22 @@ from common.sentry import init_sentry
 
 
 def build_worker(host: str = "", simple: bool = False, name: str | None = None) -> Worker:
-    """A worker reading each level's host queue before the shared queue of that level."""
+    """An rq worker reading each level's host queue before the shared queue of that level."""
     redis = redis_conn()
     queues = [Queue(n, connection=redis) for n in worker_queue_names(host)]
     cls = SimpleWorker if simple else Worker
     return cls(queues, connection=redis, name=name)
 
 
-def run_worker(host: str = "", burst: bool = False, simple: bool = False, name: str | None = None,
+def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,
                logging_level: str = "INFO", max_jobs: int | None = None) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME)
-    worker = build_worker(host, simple=simple, name=name)
+    if mode == "async":
+        from slave.runner import serve
+
+        serve([Queue(n, connection=redis_conn()).key for n in worker_queue_names(host)], burst=burst, max_jobs=max_jobs)
+        return True
+    worker = build_worker(host, simple=mode == "simple", name=name)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)

@@ -1,10 +1,11 @@
-"""Writing a batch's results: data documents, download logs, then task statuses.
+"""Writing an entry's results: data documents (and GridFS files), download logs, then task
+statuses, each in bulk: on the happy path one insert of data, one of logs and one update.
 
-Order matters: a task is settled (SUCCESS/FAIL) only after its data is stored, and only if
-it still holds this batch's lease. Data of a task this batch could not settle (recovered
-meanwhile, cancelled) is removed again, so a task never keeps data of an unsettled attempt.
-MongoDB hiccups are retried with backoff; if it stays away the batch raises and the
-defender recovers its tasks.
+Order matters: a task is settled (SUCCESS/FAIL) only after its data is stored, and only if it
+still looks as this entry left it (``guard``). Data of a task the entry could not settle
+(recovered meanwhile, cancelled) is removed again, GridFS files included, so a task never keeps
+data of an unsettled attempt. A result MongoDB cannot store fails that task alone. MongoDB
+hiccups are retried with backoff; if it stays away the entry raises and the defender recovers it.
 """
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, TypeVar
 
-import gridfs
-from bson import Binary
+from bson import BSON, Binary, ObjectId
+from bson.errors import InvalidDocument
 from pymongo import UpdateOne
-from pymongo.errors import BulkWriteError, ConnectionFailure, OperationFailure
+from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
 from common.config import settings
 from common.errors import DownloadError
+from common.data import drop_unsettled, gridfs_of
 from common.models import (
     DISPATCH,
     FAIL,
+    FRESH,
+    LIVE,
     SUCCESS,
     CrawlerDownloadData,
     CrawlerDownloadLog,
@@ -36,6 +40,7 @@ from slave.retry import next_retry_at
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
+MAX_BSON = 16 * 1024 * 1024
 UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}
 
 
@@ -75,7 +80,7 @@ def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
             raise
 
 
-def _data_doc(ctx, lease: str, outcome: Outcome, fs: gridfs.GridFS, now: datetime) -> dict:
+def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
     d = outcome.download
     doc = {
         "job": ctx.job_id, "downloader": ctx.download_id, "task": outcome.task["_id"], "lease": lease,
@@ -84,8 +89,8 @@ def _data_doc(ctx, lease: str, outcome: Outcome, fs: gridfs.GridFS, now: datetim
         "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
         "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
     }
-    if len(d.body) >= settings.GRIDFS_THRESHOLD:
-        doc["response_body_gridfs"] = fs.put(d.body, filename=f"{outcome.task['_id']}-{lease}")
+    if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
+        doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
         doc["response_body"] = None
     else:
         doc["response_body"] = Binary(d.body)
@@ -103,30 +108,79 @@ def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
     }
 
 
-def store(ctx, lease: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
-    """Store one batch's outcomes; return counts of settled successes and failures."""
+def guard(lease: str, kind: str) -> dict:
+    """What a task must still look like for this entry to settle it (the defender and a cancel
+    change it, so a task is settled by at most one of them)."""
+    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
+
+
+def _unstorable(outcome: Outcome, doc: dict) -> str | None:
+    """Why one data document cannot be stored (None if it can)."""
+    try:
+        size = len(BSON.encode(doc))
+    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
+        return f"response not storable: {type(exc).__name__}: {exc}"
+    if size > MAX_BSON:
+        return f"response not storable: document of {size} bytes exceeds MongoDB's 16 MiB limit"
+    return None
+
+
+def _insert_data(data_coll, outcomes: list[Outcome], docs: list[dict]) -> None:
+    """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
+    failure instead of failing the others."""
+    try:
+        with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+        return
+    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:
+        if isinstance(exc, BulkWriteError) and all(e["code"] == DUPLICATE_KEY for e in exc.details["writeErrors"]):
+            return
+        logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
+    keep_o, keep_d = [], []
+    for o, d in zip(outcomes, docs):
+        why = _unstorable(o, d)
+        if why:
+            o.download, o.error = None, DownloadError(why, retryable=False)
+        else:
+            keep_o.append(o)
+            keep_d.append(d)
+    outcomes[:] = keep_o
+    docs[:] = keep_d
+    with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+
+
+def store(ctx, lease: str, kind: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
+    """Store outcomes of one entry (all or part of it): data, then logs, then one update for the
+    successes and one bulk for the failures. Returns counts of settled successes and failures."""
     data_coll = CrawlerDownloadData._get_collection()
     tasks = CrawlerTask._get_collection()
     ok = [o for o in outcomes if o.error is None]
+    data_docs = [_data_doc(ctx, lease, o, now) for o in ok]
+    if data_docs:
+        _insert_data(data_coll, ok, data_docs)
+        big = [(o, d) for o, d in zip(ok, data_docs) if d.get("response_body_gridfs")]
+        if big:
+            fs = gridfs_of(data_coll.database)
+            for o, d in big:
+                with_retries(lambda: fs.put(o.download.body, _id=d["response_body_gridfs"],
+                                            filename=f"{o.task['_id']}-{lease}"), "GridFS put")
     bad = [o for o in outcomes if o.error is not None]
-    fs = gridfs.GridFS(data_coll.database, collection="crawler_download_data_fs")
-    data_docs = [_data_doc(ctx, lease, o, fs, now) for o in ok]
-    with_retries(lambda: _insert_ignoring_duplicates(data_coll, data_docs), "data insert")
-    logs = [_log_doc(ctx, lease, o, now) for o in outcomes]
+    logs = [_log_doc(ctx, lease, o, now) for o in (*ok, *bad)]
     with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
 
+    where = guard(lease, kind)
     settled_ok = 0
     if ok:
         ok_ids = [o.task["_id"] for o in ok]
         result = with_retries(lambda: tasks.update_many(
-            {"_id": {"$in": ok_ids}, "lease": lease, "status": DISPATCH},
+            {"_id": {"$in": ok_ids}, **where},
             {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                       "last_update_datetime": now},
              "$inc": {"download_times": 1}, "$unset": UNSET_LEASE},
         ), "task success")
         settled_ok = result.modified_count
         if settled_ok < len(ok_ids):
-            _drop_unsettled(data_coll, tasks, ok_ids, lease)
+            dropped = with_retries(lambda: drop_unsettled(lease, ok_ids), "orphan cleanup")
+            logger.info("dropped data of %s tasks no longer held by %s", dropped, lease)
     settled_bad = 0
     if bad:
         ops = []
@@ -135,19 +189,10 @@ def store(ctx, lease: str, outcomes: list[Outcome], now: datetime) -> dict[str, 
             retry_at = next_retry_at(o.error, times, ctx.max_retry_times, now,
                                      settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
             ops.append(UpdateOne(
-                {"_id": o.task["_id"], "lease": lease, "status": DISPATCH},
+                {"_id": o.task["_id"], **where},
                 {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
                           "last_update_datetime": now},
                  "$inc": {"download_times": 1}, "$unset": UNSET_LEASE},
             ))
         settled_bad = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task failure").modified_count
     return {"success": settled_ok, "fail": settled_bad}
-
-
-def _drop_unsettled(data_coll, tasks, ok_ids: list, lease: str) -> None:
-    """Remove data this lease stored for tasks it did not settle (recovered or cancelled)."""
-    settled = {d["_id"] for d in tasks.find({"_id": {"$in": ok_ids}, "data_lease": lease}, {"_id": 1})}
-    orphans = [i for i in ok_ids if i not in settled]
-    if orphans:
-        with_retries(lambda: data_coll.delete_many({"task": {"$in": orphans}, "lease": lease}), "orphan cleanup")
-        logger.info("dropped data of %s tasks no longer leased to %s", len(orphans), lease)
