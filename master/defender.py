@@ -54,7 +54,7 @@ def lease_verdict(lease: dict, in_queue: bool, now: datetime, heartbeat_ttl: flo
         if started and now - started > timedelta(seconds=lease_timeout):
             return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
         if beat and now - beat > timedelta(seconds=heartbeat_ttl):
-            return f"worker {lease.get('worker') or '?'} died while downloading (no heartbeat for {heartbeat_ttl:g}s)", True
+            return f"worker died while downloading ({lease.get('worker') or '?'}: no heartbeat for {heartbeat_ttl:g}s)", True
     return None
 
 

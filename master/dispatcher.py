@@ -309,7 +309,7 @@ def _run(redis: Redis, token) -> DispatchReport:
     recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True)
     now = utcnow()
     run = Run(redis, token, now)
-    run.report.recovered = recovered.recovered
+    run.report.recovered = recovered.recovered + recovered.requeued
     jobs = sorted(Job._get_collection().find({"status": ON}, {"name": 1, "priority": 1, "host": 1, "seq_sent": 1,
                                                               "seq_next": 1, "intake": 1}),
                   key=lambda j: order_key(j, settings.DISPATCH_ORDER))

@@ -49,3 +49,13 @@ def statuses(name: str) -> dict[str, int]:
     for t in CrawlerTask.objects(job=job).only("status"):
         out[t.status] = out.get(t.status, 0) + 1
     return out
+
+
+def sent(name: str) -> int:
+    """Tasks of job ``name`` out in queue entries (waiting or running): a fresh task keeps
+    status LIVE while it is out, and its entry's lease lists it."""
+    from common.models import CrawlerLease
+
+    job = Job.objects.get(name=name)
+    return sum(len(doc["ids"]) for doc in CrawlerLease._get_collection().find(
+        {"job": job.id, "state": {"$in": ["QUEUED", "RUNNING"]}}, {"ids": 1}))

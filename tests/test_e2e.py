@@ -12,7 +12,7 @@ import pytest
 from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
 from master.dispatcher import dispatch_once
 from sample_site import page_body
-from tests.helpers import add_urls, register, statuses
+from tests.helpers import add_urls, register, sent, statuses
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -94,7 +94,7 @@ def test_host_targeted_tasks_taken_only_by_that_host(cluster, tmp_path):
     add_urls("pinned", [f"{cluster.site}/page/{i}" for i in range(5)])
     dispatch_once(cluster.redis)
     assert dc_worker(cluster, "--host", "beta").returncode == 0
-    assert statuses("pinned") == {"DISPATCH": 5}
+    assert statuses("pinned") == {"LIVE": 5} and sent("pinned") == 5  # still waiting in alpha's queue
     assert dc_worker(cluster, "--host", "alpha").returncode == 0
     assert statuses("pinned") == {"SUCCESS": 5}
     assert {d.hostname for d in CrawlerDownloadData.objects} == {"alpha"}
@@ -117,7 +117,7 @@ def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
     proc = rq_worker(cluster, "--max-jobs", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert statuses("urgent") == {"SUCCESS": 1}
-    assert statuses("low") == {"DISPATCH": 10}
+    assert statuses("low") == {"LIVE": 10} and sent("low") == 10  # all ten still queued
 
 
 def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
@@ -129,13 +129,17 @@ def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
     env = {**os.environ, **cluster.env}
     worker = subprocess.Popen([str(BIN / "rq"), "worker", "-u", cluster.env["DOWNCLUSTER_REDIS_URL"], "--burst", *QUEUES],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not cluster.redis.keys("downcluster:hb:*") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    from common.models import CrawlerLease
+    deadline = time.monotonic() + 20  # the entry is claimed: its three downloads sleep 1.5 s
+    while not CrawlerLease.objects(state="RUNNING").count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
     from tests.helpers import cli
     assert "cancelled 3 tasks" in cli("task", "cancel", "cx").output
     worker.wait(timeout=60)
     assert statuses("cx") == {"CANCEL": 3}
+    # the downloads did finish and were logged (the cancel hit the writer), yet nothing is stored
+    assert CrawlerDownloadLog.objects(status="SUCCESS").count() == 3
     assert CrawlerDownloadData.objects.count() == 0
 
 

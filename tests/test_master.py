@@ -12,13 +12,15 @@ from common.models import (
     CrawlerDispatchLog,
     CrawlerDownload,
     CrawlerDownloadSetting,
+    CrawlerLease,
     CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
 )
 from common.queues import LOCK_KEY
 from master.dispatcher import dispatch_once
-from tests.helpers import add_urls, cli, register, statuses
+from common.errors import DispatchLocked
+from tests.helpers import add_urls, cli, register, sent, statuses
 
 
 def _nothing_stored():
@@ -85,13 +87,17 @@ def test_dispatch_maps_priorities_to_queues_and_marks_tasks(cluster, tmp_path):
     assert dict(report.tasks) == {"down_super": 30, "down_high": 30, "down_mid": 30, "down_low": 30}
     for q in ("down_super", "down_high", "down_mid", "down_low"):
         assert _queue_len(cluster.redis, q) == 1  # 30 tasks, batch size 50: one entry
-    assert statuses("s") == {"DISPATCH": 30, "LIVE": 10}
-    dispatched = CrawlerTask.objects(status="DISPATCH").first()
-    assert dispatched.lease and dispatched.queue and dispatched.dispatched_at
+    # fresh tasks go out without a write of their own: LIVE, listed by their entry's lease
+    assert statuses("s") == {"LIVE": 40} and sent("s") == 30
+    lease = CrawlerLease.objects(job=Job.objects.get(name="s")).first()
+    assert lease.state == "QUEUED" and lease.queue == "down_super" and len(lease.ids) == 30 and lease.kind == "FRESH"
+    assert Job.objects.get(name="s").seq_sent == 30
     assert CrawlerDispatchLog.objects(status="SUCCESS").count() == 4
     report = dispatch_once(cluster.redis)  # the rest, then nothing is dispatched twice
-    assert report.total == 40 and statuses("s") == {"DISPATCH": 40}
+    assert report.total == 40 and sent("s") == 40
     assert dispatch_once(cluster.redis).total == 0
+    ids = [i for doc in CrawlerLease._get_collection().find({}, {"ids": 1}) for i in doc["ids"]]
+    assert len(ids) == len(set(ids)) == 160
 
 
 def test_queue_cap_never_exceeded_and_alert_written(cluster, tmp_path, monkeypatch):
@@ -103,7 +109,7 @@ def test_queue_cap_never_exceeded_and_alert_written(cluster, tmp_path, monkeypat
     for _ in range(3):
         dispatch_once(cluster.redis)
         assert _queue_len(cluster.redis, "down_low") == 3
-    assert statuses("l") == {"DISPATCH": 3, "LIVE": 7}
+    assert sent("l") == 3
     alerts = CrawlerDispatchAlertLog.objects(type="queue_full")
     assert alerts.count() >= 1 and "7 of 10" in alerts.first().reason
 
@@ -118,7 +124,7 @@ def test_total_cap_and_dispatch_num(cluster, tmp_path, monkeypatch):
     add_urls("b", [f"http://127.0.0.1:1/b{i}" for i in range(50)])
     report = dispatch_once(cluster.redis)
     assert report.total == 25
-    assert statuses("a")["DISPATCH"] == 20 and statuses("b")["DISPATCH"] == 5  # priority first
+    assert sent("a") == 20 and sent("b") == 5  # priority first
     assert CrawlerDispatchAlertLog.objects(type="total_cap").count() == 1
 
 
@@ -132,9 +138,11 @@ def test_retryable_fail_redispatched_until_max_retry_times(cluster, tmp_path):
     coll.update_one({"uri": "http://127.0.0.1:1/a"}, {"$set": {"status": "FAIL", "download_times": 1, "retry_at": past}})
     coll.update_one({"uri": "http://127.0.0.1:1/b"}, {"$set": {"status": "FAIL", "download_times": 2, "retry_at": past}})
     dispatch_once(cluster.redis)
-    assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/a").status == "DISPATCH"
+    a = CrawlerTask.objects.get(uri="http://127.0.0.1:1/a")
+    assert a.status == "DISPATCH" and a.lease and a.queue == "down_low" and a.dispatched_at  # a retry is marked
     assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/b").status == "FAIL"  # 2 >= max_retry_times
-    assert job.status == "ON"
+    job.reload()
+    assert job.status == "ON" and sent("r") == 1
 
 
 def test_disabled_job_not_dispatched(cluster, tmp_path):
@@ -150,9 +158,9 @@ def test_dispatcher_lock_makes_second_run_exit_at_once(cluster, tmp_path):
     cluster.redis.set(LOCK_KEY, "someone-else", ex=60)
     result = cli("dispatch")
     assert result.exit_code == 75 and "another dispatcher" in result.output
-    assert statuses("j") == {"LIVE": 1}
+    assert sent("j") == 0
     cluster.redis.delete(LOCK_KEY)
-    assert cli("dispatch").exit_code == 0 and statuses("j") == {"DISPATCH": 1}
+    assert cli("dispatch").exit_code == 0 and sent("j") == 1
 
 
 def test_concurrent_dispatchers_enqueue_each_task_once(cluster, tmp_path):
@@ -166,14 +174,15 @@ def test_concurrent_dispatchers_enqueue_each_task_once(cluster, tmp_path):
             barrier.wait()
             try:
                 results.append(dispatch_once(cluster.redis).total)
-            except Exception as exc:  # the loser sees the lock
-                results.append(type(exc).__name__)
+            except DispatchLocked:
+                results.append("locked")
         threads = [threading.Thread(target=go) for _ in range(2)]
         [t.start() for t in threads]
         [t.join() for t in threads]
-    leases = [t.lease for t in CrawlerTask.objects(status="DISPATCH")]
-    assert len(leases) == 300
-    assert sum(_queue_len(cluster.redis, "down_low") for _ in [0]) == 6  # 300 / 50, no duplicate entry
+        assert len(results) == 2 and (results.count("locked") == 1 or "locked" not in results)
+    ids = [i for doc in CrawlerLease._get_collection().find({}, {"ids": 1}) for i in doc["ids"]]
+    assert len(ids) == len(set(ids)) == 300
+    assert _queue_len(cluster.redis, "down_low") == 6  # 300 / 50, no duplicate entry
 
 
 def test_host_targeted_tasks_go_to_host_queue(cluster, tmp_path):
@@ -204,7 +213,8 @@ def test_cancel_and_requeue(cluster, tmp_path):
     assert "requeued 2 tasks" in cli("task", "requeue", "cr").output
     assert statuses("cr") == {"LIVE": 4}
     assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/0").download_times == 0
-    assert dispatch_once(cluster.redis).total == 4  # the watermark was lowered: requeued tasks are seen
+    assert dispatch_once(cluster.redis).total == 4  # two fresh, two requeued (due at once)
+    assert statuses("cr") == {"LIVE": 2, "DISPATCH": 2} and sent("cr") == 4
     assert "cancelled 4 tasks" in cli("task", "cancel", "cr").output
     assert statuses("cr") == {"CANCEL": 4}
     assert cli("task", "cancel", "cr", "--status", "SUCCESS").exit_code == 2
@@ -223,7 +233,7 @@ def test_scheduler_installs_cron_and_dispatches(cluster, tmp_path):
     # the first cron run is in the future; run the scheduled function as rq would
     from master.schedule import scheduled_dispatch
     assert scheduled_dispatch() == "dispatched 1 tasks"
-    assert statuses("sch") == {"DISPATCH": 1}
+    assert sent("sch") == 1
 
 
 def test_dispatch_loop_tops_up_with_one_lock(cluster, tmp_path):
@@ -231,5 +241,5 @@ def test_dispatch_loop_tops_up_with_one_lock(cluster, tmp_path):
     add_urls("lp", [f"http://127.0.0.1:1/{i}" for i in range(25)])
     result = cli("dispatch", "--loop", "--interval", "0", "--max-runs", "3")
     assert result.exit_code == 0 and result.output.count("dispatched 10 tasks") == 2
-    assert statuses("lp") == {"DISPATCH": 25}
+    assert sent("lp") == 25
     assert not cluster.redis.exists(LOCK_KEY)

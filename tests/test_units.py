@@ -14,7 +14,9 @@ from common.queues import cap, queue_for_priority, queue_name, worker_queue_name
 from common.secrets import redact, remember
 from common.urls import check_url, strip_credentials
 from master.defender import lease_verdict
-from master.dispatcher import Group, JobWork, allocate, batches, order_key
+from common.models import AGAIN, FRESH
+from master.dispatcher import JobWork, batches, order_key, plan
+from master.selection import Picked, fresh_cursor, fresh_limit
 from master.registry import check_python, validate_manifest, validate_settings
 from slave.retry import next_retry_at
 
@@ -53,32 +55,53 @@ def test_env_overrides_are_typed_and_local_file_is_below_env(tmp_path: Path):
         Settings(environ={"DOWNCLUSTER_Q_DOWN_LOW_LEN": "many"})
 
 
-def _work(name, priority, queue, n, host=""):
-    job = SimpleNamespace(name=name, priority=priority, host=host)
-    return JobWork(job=job, dispatch_num=n, max_retry_times=5,
-                   groups=[Group(status="LIVE", host=host, queue=queue, ids=list(range(n)))])
+def _work(name: str, priority: int, n: int, again: int = 0, host: str = "") -> JobWork:
+    job = {"_id": name, "name": name, "priority": priority, "host": host}
+    return JobWork(job=job, dispatch_num=n + again, max_retry_times=5,
+                   again=[Picked(f"{name}-a{i}", "") for i in range(again)],
+                   fresh=[Picked(f"{name}-{i}", "", i + 1) for i in range(n)])
 
 
-def test_allocate_respects_queue_room_and_writes_alert():
-    a, b = _work("a", -1, "down_super", 120), _work("b", -1, "down_super", 50)
+def _taken(work: JobWork, kind: str = FRESH) -> int:
+    return sum(len(e.ids) for e in work.entries if e.kind == kind)
+
+
+def test_plan_respects_queue_room_and_writes_alert():
+    a, b = _work("a", -1, 120), _work("b", -1, 50)
     free = {"down_super": 3}
-    alerts = allocate([a, b], free, total=10_000, batch_size=50)
-    assert a.groups[0].granted == 120 and b.groups[0].granted == 0  # 3 entries: 50+50+20
-    assert free["down_super"] == 0
-    assert [(w.job.name, kind) for w, kind, _ in alerts] == [("b", "queue_full")]
+    alerts = plan([a, b], free, total=10_000, batch_size=50)
+    assert _taken(a) == 120 and _taken(b) == 0  # 3 entries: 50+50+20
+    assert [len(e.ids) for e in a.entries] == [50, 50, 20] and free["down_super"] == 0
+    assert [(w.name, kind) for w, kind, _ in alerts] == [("b", "queue_full")]
 
 
-def test_allocate_respects_total_cap():
-    a, b = _work("a", 0, "down_high", 80), _work("b", 5, "down_low", 80)
-    alerts = allocate([a, b], {"down_high": 100, "down_low": 100}, total=100, batch_size=10)
-    assert a.groups[0].granted == 80 and b.groups[0].granted == 20
+def test_plan_respects_total_cap():
+    a, b = _work("a", 0, 80), _work("b", 5, 80)
+    alerts = plan([a, b], {"down_high": 100, "down_low": 100}, total=100, batch_size=10)
+    assert _taken(a) == 80 and _taken(b) == 20 and b.fresh_taken == 20
     assert alerts[0][1] == "total_cap" and "60 of 80" in alerts[0][2]
 
 
-def test_allocate_with_batch_size_one_counts_tasks():
-    a = _work("a", 5, "down_low", 10)
-    allocate([a], {"down_low": 4}, total=100, batch_size=1)
-    assert a.groups[0].granted == 4
+def test_plan_with_batch_size_one_counts_tasks():
+    a = _work("a", 5, 10)
+    plan([a], {"down_low": 4}, total=100, batch_size=1)
+    assert _taken(a) == 4 and a.fresh_taken == 4
+
+
+def test_retries_go_first_and_fresh_tasks_stop_at_the_first_that_does_not_fit():
+    a = _work("a", 5, 30, again=5)
+    a.fresh[3] = Picked("a-3", "h1", 4)  # bound for host h1, whose queue has no room
+    plan([a], {"down_low": 10, "down_low@h1": 0}, total=100, batch_size=10)
+    assert _taken(a, AGAIN) == 5 and a.fresh_taken == 3  # the cursor may pass seq 1..3 only
+    assert fresh_cursor(a.fresh, 30, a.fresh_taken) == 3
+    assert fresh_cursor(a.fresh, 30, len(a.fresh)) == 30
+
+
+def test_fresh_limit_stops_below_intake_in_progress():
+    now = NOW
+    job = {"seq_next": 500, "intake": [{"seq": 301, "at": now}, {"seq": 101, "at": now - timedelta(hours=1)}]}
+    assert fresh_limit(job, now) == 300  # the stale reservation (a dead intake) no longer holds it
+    assert fresh_limit({"seq_next": 7}, now) == 7
 
 
 def test_order_by_priority_host_or_both():
@@ -95,14 +118,20 @@ def test_batches():
     assert batches(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
 
 
-@pytest.mark.parametrize("status,beat,age,broken", [
-    ("queued", False, 10, False), ("started", True, 10, False), ("started", False, 100, True),
-    (None, False, 1, True), ("failed", False, 1, True), ("stopped", False, 1, True),
-    ("finished", False, 1, True), ("queued", False, 7200, True),
+@pytest.mark.parametrize("lease,in_queue,broken,attempt", [
+    ({"state": "QUEUED"}, True, False, None),
+    ({"state": "QUEUED", "created_at": NOW - timedelta(days=2)}, True, False, None),  # waiting is never death
+    ({"state": "QUEUED"}, False, True, False),
+    ({"state": "RUNNING", "started_at": NOW - timedelta(seconds=50), "beat_at": NOW - timedelta(seconds=3)}, False, False, None),
+    ({"state": "RUNNING", "started_at": NOW - timedelta(seconds=50), "beat_at": NOW - timedelta(seconds=30)}, False, True, True),
+    ({"state": "RUNNING", "started_at": NOW - timedelta(hours=2), "beat_at": NOW}, False, True, True),
+    ({"state": "LOST", "lost_reason": "x", "started_at": NOW}, False, True, True),
 ])
-def test_lease_verdict(status, beat, age, broken):
-    verdict = lease_verdict(status, beat, NOW - timedelta(seconds=age), NOW, 3600)
+def test_lease_verdict(lease, in_queue, broken, attempt):
+    verdict = lease_verdict(lease, in_queue, NOW, 20, 3600)
     assert (verdict is not None) == broken
+    if broken:
+        assert verdict[1] == attempt
 
 
 def test_retry_backoff_jitter_retry_after_and_limits():
