@@ -134,6 +134,8 @@ class CrawlerLease(Document):
     queue = StringField(required=True)
     kind = StringField(choices=(FRESH, AGAIN), required=True)
     ids = ListField(ObjectIdField())
+    uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
+    attempts = ListField(IntField())  # their download_times when sent
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
     hostname = StringField()
@@ -145,7 +147,8 @@ class CrawlerLease(Document):
 
 
 class CrawlerDownloadData(Document):
-    """A successful attempt's response, stored once: unique on (task, lease)."""
+    """A successful attempt's response, stored once per settled attempt (the writer removes
+    what an attempt stored for a task it could not settle)."""
 
     job = ReferenceField(Job, required=True)
     downloader = ReferenceField(CrawlerDownload)
@@ -164,7 +167,9 @@ class CrawlerDownloadData(Document):
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",
-        "indexes": [{"fields": ("task", "lease"), "unique": True}, ("job", "_id")],
+        # not unique: each document gets its _id from the writer, so a retried insert is refused
+        # by _id; (task, lease) finds an attempt's data
+        "indexes": [("task", "lease"), ("job", "_id")],
     }
 
 

@@ -68,6 +68,7 @@ class Entry:
     kind: str
     queue: str
     ids: list
+    tasks: list = field(default_factory=list)  # the Picked of each id
 
 
 @dataclass
@@ -141,6 +142,7 @@ def pack(tasks: list[Picked], queue_of, free: dict[str, int], total: int, batch_
             cur = open_[q] = Entry("", q, [])
             entries.append(cur)
         cur.ids.append(t.id)
+        cur.tasks.append(t)
         taken += 1
     return entries, taken, why
 
@@ -249,6 +251,7 @@ class Run:
         leases = [uuid.uuid4().hex for _ in work.entries]
         CrawlerLease._get_collection().insert_many([
             {"_id": lease, "job": work.job["_id"], "queue": e.queue, "kind": e.kind, "ids": e.ids,
+             "uris": [t.uri for t in e.tasks], "attempts": [t.attempts for t in e.tasks],
              "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
             for lease, e in zip(leases, work.entries)], ordered=False)
         tasks = CrawlerTask._get_collection()

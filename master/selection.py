@@ -30,6 +30,8 @@ class Picked:
     id: object
     host: str
     seq: int = 0
+    uri: str = ""
+    attempts: int = 0
 
 
 def fresh_limit(job_doc: dict, now: datetime) -> int:
@@ -50,8 +52,9 @@ def select_fresh(coll: Collection, job_doc: dict, need: int, now: datetime) -> t
     while lo < top and len(picked) < need:
         hi = min(lo + window, top)
         flt = {"job": job_doc["_id"], "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
-        docs = sorted(coll.find(flt, {"_id": 1, "host_name": 1, "seq": 1}), key=lambda d: d["seq"])
-        picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"]) for d in docs[: need - len(picked)])
+        docs = sorted(coll.find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1}), key=lambda d: d["seq"])
+        picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"])
+                      for d in docs[: need - len(picked)])
         if len(picked) >= need:
             return picked, picked[-1].seq
         lo = hi
@@ -75,12 +78,19 @@ def again_filter(job_id, max_retry_times: int, now: datetime) -> list[dict]:
 
 
 def select_again(coll: Collection, job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
+    """Up to ``need`` tasks that go again. Queries name only the fields of the task index
+    (job, status, retry_at): another predicate makes some servers scan the collection, so
+    ``download_times`` is checked here."""
     picked: list[Picked] = []
     for flt in again_filter(job_id, max_retry_times, now):
         if len(picked) >= need:
             break
         if flt["status"] == FAIL and max_retry_times <= 0:
             continue
-        for d in coll.find(flt, {"_id": 1, "host_name": 1}).limit(need - len(picked)):
-            picked.append(Picked(d["_id"], d.get("host_name") or ""))
+        indexed = {k: flt[k] for k in ("job", "status", "retry_at")}
+        for d in coll.find(indexed, {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1}):
+            if d.get("download_times", 0) < max_retry_times or flt["status"] == LIVE:
+                picked.append(Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], d.get("download_times", 0)))
+                if len(picked) >= need:
+                    break
     return picked

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -60,7 +61,10 @@ from slave.engines.base import Download, Limits
 
 logger = logging.getLogger(__name__)
 
-CONTEXT_TTL = 5.0  # seconds a job's settings are reused between entries
+CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
+WRITE_BATCH = 256   # outcomes per bulk write at most
+LINGER = 0.002      # seconds the writer waits for more outcomes before a write
+WORKER_KEY_PREFIX = "downcluster:worker:"
 
 
 def new_worker_id() -> str:
@@ -131,12 +135,16 @@ def claim(lease_id: str, worker_id: str) -> dict | None:
         return_document=ReturnDocument.AFTER)
 
 
-def load_tasks(lease: dict) -> list[dict]:
-    """The entry's tasks that still look as the dispatcher left them (``writer.guard``)."""
-    docs = CrawlerTask._get_collection().find(
-        {"_id": {"$in": lease["ids"]}}, {"uri": 1, "download_times": 1, "status": 1, "retry_at": 1, "lease": 1})
-    want = writer.guard(lease["_id"], lease["kind"])
-    return [d for d in docs if all(d.get(k) == v for k, v in want.items())]
+def lease_tasks(lease: dict) -> list[dict]:
+    """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
+    one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
+    ids, uris = lease.get("ids") or [], lease.get("uris") or []
+    if len(uris) != len(ids):  # a lease written before URLs were carried: read the tasks
+        docs = {d["_id"]: d for d in CrawlerTask._get_collection().find(
+            {"_id": {"$in": ids}}, {"uri": 1, "download_times": 1})}
+        return [docs[i] for i in ids if i in docs]
+    attempts = lease.get("attempts") or [0] * len(ids)
+    return [{"_id": i, "uri": u, "download_times": n} for i, u, n in zip(ids, uris, attempts)]
 
 
 def give_back(lease: dict, reason: str) -> int:
@@ -153,18 +161,32 @@ def finish(lease_id: str, worker_id: str) -> None:
 
 
 class Heartbeat(threading.Thread):
-    """Refreshes ``beat_at`` of the leases this worker runs, every HEARTBEAT_INTERVAL."""
+    """Refreshes ``beat_at`` of the leases this worker is running, every HEARTBEAT_INTERVAL
+    (an entry given up on drops out of ``active`` and stops beating, so the defender takes it),
+    and announces the worker in Redis (``downcluster:worker:<id>``, for stats)."""
 
-    def __init__(self, worker_id: str) -> None:
+    def __init__(self, runner: "Runner") -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.worker_id, self.halt = worker_id, threading.Event()
+        self.runner, self.halt = runner, threading.Event()
 
     def beat(self) -> None:
+        active = list(self.runner.active)
         try:
-            CrawlerLease._get_collection().update_many(
-                {"worker": self.worker_id, "state": RUNNING}, {"$set": {"beat_at": utcnow()}})
+            if active:
+                CrawlerLease._get_collection().update_many(
+                    {"_id": {"$in": active}, "worker": self.runner.worker_id, "state": RUNNING},
+                    {"$set": {"beat_at": utcnow()}})
         except Exception as exc:  # MongoDB away: the writer retries; the defender may recover us
             logger.warning("heartbeat failed: %s", type(exc).__name__)
+        try:
+            key = WORKER_KEY_PREFIX + self.runner.worker_id
+            pipe = redis_conn().pipeline(transaction=False)
+            pipe.hset(key, mapping={"host": settings.HOSTNAME, "inflight": self.runner.inflight,
+                                    "peak_inflight": self.runner.peak_inflight, "entries": self.runner.entries_done})
+            pipe.expire(key, max(settings.HEARTBEAT_TTL, 3 * settings.HEARTBEAT_INTERVAL))
+            pipe.execute()
+        except Exception as exc:  # Redis away: only stats miss us
+            logger.debug("worker announcement failed: %s", type(exc).__name__)
 
     def run(self) -> None:
         while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
@@ -228,6 +250,101 @@ class Engines:
         self.blocking.shutdown(wait=False, cancel_futures=True)
 
 
+# --- the writer -----------------------------------------------------------------------------
+
+class Entry:
+    """One running entry: its lease, job, tasks, and what the writer has stored of it."""
+
+    def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
+        self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
+        self.written, self.counts = 0, {"success": 0, "fail": 0}
+        self.done = loop.create_future()
+        self.loop = loop
+
+    def _settle(self, result=None, error: BaseException | None = None) -> None:
+        if self.done.done():
+            return
+        self.done.set_exception(error) if error else self.done.set_result(result)
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        """From the writer thread: the entry is stored (or its store failed)."""
+        self.loop.call_soon_threadsafe(self._settle, self.counts, error)
+
+
+class Writer(threading.Thread):
+    """The one thread of a worker process that writes to MongoDB what downloads produced:
+    outcomes of all running entries are gathered into bulk writes (up to WRITE_BATCH, or
+    STORE_FLUSH_BYTES of bodies), so the store sees few, large commands from one connection."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(daemon=True, name="writer")
+        self.worker_id = worker_id
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.submitted = self.written = 0
+
+    def submit(self, entry: Entry, outcome: writer.Outcome | None) -> None:
+        """Queue one outcome (None: the entry had no task left to download)."""
+        self.submitted += 1
+        self.q.put((entry, outcome))
+
+    def backlog(self) -> int:
+        """Outcomes waiting to be written (the worker takes no new entry while many wait)."""
+        return self.submitted - self.written
+
+    def stop(self) -> None:
+        self.q.put(None)
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            batch, size, end = [item], _size(item[1]), time.monotonic() + LINGER
+            while len(batch) < WRITE_BATCH and size < settings.STORE_FLUSH_BYTES:
+                try:
+                    item = self.q.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.q.put(None)
+                    break
+                batch.append(item)
+                size += _size(item[1])
+            try:
+                self._write(batch)
+            finally:
+                self.written += len(batch)
+
+    def _write(self, batch: list) -> None:
+        groups: dict[Entry, list[writer.Outcome]] = {}
+        for entry, outcome in batch:
+            groups.setdefault(entry, [])
+            if outcome is not None:
+                groups[entry].append(outcome)
+        parts = [writer.Part(e.ctx, e.lease_id, e.kind, outs) for e, outs in groups.items() if outs]
+        try:
+            if parts:
+                got = writer.store_many(parts, utcnow())
+                for e, outs in groups.items():
+                    e.written += len(outs)
+                    for o in outs:
+                        e.counts["success" if o.error is None else "fail"] += 1
+                logger.debug("stored %s ok / %s failed in one write", got["success"], got["fail"])
+            finished = [e for e in groups if e.written >= e.total]
+            if finished:
+                writer.with_retries(lambda: CrawlerLease._get_collection().delete_many(
+                    {"_id": {"$in": [e.lease_id for e in finished]}, "worker": self.worker_id}), "lease delete")
+            for e in finished:
+                e.resolve()
+        except Exception as exc:  # MongoDB gone past the retries: these entries are given up
+            for e in groups:
+                e.resolve(exc)
+
+
+def _size(outcome) -> int:
+    return len(outcome.download.body) if outcome is not None and outcome.download is not None else 0
+
+
 # --- one entry ----------------------------------------------------------------------------
 
 class Runner:
@@ -236,9 +353,12 @@ class Runner:
     def __init__(self, worker_id: str | None = None) -> None:
         self.worker_id = worker_id or new_worker_id()
         self.engines = Engines()
-        self.store_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="store")
-        self.heartbeat = Heartbeat(self.worker_id)
-        self.inflight = 0   # downloads of the entries running
+        self.store_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self.writer = Writer(self.worker_id)
+        self.heartbeat = Heartbeat(self)
+        self.active: set[str] = set()  # leases being run (and beaten for)
+        self.peak_inflight = 0
+        self.inflight = 0   # downloads running
         self.pending = 0    # entries taken from a queue whose tasks are not loaded yet
         self.entries_done = 0
 
@@ -262,48 +382,36 @@ class Runner:
             loaded()
             logger.info("entry %s was recovered or taken before it started: skipped", lease_id)
             return None
-        counts = {"success": 0, "fail": 0}
+        self.active.add(lease_id)
         try:
             ctx = await self._db(load_context, lease["job"])
             if ctx is None or ctx.status == OFF:
                 back = await self._db(give_back, lease, "job disabled before download")
                 logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
-                return counts
-            tasks = await self._db(load_tasks, lease)
+                await self._db(finish, lease_id, self.worker_id)
+                return {"success": 0, "fail": 0}
+            tasks = lease_tasks(lease)
+            entry = Entry(lease, ctx, tasks, asyncio.get_running_loop())
             self.inflight += len(tasks)
+            self.peak_inflight = max(self.peak_inflight, self.inflight)
             loaded()
+            left = len(tasks)
             try:
-                counts = await self._download_and_store(ctx, lease, tasks)
+                if not tasks:
+                    self.writer.submit(entry, None)
+                for next_done in asyncio.as_completed([self.engines.download(ctx, t) for t in tasks]):
+                    outcome = await next_done
+                    self.inflight, left = self.inflight - 1, left - 1
+                    self.writer.submit(entry, outcome)
+                counts = await entry.done
             finally:
-                self.inflight -= len(tasks)
+                self.inflight -= left
             logger.debug("job %s entry %s: %s ok, %s failed", ctx.name, lease_id, counts["success"], counts["fail"])
             return counts
         finally:
             loaded()
-            await self._db(finish, lease_id, self.worker_id)
+            self.active.discard(lease_id)
             self.entries_done += 1
-
-    async def _download_and_store(self, ctx: JobContext, lease: dict, tasks: list[dict]) -> dict[str, int]:
-        counts = {"success": 0, "fail": 0}
-        buf: list[writer.Outcome] = []
-        size = 0
-
-        async def flush() -> None:
-            nonlocal buf, size
-            part, buf, size = buf, [], 0
-            got = await self._db(writer.store, ctx, lease["_id"], lease["kind"], part, utcnow())
-            counts["success"] += got["success"]
-            counts["fail"] += got["fail"]
-
-        for next_done in asyncio.as_completed([self.engines.download(ctx, t) for t in tasks]):
-            outcome = await next_done
-            buf.append(outcome)
-            size += len(outcome.download.body) if outcome.download else 0
-            if size >= settings.STORE_FLUSH_BYTES:
-                await flush()
-        if buf:
-            await flush()
-        return counts
 
     # --- many entries: ``downcluster worker`` -------------------------------------------
 
@@ -317,7 +425,8 @@ class Runner:
         taken = 0
         target = settings.WORKER_INFLIGHT
         while not stop.is_set() and (max_jobs is None or taken < max_jobs):
-            room = self.inflight + settings.DISPATCH_BATCH_SIZE * self.pending < target or not running
+            room = (self.inflight + settings.DISPATCH_BATCH_SIZE * self.pending < target
+                    and self.writer.backlog() < target * 4) or not running
             got = None
             if room:
                 try:
@@ -374,10 +483,20 @@ class Runner:
             logger.error("entry %s failed: %s", lease_id, redact(f"{type(exc).__name__}: {exc}"))
             capture(exc)
 
+    def start(self) -> None:
+        self.writer.start()
+        self.heartbeat.start()
+
     async def close(self) -> None:
         self.heartbeat.halt.set()
+        self.writer.stop()
         await self.engines.close()
         self.store_pool.shutdown(wait=True)
+        self.writer.join(timeout=60)
+        try:
+            redis_conn().delete(WORKER_KEY_PREFIX + self.worker_id)
+        except Exception:
+            pass
 
 
 def run_one(lease_id: str) -> dict[str, int] | None:
@@ -386,7 +505,7 @@ def run_one(lease_id: str) -> dict[str, int] | None:
 
     async def main():
         runner = Runner()
-        runner.heartbeat.start()
+        runner.start()
         try:
             return await runner.run_entry(lease_id)
         finally:
@@ -400,7 +519,7 @@ def serve(queue_keys: list[str], burst: bool = False, max_jobs: int | None = Non
 
     async def main():
         runner = Runner()
-        runner.heartbeat.start()
+        runner.start()
         logger.info("worker %s on %s (up to %s downloads in flight)", runner.worker_id,
                     ", ".join(k.removeprefix("rq:queue:") for k in queue_keys), settings.WORKER_INFLIGHT)
         try:

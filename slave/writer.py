@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 
 from bson import BSON, Binary, ObjectId
 from bson.errors import InvalidDocument
-from pymongo import UpdateOne
+from pymongo import UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
 from common.config import settings
@@ -83,6 +83,7 @@ def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
 def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
     d = outcome.download
     doc = {
+        "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
         "job": ctx.job_id, "downloader": ctx.download_id, "task": outcome.task["_id"], "lease": lease,
         "url": outcome.task["uri"], "status_code": d.status_code,
         "requests_headers": d.request_headers, "response_headers": d.headers,
@@ -99,7 +100,7 @@ def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
 
 def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
     return {
-        "job": ctx.job_id, "task": outcome.task["_id"], "lease": lease,
+        "_id": ObjectId(), "job": ctx.job_id, "task": outcome.task["_id"], "lease": lease,
         "status": SUCCESS if outcome.error is None else FAIL,
         "requests_size": outcome.request_size,
         "response_size": len(outcome.download.body) if outcome.download else 0,
@@ -148,51 +149,80 @@ def _insert_data(data_coll, outcomes: list[Outcome], docs: list[dict]) -> None:
     with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
 
 
+@dataclass
+class Part:
+    """Outcomes of one entry in one write."""
+
+    ctx: object
+    lease: str
+    kind: str
+    outcomes: list[Outcome]
+
+
 def store(ctx, lease: str, kind: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
-    """Store outcomes of one entry (all or part of it): data, then logs, then one update for the
-    successes and one bulk for the failures. Returns counts of settled successes and failures."""
+    """Store outcomes of one entry (see ``store_many``)."""
+    return store_many([Part(ctx, lease, kind, outcomes)], now)
+
+
+def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
+    """Store outcomes of one or more entries, in bulk: one insert of data (then GridFS files of
+    large bodies), one insert of logs, one bulk of task updates (an UpdateMany of the successes
+    of each entry, an UpdateOne per failure). Returns counts of settled successes and failures."""
     data_coll = CrawlerDownloadData._get_collection()
     tasks = CrawlerTask._get_collection()
-    ok = [o for o in outcomes if o.error is None]
-    data_docs = [_data_doc(ctx, lease, o, now) for o in ok]
+    ok = [(p, o) for p in parts for o in p.outcomes if o.error is None]
+    data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
     if data_docs:
-        _insert_data(data_coll, ok, data_docs)
-        big = [(o, d) for o, d in zip(ok, data_docs) if d.get("response_body_gridfs")]
+        outs = [o for _, o in ok]
+        _insert_data(data_coll, outs, data_docs)
+        kept = {id(o) for o in outs}
+        ok = [(p, o) for p, o in ok if id(o) in kept]
+        big = [(o, d) for o, d in zip(outs, data_docs) if d.get("response_body_gridfs")]
         if big:
             fs = gridfs_of(data_coll.database)
             for o, d in big:
-                with_retries(lambda: fs.put(o.download.body, _id=d["response_body_gridfs"],
-                                            filename=f"{o.task['_id']}-{lease}"), "GridFS put")
-    bad = [o for o in outcomes if o.error is not None]
-    logs = [_log_doc(ctx, lease, o, now) for o in (*ok, *bad)]
-    with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
+                with_retries(lambda: _put_once(fs, o.download.body, d["response_body_gridfs"],
+                                               f"{o.task['_id']}-{d['lease']}"), "GridFS put")
+    bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None]
+    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
+    if logs:
+        with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
 
-    where = guard(lease, kind)
-    settled_ok = 0
-    if ok:
-        ok_ids = [o.task["_id"] for o in ok]
-        result = with_retries(lambda: tasks.update_many(
-            {"_id": {"$in": ok_ids}, **where},
-            {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
+    ops: list = []
+    ok_by_part: dict[int, tuple[Part, list]] = {}
+    for p, o in ok:
+        ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
+    for p, ids in ok_by_part.values():
+        ops.append(UpdateMany(
+            {"_id": {"$in": ids}, **guard(p.lease, p.kind)},
+            {"$set": {"status": SUCCESS, "data_lease": p.lease, "failed_reason": None, "retry_at": None,
                       "last_update_datetime": now},
-             "$inc": {"download_times": 1}, "$unset": UNSET_LEASE},
-        ), "task success")
-        settled_ok = result.modified_count
-        if settled_ok < len(ok_ids):
-            dropped = with_retries(lambda: drop_unsettled(lease, ok_ids), "orphan cleanup")
-            logger.info("dropped data of %s tasks no longer held by %s", dropped, lease)
-    settled_bad = 0
-    if bad:
-        ops = []
-        for o in bad:
-            times = o.task.get("download_times", 0) + 1
-            retry_at = next_retry_at(o.error, times, ctx.max_retry_times, now,
-                                     settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
-            ops.append(UpdateOne(
-                {"_id": o.task["_id"], **where},
-                {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
-                          "last_update_datetime": now},
-                 "$inc": {"download_times": 1}, "$unset": UNSET_LEASE},
-            ))
-        settled_bad = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task failure").modified_count
-    return {"success": settled_ok, "fail": settled_bad}
+             "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
+    for p, o in bad:
+        times = o.task.get("download_times", 0) + 1
+        retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
+                                 settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
+        ops.append(UpdateOne(
+            {"_id": o.task["_id"], **guard(p.lease, p.kind)},
+            {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
+                      "last_update_datetime": now},
+             "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
+    if not ops:
+        return {"success": 0, "fail": 0}
+    modified = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task settle").modified_count
+    if modified < len(ok) + len(bad):  # some were recovered or cancelled meanwhile
+        for p, ids in ok_by_part.values():
+            dropped = with_retries(lambda: drop_unsettled(p.lease, ids), "orphan cleanup")
+            if dropped:
+                logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
+    settled_ok = sum(1 for _ in tasks.find({"_id": {"$in": [o.task["_id"] for _, o in ok]},
+                                            "status": SUCCESS}, {"_id": 1})) if modified < len(ok) + len(bad) \
+        else len(ok)
+    return {"success": settled_ok, "fail": modified - settled_ok}
+
+
+def _put_once(fs, body: bytes, file_id, filename: str) -> None:
+    """Write a GridFS file under the id its data document names (a retry finds it there)."""
+    if fs.exists(file_id):
+        return
+    fs.put(body, _id=file_id, filename=filename)
