@@ -28,8 +28,14 @@ PYTEST_ARGS ?=
 test: $(STAMP) services-check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP) services-check
-	$(BIN)/python scripts/bench.py
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+BENCH_ARGS ?=
+bench: $(BENCH_STAMP) services-check
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache *.egg-info

@@ -307,9 +307,10 @@ class Run:
             CrawlerDispatchLog._get_collection().insert_many(logs, ordered=False)
 
 
-def _run(redis: Redis, token) -> DispatchReport:
+def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     start = time.monotonic()
-    recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True)
+    recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True) if defend \
+        else defender.RecoveryReport()
     now = utcnow()
     run = Run(redis, token, now)
     run.report.recovered = recovered.recovered + recovered.requeued
@@ -353,12 +354,12 @@ def _watchdog(lock: DispatchLock) -> threading.Timer:
     return timer
 
 
-def _timed_run(redis: Redis, lock: DispatchLock, watchdog: bool) -> DispatchReport:
+def _timed_run(redis: Redis, lock: DispatchLock, watchdog: bool, defend: bool = True) -> DispatchReport:
     timer = _watchdog(lock)
     if watchdog:
         timer.start()
     try:
-        return _run(redis, lock.token)
+        return _run(redis, lock.token, defend)
     finally:
         timer.cancel()
 
@@ -376,14 +377,19 @@ def _terminate(signum, frame) -> None:
 
 
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
-    """``dispatch --loop``: keep the queues topped up, holding the lock between runs.
-    SIGTERM (a supervisor stopping it) ends the loop cleanly and releases the lock."""
+    """``dispatch --loop``: keep the queues topped up, holding the lock between runs. The
+    defender runs every HEARTBEAT_INTERVAL seconds (it cannot judge faster than heartbeats
+    change), not every top-up. SIGTERM (a supervisor stopping it) ends the loop cleanly and
+    releases the lock."""
     check_settings()
     signal.signal(signal.SIGTERM, _terminate)
-    done = 0
+    done, defended = 0, float("-inf")
     with DispatchLock(redis) as lock:
         while max_runs is None or done < max_runs:
-            report = _timed_run(redis, lock, True)
+            defend = time.monotonic() - defended >= settings.HEARTBEAT_INTERVAL
+            if defend:
+                defended = time.monotonic()
+            report = _timed_run(redis, lock, True, defend)
             done += 1
             if on_run:
                 on_run(report)

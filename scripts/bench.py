@@ -1,5 +1,6 @@
-"""`make bench`: dispatch speed, end-to-end throughput, the seed-design baseline, the store's
-own ceiling, worker memory and CPU, measured in one run on this machine's own services.
+"""`make bench`: downcluster against its peer (scrapy-redis + MongoDB) on the same store, plus
+dispatch speed, the store's own ceiling, worker memory, CPU and downloads in flight, measured in
+one run on this machine's own services.
 
 It starts a private redis-server, a SecantusDB (``:memory:``, restarted empty for each phase)
 and two loopback sample sites (no delay and 100 ms delay, each in its own process), then:
@@ -10,12 +11,15 @@ and two loopback sample sites (no delay and 100 ms delay, each in its own proces
    backlog (7,000 of them dispatched); the bulk insert time; Redis bytes per queued task; where
    the dispatcher's time goes (MongoDB time per command, from pymongo's command monitoring);
 3. end to end: N pages of a built-in-engine job, LIVE -> SUCCESS (data, log and status stored),
-   4 ``downcluster worker`` processes plus ``downcluster dispatch --loop --interval 0.2``, at
-   0 ms and 100 ms site latency; again with ``--simple`` workers while the time budget allows;
-   peak RSS per worker (VmHWM of the worker and its work-horses), CPU per page, and how many
-   cores each component (store, workers, dispatcher, site, Redis) kept busy;
-4. the seed's design for comparison: one rq job per URL, 4 forking ``rq worker`` processes, a job
-   function doing ``requests.get`` + one ``insert_one`` (``baseline_fetch_and_store`` below).
+   ``--workers`` ``downcluster worker`` processes (default 1: what a 2-core host should run)
+   plus ``downcluster dispatch --loop --interval 0.2``, at 0 ms and 100 ms site latency; peak
+   RSS per worker, CPU per page, peak downloads in flight, and how many cores each component
+   (store, workers, dispatcher, site, Redis) kept busy;
+4. the peer, on the same store and site with the same pages: scrapy-redis, 2 processes of a
+   ``RedisSpider`` with CONCURRENT_REQUESTS 64 and Scrapy's documented MongoDB pipeline (one
+   ``insert_one`` per page: url, status, headers, raw body), scripts/bench_peer.py;
+5. (``--with-baseline``) the seed's design: one rq job per URL, 4 forking ``rq worker``
+   processes, ``requests.get`` + one ``insert_one`` (``baseline_fetch_and_store`` below).
 
 Prints a table (PASS/MISS against the targets) and writes JSON (default var/bench.json).
 Every wait is bounded; every process it starts is stopped on the way out, also on errors.
@@ -43,7 +47,8 @@ for _p in (str(ROOT / "scripts"), str(ROOT)):
 
 BIN = Path(sys.executable).parent
 TICKS = os.sysconf("SC_CLK_TCK")
-TARGETS = {"e2e_0ms": 1500, "e2e_100ms": 1000, "dispatch_s": 1.0, "redis_bytes": 200, "rss_mb": 150, "ratio": 50}
+TARGETS = {"peer_ratio": 1.5, "worker_cpu_ms": 1.0, "inflight_100ms": 64, "dispatch_s": 1.0, "redis_bytes": 200,
+           "rss_mb": 150}
 E2E_DISPATCH_NUM = 1000   # the e2e job's dispatch_num: tasks per dispatcher run
 CAP = 100_000              # queue caps (entries) during the bench: never the limit
 
@@ -332,21 +337,21 @@ class Bench:
         return store(spec)
 
     def add_tasks_raw(self, job_id, base: str, count: int, prefix: str) -> float:
-        """LIVE tasks as master/intake.py builds them, raw insert_many in chunks of 5,000,
-        then ``lower_live_from``; returns the seconds taken."""
-        from bson import ObjectId
+        """LIVE tasks as master/intake.py builds them (numbered from the job's counter), raw
+        insert_many in chunks of 5,000; returns the seconds taken."""
+        from common.models import LIVE, CrawlerTask, utcnow
+        from master.intake import commit, reserve
 
-        from common.models import LIVE, CrawlerTask, lower_live_from, utcnow
-
-        coll, now, min_id = CrawlerTask._get_collection(), utcnow(), None
+        coll, now = CrawlerTask._get_collection(), utcnow()
         started = time.monotonic()
         for start in range(0, count, 5000):
-            docs = [{"_id": ObjectId(), "job": job_id, "uri": f"{base}/{prefix}/{i}", "status": LIVE,
+            n = min(count, start + 5000) - start
+            first = reserve(job_id, n)
+            docs = [{"job": job_id, "uri": f"{base}/{prefix}/{start + i}", "seq": first + i, "status": LIVE,
                      "download_times": 0, "recoveries": 0, "host_name": "", "add_datetime": now,
-                     "last_update_datetime": now} for i in range(start, min(count, start + 5000))]
-            min_id = min_id or docs[0]["_id"]
+                     "last_update_datetime": now} for i in range(n)]
             run_bounded(lambda: coll.insert_many(docs, ordered=False), max(60.0, len(docs) / 50), "task insert")
-        lower_live_from(job_id, min_id)
+            commit(job_id, first, n)
         return time.monotonic() - started
 
     def cpu_snapshot(self, parts: dict[str, list[int]]) -> dict[str, float]:
@@ -387,8 +392,7 @@ class Bench:
         one_range_rate = m / (time.monotonic() - t0)
         idx = db.indexed
         idx.create_index([("job", 1), ("uri", 1)], unique=True)
-        idx.create_index([("job", 1), ("status", 1), ("_id", 1)])
-        idx.create_index([("status", 1), ("lease", 1)])
+        idx.create_index([("job", 1), ("status", 1), ("retry_at", 1), ("seq", 1)])
         small = [{k: v for k, v in d.items() if k != "body"} for d in docs[:m]]
         idx.insert_many(small)
         indexed_rate = updates(idx, [d["_id"] for d in small], False)
@@ -437,31 +441,27 @@ class Bench:
         return {"live": live, "backlog": big}
 
     # 3. end to end
-    def bench_e2e(self, label: str, base: str, pages: int, simple: bool, timeout: float) -> dict:
-        from common.config import settings
-        from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    def bench_e2e(self, label: str, base: str, pages: int, timeout: float) -> dict:
+        from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()
         redis = self.redis()
-        mode = "simple" if simple else "fork"
-        job = self.new_job(f"bench-e2e-{mode}-{label}", E2E_DISPATCH_NUM)
+        job = self.new_job(f"bench-e2e-{label}", E2E_DISPATCH_NUM)
         insert_s = self.add_tasks_raw(job.id, base, pages, "page")
-        tag = uuid.uuid4().hex[:6]
-        names = [f"bench-{mode}-{label}-{i}-{tag}" for i in range(self.args.workers)]
-        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--name", n, "--logging-level", "WARNING",
-                                     *(["--simple"] if simple else [])], self.env, n) for n in names]
-        keys = [f"rq:worker:{n}" for n in names]
+        names = [f"worker-{label}-{i}" for i in range(self.args.workers)]
+        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], self.env, n)
+                   for n in names]
         sampler = RssSampler([w.pid for w in workers])
         site_pids = [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") == f"site-{label}"]
         loop = None
         parts = {"store": [self.mongo.proc.pid], "redis": [self.redis_srv.proc.pid], "site": site_pids,
                  "workers": [w.pid for w in workers]}
-        coll = CrawlerTask._get_collection()
-        batch = settings.DISPATCH_BATCH_SIZE
+        jobs, leases = Job._get_collection(), CrawlerLease._get_collection()
+        worker_keys = lambda: list(redis.scan_iter("downcluster:worker:*"))  # noqa: E731
         try:
             end = time.monotonic() + 60
-            while not all(redis.exists(k) for k in keys):  # up and waiting: measure the pipeline, not start-up
+            while len(worker_keys()) < len(workers):  # up and waiting: measure the pipeline, not start-up
                 if time.monotonic() > end or any(w.poll() is not None for w in workers):
                     raise RuntimeError(f"workers did not start: {self.procs.tail(names[0])}")
                 time.sleep(0.1)
@@ -470,53 +470,93 @@ class Bench:
             cpu0 = self.cpu_snapshot(parts)
             t0 = time.monotonic()
             loop = self.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval", "0.2"], self.env,
-                                    f"dispatch-{mode}-{label}")
+                                    f"dispatch-{label}")
             parts["dispatcher"] = [loop.pid]
             cpu0["dispatcher"] = 0.0
-            done, next_count, next_print, t_done = 0, t0 + 10, t0 + 15, None
-            while True:
-                now = time.monotonic()
-                if now - t0 > timeout:
-                    break
+            t_done, next_print = None, t0 + 15
+            while time.monotonic() - t0 < timeout:
                 if loop.poll() is not None:
                     raise RuntimeError(f"dispatch --loop exited {loop.returncode}: {self.procs.tail(loop.bench_name)}")
-                entries = sum(int(redis.hget(k, "successful_job_count") or 0) for k in keys)
-                near = entries * batch >= pages - batch
-                if near or now >= next_count:  # exact counts cost the store: near the end, or every 10 s
-                    done = coll.count_documents({"job": job.id, "status": SUCCESS})
-                    if done >= pages:
-                        t_done = time.monotonic()
-                        break
-                    next_count = now + (0.25 if near else 10)
-                if now >= next_print:
-                    print(f"    {done}/{pages} SUCCESS after {now - t0:.0f} s", flush=True)
-                    next_print = now + 15
-                time.sleep(0.1)
-            if t_done is None:
-                done = coll.count_documents({"job": job.id, "status": SUCCESS})
-                t_done = time.monotonic()
+                # all sent and no entry left: two index-only reads, cheap for the store being measured
+                if jobs.find_one({"_id": job.id}, {"seq_sent": 1})["seq_sent"] >= pages \
+                        and leases.find_one({}, {"_id": 1}) is None:
+                    t_done = time.monotonic()
+                    break
+                if time.monotonic() >= next_print:
+                    print(f"    {time.monotonic() - t0:.0f} s ...", flush=True)
+                    next_print += 15
+                time.sleep(0.05)
+            t_done = t_done or time.monotonic()
             elapsed = t_done - t0
             cpu1 = self.cpu_snapshot(parts)
+            peak_inflight = max(int(redis.hget(k, "peak_inflight") or 0) for k in worker_keys()) if worker_keys() else 0
         finally:
             peaks = sampler.stop() if sampler.is_alive() else sampler.peak
             self.procs.stop([p for p in (loop, *workers) if p is not None])
+        coll = CrawlerTask._get_collection()
+        done = coll.count_documents({"job": job.id, "status": SUCCESS})
         data_docs = CrawlerDownloadData._get_collection().count_documents({"job": job.id})
         log_docs = CrawlerDownloadLog._get_collection().count_documents({"job": job.id, "status": SUCCESS})
         cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
         return {
-            "worker_mode": mode, "workers": self.args.workers, "latency": label, "pages": pages, "done": done,
+            "workers": self.args.workers, "latency": label, "pages": pages, "done": done,
             "complete": done >= pages, "seconds": round(elapsed, 2), "timeout_s": round(timeout),
             "pages_per_s": round(done / elapsed, 1), "insert_s": round(insert_s, 2), "dispatch_num": E2E_DISPATCH_NUM,
-            "data_docs": data_docs, "success_log_docs": log_docs,
+            "data_docs": data_docs, "success_log_docs": log_docs, "peak_inflight": peak_inflight,
             "worker_peak_rss_mb": round(max(peaks.values()), 1),
             "worker_peak_rss_mb_each": [round(v, 1) for v in peaks.values()],
-            "worker_cpu_ms_per_page": round(1000 * cpu["workers"] / max(1, done), 2),
+            "worker_cpu_ms_per_page": round(1000 * cpu["workers"] / max(1, done), 3),
+            "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, done), 3),
             "all_cpu_ms_per_page": round(1000 * sum(cpu.values()) / max(1, done), 2),
             "cores_busy": {k: round(v / elapsed, 2) for k, v in sorted(cpu.items())},
             "phase_s": round(time.monotonic() - phase_start, 1),
         }
 
-    # 4. the seed-design baseline
+    # 4. the peer: scrapy-redis + Scrapy's MongoDB pipeline, same store, same site, same pages
+    def bench_peer(self, label: str, base: str, pages: int, timeout: float) -> dict:
+        import pymongo
+
+        self.fresh_store()
+        redis = self.redis()
+        uri = self.mongo.uri("peer")
+        key = f"peer:{label}:start_urls"
+        env = {**self.env, "PEER_REDIS_URL": self.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key}
+        names = [f"peer-{label}-{i}" for i in range(2)]
+        spiders = [self.procs.spawn([str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")],
+                                    env, n) for n in names]
+        client = pymongo.MongoClient(uri)
+        coll = client.get_default_database()["peer_pages"]
+        parts = {"store": [self.mongo.proc.pid], "peer": [p.pid for p in spiders]}
+        try:
+            end = time.monotonic() + 60  # both spiders polling Redis: their engine is up
+            while len(redis.client_list()) < 3:
+                if time.monotonic() > end or any(p.poll() is not None for p in spiders):
+                    raise RuntimeError(f"scrapy did not start: {self.procs.tail(names[0])}")
+                time.sleep(0.2)
+            time.sleep(1.0)
+            timeout = max(30.0, min(timeout, self.deadline - time.monotonic() - 10))
+            cpu0 = self.cpu_snapshot(parts)
+            t0 = time.monotonic()
+            for i in range(0, pages, 1000):
+                redis.lpush(key, *[json.dumps({"url": f"{base}/page/{n}"}) for n in range(i, min(pages, i + 1000))])
+            stored = 0
+            while time.monotonic() - t0 < timeout:
+                stored = coll.estimated_document_count()
+                if stored >= pages:
+                    break
+                time.sleep(0.05)
+            elapsed = time.monotonic() - t0
+            cpu1 = self.cpu_snapshot(parts)
+        finally:
+            self.procs.stop(spiders)
+            client.close()
+        cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
+        return {"pages": pages, "done": stored, "complete": stored >= pages, "seconds": round(elapsed, 2),
+                "pages_per_s": round(stored / elapsed, 1), "processes": 2, "concurrent_requests": 64,
+                "peer_cpu_ms_per_page": round(1000 * cpu["peer"] / max(1, stored), 3),
+                "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, stored), 3)}
+
+    # 5. the seed-design baseline
     def bench_baseline(self, label: str, base: str, pages: int, timeout: float) -> dict:
         import pymongo
         from rq import Queue
@@ -571,11 +611,10 @@ class Bench:
 
 # --- plan, report --------------------------------------------------------------------------
 
-def e2e_timeout(bench: Bench, pages: int, weight: float, weights_left: float, reserve: float) -> float:
+def e2e_timeout(bench: Bench, pages: int, share: float) -> float:
     """At most max(120, N/20) s, and this phase's share of what is left of the time budget."""
-    share = (bench.remaining() - reserve) * weight / max(weight, weights_left)
-    overhead = pages / 1500 + 15  # inserting the tasks (~1.5k docs/s), worker start-up and shutdown
-    return max(30.0, min(max(120.0, pages / 20), share - overhead))
+    overhead = pages / 1500 + 15  # inserting the tasks (~1.5k docs/s), start-up and shutdown
+    return max(30.0, min(max(120.0, pages / 20), bench.remaining() * share - overhead))
 
 
 def verdict(ok: bool) -> str:
@@ -584,56 +623,55 @@ def verdict(ok: bool) -> str:
 
 def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
-    s = r.get("store")
-    if s:
-        rows.append(("store: insert_many of ~2 KB docs", f"{s['insert_docs_per_s']:,} docs/s", "", ""))
-        rows.append(("store: update_many by _id range of 50", f"{s['update_range50_docs_per_s']:,} docs/s", "", ""))
-        rows.append(("  ... $in of 50 / with crawler_task indexes",
-                     f"{s['update_in50_docs_per_s']:,} / {s['update_range50_task_indexes_docs_per_s']:,} docs/s", "", ""))
+    for label in ("0ms", "100ms"):
+        e, p = r.get(f"e2e_{label}"), r.get(f"peer_{label}")
+        if e:
+            done = f"{e['done']:,}" if e["complete"] else f"PARTIAL {e['done']:,}/{e['pages']:,}"
+            rows.append((f"downcluster e2e {label}, {e['workers']} worker process(es)",
+                         f"{e['pages_per_s']:,} pages/s ({done} in {e['seconds']} s)", "", ""))
+        if p:
+            done = f"{p['done']:,}" if p["complete"] else f"PARTIAL {p['done']:,}/{p['pages']:,}"
+            rows.append((f"peer scrapy-redis + MongoDB {label}, 2 processes x 64",
+                         f"{p['pages_per_s']:,} pages/s ({done} in {p['seconds']} s)", "", ""))
+        if f"peer_ratio_{label}" in r:
+            ratio = r[f"peer_ratio_{label}"]
+            rows.append((f"  downcluster / peer at {label}", f"x{ratio}", f">= x{TARGETS['peer_ratio']}",
+                         verdict(ratio >= TARGETS["peer_ratio"] and e["complete"])))
+        if e:
+            rows.append(("  worker CPU per page stored", f"{e['worker_cpu_ms_per_page']} ms",
+                         f"<= {TARGETS['worker_cpu_ms']} ms", verdict(e["worker_cpu_ms_per_page"] <= TARGETS["worker_cpu_ms"])))
+            store = f"{e['store_cpu_ms_per_page']} ms" + (f" (peer {p['store_cpu_ms_per_page']} ms)" if p else "")
+            rows.append(("  store CPU per page", store, "", ""))
+            target = f">= {TARGETS['inflight_100ms']}" if label == "100ms" else ""
+            rows.append(("  peak downloads in flight per worker", f"{e['peak_inflight']}", target,
+                         verdict(e["peak_inflight"] >= TARGETS["inflight_100ms"]) if label == "100ms" else ""))
+            rows.append(("  worker peak RSS", f"{e['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
+                         verdict(e["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
+            rows.append(("  cores busy", " ".join(f"{k} {v}" for k, v in e["cores_busy"].items()), "", ""))
     d = r.get("dispatch")
     if d:
         lv, bl = d["live"], d["backlog"]
         rows.append((f"dispatch {lv['dispatched']:,} of {lv['tasks']:,} LIVE", f"{lv['seconds']} s",
                      f"<= {TARGETS['dispatch_s']:g} s", verdict(lv["seconds"] <= TARGETS["dispatch_s"])))
-        rows.append((f"dispatch {bl['dispatched']:,} of a {bl['tasks']:,} backlog",
-                     f"{bl['seconds']} s (x{bl['seconds'] / max(lv['seconds'], 1e-9):.2f})",
-                     "<= 1 s, no slower", verdict(bl["seconds"] <= TARGETS["dispatch_s"]
-                                                  and bl["seconds"] <= 1.1 * lv["seconds"])))
-        rows.append((f"  insert {bl['tasks']:,} tasks (insert_many 5,000)",
-                     f"{bl['insert_s']} s ({bl['insert_docs_per_s']:,} docs/s)", "", ""))
+        rows.append((f"dispatch {bl['dispatched']:,} of a {bl['tasks']:,} backlog", f"{bl['seconds']} s",
+                     f"<= {TARGETS['dispatch_s']:g} s", verdict(bl["seconds"] <= TARGETS["dispatch_s"])))
         for key, v in (("live", lv), ("backlog", bl)):
             top = sorted(v["mongo_by_command"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
-            rows.append((f"  {key}: MongoDB time / store CPU",
-                         f"{v['mongo_time_s']} s / {v['store_cpu_s']} s",
+            rows.append((f"  {key}: MongoDB time / store CPU", f"{v['mongo_time_s']} s / {v['store_cpu_s']} s",
                          "", ", ".join(f"{k} {c['calls']}x {c['seconds']}s" for k, c in top)))
         rows.append(("Redis per queued task (INFO / key sizes)",
                      f"{lv['redis_bytes_per_task']} B / {lv['redis_key_bytes_per_task']} B",
                      f"<= {TARGETS['redis_bytes']} B", verdict(0 < lv["redis_bytes_per_task"] <= TARGETS["redis_bytes"])))
+    s_ = r.get("store")
+    if s_:
+        rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
+        rows.append(("store: update_many $in 50, bare / task indexes",
+                     f"{s_['update_in50_docs_per_s']:,} / {s_['update_range50_task_indexes_docs_per_s']:,} docs/s", "", ""))
     for label in ("0ms", "100ms"):
-        target = TARGETS[f"e2e_{label}"]
-        for mode in ("", "simple_"):
-            e = r.get(f"e2e_{mode}{label}")
-            if not e:
-                continue
-            name = f"e2e {label}, {e['workers']} {'--simple ' if mode else ''}workers"
-            done = f"{e['done']:,}" if e["complete"] else f"PARTIAL {e['done']:,}/{e['pages']:,}"
-            rows.append((name, f"{e['pages_per_s']:,} pages/s ({done} in {e['seconds']} s)", f">= {target:,}",
-                         verdict(e["pages_per_s"] >= target)))
-            rows.append(("  worker peak RSS", f"{e['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
-                         verdict(e["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
-            rows.append(("  CPU per page: workers / everything",
-                         f"{e['worker_cpu_ms_per_page']} / {e['all_cpu_ms_per_page']} ms", "", ""))
-            rows.append(("  cores busy", " ".join(f"{k} {v}" for k, v in e["cores_busy"].items()), "", ""))
         b = r.get(f"baseline_{label}")
         if b:
             rows.append((f"seed-design baseline {label}", f"{b['pages_per_s']} pages/s ({b['done']} in {b['seconds']} s)",
-                         "", ""))
-            if f"ratio_{label}" in r:
-                rows.append((f"  ours / baseline at {label}", f"x{r[f'ratio_{label}']}", f">= x{TARGETS['ratio']}",
-                             verdict(r[f"ratio_{label}"] >= TARGETS["ratio"])))
-            if f"ratio_simple_{label}" in r:
-                rows.append(("  ours (--simple) / baseline", f"x{r[f'ratio_simple_{label}']}",
-                             f">= x{TARGETS['ratio']}", verdict(r[f"ratio_simple_{label}"] >= TARGETS["ratio"])))
+                         "", f"downcluster x{r.get(f'ratio_{label}', '?')}"))
     return rows
 
 
@@ -652,19 +690,21 @@ def print_table(r: dict) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, default=None, help="end-to-end pages (default 20000; --smoke 300)")
-    p.add_argument("--smoke", action="store_true", help="a few hundred pages, quick (the test suite runs it)")
+    p.add_argument("--pages", type=int, default=None, help="end-to-end pages, ours and the peer's (default 10000; --smoke 300)")
+    p.add_argument("--smoke", action="store_true", help="a few hundred pages, no peer, quick (the test suite runs it)")
     p.add_argument("--json", default=str(ROOT / "var" / "bench.json"), help="where to write the figures")
-    p.add_argument("--skip-baseline", action="store_true", help="do not run the seed-design baseline")
-    p.add_argument("--workers", type=int, default=4, help="downcluster worker processes (default 4)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="downcluster worker processes (default 1: what a 2-core host should run)")
+    p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
+    p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
-    p.add_argument("--no-simple", action="store_true", help="skip the --simple worker runs")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds the whole run may take; e2e waits shrink to fit (default 840; smoke 420)")
+                   help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
     a = p.parse_args(argv)
-    a.pages = a.pages or (300 if a.smoke else 20000)
+    a.pages = a.pages or (300 if a.smoke else 10000)
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
-    a.budget = a.budget or (420.0 if a.smoke else 840.0)
+    a.budget = a.budget or (420.0 if a.smoke else 900.0)
+    a.skip_peer = a.skip_peer or a.smoke
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)
     return a
 
@@ -707,40 +747,26 @@ def main(argv=None) -> int:
         phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
               f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
 
-        base_s = lambda: args.baseline_pages / 5 + 25  # noqa: E731 - a rough guess of one baseline phase
-        plan = [("e2e_0ms", "0ms", False, 1.0), ("baseline_0ms", "0ms", None, 0),
-                ("e2e_100ms", "100ms", False, 1.0), ("baseline_100ms", "100ms", None, 0)]
-        if not args.no_simple:
-            plan += [("e2e_simple_0ms", "0ms", True, 0.5), ("e2e_simple_100ms", "100ms", True, 0.5)]
-        for i, (key, label, simple, weight) in enumerate(plan):
-            later = plan[i + 1:]
-            reserve = sum(base_s() for k, *_ in later if k.startswith("baseline") and not args.skip_baseline)
-            if simple is None:  # the baseline
-                if args.skip_baseline:
-                    continue
-                phase(key, f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
-                      lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
-                                                   max(60.0, args.baseline_pages / 2)))
-                continue
-            weights_left = weight + sum(w for *_, w in later)
-            pages = args.pages
-            if simple:
-                if bench.remaining() - reserve < 90:
-                    print(f"{key}: skipped, the time budget is spent", flush=True)
-                    results["errors"].append(f"{key}: skipped (time budget)")
-                    continue
-                fork = results.get(f"e2e_{label}")
-                allot = (bench.remaining() - reserve) * weight / weights_left
-                if fork and fork["pages_per_s"] * (allot - 30) * 0.8 < pages:  # what fits the budget
-                    pages = max(200, int(fork["pages_per_s"] * (allot - 30) * 0.8))
-            timeout = e2e_timeout(bench, pages, weight, weights_left, reserve)
-            phase(key, f"end to end at {label}: {pages:,} pages, {args.workers} "
-                  f"{'--simple ' if simple else ''}workers, dispatch --loop (wait <= {timeout:.0f} s)",
-                  lambda: bench.bench_e2e(label, base[label], pages, bool(simple), timeout))
-            if key in results:
-                e = results[key]
+        for label in ("0ms", "100ms"):
+            left = 4 - (0 if label == "0ms" else 2)
+            phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} worker "
+                  f"process(es), dispatch --loop", lambda: bench.bench_e2e(
+                      label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
+            e = results.get(f"e2e_{label}")
+            if e:
                 print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
                       f"cores busy {e['cores_busy']}", flush=True)
+            if not args.skip_peer:
+                phase(f"peer_{label}", f"peer scrapy-redis + MongoDB at {label}: {args.pages:,} pages, 2 processes",
+                      lambda: bench.bench_peer(label, base[label], args.pages,
+                                               e2e_timeout(bench, args.pages, 1 / (left - 1))))
+                p = results.get(f"peer_{label}")
+                if p:
+                    print(f"  {p['pages_per_s']} pages/s, {p['done']}/{p['pages']} in {p['seconds']} s", flush=True)
+            if args.with_baseline:
+                phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
+                      lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
+                                                   max(60.0, args.baseline_pages / 2)))
     except KeyboardInterrupt as exc:
         results["errors"].append(f"interrupted: {exc}")
         print(f"interrupted: {exc}", flush=True)
@@ -751,11 +777,11 @@ def main(argv=None) -> int:
         procs.stop_all()
         bench.stop_services()
     for label in ("0ms", "100ms"):
-        b = results.get(f"baseline_{label}")
-        for mode in ("", "simple_"):
-            e = results.get(f"e2e_{mode}{label}")
-            if b and e and b["pages_per_s"] > 0:
-                results[f"ratio_{mode}{label}"] = round(e["pages_per_s"] / b["pages_per_s"], 1)
+        e, p, b = (results.get(f"{k}_{label}") for k in ("e2e", "peer", "baseline"))
+        if e and p and p["pages_per_s"] > 0:
+            results[f"peer_ratio_{label}"] = round(e["pages_per_s"] / p["pages_per_s"], 2)
+        if e and b and b["pages_per_s"] > 0:
+            results[f"ratio_{label}"] = round(e["pages_per_s"] / b["pages_per_s"], 1)
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["loadavg_at_end"] = os.getloadavg()[0]
     print_table(results)

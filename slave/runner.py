@@ -189,6 +189,7 @@ class Heartbeat(threading.Thread):
             logger.debug("worker announcement failed: %s", type(exc).__name__)
 
     def run(self) -> None:
+        self.beat()
         while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
             self.beat()
 
