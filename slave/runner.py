@@ -178,6 +178,8 @@ class Heartbeat(threading.Thread):
                     {"$set": {"beat_at": utcnow()}})
         except Exception as exc:  # MongoDB away: the writer retries; the defender may recover us
             logger.warning("heartbeat failed: %s", type(exc).__name__)
+
+    def announce(self) -> None:
         try:
             key = WORKER_KEY_PREFIX + self.runner.worker_id
             pipe = redis_conn().pipeline(transaction=False)
@@ -189,9 +191,14 @@ class Heartbeat(threading.Thread):
             logger.debug("worker announcement failed: %s", type(exc).__name__)
 
     def run(self) -> None:
+        last = time.monotonic()
         self.beat()
-        while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
-            self.beat()
+        self.announce()
+        while not self.halt.wait(min(1.0, settings.HEARTBEAT_INTERVAL)):
+            if time.monotonic() - last >= settings.HEARTBEAT_INTERVAL:
+                last = time.monotonic()
+                self.beat()
+            self.announce()
 
 
 # --- downloads ----------------------------------------------------------------------------
