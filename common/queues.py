@@ -54,7 +54,7 @@ def rq_job_id(lease: str) -> str:
 # KEYS: lock, queue list, job hash, rq's set of queues. ARGV: token, cap, at_front, job id,
 # then the job hash's field/value pairs.
 _PUSH = """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
 for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 redis.call('SADD', KEYS[4], KEYS[2])
@@ -83,7 +83,7 @@ def _script(redis, source: str):
 
 
 def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, cap_entries: int,
-               token: bytes | str = "", at_front: bool = False, client=None) -> int:
+               token: bytes | str, at_front: bool = False, client=None) -> int:
     """PUSHED, FULL (queue at its cap) or NOT_OWNER (``token`` no longer holds the lock).
     ``mapping`` is the rq job hash; the entry pushed is ``job_id``. With ``client`` a pipeline,
     the answer comes from its ``execute()``."""

@@ -16,6 +16,7 @@ from common.config import settings
 from common.errors import ValidationError
 from common.models import LIVE, CrawlerTask, Job, utcnow
 from common.urls import check_url
+from master.selection import INTAKE_STALE
 
 CHUNK = 1000
 DUPLICATE_KEY = 11000
@@ -111,12 +112,14 @@ def reserve(job_id, count: int) -> int:
 
 
 def commit(job_id, first: int, count: int) -> None:
-    """Drop the reservation. If the dispatcher meanwhile took it for a dead intake's (it waited
-    longer than INTAKE_STALE), its tasks may lie below the cursor: send them as retries."""
-    removed = Job._get_collection().update_one({"_id": job_id, "intake.seq": first},
-                                               {"$pull": {"intake": {"seq": first}}}).modified_count
-    if not removed:
-        now = utcnow()
-        CrawlerTask._get_collection().update_many(
-            {"job": job_id, "status": LIVE, "retry_at": None, "seq": {"$gte": first, "$lt": first + count}},
-            {"$set": {"retry_at": now, "last_update_datetime": now}})
+    """Drop the reservation. One that grew old (a stalled intake; the dispatcher stops honouring
+    reservations at INTAKE_STALE) may lie below the cursor: its tasks are sent as retries."""
+    before = Job._get_collection().find_one_and_update(
+        {"_id": job_id, "intake.seq": first}, {"$pull": {"intake": {"seq": first}}}, projection={"intake": 1})
+    mine = next((r for r in (before or {}).get("intake") or () if r.get("seq") == first), None)
+    if mine is not None and utcnow() - mine["at"] < INTAKE_STALE / 2:
+        return
+    now = utcnow()
+    CrawlerTask._get_collection().update_many(
+        {"job": job_id, "status": LIVE, "retry_at": None, "seq": {"$gte": first, "$lt": first + count}},
+        {"$set": {"retry_at": now, "last_update_datetime": now}})
