@@ -159,7 +159,7 @@ def get(request, session, aio_engine):
     headers=, proxy=)``; every limit test runs on both engines."""
     if request.param == "aiohttp":
         return aio_engine
-    return lambda url, **kw: get(url, **kw)
+    return lambda url, **kw: _get(url, session, **kw)
 
 
 def _fail(fn, *args, **kwargs) -> tuple[DownloadError, float]:
@@ -597,3 +597,99 @@ def test_python_fork_bomb_is_cleaned_up_by_the_deadline(shared_dir):
     err, took = _fail(run_python, code, {}, Limits(timeout=2, max_processes=16))
     assert err.reason == "timed out after 2s" and took < 3.5
     assert _eventually_none_live(pgid=int(open(f"{shared_dir}/pgid").read())) == []
+
+
+# --- SOCKS5 proxies (issue 13, item 11): a real SOCKS5 server on loopback -----------------------
+
+class _Socks5:
+    """A tiny SOCKS5 proxy (CONNECT, no-auth or username/password) that relays bytes and records
+    who authenticated and where they went."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.users: list[str] = []
+        self.targets: list[tuple[str, int]] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _recv(conn: socket.socket, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = conn.recv(n - len(data))
+            if not chunk:
+                raise OSError("closed")
+            data += chunk
+        return data
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            _, n = self._recv(conn, 2)
+            methods = self._recv(conn, n)
+            if 2 in methods:
+                conn.sendall(b"\x05\x02")
+                _, ulen = self._recv(conn, 2)
+                user = self._recv(conn, ulen).decode()
+                plen = self._recv(conn, 1)[0]
+                self._recv(conn, plen)
+                self.users.append(user)
+                conn.sendall(b"\x01\x00")
+            else:
+                conn.sendall(b"\x05\x00")
+            _, cmd, _, atyp = self._recv(conn, 4)
+            if atyp == 1:
+                host = socket.inet_ntoa(self._recv(conn, 4))
+            elif atyp == 3:
+                host = self._recv(conn, self._recv(conn, 1)[0]).decode()
+            else:
+                host = socket.inet_ntop(socket.AF_INET6, self._recv(conn, 16))
+            port = int.from_bytes(self._recv(conn, 2), "big")
+            self.targets.append((host, port))
+            upstream = socket.create_connection((host, port), timeout=10)
+            conn.sendall(b"\x05\x00\x00\x01" + socket.inet_aton("127.0.0.1") + (0).to_bytes(2, "big"))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+        except OSError:
+            conn.close()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("scheme", ["socks5", "socks5h"])
+def test_socks5_proxy_carries_the_download(site, get, scheme):
+    proxy = _Socks5()
+    try:
+        got = get(f"{site}/page/3", timeout=10, proxy=f"{scheme}://sockuser:s0cks-pass@127.0.0.1:{proxy.port}")
+        assert got.body == page_body(3) and proxy.users == ["sockuser"]
+        assert proxy.targets and proxy.targets[0][1] == int(site.rsplit(":", 1)[1])
+        dead = f"{scheme}://sockuser:s0cks-pass@127.0.0.1:{_free_port()}"
+        err, _ = _fail(get, f"{site}/page/3", timeout=10, proxy=dead)
+        assert err.retryable and "s0cks-pass" not in err.reason
+    finally:
+        proxy.close()

@@ -50,7 +50,10 @@ class Client:
             if key:
                 from aiohttp_socks import ProxyConnector
 
-                connector = ProxyConnector.from_url(key, limit=self.limit, rdns=True)
+                # socks5h: the proxy resolves names; socks5: we do
+                remote_dns = key.lower().startswith("socks5h")
+                url = "socks5" + key[len("socks5h"):] if remote_dns else key
+                connector = ProxyConnector.from_url(url, limit=self.limit, rdns=remote_dns)
             else:
                 connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300)
             s = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
@@ -107,7 +110,7 @@ def classify_aio(exc: BaseException) -> DownloadError:
                         aiohttp.ClientError, OSError)):
         return fail(f"connection error: {type(exc).__name__}: {exc}", True)
     if isinstance(exc, (ValueError, UnicodeError)):
-        return fail("invalid request: a header name or value has forbidden characters", False)
+        return fail(f"invalid request: {type(exc).__name__}: {exc}", False)
     return fail(f"{type(exc).__name__}: {exc}", True)
 
 
@@ -177,7 +180,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         error = classify_status(resp.status, resp.headers.get("Retry-After"))
         if error is not None:
             raise error
-        peer = resp.connection.transport.get_extra_info("peername") if resp.connection and resp.connection.transport else None
+        peer = _peer(resp)
         too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         length = resp.headers.get("Content-Length", "")
         if length.strip().isdigit() and int(length) > limits.maxsize:
@@ -195,6 +198,18 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
                         encoding=content_charset(response_headers))
     finally:
         resp.close()
+
+
+def _peer(resp: aiohttp.ClientResponse):
+    """(ip, port) of the server, best effort: a small body may have released the connection
+    already, but its protocol still holds the transport."""
+    for holder in (resp.connection, getattr(resp.content, "_protocol", None)):
+        transport = getattr(holder, "transport", None)
+        if transport is not None:
+            peer = transport.get_extra_info("peername")
+            if peer:
+                return peer
+    return None
 
 
 _ssl: ssl.SSLContext | None = None
