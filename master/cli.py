@@ -185,12 +185,13 @@ def defender() -> None:
 @click.command()
 @click.option("--cron", default="*/5 * * * *", show_default=True, help="When to dispatch.")
 @click.option("--burst", is_flag=True, help="Install the schedule, run what is due, and exit.")
-def scheduler(cron: str, burst: bool) -> None:
-    """Run the dispatcher on a cron schedule through rq-scheduler."""
+@click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between checks for due runs.")
+def scheduler(cron: str, burst: bool, interval: float) -> None:
+    """Run the dispatcher on a cron schedule through rq-scheduler (foreground)."""
     from master.schedule import run_scheduler
 
     _connect()
-    run_scheduler(redis_conn(), cron, burst=burst)
+    run_scheduler(redis_conn(), cron, burst=burst, interval=interval)
 
 
 # --- stats, data -------------------------------------------------------------------------

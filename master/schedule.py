@@ -1,12 +1,16 @@
 """``downcluster scheduler``: the dispatcher on a cron schedule through rq-scheduler.
 
-rq-scheduler puts a dispatch job on the ``down_dispatch`` queue at each cron time; this
-process runs the scheduler loop and a worker for that queue, so slaves never run master code.
+rq-scheduler keeps the cron entry (visible to its own tools) and moves it onto the
+``down_dispatch`` queue at each due time; this process then runs that queue with an rq
+SimpleWorker in burst mode. Both steps run in the main thread, one after the other, every
+``interval`` seconds, so signals work and no second loop shares a Redis connection; slaves
+never run master code.
 """
 from __future__ import annotations
 
 import logging
-import threading
+import signal
+import time
 
 from redis import Redis
 from rq import Queue, SimpleWorker
@@ -41,13 +45,29 @@ def install(redis: Redis, cron: str) -> Scheduler:
     return sched
 
 
-def run_scheduler(redis: Redis, cron: str, burst: bool = False) -> None:
+def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float = 10.0) -> None:
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sched = install(redis, cron)
-    worker = SimpleWorker([Queue(QUEUE, connection=redis)], connection=redis)
-    if burst:
-        sched.enqueue_jobs()
-        worker.work(burst=True)
-        return
-    threading.Thread(target=sched.run, daemon=True, name="rq-scheduler").start()
-    worker.work()
+    stopping = []
+
+    def stop(signum, frame) -> None:
+        stopping.append(signum)
+
+    logger.info("scheduler: dispatch on %r, checking every %ss", cron, interval)
+    while True:
+        if sched.acquire_lock():  # one scheduler process moves due entries, however many run
+            try:
+                sched.enqueue_jobs()
+            finally:
+                sched.remove_lock()
+        SimpleWorker([Queue(QUEUE, connection=redis)], connection=redis).work(burst=True, logging_level="WARNING")
+        if burst:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):  # the worker installs its own while it works
+            signal.signal(sig, stop)
+        end = time.monotonic() + interval
+        while not stopping and time.monotonic() < end:
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+        if stopping:
+            logger.info("scheduler: stopping")
+            return

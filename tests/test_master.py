@@ -243,3 +243,35 @@ def test_dispatch_loop_tops_up_with_one_lock(cluster, tmp_path):
     assert result.exit_code == 0 and result.output.count("dispatched 10 tasks") == 2
     assert sent("lp") == 25
     assert not cluster.redis.exists(LOCK_KEY)
+
+
+@pytest.mark.slow
+def test_scheduler_in_the_foreground_dispatches_when_due(cluster, tmp_path):
+    """Issue 13, item 10: the foreground scheduler runs the dispatcher at its cron time."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from master.schedule import JOB_ID
+
+    register(tmp_path, "fg")
+    add_urls("fg", ["http://127.0.0.1:1/x"])
+    env = {**os.environ, **cluster.env}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "downcluster"), "scheduler", "--cron", "* * * * *",
+                             "--interval", "0.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while cluster.redis.zscore("rq:scheduler:scheduled_jobs", JOB_ID) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.redis.zadd("rq:scheduler:scheduled_jobs", {JOB_ID: int(time.time()) - 1})  # due now
+        while sent("fg") == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sent("fg") == 1
+        assert proc.poll() is None  # still running in the foreground, for the next cron time
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out[-2000:]
+    assert "Timeout reading from socket" not in out and "signal only works in main thread" not in out
