@@ -109,6 +109,10 @@ SANDBOX_MAX_OPEN_FILES = 256
 SANDBOX_MAX_FILE_MB = 64
 """Largest file a python or shell downloader may write."""
 
+SANDBOX_PYTHON = ""
+"""Interpreter of python downloaders; empty: this worker's own when every user can read it,
+else the system's python3 (the sandbox runs as an unprivileged uid)."""
+
 SANDBOX_STDERR_BYTES = 4096
 """Tail of a downloader's stderr kept as its failure reason."""
 

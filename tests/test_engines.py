@@ -7,9 +7,11 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -472,9 +474,67 @@ def test_python_environment_has_no_secrets(monkeypatch):
             "def download(task):\n"
             "    return {'status_code': 200, 'headers': {}, 'body': json.dumps(dict(os.environ))}\n")
     env = json.loads(run_python(code, {}, PY_LIMITS).body)
-    assert set(env) == {"PATH", "LANG", "HOME", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"}
+    assert set(env) == {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE"}
     assert not any(k.startswith("DOWNCLUSTER") for k in env) and "hunter2" not in json.dumps(env)
     assert env["PATH"] == "/usr/bin:/bin" and not os.path.exists(env["HOME"])  # temp dir removed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox changes uid only when the worker is root")
+def test_python_downloader_reads_neither_the_workers_environment_nor_its_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_MONGO_URI", "mongodb://admin:s3cret@db/x")
+    secret = tmp_path / "deploy.env"
+    secret.write_text("DOWNCLUSTER_SENTRY_DSN=https://key@sentry/1\n")
+    secret.chmod(0o600)
+    code = ("import os\n"
+            "def probe(path):\n"
+            "    try:\n"
+            "        open(path, 'rb').read()\n"
+            "        return 'read'\n"
+            "    except OSError as exc:\n"
+            "        return type(exc).__name__\n"
+            "def download(task):\n"
+            "    s = task['settings']\n"
+            "    body = ' '.join([probe(f\"/proc/{s['pid']}/environ\"), probe(s['path']), str(os.getuid())])\n"
+            "    return {'status_code': 200, 'headers': {}, 'body': body}\n")
+    got = run_python(code, {"settings": {"pid": os.getpid(), "path": str(secret)}}, PY_LIMITS).body.decode()
+    env_probe, file_probe, uid = got.split()
+    assert env_probe == "PermissionError" and file_probe == "PermissionError" and int(uid) != 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["python", "shell"])
+def test_a_hung_downloader_dies_with_its_worker(mode):
+    """Issue 13, item 8: kill the worker (here a process running the sandbox) and its hung
+    downloader's whole process group goes within seconds."""
+    call = ("run_python('import time\\ndef download(task):\\n    time.sleep(120)\\n', {}, Limits(timeout=120))"
+            if mode == "python" else "run_shell('sleep 120 & sleep 120', 'http://x/', Limits(timeout=120))")
+    worker = subprocess.Popen([sys.executable, "-c",
+                               "from slave.engines.sandbox import run_python, run_shell\n"
+                               "from slave.engines.base import Limits\n" + call],
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        deadline = time.monotonic() + 20
+        group = None
+        while group is None and time.monotonic() < deadline:
+            kids = [int(p) for t in os.listdir(f"/proc/{worker.pid}/task")
+                    for p in open(f"/proc/{worker.pid}/task/{t}/children").read().split()]
+            group = kids[0] if kids else None
+            time.sleep(0.05)
+        assert group is not None
+        time.sleep(1.0)  # the downloader is running (python: sleeping; shell: two sleeps)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        deadline = time.monotonic() + 5
+        alive = True
+        while alive and time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                alive = False
+        assert not alive, "the downloader outlived its worker"
+    finally:
+        worker.kill()
 
 
 # --- shell sandbox -----------------------------------------------------------------------------------------

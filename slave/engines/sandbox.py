@@ -9,8 +9,10 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import asdict
@@ -24,7 +26,7 @@ from slave.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
 
 __all__ = ["run_python", "run_shell"]
 
-REPO_ROOT = str(Path(__file__).resolve().parents[2])   # the parent of the ``slave`` package
+SANDBOX_MAIN = str(Path(__file__).resolve().with_name("sandbox_main.py"))
 RESOURCE_SIGNALS = {signal.SIGXCPU: "CPU limit", signal.SIGXFSZ: "file size limit"}
 
 
@@ -40,8 +42,46 @@ class _Outcome:
 
 
 def _environment(home: str, extra: dict[str, str]) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "PYTHONPATH": REPO_ROOT,
-            "PYTHONDONTWRITEBYTECODE": "1", **extra}
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "PYTHONDONTWRITEBYTECODE": "1", **extra}
+
+
+def readable_by_all(path: str) -> bool:
+    """Whether any user can reach ``path``: o+x on every ancestor, o+r on the path itself."""
+    path = os.path.realpath(path)
+    try:
+        if not os.stat(path).st_mode & stat.S_IROTH:
+            return False
+        while True:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return False
+            parent = os.path.dirname(path)
+            if parent == path:
+                return True
+            path = parent
+    except OSError:
+        return False
+
+
+_interpreter: str | None = None
+
+
+def interpreter() -> str:
+    """The python the sandbox runs under. As root the sandbox gives up root for good, so the
+    interpreter and its standard library must be readable by every user: this worker's own if
+    they are, else the system's ``python3`` (downloader code may then import its standard
+    library and what is installed system-wide). SANDBOX_PYTHON names one explicitly."""
+    global _interpreter
+    if _interpreter is None:
+        from common.config import settings
+
+        chosen = settings.SANDBOX_PYTHON
+        if not chosen:
+            chosen = sys.executable
+            if os.geteuid() == 0 and not (readable_by_all(sys.executable)
+                                          and readable_by_all(sysconfig.get_paths()["stdlib"])):
+                chosen = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+        _interpreter = chosen
+    return _interpreter
 
 
 def _killpg(pgid: int) -> bool:
@@ -70,8 +110,11 @@ def _run(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], st
     home = tempfile.mkdtemp(prefix="downcluster-sandbox-")
     proc = pidfd = None
     try:
+        script = os.path.join(home, "sandbox_main.py")  # a copy: the repository may be root-only
+        shutil.copyfile(SANDBOX_MAIN, script)
+        os.chmod(script, 0o644)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "slave.engines.sandbox_main", mode],
+            [interpreter(), "-I", script, mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=home, env=_environment(home, extra_env), start_new_session=True, close_fds=True)
         try:

@@ -9,10 +9,14 @@ Frame: ``MAGIC | u32 header length | u64 body length | u64 request-body length |
 body | request body``. The header is ``{"ok": true, status_code, headers, remote_ip,
 request_headers}`` or ``{"ok": false, "kind": "exception" | "downloader" | "size", "error"}``.
 
-Note on RLIMIT_NPROC: the kernel counts it per real uid and ignores it for root. When started
-as root we therefore switch to a uid of our own (``SANDBOX_UID_BASE + pid``) so the limit holds;
-if the interpreter's files are not readable by other users (e.g. a python under /root), the
-python mode keeps root *file* access through the fs-uid but still runs under that real uid.
+When started as root it switches, for good, to a uid of its own (``SANDBOX_UID_BASE + pid``):
+RLIMIT_NPROC (counted per real uid, ignored for root) holds, and the downloader can read
+neither the worker's environment (/proc/<pid>/environ) nor any file not readable by all. The
+parent side starts it with an interpreter every user can read (see ``sandbox.interpreter``).
+
+This process stays as the group's supervisor: it forks the downloader, waits for it and exits
+as it did; it asks the kernel for SIGTERM when its parent (the worker) dies and then kills the
+whole group, so no downloader outlives its worker.
 """
 from __future__ import annotations
 
@@ -20,10 +24,8 @@ import builtins
 import json
 import os
 import resource
-import stat
 import struct
 import sys
-import sysconfig
 import types
 
 MAGIC = b"DCSB"
@@ -76,47 +78,50 @@ def apply_limits(limits: dict) -> None:
         resource.setrlimit(which, (value, hard))
 
 
-def _readable_by_all(path: str) -> bool:
-    """Whether any user can reach ``path``: o+x on every ancestor, o+rx on the path itself."""
-    path = os.path.realpath(path)
-    try:
-        if not os.stat(path).st_mode & stat.S_IROTH:
-            return False
-        while True:
-            if not os.stat(path).st_mode & stat.S_IXOTH:
-                return False
-            parent = os.path.dirname(path)
-            if parent == path:
-                return True
-            path = parent
-    except OSError:
-        return False
-
-
-def drop_privileges(need_python: bool) -> None:
-    """When root, continue as an unprivileged uid of our own so RLIMIT_NPROC and file
-    permissions apply; no-op otherwise."""
+def drop_privileges() -> None:
+    """When root, continue for good as an unprivileged uid of our own (no way back: real,
+    effective, saved and file-system uid all change); no-op otherwise."""
     if os.geteuid() != 0:
         return
     uid = SANDBOX_UID_BASE + os.getpid()
-    try:
-        os.chown(".", uid, uid)  # the private temp dir is our cwd and HOME
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        here = os.getcwd()
-        paths = [sysconfig.get_paths()["stdlib"],
-                 *[p for p in sys.path if p and p != here and os.path.isdir(p)]]
-        if not need_python or all(_readable_by_all(p) for p in paths):
-            os.setresuid(uid, uid, uid)
-            return
-        # the interpreter's files are root-only: keep root file access through the fs-uid
-        # (saved uid 0 allows it) while the real/effective uid, which RLIMIT_NPROC counts and
-        # capabilities follow, is unprivileged.
-        import ctypes
-        os.setresuid(uid, uid, 0)
-        ctypes.CDLL(None, use_errno=True).setfsuid(0)
-    except (OSError, AttributeError):
-        pass  # e.g. a user namespace without that uid mapped: limits still apply, NPROC does not
+    os.chown(".", uid, uid)  # the private temp dir is our cwd and HOME
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def supervise(parent: int) -> None:
+    """Fork: the child returns and becomes the downloader; this process waits for it, exits
+    as it did, and kills the whole group if the worker (``parent``) dies first."""
+    import ctypes
+    import signal
+
+    def kill_group(signum=None, frame=None) -> None:
+        os.killpg(0, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_group)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (after the uid change)
+    if os.getppid() != parent:  # the worker died before we asked
+        kill_group()
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    os.close(0)
+    for fd in (1, 2):  # only the downloader writes to the pipes
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 
 
 # --- python mode --------------------------------------------------------------------------
@@ -232,8 +237,14 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    parent = os.getppid()
+    try:
+        drop_privileges()
+    except OSError as exc:  # e.g. a user namespace without that uid mapped: refuse to run as root
+        print(f"sandbox: cannot drop root: {exc}", file=sys.stderr)
+        return 70
     apply_limits(message["limits"])
-    drop_privileges(need_python=mode == "python")
+    supervise(parent)
     if mode == "shell":
         os.execv("/bin/sh", ["/bin/sh", "-c", message["code"], "sh", message["url"]])
     # the frame goes to a private copy of stdout; fd 1 and sys.stdout become stderr, so the
