@@ -13,7 +13,9 @@ class DispatchLock:
     """Held for one run (or a ``--loop``); released on every way out, also by the watchdog."""
 
     def __init__(self, redis: Redis) -> None:
-        self.lock = redis.lock(LOCK_KEY, timeout=settings.DISPATCH_USE_POOL_TIMEOUT + 30, blocking=False)
+        # not thread-local: the watchdog thread must be able to release it
+        self.lock = redis.lock(LOCK_KEY, timeout=settings.DISPATCH_USE_POOL_TIMEOUT + 30, blocking=False,
+                               thread_local=False)
 
     @property
     def token(self):

@@ -2,8 +2,8 @@
 
 Starts its own redis-server, a SecantusDB on disk under ./var/ and a sample site on
 loopback; registers three sample jobs (python, shell, built-in engine) at three priorities,
-adds their URLs, dispatches, drains the queues with two `downcluster worker --burst`
-processes, prints `downcluster stats`, exports each job's data, then stops what it started.
+adds their URLs, dispatches, drains the queues with a `downcluster worker --burst`
+process (one per two cores is the recommendation), prints `downcluster stats`, exports each job's data, then stops what it started.
 Every step goes through the real `downcluster` command line. Each run starts from an empty
 ./var/ so it is repeatable.
 """
@@ -59,9 +59,8 @@ def main() -> int:
             run(["task", "add", name, "-"], env, stdin="\n".join(urls) + "\n")
         for round_ in range(1, 8):
             run(["dispatch"], env)
-            print("$ downcluster worker --burst  (x2)", flush=True)
-            workers = [subprocess.Popen([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env)
-                       for _ in range(2)]
+            print("$ downcluster worker --burst", flush=True)
+            workers = [subprocess.Popen([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env)]
             for w in workers:
                 w.wait(timeout=600)
             counts = json.loads(run(["stats", "--json"], env, quiet=True) or "{}")

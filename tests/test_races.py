@@ -252,3 +252,42 @@ def test_a_download_error_is_never_stored_as_data(cluster, tmp_path):
     assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1}
     assert statuses("e1") == {"SUCCESS": 1, "FAIL": 1}
     _success_has_its_data()
+
+
+# --- 13 and 15. the watchdog, settings that cannot work ---------------------------------------------
+
+@pytest.mark.slow
+def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
+    """A run past DISPATCH_USE_POOL_TIMEOUT is killed, and the next cron run is not locked out."""
+    import os
+    import subprocess
+    import sys
+
+    register(tmp_path, "wd")
+    add_urls("wd", ["http://127.0.0.1:1/x"])
+    script = ("import time\n"
+              "from common.connections import connect_mongo\n"
+              "from master import dispatcher\n"
+              "connect_mongo()\n"
+              "dispatcher._load_works = lambda jobs, now: time.sleep(30)\n"
+              "dispatcher.dispatch_once()\n")
+    env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_USE_POOL_TIMEOUT": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 3 and "exceeded DISPATCH_USE_POOL_TIMEOUT" in proc.stderr
+    assert not cluster.redis.exists(LOCK_KEY)
+    assert dispatch_once(cluster.redis).total == 1
+
+
+def test_settings_that_cannot_work_are_refused(cluster, monkeypatch):
+    from common.errors import ConfigError
+
+    monkeypatch.setenv("DOWNCLUSTER_DISPATCH_ORDER", "random")
+    settings.reload()
+    with pytest.raises(ConfigError, match="DISPATCH_ORDER"):
+        dispatch_once(cluster.redis)
+    monkeypatch.setenv("DOWNCLUSTER_DISPATCH_ORDER", "priority")
+    monkeypatch.setenv("DOWNCLUSTER_LEASE_TIMEOUT", "60")
+    settings.reload()
+    with pytest.raises(ConfigError, match="LEASE_TIMEOUT"):
+        dispatch_once(cluster.redis)
