@@ -6,7 +6,6 @@ from common.config import settings
 QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
 PRIORITIES = range(-1, 6)
 LOCK_KEY = "downcluster:dispatch:lock"
-HEARTBEAT_PREFIX = "downcluster:hb:"
 RQ_JOB_PREFIX = "dc-"
 
 

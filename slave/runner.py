@@ -39,7 +39,6 @@ from common.config import settings
 from common.connections import connect_mongo, redis_conn
 from common.errors import DownloadError
 from common.models import (
-    FRESH,
     LIVE,
     OFF,
     QUEUED,
@@ -476,9 +475,17 @@ class Runner:
     @staticmethod
     def _lease_of(redis, got: tuple[str, str]) -> str | None:
         queue_key, job_id = got
-        if not job_id.startswith(RQ_JOB_PREFIX):
-            logger.warning("not a downcluster entry in %s: %s (left for a plain rq worker)", queue_key, job_id)
-            redis.lpush(queue_key, job_id)
+        if not job_id.startswith(RQ_JOB_PREFIX):  # someone enqueued another function on our queues
+            from rq.job import Job as RqJob
+            from rq.registry import FailedJobRegistry
+
+            why = "not a downcluster entry: requeue it for a plain `rq worker`"
+            logger.warning("%s in %s: %s", why, queue_key, job_id)
+            try:
+                FailedJobRegistry(queue_key.removeprefix("rq:queue:"), connection=redis).add(
+                    RqJob.fetch(job_id, connection=redis), ttl=-1, exc_string=why)
+            except Exception as exc:  # the hash is gone: nothing left to keep
+                logger.warning("could not keep %s in the failed registry: %s", job_id, type(exc).__name__)
             return None
         redis.hset("rq:job:" + job_id, "status", "started")
         return job_id[len(RQ_JOB_PREFIX):]

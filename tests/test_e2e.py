@@ -159,3 +159,19 @@ def test_body_over_16_mib_goes_to_gridfs_byte_exact(cluster, tmp_path):
     assert doc.response_body is None and doc.response_body_gridfs is not None
     [(meta, body)] = list(rows("big"))
     assert body == bytes_body(size)
+
+
+def test_foreign_rq_job_on_our_queue_is_kept_not_spun(cluster, tmp_path):
+    """Another function enqueued on down_low goes to rq's failed registry (requeueable for a
+    plain rq worker); the worker neither loops on it nor loses it, and drains our entries."""
+    from rq import Queue
+    from rq.registry import FailedJobRegistry
+
+    register(tmp_path, "mix", priority=5)
+    add_urls("mix", [f"{cluster.site}/page/{i}" for i in range(3)])
+    foreign = Queue("down_low", connection=cluster.redis).enqueue("os.getcwd")
+    dispatch_once(cluster.redis)
+    proc = dc_worker(cluster, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert statuses("mix") == {"SUCCESS": 3}
+    assert foreign.id in FailedJobRegistry("down_low", connection=cluster.redis).get_job_ids()

@@ -59,7 +59,7 @@ def test_reserved_numbers_stop_the_cursor_until_inserted(cluster, tmp_path):
 
 
 def test_intake_during_a_dispatch_run_is_seen_by_the_next(cluster, tmp_path, monkeypatch):
-    job = register(tmp_path, "c2", dispatch_num=1000)
+    register(tmp_path, "c2", dispatch_num=1000)
     add_urls("c2", [f"http://127.0.0.1:1/a{i}" for i in range(4)])
     real = selection.select_fresh
 
