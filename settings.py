@@ -127,6 +127,11 @@ WORKER_INFLIGHT = 128
 """Downloads one ``downcluster worker`` process keeps in flight; it takes the next queue entry
 (strict queue order) whenever fewer are running."""
 
+WORKER_LARGE_BODIES = 4
+"""Bodies over 1 MiB a worker's built-in (aiohttp) engine holds at once, from reading until
+stored (the others wait at 1 MiB), so its bodies take at most about WORKER_INFLIGHT x 1 MiB +
+WORKER_LARGE_BODIES x DOWNLOAD_MAXSIZE, whatever the pages."""
+
 STORE_FLUSH_BYTES = 8 * 1024 * 1024
 """An entry's downloaded bodies are stored once this many bytes wait (and at its end), so a
 worker's memory stays bounded whatever the bodies."""

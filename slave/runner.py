@@ -207,6 +207,7 @@ class Engines:
 
     def __init__(self) -> None:
         self.client = aio.Client()
+        self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
         self.blocking = ThreadPoolExecutor(max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download")
         self.limits = limits_from_settings()
         self._local = threading.local()
@@ -239,7 +240,7 @@ class Engines:
                 result = await aio.fetch(url, limits=limits, client=self.client,
                                          proxy=ctx.settings.get("proxy", ""), cookie=ctx.settings.get("cookie", ""),
                                          headers=ctx.settings.get("headers") or {},
-                                         user_agent=settings.DOWNLOAD_USER_AGENT)
+                                         user_agent=settings.DOWNLOAD_USER_AGENT, large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
                 raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         except DownloadError as exc:
@@ -321,6 +322,9 @@ class Writer(threading.Thread):
                 self._write(batch)
             finally:
                 self.written += len(batch)
+                for entry, outcome in batch:  # large bodies are stored (or given up): free their slots
+                    if outcome is not None and outcome.download is not None and outcome.download.release:
+                        entry.loop.call_soon_threadsafe(outcome.download.release)
 
     def _write(self, batch: list) -> None:
         groups: dict[Entry, list[writer.Outcome]] = {}

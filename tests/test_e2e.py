@@ -175,3 +175,30 @@ def test_foreign_rq_job_on_our_queue_is_kept_not_spun(cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert statuses("mix") == {"SUCCESS": 3}
     assert foreign.id in FailedJobRegistry("down_low", connection=cluster.redis).get_job_ids()
+
+
+def test_worker_memory_stays_bounded_with_large_bodies(cluster, tmp_path):
+    """Issue 13, item 14: 60 bodies of 8 MiB (480 MiB) through one worker holding at most two
+    large bodies at once (WORKER_LARGE_BODIES): its peak RSS stays far below the bodies' sum
+    (it would hold an entry's 50 bodies, 400 MiB, if an entry were stored at its end)."""
+    from sample_site import bytes_body
+
+    size, count = 8 * 1024 * 1024, 60
+    register(tmp_path, "big8", priority=0)
+    add_urls("big8", [f"{cluster.site}/bytes/{size + i}" for i in range(count)])
+    dispatch_once(cluster.redis)
+    # a fixed mmap threshold: freed large bodies go back to the system, so RSS shows what is held
+    env = {**os.environ, **cluster.env, "MALLOC_MMAP_THRESHOLD_": "131072", "DOWNCLUSTER_WORKER_LARGE_BODIES": "2",
+           "DOWNCLUSTER_STORE_FLUSH_BYTES": str(size)}
+    wrapper = ("import resource, subprocess, sys\n"
+               "p = subprocess.run(sys.argv[1:])\n"
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+               "sys.exit(p.returncode)\n")
+    proc = subprocess.run([sys.executable, "-c", wrapper, str(BIN / "downcluster"), "worker", "--burst",
+                           "--logging-level", "WARNING"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak_mb = int(proc.stdout.strip().splitlines()[-1])
+    assert statuses("big8") == {"SUCCESS": count}
+    doc = CrawlerDownloadData.objects(url=f"{cluster.site}/bytes/{size + 7}").get()
+    assert bytes(doc.response_body) == bytes_body(size + 7)
+    assert peak_mb < 240, f"worker peak RSS {peak_mb} MB for {count * 8} MiB of bodies"

@@ -118,9 +118,15 @@ def _header_ok(value: str) -> bool:
     return not any(c in value for c in "\r\n\0")
 
 
+LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a ``large_gate`` slot
+
+
 async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", cookie: str = "",
-                headers: dict | None = None, user_agent: str = "downcluster/1.0") -> Download:
-    """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError."""
+                headers: dict | None = None, user_agent: str = "downcluster/1.0",
+                large_gate: asyncio.Semaphore | None = None) -> Download:
+    """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
+    ``large_gate`` bounds how many bodies over LARGE_BODY a worker holds at once: such a body
+    keeps its slot after the fetch (``Download.release`` frees it, once it is stored)."""
     sent = CIMultiDict({"User-Agent": user_agent, "Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING})
     for k, v in (headers or {}).items():
         sent[str(k)] = str(v)
@@ -129,7 +135,7 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
     secrets = _secrets_of(proxy, cookie, sent)
     try:
         async with asyncio.timeout(limits.timeout):
-            return await _fetch(url, limits, sent, proxy, client)
+            return await _fetch(url, limits, sent, proxy, client, large_gate)
     except DownloadError as exc:
         raise DownloadError(redact(exc.reason, secrets), exc.retryable, exc.retry_after) from None
     except TimeoutError as exc:
@@ -143,7 +149,8 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
         raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
 
 
-async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client) -> Download:
+async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
+                 large_gate: asyncio.Semaphore | None = None) -> Download:
     try:
         url = check_url(url)
     except ValidationError as exc:
@@ -185,17 +192,28 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         length = resp.headers.get("Content-Length", "")
         if length.strip().isdigit() and int(length) > limits.maxsize:
             raise too_big
-        chunks, total = [], 0
-        async for chunk in resp.content.iter_any():
-            total += len(chunk)
-            if total > limits.maxsize:
-                raise too_big
-            chunks.append(chunk)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        response_headers = {str(k): str(v) for k, v in resp.headers.items()}
-        return Download(status_code=resp.status, headers=response_headers, body=bytes(body), url=str(resp.url),
-                        remote_ip=peer[0] if peer else "", request_headers=_masked(resp.request_info.headers),
-                        encoding=content_charset(response_headers))
+        chunks, total, gated = [], 0, False
+        try:
+            async for chunk in resp.content.iter_any():
+                total += len(chunk)
+                if total > limits.maxsize:
+                    raise too_big
+                chunks.append(chunk)
+                if large_gate is not None and not gated and total > LARGE_BODY:
+                    await large_gate.acquire()
+                    gated = True
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            del chunks
+            response_headers = {str(k): str(v) for k, v in resp.headers.items()}
+            got = Download(status_code=resp.status, headers=response_headers, body=bytes(body), url=str(resp.url),
+                           remote_ip=peer[0] if peer else "", request_headers=_masked(resp.request_info.headers),
+                           encoding=content_charset(response_headers),
+                           release=large_gate.release if gated else None)
+            gated = False  # the slot now travels with the body
+            return got
+        finally:
+            if gated:
+                large_gate.release()
     finally:
         resp.close()
 

@@ -31,3 +31,4 @@ class Download:
     request_headers: dict[str, str] = field(default_factory=dict)
     request_body: bytes = b""
     encoding: str | None = None
+    release: object = None  # a large body holds a slot of the worker's gate until stored: call this then
