@@ -66,3 +66,26 @@ def test_failed_reason_and_logs_hide_proxy_credentials(cluster, tmp_path, caplog
     log = CrawlerDownloadLog.objects.get(task=task)
     assert _leaks(task.failed_reason + log.failed_reason) == []
     assert _leaks(caplog.text) == []
+
+
+def test_a_failing_entry_reaches_sentry_once(cluster, tmp_path, monkeypatch):
+    """Issue 13, item 15: the job function does not capture what rq's integration captures."""
+    from slave import runner
+    from tests.helpers import register as register_job
+
+    def broken(lease):
+        raise RuntimeError("entry exploded")
+
+    transport = Recording()
+    init_sentry("", transport=transport)
+    try:
+        register_job(tmp_path, "once", priority=0)
+        add_urls("once", ["http://127.0.0.1:9/x"])
+        dispatch_once(cluster.redis)
+        monkeypatch.setattr(runner, "lease_tasks", broken)
+        SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis).work(burst=True)
+        sentry_sdk.flush()
+        hits = [e for e in transport.events() if "entry exploded" in json.dumps(e, default=str)]
+        assert len(hits) == 1
+    finally:
+        sentry_sdk.init(dsn=None)
