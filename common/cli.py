@@ -17,6 +17,7 @@ COMMANDS = {
     "task": "master.cli:task",
     "dispatch": "master.cli:dispatch",
     "defender": "master.cli:defender",
+    "migrate": "master.cli:migrate",
     "scheduler": "master.cli:scheduler",
     "stats": "master.cli:stats",
     "data": "master.cli:data",

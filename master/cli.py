@@ -183,6 +183,16 @@ def defender() -> None:
 
 
 @click.command()
+def migrate() -> None:
+    """Bring tasks written by an earlier downcluster to this version (safe to run twice)."""
+    from master.migrate import migrate as run
+
+    _connect()
+    report = run()
+    click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again")
+
+
+@click.command()
 @click.option("--cron", default="*/5 * * * *", show_default=True, help="When to dispatch.")
 @click.option("--burst", is_flag=True, help="Install the schedule, run what is due, and exit.")
 @click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between checks for due runs.")

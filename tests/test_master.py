@@ -275,3 +275,24 @@ def test_scheduler_in_the_foreground_dispatches_when_due(cluster, tmp_path):
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out[-2000:]
     assert "Timeout reading from socket" not in out and "signal only works in main thread" not in out
+
+
+def test_migrate_numbers_old_tasks_and_frees_old_entries(cluster, tmp_path):
+    """Tasks of an earlier version (no seq; DISPATCH under a lease with no document) are all
+    sent by the next dispatches after ``downcluster migrate``; a second run changes nothing."""
+    import datetime as dt
+
+    from bson import ObjectId
+
+    job = register(tmp_path, "old")
+    past = dt.datetime(2020, 1, 1)
+    CrawlerTask._get_collection().insert_many(
+        [{"job": job.id, "uri": f"http://127.0.0.1:1/{i}", "status": "LIVE", "download_times": 0, "recoveries": 0}
+         for i in range(5)]
+        + [{"job": job.id, "uri": f"http://127.0.0.1:1/d{i}", "status": "DISPATCH", "lease": "gone", "queue": "down_low",
+            "dispatched_at": past, "download_times": 0, "recoveries": 0, "_id": ObjectId()} for i in range(3)])
+    assert dispatch_once(cluster.redis).total == 0  # unnumbered: invisible to this version
+    out = cli("migrate").output
+    assert "numbered 8 tasks" in out and "sent 3 tasks" in out
+    assert dispatch_once(cluster.redis).total == 8
+    assert "numbered 0 tasks" in cli("migrate").output
