@@ -132,6 +132,19 @@ WORKER_LARGE_BODIES = 4
 stored (the others wait at 1 MiB), so its bodies take at most about WORKER_INFLIGHT x 1 MiB +
 WORKER_LARGE_BODIES x DOWNLOAD_MAXSIZE, whatever the pages."""
 
+BROWSER_POOL = 2
+"""Headless Chromium browsers per worker process for ``download_engine = "browser"`` (one page
+at a time each)."""
+
+BROWSER_MAX_PAGES = 100
+"""Pages after which a browser is restarted."""
+
+BROWSER_MEMORY_MB = 512
+"""V8 heap limit of a page; a page past it crashes and fails (retried)."""
+
+BROWSER_IDLE_MAX = 5.0
+"""Seconds after the load event the browser engine waits, at most, for the network to go idle."""
+
 STORE_FLUSH_BYTES = 8 * 1024 * 1024
 """An entry's downloaded bodies are stored once this many bytes wait (and at its end), so a
 worker's memory stays bounded whatever the bodies."""

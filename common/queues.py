@@ -18,13 +18,19 @@ def queue_for_priority(priority: int) -> str:
     return QUEUE_NAMES[1 + priority // 2]
 
 
-def queue_name(base: str, host: str = "") -> str:
-    """The shared queue ``base``, or host ``host``'s own queue of that level."""
-    return f"{base}@{host}" if host else base
+FOREIGN = "#foreign"  # suffix of the queues of jobs with prior = 2 (hosts with an exit abroad)
+
+
+def queue_name(base: str, host: str = "", foreign: bool = False) -> str:
+    """The shared queue ``base``, host ``host``'s own queue of that level, or (``foreign``) the
+    level's foreign queue, read only by ``downcluster worker --foreign``."""
+    if host:
+        return f"{base}@{host}"
+    return base + FOREIGN if foreign else base
 
 
 def base_of(name: str) -> str:
-    return name.split("@", 1)[0]
+    return name.split("@", 1)[0].split("#", 1)[0]
 
 
 def cap(name: str) -> int:
@@ -32,12 +38,15 @@ def cap(name: str) -> int:
     return int(getattr(settings, "Q_" + base_of(name).upper() + "_LEN"))
 
 
-def worker_queue_names(host: str = "") -> list[str]:
-    """Strict order for a worker: each level's host queue before the shared one."""
+def worker_queue_names(host: str = "", foreign: bool = False) -> list[str]:
+    """Strict order for a worker: at each level its host queue, then (``foreign``) the foreign
+    queue, then the shared one."""
     names: list[str] = []
     for base in QUEUE_NAMES:
         if host:
             names.append(queue_name(base, host))
+        if foreign:
+            names.append(queue_name(base, foreign=True))
         names.append(base)
     return names
 

@@ -63,8 +63,13 @@ def job_show(name: str) -> None:
     if d:
         click.echo(f"type: {d.types.language}\ncode: {len(d.code)} characters")
     if s:
-        for key in ("dispatch_num", "max_retry_times", "download_engine", "prior", "report_mails"):
+        for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails"):
             click.echo(f"{key}: {s[key]}")
+        meaning = {0: "normal", 1: "urgency: entries go to the front of their queue",
+                   2: "foreign: entries go to the foreign queues (workers with --foreign)"}
+        click.echo(f"prior: {s.prior} ({meaning.get(s.prior, '?')})")
+        if s.download_js:
+            click.echo(f"download_js: {len(s.download_js)} characters")
         click.echo(f"proxy: {'***' if s.proxy else '-'}\ncookie: {'***' if s.cookie else '-'}")
     for row in task_counts():
         if row["job"] == name:

@@ -88,7 +88,10 @@ class JobWork:
         return self.job["name"]
 
     def queue_of(self, picked: Picked) -> str:
-        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "")
+        """The job's level; a host's own queue when the task or job names one, else the
+        foreign queue for ``prior = 2``, else the shared queue."""
+        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "",
+                          foreign=self.prior == 2)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from common.models import (
 )
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
-ENGINES = ("aiohttp", "requests")  # the first is the default
+ENGINES = ("aiohttp", "requests", "browser")  # the first is the default
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 EMAIL_RE = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
@@ -54,11 +54,14 @@ def _int(settings_: dict, key: str, low: int, high: int) -> None:
         raise ValidationError(f"settings.{key} must be an integer in {low}..{high}, got {value!r}")
 
 
-def _str(settings_: dict, key: str, max_len: int = 4096) -> str:
+def _str(settings_: dict, key: str, max_len: int = 4096, lines: bool = False) -> str:
     value = settings_.get(key, "")
     if not isinstance(value, str):
         raise ValidationError(f"settings.{key} must be a string, got {type(value).__name__}")
-    if len(value) > max_len or "\n" in value or "\r" in value:
+    if lines:
+        if len(value) > max_len or "\0" in value:
+            raise ValidationError(f"settings.{key} must be text of at most {max_len} characters")
+    elif len(value) > max_len or "\n" in value or "\r" in value:
         raise ValidationError(f"settings.{key} must be one line of at most {max_len} characters")
     return value
 
@@ -87,10 +90,15 @@ def validate_settings(raw: Any) -> dict[str, Any]:
         if parts.scheme not in ("http", "https", "socks5", "socks5h") or not parts.hostname:
             raise ValidationError("settings.proxy must be a http://, https:// or socks5:// URL with a host")
     _str(raw, "cookie")
-    _str(raw, "download_js", 100_000)
     engine = _str(raw, "download_engine") or ENGINES[0]
     if engine not in ENGINES:
         raise ValidationError(f"settings.download_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if "download_js" in raw:  # a function body run in the page by the browser engine (never here)
+        js = _str(raw, "download_js", 100_000, lines=True)
+        if not js.strip():
+            raise ValidationError("settings.download_js is empty: leave it out, or give a function body")
+        if engine != "browser":
+            raise ValidationError('settings.download_js needs download_engine = "browser"')
     mails = _str(raw, "report_mails", 256)
     for mail in filter(None, (m.strip() for m in mails.split(","))):
         if not EMAIL_RE.match(mail):

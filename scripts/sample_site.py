@@ -34,6 +34,33 @@ def page_body(n: int) -> bytes:
     return f"<html><head><title>page {n}</title></head><body>\n{filler}</body></html>\n".encode()
 
 
+# Pages built by JavaScript, for the browser engine (/js/<kind>[/<n>]).
+JS_PAGES = {
+    # the text exists only after a script ran
+    "render": ("<!doctype html><html><head><title>js {n}</title></head><body><div id='out'>loading</div>"
+               "<script>setTimeout(function () {{ document.getElementById('out').textContent = "
+               "'rendered by javascript ' + {n}; }}, 50);</script></body></html>"),
+    # a button that adds content when clicked
+    "button": ("<!doctype html><html><body><ul id='items'><li>first</li></ul>"
+               "<button id='more' onclick=\"var li=document.createElement('li');li.textContent='second';"
+               "document.getElementById('items').appendChild(li)\">more</button></body></html>"),
+    # the load event never comes: an image that never finishes
+    "never-loads": "<!doctype html><html><body>waiting<img src='/hang'></body></html>",
+    # a modal dialog on load
+    "alert": ("<!doctype html><html><body><p id='p'>before</p><script>alert('hello'); confirm('sure?');"
+              "document.getElementById('p').textContent = 'after the dialogs';</script></body></html>"),
+    # allocates without end
+    "oom": ("<!doctype html><html><body><script>var a = []; while (true) { a.push(new Array(1e6).fill(1.5)); }"
+            "</script></body></html>"),
+    # navigates to a file:// URL
+    "to-file": "<!doctype html><html><body><script>location.href = 'file:///etc/passwd';</script></body></html>",
+}
+
+
+def js_page(kind: str, n: int = 0) -> bytes:
+    return JS_PAGES[kind].replace("{n}", str(n)).replace("{{", "{").replace("}}", "}").encode()
+
+
 def bytes_body(n: int) -> bytes:
     """The n pseudo-random bytes served at /bytes/<n> (seeded by n)."""
     return random.Random(n).randbytes(n)
@@ -87,6 +114,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if head == "page":
                 self._send(200, page_body(int(arg)), "text/html; charset=utf-8")
+            elif head == "js":
+                self._send(200, js_page(arg, int(parts[2]) if len(parts) > 2 else 0), "text/html; charset=utf-8")
             elif head == "bytes":
                 self._send(200, bytes_body(int(arg)), "application/octet-stream")
             elif head == "stream":

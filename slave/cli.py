@@ -15,13 +15,16 @@ from common.config import settings
 @click.option("--simple", "mode", flag_value="simple",
               help="Run rq's SimpleWorker (one entry at a time, in this process) instead of the event loop.")
 @click.option("--name", default=None, help="rq worker name (--classic/--simple only).")
+@click.option("--foreign", is_flag=True,
+              help="Also take the foreign queues (jobs with prior = 2), before the shared ones: for hosts with an exit abroad.")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many queue entries.")
 @click.option("--logging-level", default="INFO", show_default=True)
-def worker(burst: bool, host: str, mode: str | None, name: str | None, max_jobs: int | None, logging_level: str) -> None:
+def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: bool, max_jobs: int | None,
+           logging_level: str) -> None:
     """Drain down_super > down_high > down_mid > down_low (host queues first), many entries at once."""
     from slave.worker import run_worker
 
     if host:
         settings.override(HOSTNAME=host)
     run_worker(host=host, burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
-               max_jobs=max_jobs)
+               max_jobs=max_jobs, foreign=foreign)

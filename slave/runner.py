@@ -55,7 +55,7 @@ from common.queues import RQ_JOB_PREFIX, pop_first
 from common.secrets import redact, remember
 from common.sentry import capture
 from slave import writer
-from slave.engines import aio, http, sandbox
+from slave.engines import aio, browser, http, sandbox
 from slave.engines.base import Download, Limits
 
 logger = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ class Engines:
     def __init__(self) -> None:
         self.client = aio.Client()
         self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
+        self.browsers = browser.Pool(settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB)
         self.blocking = ThreadPoolExecutor(max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download")
         self.limits = limits_from_settings()
         self._local = threading.local()
@@ -236,6 +237,12 @@ class Engines:
                 result = await loop.run_in_executor(self.blocking, sandbox.run_shell, ctx.code, url, limits)
             elif ctx.engine == "requests":
                 result = await loop.run_in_executor(self.blocking, self._requests, url, ctx)
+            elif ctx.engine == "browser":
+                result = await browser.fetch(url, limits=limits, pool=self.browsers, proxy=ctx.settings.get("proxy", ""),
+                                             cookie=ctx.settings.get("cookie", ""),
+                                             headers=ctx.settings.get("headers") or {},
+                                             js=ctx.settings.get("download_js") or "",
+                                             user_agent=settings.DOWNLOAD_USER_AGENT, idle_max=settings.BROWSER_IDLE_MAX)
             else:
                 result = await aio.fetch(url, limits=limits, client=self.client,
                                          proxy=ctx.settings.get("proxy", ""), cookie=ctx.settings.get("cookie", ""),
@@ -255,6 +262,7 @@ class Engines:
 
     async def close(self) -> None:
         await self.client.close()
+        await self.browsers.close()
         self.blocking.shutdown(wait=False, cancel_futures=True)
 
 

@@ -18,23 +18,24 @@ from common.secrets import install_logging_filter
 from common.sentry import init_sentry
 
 
-def build_worker(host: str = "", simple: bool = False, name: str | None = None) -> Worker:
-    """An rq worker reading each level's host queue before the shared queue of that level."""
+def build_worker(host: str = "", simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
+    """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
     redis = redis_conn()
-    queues = [Queue(n, connection=redis) for n in worker_queue_names(host)]
+    queues = [Queue(n, connection=redis) for n in worker_queue_names(host, foreign)]
     cls = SimpleWorker if simple else Worker
     return cls(queues, connection=redis, name=name)
 
 
 def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,
-               logging_level: str = "INFO", max_jobs: int | None = None) -> bool:
+               logging_level: str = "INFO", max_jobs: int | None = None, foreign: bool = False) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME)
     if mode == "async":
         from slave.runner import serve
 
-        serve([Queue(n, connection=redis_conn()).key for n in worker_queue_names(host)], burst=burst, max_jobs=max_jobs)
+        serve([Queue(n, connection=redis_conn()).key for n in worker_queue_names(host, foreign)], burst=burst,
+              max_jobs=max_jobs)
         return True
-    worker = build_worker(host, simple=mode == "simple", name=name)
+    worker = build_worker(host, simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)
