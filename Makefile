@@ -20,6 +20,13 @@ services-check:
 	  else \
 	    echo "redis-server is required: install it (e.g. 'sudo apt-get install -y redis-server') and re-run"; exit 1; \
 	  fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "chromium not found: installing it for the browser engine (apt-get install -y chromium chromium-driver)"; \
+	    (apt-get update -q && apt-get install -y -q chromium chromium-driver) >/dev/null; \
+	  else \
+	    echo "note: the browser engine needs Debian's chromium ('sudo apt-get install -y chromium chromium-driver'); its tests are skipped"; \
+	  fi; }
 
 demo: $(STAMP) services-check
 	$(BIN)/python scripts/demo.py

@@ -1,7 +1,8 @@
 """`make demo`: the whole cluster on this machine, on the embedded default services.
 
 Starts its own redis-server, a SecantusDB on disk under ./var/ and a sample site on
-loopback; registers three sample jobs (python, shell, built-in engine) at three priorities,
+loopback; registers four sample jobs (python, shell, built-in engine, browser engine on pages
+built by JavaScript) at four priorities,
 adds their URLs, dispatches, drains the queues with a `downcluster worker --burst`
 process (one per two cores is the recommendation), prints `downcluster stats`, exports each job's data, then stops what it started.
 Every step goes through the real `downcluster` command line. Each run starts from an empty
@@ -50,13 +51,14 @@ def main() -> int:
         env = {**os.environ, **env_for(redis.url, mongo.uri("downcluster"), mongo.uri("downcluster_log"),
                                        HOSTNAME="demo-host", RETRY_BACKOFF_BASE="0.2", DOWNLOAD_TIMEOUT="30")}
         print(f"services: redis {redis.url}, mongodb {mongo.uri('downcluster')}, sample site {base}\n")
-        for manifest in ("python_job.toml", "shell_job.toml", "builtin_job.toml"):
+        for manifest in ("python_job.toml", "shell_job.toml", "builtin_job.toml", "browser_job.toml"):
             run(["job", "register", str(JOBS / manifest)], env)
         run(["job", "list"], env)
         for offset, name in enumerate(("demo-python", "demo-shell", "demo-builtin")):
             urls = [f"{base}/page/{offset * PAGES + i}" for i in range(PAGES)]
             urls += [f"{base}/status/404", f"{base}/flaky/{name}/1", "ftp://not-http.example/x"]
             run(["task", "add", name, "-"], env, stdin="\n".join(urls) + "\n")
+        run(["task", "add", "demo-browser", "-"], env, stdin="".join(f"{base}/js/render/{i}\n" for i in range(20)))
         for round_ in range(1, 8):
             run(["dispatch"], env)
             print("$ downcluster worker --burst", flush=True)
@@ -71,10 +73,12 @@ def main() -> int:
             time.sleep(1.0 if retrying else 0.0)
         print()
         run(["stats"], env)
-        for name in ("demo-python", "demo-shell", "demo-builtin"):
+        for name in ("demo-python", "demo-shell", "demo-builtin", "demo-browser"):
             out = VAR / "export" / f"{name}.jsonl"
             run(["data", "export", name, "--format", "jsonl", "-o", str(out)], env)
         run(["data", "export", "demo-builtin", "--format", "csv", "-o", str(VAR / "export" / "demo-builtin.csv")], env)
+        first = json.loads((VAR / "export" / "demo-browser.jsonl").read_text().splitlines()[0])
+        print(f"\na page rendered by the browser engine, as stored: {first.get('body_text', '')[:120]}")
     site.shutdown()
     print(f"\nexports in {VAR / 'export'}; demo took {time.monotonic() - started:.1f}s")
     return 0

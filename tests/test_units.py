@@ -205,3 +205,13 @@ def test_manifest_validation(tmp_path: Path):
                       ({"name": "n", "type": "python"}, "needs code"), ({"name": "n", "extra": 1}, "unknown")]:
         with pytest.raises(ValidationError, match=why):
             validate_manifest(data, tmp_path)
+
+
+def test_foreign_queues_sit_between_host_and_shared_queues():
+    from common.queues import base_of, queue_name
+
+    assert queue_name("down_mid", foreign=True) == "down_mid#foreign" and base_of("down_mid#foreign") == "down_mid"
+    assert queue_name("down_mid", "h1", foreign=True) == "down_mid@h1"  # a host is more specific
+    assert worker_queue_names("h1", foreign=True)[:4] == ["down_super@h1", "down_super#foreign", "down_super",
+                                                          "down_high@h1"]
+    assert "down_low#foreign" not in worker_queue_names("h1")
