@@ -329,11 +329,11 @@ class Bench:
         return self.deadline - time.monotonic()
 
     # helpers
-    def new_job(self, name: str, dispatch_num: int, priority: int = 0):
+    def new_job(self, name: str, dispatch_num: int, priority: int = 0, engine: str = "aiohttp"):
         from master.registry import store, validate_manifest
 
         spec = validate_manifest({"name": name, "priority": priority, "type": "none",
-                                  "settings": {"dispatch_num": dispatch_num}}, ROOT)
+                                  "settings": {"dispatch_num": dispatch_num, "download_engine": engine}}, ROOT)
         return store(spec)
 
     def add_tasks_raw(self, job_id, base: str, count: int, prefix: str) -> float:
@@ -441,14 +441,15 @@ class Bench:
         return {"live": live, "backlog": big}
 
     # 3. end to end
-    def bench_e2e(self, label: str, base: str, pages: int, timeout: float) -> dict:
+    def bench_e2e(self, label: str, base: str, pages: int, timeout: float, engine: str = "aiohttp",
+                  path: str = "page") -> dict:
         from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()
         redis = self.redis()
-        job = self.new_job(f"bench-e2e-{label}", E2E_DISPATCH_NUM)
-        insert_s = self.add_tasks_raw(job.id, base, pages, "page")
+        job = self.new_job(f"bench-e2e-{engine}-{label}", E2E_DISPATCH_NUM, engine=engine)
+        insert_s = self.add_tasks_raw(job.id, base, pages, path)
         names = [f"worker-{label}-{i}" for i in range(self.args.workers)]
         workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], self.env, n)
                    for n in names]
@@ -499,7 +500,7 @@ class Bench:
         log_docs = CrawlerDownloadLog._get_collection().count_documents({"job": job.id, "status": SUCCESS})
         cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
         return {
-            "workers": self.args.workers, "latency": label, "pages": pages, "done": done,
+            "workers": self.args.workers, "engine": engine, "latency": label, "pages": pages, "done": done,
             "complete": done >= pages, "seconds": round(elapsed, 2), "timeout_s": round(timeout),
             "pages_per_s": round(done / elapsed, 1), "insert_s": round(insert_s, 2), "dispatch_num": E2E_DISPATCH_NUM,
             "data_docs": data_docs, "success_log_docs": log_docs, "peak_inflight": peak_inflight,
@@ -662,6 +663,10 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("Redis per queued task (INFO / key sizes)",
                      f"{lv['redis_bytes_per_task']} B / {lv['redis_key_bytes_per_task']} B",
                      f"<= {TARGETS['redis_bytes']} B", verdict(0 < lv["redis_bytes_per_task"] <= TARGETS["redis_bytes"])))
+    br = r.get("browser_0ms")
+    if br:
+        rows.append(("browser engine, pages built by JavaScript (a figure)",
+                     f"{br['pages_per_s']:,} pages/s ({br['done']:,} in {br['seconds']} s)", "", ""))
     s_ = r.get("store")
     if s_:
         rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
@@ -697,6 +702,8 @@ def parse_args(argv=None):
                    help="downcluster worker processes (default 1: what a 2-core host should run)")
     p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
     p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
+    p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
+    p.add_argument("--browser-pages", type=int, default=300, help="pages for the browser engine figure (default 300)")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
@@ -767,6 +774,11 @@ def main(argv=None) -> int:
                 phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
                       lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
                                                    max(60.0, args.baseline_pages / 2)))
+        if not args.smoke and not args.skip_browser:
+            phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} pages built by "
+                  "JavaScript, 1 worker", lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
+                                                                   e2e_timeout(bench, args.browser_pages, 1.0),
+                                                                   engine="browser", path="js/render"))
     except KeyboardInterrupt as exc:
         results["errors"].append(f"interrupted: {exc}")
         print(f"interrupted: {exc}", flush=True)

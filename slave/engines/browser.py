@@ -35,6 +35,7 @@ from common.urls import check_url
 from slave.engines.base import Download, Limits
 from slave.engines.http import _masked, _secrets_of, classify_status
 
+IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 NET_ERRORS_FINAL = ("ERR_NAME_NOT_RESOLVED", "ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME",
                     "ERR_CERT_", "ERR_BLOCKED_BY_CLIENT", "ERR_TOO_MANY_REDIRECTS")
@@ -157,6 +158,11 @@ class Browser:
         self.kill()
         if http is not None:
             await http.close()
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except (TimeoutError, ProcessLookupError):
+                pass
 
     def kill(self) -> None:
         """SIGKILL the whole process group and forget the connection."""
@@ -321,12 +327,12 @@ class _Page:
             self.loaded_at = time.monotonic()
 
     def settled(self, idle_max: float) -> bool:
-        """Loaded, and the network idle for half a second (or idle_max passed since load)."""
+        """Loaded, and the network idle for IDLE_QUIET seconds (or idle_max passed since load)."""
         if self.loaded_at is None:
             return False
         now = time.monotonic()
         self.idle_since = (self.idle_since or now) if not self.inflight else None
-        return (self.idle_since is not None and now - self.idle_since >= 0.5) or now - self.loaded_at >= idle_max
+        return (self.idle_since is not None and now - self.idle_since >= IDLE_QUIET) or now - self.loaded_at >= idle_max
 
 
 async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str, headers: dict, js: str,
