@@ -180,3 +180,17 @@ def test_foreign_entries_are_taken_only_by_foreign_workers(cluster, tmp_path):
     assert statuses("abroad") == {"SUCCESS": 3}
     assert "foreign" in cli("job", "show", "abroad").output
     assert all(t.status == "SUCCESS" for t in CrawlerTask.objects)
+
+
+@pytest.mark.slow
+def test_a_browser_is_restarted_after_max_pages(site):
+    c = _Loop()
+    c.pool.max_pages = 2
+    try:
+        pids = []
+        for n in range(3):
+            c.fetch(f"{site}/js/render/{n}")
+            pids.append(c.pool._free._queue[0].proc.pid)
+        assert pids[0] == pids[1] != pids[2]
+    finally:
+        c.close()
