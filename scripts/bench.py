@@ -665,8 +665,9 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
                      f"<= {TARGETS['redis_bytes']} B", verdict(0 < lv["redis_bytes_per_task"] <= TARGETS["redis_bytes"])))
     br = r.get("browser_0ms")
     if br:
+        done = f"{br['done']:,}" if br["complete"] else f"PARTIAL {br['done']:,}/{br['pages']:,}"
         rows.append(("browser engine, pages built by JavaScript (a figure)",
-                     f"{br['pages_per_s']:,} pages/s ({br['done']:,} in {br['seconds']} s)", "", ""))
+                     f"{br['pages_per_s']:,} pages/s ({done} in {br['seconds']} s)", "", ""))
     s_ = r.get("store")
     if s_:
         rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
@@ -703,7 +704,7 @@ def parse_args(argv=None):
     p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
     p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
     p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
-    p.add_argument("--browser-pages", type=int, default=300, help="pages for the browser engine figure (default 300)")
+    p.add_argument("--browser-pages", type=int, default=150, help="pages for the browser engine figure (default 150)")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
