@@ -271,8 +271,10 @@ class Run:
                 {"_id": work.job["_id"], "seq_sent": work.job.get("seq_sent", 0)}, {"$set": {"seq_sent": new}})
             if moved.matched_count == 0:  # another dispatcher sent these fresh tasks: send nothing
                 for lease, e in zip(leases, work.entries):
-                    release_entry(lease, e.kind, e.ids, "another dispatcher ran", now) if e.kind == AGAIN \
-                        else CrawlerLease._get_collection().delete_one({"_id": lease})
+                    if e.kind == AGAIN:
+                        release_entry(lease, e.kind, e.ids, "another dispatcher ran", now)
+                    else:  # the other run owns them now
+                        CrawlerLease._get_collection().delete_one({"_id": lease})
                 self.lost_lock = True
                 return
         pipe = self.redis.pipeline(transaction=False)
@@ -283,7 +285,8 @@ class Run:
                        at_front=work.prior == 1, client=pipe)
         try:
             results = pipe.execute()
-        except Exception as exc:  # Redis down: nothing or part pushed; unpushed entries are released
+        except Exception as exc:  # Redis down: unknown which entries got in; their leases stay QUEUED and
+            # the defender gives back those that are in no queue
             logger.warning("dispatch of job %s: Redis failed: %s", work.name, exc)
             results = [None] * len(leases)
         logs = []
