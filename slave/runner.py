@@ -2,14 +2,16 @@
 
 An entry (rq job ``dc-<lease>``) names a lease document listing its tasks. Running it:
   1. claim: compare-and-set the lease QUEUED -> RUNNING with this worker's id (a lease the
-     defender already gave up on is skipped, so an entry is never run twice);
-  2. load the job (cached a few seconds) and those of its tasks that still look as the
-     dispatcher left them; a disabled job gives them back untouched;
-  3. download them all at once on the event loop (built-in engine) or in a thread pool
-     (requests engine, python and shell sandboxes), each under its limits;
-  4. store outcomes as they complete, in bulk, whenever the buffered bodies pass
-     STORE_FLUSH_BYTES and at the end (memory stays bounded whatever the bodies);
-  5. delete the lease.
+     defender already gave up on is skipped, so an entry is never run twice); the lease
+     carries the tasks' ids and URLs, so no task is read;
+  2. load the job (cached a few seconds); a disabled job gives the tasks back untouched;
+  3. download them all at once on the event loop (aiohttp and browser engines) or in a
+     thread pool (requests engine, python and shell sandboxes), each under its limits;
+  4. hand each outcome, as it completes, to the process's one writer thread, which stores
+     the outcomes of all running entries in bulk (at most WRITE_BATCH outcomes or
+     STORE_FLUSH_BYTES of bodies a write); a body over 1 MiB holds one of
+     WORKER_LARGE_BODIES slots until stored, so memory stays bounded whatever the bodies;
+  5. the writer deletes the lease once every outcome is stored.
 A heartbeat thread refreshes ``beat_at`` of every lease this process runs, in MongoDB, so the
 defender can tell a dead worker from a slow one even across a Redis restart.
 
