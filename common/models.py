@@ -66,6 +66,9 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
+ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
+
+
 class CrawlerDownloadSetting(Document):
     PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
@@ -74,7 +77,7 @@ class CrawlerDownloadSetting(Document):
     proxy = StringField(default="")
     cookie = StringField(default="")
     headers = DictField()
-    download_engine = StringField(max_length=16, default="aiohttp")
+    download_engine = StringField(max_length=16, default=ENGINES[0])
     download_js = StringField(default="")
     prior = IntField(choices=(0, 1, 2), default=0)
     report_mails = StringField(max_length=256, default="")
@@ -120,6 +123,22 @@ class CrawlerTask(Document):
 
 QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
 FRESH, AGAIN = "FRESH", "AGAIN"
+UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields while it is DISPATCH
+
+
+def held_by(lease: str, kind: str) -> dict:
+    """What a task must still look like to belong to the entry ``lease``: the one guard of
+    every change that settles or gives back an entry's tasks (worker, defender, dispatcher), so
+    a task is changed by at most one of them."""
+    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
+
+
+def give_back(ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
+    """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
+    return CrawlerTask._get_collection().update_many(
+        {"_id": {"$in": ids}, **held_by(lease, kind)},
+        {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
+         "$unset": UNSET_LEASE}).modified_count
 
 
 class CrawlerLease(Document):

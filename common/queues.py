@@ -84,10 +84,10 @@ _scripts: dict = {}
 
 
 def _script(redis, source: str):
-    key = (id(redis), source)
-    if key not in _scripts:
-        _scripts[key] = redis.register_script(source)
-    return _scripts[key]
+    """The Script object of ``source`` (made once; callers always pass their own client)."""
+    if source not in _scripts:
+        _scripts[source] = redis.register_script(source)
+    return _scripts[source]
 
 
 def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, cap_entries: int,
@@ -101,13 +101,13 @@ def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, 
     for k, v in mapping.items():
         flat += [k, v]
     args = [token, cap_entries, "1" if at_front else "0", job_id] + flat
-    got = _script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client)
+    got = _script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client or redis)
     return got if client is not None else int(got)
 
 
 def pop_first(redis, queue_keys: list[str]):
     """(queue key, job id) of the head of the first non-empty queue, or None."""
-    got = _script(redis, _POP)(keys=queue_keys, args=[])
+    got = _script(redis, _POP)(keys=queue_keys, args=[], client=redis)
     if not got:
         return None
     return got[0].decode(), got[1].decode()

@@ -27,7 +27,19 @@ from redis import Redis
 from common.config import settings
 from common.connections import redis_conn
 from common.data import drop_unsettled
-from common.models import DEAD, DISPATCH, FRESH, LIVE, LOST, QUEUED, RUNNING, CrawlerLease, CrawlerTask, utcnow
+from common.models import (
+    DEAD,
+    LIVE,
+    LOST,
+    QUEUED,
+    RUNNING,
+    UNSET_LEASE,
+    CrawlerLease,
+    CrawlerTask,
+    give_back,
+    held_by,
+    utcnow,
+)
 from common.queues import QUEUE_NAMES, base_of, rq_job_id
 
 logger = logging.getLogger(__name__)
@@ -119,25 +131,22 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime, report: Re
         return
     ids = lease.get("ids") or []
     tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, "status": LIVE, "retry_at": None} if lease["kind"] == FRESH else \
-        {"_id": {"$in": ids}, "status": DISPATCH, "lease": lease_id}
-    unset = {"lease": "", "queue": "", "dispatched_at": ""}
+    flt = {"_id": {"$in": ids}, **held_by(lease_id, lease["kind"])}
     dead = back = 0
     if attempt:
         dead = tasks.update_many(
             {**flt, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
             {"$set": {"status": DEAD, "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
-                      "retry_at": None, "last_update_datetime": now}, "$inc": {"recoveries": 1}, "$unset": unset},
+                      "retry_at": None, "last_update_datetime": now}, "$inc": {"recoveries": 1},
+             "$unset": UNSET_LEASE},
         ).modified_count
         back = tasks.update_many(flt, {
             "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
-            "$inc": {"recoveries": 1}, "$unset": unset}).modified_count
+            "$inc": {"recoveries": 1}, "$unset": UNSET_LEASE}).modified_count
         report.recovered += back
         report.dead += dead
     else:
-        back = tasks.update_many(flt, {
-            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"sent again: {reason}", "last_update_datetime": now},
-            "$unset": unset}).modified_count
+        back = give_back(ids, lease_id, lease["kind"], f"sent again: {reason}", now)
         report.requeued += back
     # Only now can no attempt under this lease settle a task: its unsettled data can go.
     drop_unsettled(lease_id, ids)

@@ -40,10 +40,10 @@ from common.models import (
     DISPATCH,
     FAIL,
     FRESH,
-    LIVE,
     ON,
     QUEUED,
     SUCCESS,
+    give_back,
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownloadSetting,
@@ -67,8 +67,11 @@ ORDERS = ("priority", "host", "priority,host", "host,priority")
 class Entry:
     kind: str
     queue: str
-    ids: list
-    tasks: list = field(default_factory=list)  # the Picked of each id
+    tasks: list[Picked] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list:
+        return [t.id for t in self.tasks]
 
 
 @dataclass
@@ -121,11 +124,12 @@ def order_key(job, order: str = "priority") -> tuple:
     return (priority, name)
 
 
-def pack(tasks: list[Picked], queue_of, free: dict[str, int], total: int, batch_size: int,
-         prefix: bool) -> tuple[list[Entry], int, str | None]:
+def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
+         batch_size: int) -> tuple[list[Entry], int, str | None]:
     """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
-    and ``total`` tasks. ``prefix``: stop at the first task that does not fit (fresh tasks, so
-    the cursor can follow). Returns (entries, tasks taken, why some were left or None)."""
+    and ``total`` tasks. FRESH tasks stop at the first that does not fit, so the cursor can
+    follow. Returns (entries, tasks taken, why some were left or None)."""
+    prefix = kind == FRESH
     entries: list[Entry] = []
     open_: dict[str, Entry] = {}
     taken, why = 0, None
@@ -135,16 +139,15 @@ def pack(tasks: list[Picked], queue_of, free: dict[str, int], total: int, batch_
             break
         q = queue_of(t)
         cur = open_.get(q)
-        if cur is None or len(cur.ids) >= batch_size:
+        if cur is None or len(cur.tasks) >= batch_size:
             if free.get(q, 0) <= 0:
                 why = why or f"queue_full:{q}"
                 if prefix:
                     break
                 continue
             free[q] = free.get(q, 0) - 1
-            cur = open_[q] = Entry("", q, [])
+            cur = open_[q] = Entry(kind, q)
             entries.append(cur)
-        cur.ids.append(t.id)
         cur.tasks.append(t)
         taken += 1
     return entries, taken, why
@@ -155,9 +158,7 @@ def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int
     alerts = []
     for work in works:
         for kind, tasks in ((AGAIN, work.again), (FRESH, work.fresh)):
-            entries, taken, why = pack(tasks, work.queue_of, free, total, batch_size, prefix=kind == FRESH)
-            for e in entries:
-                e.kind = kind
+            entries, taken, why = pack(kind, tasks, work.queue_of, free, total, batch_size)
             work.entries += entries
             total -= taken
             if kind == FRESH:
@@ -170,10 +171,6 @@ def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int
                 else:
                     alerts.append((work, "total_cap", f"MAX_TOTAL_DISPATCH_COUNT_ONCE reached: {left}"))
     return alerts
-
-
-def batches(ids: list, size: int) -> list[list]:
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
 
 
 def entry_timeout() -> int:
@@ -228,12 +225,7 @@ def _job_mapping(queue: Queue, lease: str, work: JobWork, count: int) -> dict:
 
 def release_entry(lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
-    tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, "status": LIVE, "retry_at": None} if kind == FRESH else \
-        {"_id": {"$in": ids}, "status": DISPATCH, "lease": lease}
-    tasks.update_many(flt, {"$set": {"status": LIVE, "retry_at": now, "failed_reason": f"not sent: {reason}",
-                                     "last_update_datetime": now},
-                            "$unset": {"lease": "", "queue": "", "dispatched_at": ""}})
+    give_back(ids, lease, kind, f"not sent: {reason}", now)
     CrawlerLease._get_collection().delete_one({"_id": lease})
 
 
@@ -281,7 +273,7 @@ class Run:
         for lease, e in zip(leases, work.entries):
             q = Queue(e.queue, connection=self.redis)
             push_entry(self.redis, q.key, "rq:job:" + rq_job_id(lease), rq_job_id(lease),
-                       _job_mapping(q, lease, work, len(e.ids)), cap(e.queue), self.token,
+                       _job_mapping(q, lease, work, len(e.tasks)), cap(e.queue), self.token,
                        at_front=work.prior == 1, client=pipe)
         try:
             results = pipe.execute()
@@ -291,12 +283,12 @@ class Run:
             results = [None] * len(leases)
         logs = []
         for lease, e, res in zip(leases, work.entries, results):
-            log = {"job": work.job["_id"], "queue": e.queue, "lease": lease, "count": len(e.ids),
+            log = {"job": work.job["_id"], "queue": e.queue, "lease": lease, "count": len(e.tasks),
                    "hostname": settings.HOSTNAME, "add_datetime": now}
             if res == PUSHED:
                 logs.append({**log, "status": SUCCESS})
                 with self._mutex:
-                    self.report.tasks[e.queue] += len(e.ids)
+                    self.report.tasks[e.queue] += len(e.tasks)
                     self.report.entries[e.queue] += 1
                 continue
             why = {FULL: f"queue {e.queue} reached its cap", NOT_OWNER: "dispatcher lock lost"}.get(

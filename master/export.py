@@ -11,8 +11,8 @@ import csv
 import json
 from typing import IO, Iterator
 
-import gridfs
 
+from common.data import gridfs_of
 from common.errors import ValidationError
 from common.models import CrawlerDownloadData, Job
 
@@ -31,7 +31,7 @@ def rows(job_name: str) -> Iterator[tuple[dict, bytes]]:
     if job is None:
         raise ValidationError(f"no job named {job_name!r}")
     coll = CrawlerDownloadData._get_collection()
-    fs = gridfs.GridFS(coll.database, collection="crawler_download_data_fs")
+    fs = gridfs_of(coll.database)
     cursor = coll.find({"job": job.id}, {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
     for doc in cursor:
         body = bytes(doc.get("response_body") or b"")

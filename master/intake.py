@@ -103,7 +103,10 @@ def reserve(job_id, count: int) -> int:
     """Reserve ``count`` seq numbers of a job (compare-and-set on its counter); returns the first."""
     coll = Job._get_collection()
     while True:
-        top = (coll.find_one({"_id": job_id}, {"seq_next": 1}) or {}).get("seq_next", 0)
+        doc = coll.find_one({"_id": job_id}, {"seq_next": 1})
+        if doc is None:
+            raise ValidationError("the job was removed while its tasks were being added")
+        top = doc.get("seq_next", 0)
         first = top + 1
         if coll.update_one({"_id": job_id, "seq_next": top},
                            {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from pymongo import UpdateOne
 
-from common.models import DISPATCH, LIVE, CrawlerLease, CrawlerTask, Job, utcnow
+from common.models import DISPATCH, LIVE, UNSET_LEASE, CrawlerLease, CrawlerTask, Job, utcnow
 from master.intake import commit, reserve
 
 CHUNK = 5000
@@ -51,6 +51,6 @@ def migrate() -> MigrationReport:
             {"status": DISPATCH, "lease": lease},
             {"$set": {"status": LIVE, "retry_at": now, "failed_reason": "sent again: entry of an earlier version",
                       "last_update_datetime": now},
-             "$unset": {"lease": "", "queue": "", "dispatched_at": ""}}).modified_count
+             "$unset": UNSET_LEASE}).modified_count
     Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
     return report

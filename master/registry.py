@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from common.config import settings
 from common.errors import ValidationError
 from common.models import (
+    ENGINES,
     OFF,
     ON,
     CrawlerDownload,
@@ -27,7 +28,6 @@ from common.models import (
 )
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
-ENGINES = ("aiohttp", "requests", "browser")  # the first is the default
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 EMAIL_RE = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")

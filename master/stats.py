@@ -21,6 +21,8 @@ from common.models import (
 )
 from common.queues import QUEUE_NAMES, base_of, cap
 
+COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
+
 
 def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     names = set(QUEUE_NAMES) | {q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES}
@@ -50,16 +52,14 @@ def task_counts() -> list[dict[str, Any]]:
         {"$group": {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}}},
     ]):
         job = row["_id"]["job"]
-        counts.setdefault(job, {s: 0 for s in TASK_STATUSES})[row["_id"]["status"]] = row["n"]
+        counts.setdefault(job, dict.fromkeys(COLUMNS, 0))[row["_id"]["status"]] = row["n"]
     # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps
     # status LIVE until it is settled; these columns say it is out)
-    for c in counts.values():
-        c["queued"] = c["running"] = 0
     for row in CrawlerLease._get_collection().aggregate([
         {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
         {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
     ]):
-        c = counts.setdefault(row["_id"]["job"], {s: 0 for s in TASK_STATUSES} | {"queued": 0, "running": 0})
+        c = counts.setdefault(row["_id"]["job"], dict.fromkeys(COLUMNS, 0))
         c["queued" if row["_id"]["state"] == QUEUED else "running"] += row["n"]
     return [{"job": names.get(job, str(job)), **c} for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
 
@@ -87,10 +87,9 @@ def render(stats: dict[str, Any]) -> str:
         age = "-" if q["oldest_age_s"] is None else f"{q['oldest_age_s']:.1f}"
         lines.append(f"{q['queue']:<28}{q['depth']:>8}{q['cap']:>8}{age:>12}")
     lines.append("")
-    cols = (*TASK_STATUSES, "queued", "running")
-    lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in cols))
+    lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in COLUMNS))
     for row in stats["jobs"]:
-        lines.append(f"{row['job']:<24}" + "".join(f"{row[s]:>10}" for s in cols))
+        lines.append(f"{row['job']:<24}" + "".join(f"{row[s]:>10}" for s in COLUMNS))
     rate = stats["last_hour"]
     shown = "-" if rate["rate"] is None else f"{rate['rate'] * 100:.1f}%"
     lines.append("")

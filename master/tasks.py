@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from common.errors import ValidationError
-from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, Job, utcnow
+from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, UNSET_LEASE, CrawlerTask, Job, utcnow
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}
@@ -29,7 +29,7 @@ def cancel(name: str, statuses=(LIVE, FAIL, DISPATCH)) -> int:
     return CrawlerTask._get_collection().update_many(
         {"job": _job_id(name), "status": {"$in": list(statuses)}},
         {"$set": {"status": CANCEL, "last_update_datetime": utcnow()},
-         "$unset": {"lease": "", "queue": "", "dispatched_at": ""}},
+         "$unset": UNSET_LEASE},
     ).modified_count
 
 

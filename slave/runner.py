@@ -41,7 +41,7 @@ from common.config import settings
 from common.connections import connect_mongo, redis_conn
 from common.errors import DownloadError
 from common.models import (
-    LIVE,
+    ENGINES,
     OFF,
     QUEUED,
     RUNNING,
@@ -49,8 +49,8 @@ from common.models import (
     CrawlerDownloadSetting,
     CrawlerDownloadType,
     CrawlerLease,
-    CrawlerTask,
     Job,
+    give_back,
     utcnow,
 )
 from common.queues import RQ_JOB_PREFIX, pop_first
@@ -109,7 +109,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
             job_id=job_id, name=job["name"],
             status=OFF if download is not None and download.get("status") == OFF else job.get("status", OFF),
             download_id=download["_id"] if download else None, kind=kind,
-            code=(download or {}).get("code", ""), engine=conf.get("download_engine") or "aiohttp",
+            code=(download or {}).get("code", ""), engine=conf.get("download_engine") or ENGINES[0],
             max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf)
     _contexts[job_id] = (time.monotonic(), ctx)
     return ctx
@@ -139,22 +139,7 @@ def claim(lease_id: str, worker_id: str) -> dict | None:
 def lease_tasks(lease: dict) -> list[dict]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
-    ids, uris = lease.get("ids") or [], lease.get("uris") or []
-    if len(uris) != len(ids):  # a lease written before URLs were carried: read the tasks
-        docs = {d["_id"]: d for d in CrawlerTask._get_collection().find(
-            {"_id": {"$in": ids}}, {"uri": 1, "download_times": 1})}
-        return [docs[i] for i in ids if i in docs]
-    attempts = lease.get("attempts") or [0] * len(ids)
-    return [{"_id": i, "uri": u, "download_times": n} for i, u, n in zip(ids, uris, attempts)]
-
-
-def give_back(lease: dict, reason: str) -> int:
-    """The job is off or gone: its tasks go back to the dispatcher untouched (no attempt)."""
-    now = utcnow()
-    return CrawlerTask._get_collection().update_many(
-        {"_id": {"$in": lease["ids"]}, **writer.guard(lease["_id"], lease["kind"])},
-        {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
-         "$unset": writer.UNSET_LEASE}).modified_count
+    return [{"_id": i, "uri": u, "download_times": n} for i, u, n in zip(lease["ids"], lease["uris"], lease["attempts"])]
 
 
 def finish(lease_id: str, worker_id: str) -> None:
@@ -204,6 +189,12 @@ class Heartbeat(threading.Thread):
 
 # --- downloads ----------------------------------------------------------------------------
 
+def _request_shape(ctx: JobContext) -> dict:
+    """The job's proxy, cookie, headers and our user agent: what every built-in engine sends."""
+    return {"proxy": ctx.settings.get("proxy", ""), "cookie": ctx.settings.get("cookie", ""),
+            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT}
+
+
 class Engines:
     """What one event loop downloads with."""
 
@@ -219,9 +210,7 @@ class Engines:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = http.new_session()
-        return http.fetch(url, limits=self.limits, proxy=ctx.settings.get("proxy", ""),
-                          cookie=ctx.settings.get("cookie", ""), headers=ctx.settings.get("headers") or {},
-                          session=session, user_agent=settings.DOWNLOAD_USER_AGENT)
+        return http.fetch(url, limits=self.limits, session=session, **_request_shape(ctx))
 
     async def download(self, ctx: JobContext, task: dict) -> writer.Outcome:
         """Run the job's downloader on one task; every failure becomes an Outcome."""
@@ -240,16 +229,11 @@ class Engines:
             elif ctx.engine == "requests":
                 result = await loop.run_in_executor(self.blocking, self._requests, url, ctx)
             elif ctx.engine == "browser":
-                result = await browser.fetch(url, limits=limits, pool=self.browsers, proxy=ctx.settings.get("proxy", ""),
-                                             cookie=ctx.settings.get("cookie", ""),
-                                             headers=ctx.settings.get("headers") or {},
-                                             js=ctx.settings.get("download_js") or "",
-                                             user_agent=settings.DOWNLOAD_USER_AGENT, idle_max=settings.BROWSER_IDLE_MAX)
+                result = await browser.fetch(url, limits=limits, pool=self.browsers, **_request_shape(ctx),
+                                             js=ctx.settings.get("download_js") or "", idle_max=settings.BROWSER_IDLE_MAX)
             else:
-                result = await aio.fetch(url, limits=limits, client=self.client,
-                                         proxy=ctx.settings.get("proxy", ""), cookie=ctx.settings.get("cookie", ""),
-                                         headers=ctx.settings.get("headers") or {},
-                                         user_agent=settings.DOWNLOAD_USER_AGENT, large_gate=self.large_gate)
+                result = await aio.fetch(url, limits=limits, client=self.client, **_request_shape(ctx),
+                                         large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
                 raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         except DownloadError as exc:
@@ -328,13 +312,15 @@ class Writer(threading.Thread):
                     break
                 batch.append(item)
                 size += _size(item[1])
+            # taken first: the write may turn an unstorable download into a failure and drop it
+            slots = [(e.loop, o.download.release) for e, o in batch
+                     if o is not None and o.download is not None and o.download.release]
             try:
                 self._write(batch)
             finally:
                 self.written += len(batch)
-                for entry, outcome in batch:  # large bodies are stored (or given up): free their slots
-                    if outcome is not None and outcome.download is not None and outcome.download.release:
-                        entry.loop.call_soon_threadsafe(outcome.download.release)
+                for loop, release in slots:  # the bodies are stored (or given up): free their slots
+                    loop.call_soon_threadsafe(release)
 
     def _write(self, batch: list) -> None:
         groups: dict[Entry, list[writer.Outcome]] = {}
@@ -407,7 +393,8 @@ class Runner:
         try:
             ctx = await self._db(load_context, lease["job"])
             if ctx is None or ctx.status == OFF:
-                back = await self._db(give_back, lease, "job disabled before download")
+                back = await self._db(give_back, lease["ids"], lease_id, lease["kind"],
+                                      "job disabled before download", utcnow())
                 logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
                 await self._db(finish, lease_id, self.worker_id)
                 return {"success": 0, "fail": 0}

@@ -2,7 +2,7 @@
 statuses, each in bulk: on the happy path one insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS/FAIL) only after its data is stored, and only if it
-still looks as this entry left it (``guard``). Data of a task the entry could not settle
+still belongs to this entry (``common.models.held_by``). Data of a task the entry could not settle
 (recovered meanwhile, cancelled) is removed again, GridFS files included, so a task never keeps
 data of an unsettled attempt. A result MongoDB cannot store fails that task alone. MongoDB
 hiccups are retried with backoff; if it stays away the entry raises and the defender recovers it.
@@ -24,11 +24,10 @@ from common.config import settings
 from common.errors import DownloadError
 from common.data import drop_unsettled, gridfs_of
 from common.models import (
-    DISPATCH,
     FAIL,
-    FRESH,
-    LIVE,
     SUCCESS,
+    UNSET_LEASE,
+    held_by,
     CrawlerDownloadData,
     CrawlerDownloadLog,
     CrawlerTask,
@@ -41,7 +40,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
 MAX_BSON = 16 * 1024 * 1024
-UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}
 
 
 @dataclass
@@ -107,12 +105,6 @@ def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
         "failed_reason": redact(outcome.error.reason)[:10240] if outcome.error else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": outcome.spend_us, "add_datetime": now,
     }
-
-
-def guard(lease: str, kind: str) -> dict:
-    """What a task must still look like for this entry to settle it (the defender and a cancel
-    change it, so a task is settled by at most one of them)."""
-    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
 
 
 def _unstorable(outcome: Outcome, doc: dict) -> str | None:
@@ -194,7 +186,7 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
         ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
     for p, ids in ok_by_part.values():
         ops.append(UpdateMany(
-            {"_id": {"$in": ids}, **guard(p.lease, p.kind)},
+            {"_id": {"$in": ids}, **held_by(p.lease, p.kind)},
             {"$set": {"status": SUCCESS, "data_lease": p.lease, "failed_reason": None, "retry_at": None,
                       "last_update_datetime": now},
              "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
@@ -203,21 +195,20 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
         retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
                                  settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
         ops.append(UpdateOne(
-            {"_id": o.task["_id"], **guard(p.lease, p.kind)},
+            {"_id": o.task["_id"], **held_by(p.lease, p.kind)},
             {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
                       "last_update_datetime": now},
              "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
     if not ops:
         return {"success": 0, "fail": 0}
     modified = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task settle").modified_count
+    settled_ok = len(ok)
     if modified < len(ok) + len(bad):  # some were recovered or cancelled meanwhile
         for p, ids in ok_by_part.values():
             dropped = with_retries(lambda: drop_unsettled(p.lease, ids), "orphan cleanup")
-            if dropped:
+            if dropped:  # one data document per unsettled success
+                settled_ok -= dropped
                 logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
-    settled_ok = sum(1 for _ in tasks.find({"_id": {"$in": [o.task["_id"] for _, o in ok]},
-                                            "status": SUCCESS}, {"_id": 1})) if modified < len(ok) + len(bad) \
-        else len(ok)
     return {"success": settled_ok, "fail": modified - settled_ok}
 
 

@@ -291,3 +291,30 @@ def test_settings_that_cannot_work_are_refused(cluster, monkeypatch):
     settings.reload()
     with pytest.raises(ConfigError, match="LEASE_TIMEOUT"):
         dispatch_once(cluster.redis)
+
+
+def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
+    """A body holding a WORKER_LARGE_BODIES slot frees it even when the writer turns it into a
+    failure (else a few such pages would stop every large download of the worker)."""
+    import asyncio
+
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "s1", n=2)
+    freed = []
+    for n, o in enumerate(outcomes):
+        o.download.release = lambda n=n: freed.append(n)
+    outcomes[0].download.headers = {"bad\0name": "x"}
+
+    async def main():
+        w = runner.Writer("w1")
+        w.start()
+        entry = runner.Entry(lease, ctx, [o.task for o in outcomes], asyncio.get_running_loop())
+        for o in outcomes:
+            w.submit(entry, o)
+        counts = await asyncio.wait_for(entry.done, 30)
+        await asyncio.sleep(0.05)  # the releases are scheduled on this loop after the write
+        w.stop()
+        return counts
+
+    assert asyncio.run(main()) == {"success": 1, "fail": 1}
+    assert sorted(freed) == [0, 1]
+    assert statuses("s1") == {"SUCCESS": 1, "FAIL": 1}

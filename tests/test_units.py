@@ -15,7 +15,7 @@ from common.secrets import redact, remember
 from common.urls import check_url, strip_credentials
 from master.defender import lease_verdict
 from common.models import AGAIN, FRESH
-from master.dispatcher import JobWork, batches, order_key, plan
+from master.dispatcher import JobWork, order_key, plan
 from master.selection import Picked, fresh_cursor, fresh_limit
 from master.registry import check_python, validate_manifest, validate_settings
 from slave.retry import next_retry_at
@@ -112,10 +112,6 @@ def test_order_by_priority_host_or_both():
     jobs.append(SimpleNamespace(name="w", priority=5, host="h1"))
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "host"))] == ["w", "y", "z", "x"]
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "priority,host"))] == ["y", "z", "w", "x"]
-
-
-def test_batches():
-    assert batches(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
 
 
 @pytest.mark.parametrize("lease,in_queue,broken,attempt", [

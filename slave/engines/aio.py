@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from multidict import CIMultiDict
@@ -28,6 +28,7 @@ from slave.engines.http import (
     _secrets_of,
     classify_status,
     content_charset,
+    redirect_target,
 )
 
 __all__ = ["Client", "fetch", "classify_aio"]
@@ -136,16 +137,11 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
     try:
         async with asyncio.timeout(limits.timeout):
             return await _fetch(url, limits, sent, proxy, client, large_gate)
-    except DownloadError as exc:
-        raise DownloadError(redact(exc.reason, secrets), exc.retryable, exc.retry_after) from None
-    except TimeoutError as exc:
-        if isinstance(exc, aiohttp.ServerTimeoutError):
-            error = classify_aio(exc)
+    except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
+        if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
+            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)  # the total deadline
         else:
-            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)
-        raise DownloadError(redact(error.reason, secrets), error.retryable) from None
-    except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves
-        error = classify_aio(exc)
+            error = classify_aio(exc)  # a DownloadError passes through
         raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
 
 
@@ -169,16 +165,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
             break
         resp.close()  # the redirect's body is never read
         hops += 1
-        if hops > limits.max_redirects:
-            raise DownloadError(f"too many redirects (more than {limits.max_redirects})", retryable=False)
-        target = urljoin(url, location.strip())
-        scheme = urlsplit(target).scheme.lower()
-        if scheme not in ("http", "https"):
-            raise DownloadError(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
-        try:
-            target = check_url(target)
-        except ValidationError as exc:
-            raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
+        target = redirect_target(url, location, hops, limits.max_redirects)
         if urlsplit(target).hostname != urlsplit(url).hostname:
             for name in ("Authorization", "Cookie"):
                 sent.popall(name, None)

@@ -28,6 +28,7 @@ import time
 from urllib.parse import urlsplit
 
 import aiohttp
+from requests.structures import CaseInsensitiveDict
 
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
@@ -37,8 +38,8 @@ from slave.engines.http import _masked, _secrets_of, classify_status
 
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
-NET_ERRORS_FINAL = ("ERR_NAME_NOT_RESOLVED", "ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME",
-                    "ERR_CERT_", "ERR_BLOCKED_BY_CLIENT", "ERR_TOO_MANY_REDIRECTS")
+# Chromium's net errors (after those named in ``_net_error``) that another try cannot mend
+NET_ERRORS_FINAL = ("ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME", "ERR_CERT_", "ERR_BLOCKED_BY_CLIENT")
 
 
 class Crashed(Exception):
@@ -227,7 +228,6 @@ def _proxy_server(proxy: str) -> tuple[str, str, str]:
 
 
 def _net_error(text: str) -> DownloadError:
-    final = any(code in text for code in NET_ERRORS_FINAL)
     if "ERR_CONNECTION_REFUSED" in text:
         return DownloadError("connection refused", retryable=True)
     if "ERR_NAME_NOT_RESOLVED" in text:
@@ -236,14 +236,14 @@ def _net_error(text: str) -> DownloadError:
         return DownloadError("too many redirects", retryable=False)
     if "ERR_UNSAFE_REDIRECT" in text:
         return DownloadError("redirect to unsupported scheme", retryable=False)
-    return DownloadError(f"connection error: {text}", retryable=not final)
+    return DownloadError(f"connection error: {text}", retryable=not any(c in text for c in NET_ERRORS_FINAL))
 
 
 async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie: str = "",
                 headers: dict | None = None, js: str = "", user_agent: str = "downcluster/1.0",
                 idle_max: float = 5.0) -> Download:
     """Render ``url`` within ``limits``; the DOM (or ``js``'s string result) as a Download."""
-    secrets = _secrets_of(proxy, cookie, {k: v for k, v in (headers or {}).items()})
+    secrets = _secrets_of(proxy, cookie, CaseInsensitiveDict(headers or {}))
     try:
         url = check_url(url)
     except ValidationError as exc:
@@ -375,7 +375,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         if not response:
             raise DownloadError("no response for the page", retryable=True)
         status = int(response.get("status", 0))
-        error = classify_status(status, _header(response.get("headers", {}), "Retry-After"))
+        error = classify_status(status, CaseInsensitiveDict(response.get("headers") or {}).get("Retry-After"))
         if error is not None:
             raise error
         body = await _result(b, session, js)
@@ -394,13 +394,6 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             await b.call("Target.disposeBrowserContext", {"browserContextId": ctx})
         except Exception:  # noqa: BLE001 - the browser may be gone; it is restarted then
             pass
-
-
-def _header(headers: dict, name: str) -> str | None:
-    for k, v in headers.items():
-        if k.lower() == name.lower():
-            return v
-    return None
 
 
 async def _result(b: Browser, session: str, js: str) -> bytes:

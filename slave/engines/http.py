@@ -366,6 +366,22 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
             session.close()
 
 
+def redirect_target(url: str, location: str, hops: int, max_redirects: int) -> str:
+    """Where the ``hops``-th redirect of ``url`` to ``location`` leads, checked as every
+    built-in engine checks it: within ``max_redirects``, http/https only, a valid URL."""
+    if hops > max_redirects:
+        raise DownloadError(f"too many redirects (more than {max_redirects})", retryable=False)
+    location = location.encode("latin-1", "replace").decode("utf-8", "replace")
+    target = urljoin(url, requests.utils.requote_uri(location.strip()))
+    scheme = urlsplit(target).scheme.lower()
+    if scheme not in ("http", "https"):
+        raise DownloadError(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
+    try:
+        return check_url(target)
+    except ValidationError as exc:
+        raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
+
+
 def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
     try:
         url = check_url(url)
@@ -386,17 +402,7 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
             break
         resp.close()
         hops += 1
-        if hops > limits.max_redirects:
-            raise DownloadError(f"too many redirects (more than {limits.max_redirects})", retryable=False)
-        location = location.encode("latin-1", "replace").decode("utf-8", "replace")
-        target = urljoin(url, requests.utils.requote_uri(location.strip()))
-        scheme = urlsplit(target).scheme.lower()
-        if scheme not in ("http", "https"):
-            raise DownloadError(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
-        try:
-            target = check_url(target)
-        except ValidationError as exc:
-            raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
+        target = redirect_target(url, location, hops, limits.max_redirects)
         if session.should_strip_auth(url, target):
             for name in ("Authorization", "Cookie"):
                 sent.pop(name, None)

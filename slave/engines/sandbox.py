@@ -63,6 +63,21 @@ def readable_by_all(path: str) -> bool:
 
 
 _interpreter: str | None = None
+_script: str | None = None
+
+
+def script() -> str:
+    """A copy of ``sandbox_main.py`` every user can read (the repository may be root-only),
+    made once per process (again if something removed it)."""
+    global _script
+    if _script is None or not os.path.exists(_script):
+        where = tempfile.mkdtemp(prefix="downcluster-sandbox-main-")
+        os.chmod(where, 0o755)
+        path = os.path.join(where, "sandbox_main.py")
+        shutil.copyfile(SANDBOX_MAIN, path)
+        os.chmod(path, 0o644)
+        _script = path
+    return _script
 
 
 def interpreter() -> str:
@@ -110,11 +125,8 @@ def _run(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], st
     home = tempfile.mkdtemp(prefix="downcluster-sandbox-")
     proc = pidfd = None
     try:
-        script = os.path.join(home, "sandbox_main.py")  # a copy: the repository may be root-only
-        shutil.copyfile(SANDBOX_MAIN, script)
-        os.chmod(script, 0o644)
         proc = subprocess.Popen(
-            [interpreter(), "-I", script, mode],
+            [interpreter(), "-I", script(), mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=home, env=_environment(home, extra_env), start_new_session=True, close_fds=True)
         try:
