@@ -15,6 +15,9 @@ MONGO_URI = "mongodb://127.0.0.1:27017/downcluster"
 MONGO_LOG_URI = "mongodb://127.0.0.1:27017/downcluster_log"
 """MongoDB "log" database (download, dispatch, alert and registration-error logs)."""
 
+MONGO_TIMEOUT = 10.0
+"""Seconds to wait for MongoDB before a command or API call fails with "MongoDB unreachable"."""
+
 SENTRY_DSN = ""
 """Sentry DSN; empty switches Sentry off."""
 
@@ -148,3 +151,92 @@ BROWSER_IDLE_MAX = 5.0
 STORE_FLUSH_BYTES = 8 * 1024 * 1024
 """An entry's downloaded bodies are stored once this many bytes wait (and at its end), so a
 worker's memory stays bounded whatever the bodies."""
+
+# --- web console and HTTP API ------------------------------------------------------------
+WEB_BIND = "127.0.0.1:8080"
+"""host:port of ``downcluster web`` (console under /, API under /api/v1)."""
+
+WEB_SESSION_TTL = 12 * 3600
+"""Seconds a console sign-in lasts."""
+
+API_MAX_BODY = 16 * 1024 * 1024
+"""Largest request body the API reads (by Content-Length, before reading); larger -> 413."""
+
+API_MAX_LIMIT = 1000
+"""Largest ``limit`` of a listing; larger values are clamped to it."""
+
+API_CORS_ORIGINS = ""
+"""Comma-separated origins allowed to call the API from a browser; empty: CORS off."""
+
+WEB_COOKIE_SECURE = False
+"""Mark the console's session cookie Secure (set it when TLS ends at a reverse proxy)."""
+
+# --- export center and notifications ------------------------------------------------------
+SECRET_KEY = ""
+"""Key of signed export links (HMAC-SHA256); the same on every web host. Empty: a random key is
+generated once and kept in MongoDB (collection cluster_secret)."""
+
+PUBLIC_URL = ""
+"""Base of absolute links (signed export URLs); empty: http:// + WEB_BIND."""
+
+EXPORT_TTL = 7 * 24 * 3600
+"""Seconds an export's file is kept after it succeeded; then it is removed and the export EXPIRED."""
+
+EXPORT_MAX_RETRIES = 6
+"""Attempts of a failing export before it ends FAIL (seed 004: 6 tries a minute apart)."""
+
+EXPORT_RETRY_DELAY = 60
+"""Seconds before a failed export attempt is tried again."""
+
+EXPORT_DEDUP_WINDOW = 600
+"""Seconds during which an identical export request returns the earlier SUCCESS export."""
+
+EXPORT_URL_TTL = 24 * 3600
+"""Default lifetime of a signed export link, in seconds."""
+
+WEBHOOK_SECRET = ""
+"""Key of the X-Downcluster-Signature header of webhooks; set it, and give it to the receivers
+(empty: a random key kept in MongoDB, which receivers do not know)."""
+
+WEBHOOK_MAX_ATTEMPTS = 8
+"""Attempts to deliver a webhook or mail before giving up."""
+
+WEBHOOK_ALLOW_PRIVATE = False
+"""Allow callbacks to loopback and private addresses (off: server-side request forgery)."""
+
+SMTP_URL = ""
+"""smtp://[user:pass@]host:port, smtps://..., or smtp://...?starttls=1; empty: mails are not sent."""
+
+MAIL_FROM = "downcluster@localhost"
+"""Sender of export and report mails."""
+
+ALERT_MAIL_INTERVAL = 3600
+"""Least seconds between two alert mails of one job (DEAD tasks, queue_full)."""
+
+# --- crawl etiquette (cluster-wide, in Redis) ---------------------------------------------
+HOST_CONCURRENCY = 8
+"""Downloads in flight to one host (name:port) from the whole cluster; 0 turns the limit off.
+A job's ``host_concurrency`` setting may lower it for its own requests."""
+
+HOST_DELAY = 0.0
+"""Least seconds between two request starts to one host, cluster-wide (a job's ``host_delay``
+and a robots.txt Crawl-delay may raise it)."""
+
+HOST_SLOT_TTL = 30
+"""Seconds a worker's hold on a host slot lasts unless renewed (it renews while downloading): a
+dead worker's slots free themselves within this."""
+
+HOST_WAIT_MAX = 10.0
+"""Seconds a page waits for its host before it is handed back (due again after the wait; no
+attempt counted), so a busy host never idles a worker."""
+
+ROBOTS_TTL = 24 * 3600
+"""Seconds a host's robots.txt is kept in Redis before it is fetched again."""
+
+ROBOTS_RETRY = 600
+"""Seconds a host whose robots.txt answered 5xx or could not be fetched stays closed before
+robots.txt is asked for again."""
+
+COALESCE_WINDOW = 60
+"""Seconds in which identical requests (same normalised URL and request settings) of any jobs
+are downloaded once (built-in engine); 0 turns coalescing off."""

@@ -21,7 +21,10 @@ COMMANDS = {
     "scheduler": "master.cli:scheduler",
     "stats": "master.cli:stats",
     "data": "master.cli:data",
+    "export": "master.cli:export",
     "worker": "slave.cli:worker",
+    "web": "master.cli:web",
+    "token": "master.cli:token",
 }
 
 EXIT_INVALID = 2
@@ -41,9 +44,7 @@ class LazyGroup(click.Group):
         return import_attribute(COMMANDS[name]) if name in COMMANDS else None
 
     def invoke(self, ctx: click.Context):
-        from pymongo.errors import ServerSelectionTimeoutError
-        from redis.exceptions import ConnectionError as RedisConnectionError
-
+        from common.connections import unreachable
         from common.secrets import redact
 
         try:
@@ -54,11 +55,11 @@ class LazyGroup(click.Group):
         except DispatchLocked as exc:
             click.secho(str(exc), err=True, fg="yellow")
             ctx.exit(EXIT_LOCKED)
-        except ServerSelectionTimeoutError as exc:
-            click.secho(f"error: cannot reach MongoDB: {redact(str(exc)).splitlines()[0][:300]}", err=True, fg="red")
-            ctx.exit(1)
-        except RedisConnectionError as exc:
-            click.secho(f"error: cannot reach Redis: {redact(str(exc))}", err=True, fg="red")
+        except Exception as exc:
+            line = unreachable(exc)
+            if line is None:
+                raise
+            click.secho(f"error: {line}", err=True, fg="red")
             ctx.exit(1)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from urllib.parse import urlsplit
 
 import mongoengine
 from pymongo import MongoClient
@@ -27,7 +28,8 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
             return
         if _mongo_pid is not None:
             disconnect_mongo_unlocked()
-        opts = dict(serverSelectionTimeoutMS=10_000, connect=False, uuidRepresentation="standard")
+        opts = dict(serverSelectionTimeoutMS=int(settings.MONGO_TIMEOUT * 1000), connect=False,
+                    uuidRepresentation="standard")
         mongoengine.connect(alias="source", host=settings.MONGO_URI, **opts)
         mongoengine.connect(alias="log", host=settings.MONGO_LOG_URI, **opts)
         _mongo_pid = os.getpid()
@@ -53,6 +55,25 @@ def disconnect_mongo() -> None:
 def mongo_client(alias: str = "source") -> MongoClient:
     connect_mongo()
     return mongoengine.get_connection(alias)
+
+
+def _hosts_of(url: str) -> str:
+    """host:port[,host:port] of a mongodb:// or redis:// URL, never its credentials."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    return netloc or "?"
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """One line naming the service ``exc`` says is unreachable and its host:port, or None when
+    ``exc`` is not a connection failure."""
+    from pymongo.errors import ConnectionFailure
+    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
+
+    if isinstance(exc, ConnectionFailure):
+        return f"MongoDB unreachable at {_hosts_of(settings.MONGO_URI)}"
+    if isinstance(exc, (RedisConnectionError, RedisTimeout)):
+        return f"Redis unreachable at {_hosts_of(settings.REDIS_URL)}"
+    return None
 
 
 def redis_conn() -> Redis:

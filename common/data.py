@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import gridfs
 
+import hashlib
+from typing import Any, Iterator
+
 from common.models import CrawlerDownloadData, CrawlerTask
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
+EXPORT_BUCKET = "export_fs"
 
 
 def gridfs_of(database) -> gridfs.GridFS:
@@ -30,3 +34,100 @@ def drop_unsettled(lease: str, ids: list) -> int:
         fs = fs or gridfs_of(data.database)
         fs.delete(doc["response_body_gridfs"])
     return data.delete_many(flt).deleted_count
+
+
+class Upload:
+    """A GridFS file written as it streams (the GridFS layout, readable by any GridFS reader):
+    chunks go to MongoDB every 1 MiB, so at most that much waits in memory (pymongo's own GridIn
+    keeps up to 48 MiB before its first insert). The files document is written by ``close``;
+    chunks without one are what a dead writer leaves, removed by ``drop_export_file``."""
+
+    CHUNK = 255 * 1024
+    BATCH = 4
+
+    def __init__(self, database, bucket: str, file_id, filename: str, metadata: dict) -> None:
+        self.files, self.chunks = database[bucket + ".files"], database[bucket + ".chunks"]
+        self.file_id, self.filename, self.metadata = file_id, filename, metadata
+        self.buffer, self.pending, self.n, self.length = bytearray(), [], 0, 0
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.length += len(data)
+        while len(self.buffer) >= self.CHUNK:
+            self.pending.append({"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer[:self.CHUNK])})
+            del self.buffer[:self.CHUNK]
+            self.n += 1
+            if len(self.pending) >= self.BATCH:
+                self._send()
+
+    def _send(self) -> None:
+        if self.pending:
+            self.chunks.insert_many(self.pending, ordered=True)
+            self.pending = []
+
+    def close(self) -> None:
+        from datetime import datetime, timezone
+
+        if self.buffer:
+            self.pending.append({"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer)})
+            self.buffer = bytearray()
+        self._send()
+        self.files.insert_one({"_id": self.file_id, "length": self.length, "chunkSize": self.CHUNK,
+                               "uploadDate": datetime.now(timezone.utc), "filename": self.filename,
+                               "metadata": self.metadata})
+
+
+def drop_export_file(file_id) -> None:
+    """Remove an export's file from GridFS, complete or partial (chunks without a files document
+    are what an upload cut off leaves)."""
+    if file_id is None:
+        return
+    db = CrawlerDownloadData._get_collection().database
+    db[EXPORT_BUCKET + ".files"].delete_one({"_id": file_id})
+    db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
+
+
+def data_filter(job_id, flt: dict) -> dict:
+    """The MongoDB filter of an export's rows: the job's data documents, by HTTP status code
+    and stored time (``flt`` was checked when the export was requested)."""
+    query: dict[str, Any] = {"job": job_id}
+    if flt.get("status"):
+        query["status_code"] = {"$in": [int(s) for s in flt["status"]]}
+    if flt.get("since") or flt.get("until"):
+        query["add_datetime"] = {**({"$gte": flt["since"]} if flt.get("since") else {}),
+                                 **({"$lt": flt["until"]} if flt.get("until") else {})}
+    return query
+
+
+def text_of(body: bytes, encoding: str | None) -> str:
+    try:
+        return body.decode(encoding or "utf-8", errors="replace")
+    except LookupError:  # an unknown charset name from the server
+        return body.decode("utf-8", errors="replace")
+
+
+def body_of(doc: dict, fs) -> bytes:
+    """A data document's response body, byte-exact, from the document or its GridFS file."""
+    if doc.get("response_body_gridfs"):
+        return fs.get(doc["response_body_gridfs"]).read()
+    return bytes(doc.get("response_body") or b"")
+
+
+def data_rows(query: dict, needs_body: bool) -> Iterator[dict]:
+    """The export fields of each data document matching ``query``, in ``_id`` order, one at a
+    time (a small cursor batch; a GridFS body is read only when a body field is asked for)."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    projection = {"requests_body": 0, "requests_headers": 0, "response_headers": 0}
+    if not needs_body:
+        projection["response_body"] = 0
+    cursor = coll.find(query, projection).sort("_id", 1).batch_size(100 if needs_body else 1000)
+    for doc in cursor:
+        row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
+               "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
+               "add_datetime": doc.get("add_datetime")}
+        if needs_body:
+            body = body_of(doc, fs)
+            row.update(response_size=len(body), body_sha256=hashlib.sha256(body).hexdigest(),
+                       body_text=text_of(body, doc.get("encoding")))
+        yield row

@@ -3,6 +3,7 @@
     DownclusterError
     ├── ConfigError          a setting cannot be read (not retryable)
     ├── ValidationError      a manifest, downloader, URL or setting is invalid (not retryable)
+    │   └── NotFound         the named job, task, export or document does not exist
     ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
 """
@@ -19,6 +20,14 @@ class ConfigError(DownclusterError):
 
 class ValidationError(DownclusterError):
     """Input from a person (manifest, code, URL, setting) is invalid. Not retryable."""
+
+
+class NotFound(ValidationError):
+    """What a request names (a job, an export, a document) does not exist."""
+
+
+class ServiceUnavailable(DownclusterError):
+    """Redis or MongoDB cannot be reached; the message names the service and its host:port."""
 
 
 class DispatchLocked(DownclusterError):

@@ -11,8 +11,10 @@ from datetime import datetime, timezone
 
 from mongoengine import (
     BinaryField,
+    BooleanField,
     DateTimeField,
     DictField,
+    FloatField,
     Document,
     IntField,
     ListField,
@@ -25,6 +27,11 @@ from mongoengine import (
 def utcnow() -> datetime:
     """Naive UTC, as BSON stores it."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def iso(value):
+    """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
+    return value.isoformat() + "Z" if isinstance(value, datetime) else value
 
 
 ON, OFF = "ON", "OFF"
@@ -46,6 +53,9 @@ class Job(Document):
     intake = ListField(DictField())  # reservations still being inserted: {"seq": first, "at": time}
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
+    report_at = DateTimeField()       # report_mails: when the last drain summary went out
+    report_counts = DictField()       # report_mails: task counts the last summary reported
+    alert_mail_at = DateTimeField()   # report_mails: when the last alert mail went out
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
@@ -81,6 +91,9 @@ class CrawlerDownloadSetting(Document):
     download_js = StringField(default="")
     prior = IntField(choices=(0, 1, 2), default=0)
     report_mails = StringField(max_length=256, default="")
+    host_concurrency = IntField(min_value=0, default=0)   # 0: the cluster's HOST_CONCURRENCY
+    host_delay = FloatField(min_value=0, default=0.0)      # the stricter of this and HOST_DELAY wins
+    obey_robots = BooleanField()                           # None: true for the built-in engine
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}
@@ -202,6 +215,7 @@ class CrawlerDownloadLog(Document):
     failed_reason = StringField(max_length=10240)
     downloads_hostname = StringField()
     spend_time = IntField(default=0)  # microseconds
+    coalesced_from = ReferenceField("CrawlerTask")  # the task whose download this one reused
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "log", "indexes": ["task", "add_datetime"]}
 
@@ -241,7 +255,115 @@ class CrawlerRegistrationErrorLog(Document):
     meta = {"db_alias": "log"}
 
 
+ADMIN, ANALYST = "admin", "analyst"
+ROLES = (ADMIN, ANALYST)
+
+
+class ApiToken(Document):
+    """A token of the HTTP API and console: only its SHA-256 is stored (shown once at creation)."""
+
+    name = StringField(required=True, unique=True, max_length=64)
+    role = StringField(choices=ROLES, required=True)
+    digest = StringField(required=True, unique=True)  # hex SHA-256 of the token
+    add_datetime = DateTimeField(default=utcnow)
+    last_used_at = DateTimeField()
+    meta = {"db_alias": "source"}
+
+
+class WebSession(Document):
+    """A console sign-in: the cookie holds a random secret whose SHA-256 is ``_id``; kept in
+    MongoDB so that any web process behind a load balancer knows it and signing out ends it."""
+
+    id = StringField(primary_key=True)
+    token = StringField(required=True)  # ApiToken.digest: revoking the token ends its sessions
+    csrf = StringField(required=True)
+    expires_at = DateTimeField(required=True)
+    meta = {"db_alias": "source", "indexes": ["token"]}
+
+
+# export states (seed 001's state machine)
+PENDING, EXPORT_RUNNING, CANCELLED, EXPIRED = "PENDING", "RUNNING", "CANCEL", "EXPIRED"
+EXPORT_STATES = (PENDING, EXPORT_RUNNING, SUCCESS, FAIL, CANCELLED, EXPIRED)
+EXPORT_FORMATS = ("csv", "jsonl", "xlsx")
+
+
+class Export(Document):
+    """An asynchronous export of a job's data: PENDING -> RUNNING -> SUCCESS | FAIL | CANCEL,
+    and EXPIRED once its file (GridFS bucket ``export_fs``, id ``file_id``) is removed."""
+
+    job = ReferenceField(Job, required=True)
+    job_name = StringField(required=True)
+    format = StringField(choices=EXPORT_FORMATS, required=True)
+    template = StringField(default="")           # TOML text as requested ("" = every field, flat)
+    filter = DictField()                         # {"status": [codes], "since": datetime, "until": datetime}
+    digest = StringField(required=True)          # MD5 of the canonical (job, format, template, filter)
+    callback_urls = ListField(StringField())
+    mails = ListField(StringField())
+    requested_by = StringField(default="")
+    state = StringField(choices=EXPORT_STATES, default=PENDING)
+    rows_done = IntField(default=0)
+    rows_total = IntField()
+    bytes = IntField(default=0)
+    attempts = IntField(default=0)               # attempts that ran (failed ones are retried)
+    recoveries = IntField(default=0)             # attempts whose worker died
+    error = StringField()
+    retry_at = DateTimeField()                   # PENDING: not before then
+    queued_at = DateTimeField()                  # PENDING: when its down_export entry was pushed
+    file_id = ObjectIdField()                    # the GridFS file being or been written
+    worker = StringField()
+    beat_at = DateTimeField()
+    created_at = DateTimeField(default=utcnow)
+    started_at = DateTimeField()
+    finished_at = DateTimeField()
+    expires_at = DateTimeField()
+    meta = {"db_alias": "source", "indexes": [("digest", "created_at"), ("state", "retry_at"), ("job_name", "-created_at")]}
+
+
+class Notification(Document):
+    """A webhook or mail to deliver; retried with backoff until delivered or out of attempts."""
+
+    kind = StringField(choices=("webhook", "mail"), required=True)
+    target = StringField(required=True)          # URL or address
+    event = StringField(required=True)           # export.succeeded, export.failed, job.report, job.alert
+    subject = StringField(default="")
+    body = StringField(default="")               # JSON text (webhook) or message text (mail)
+    state = StringField(choices=(PENDING, SUCCESS, FAIL), default=PENDING)
+    attempts = IntField(default=0)
+    next_at = DateTimeField(default=utcnow)
+    claimed_until = DateTimeField()
+    last_error = StringField()
+    created_at = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source", "indexes": [("state", "next_at")]}
+
+
+class NotificationLog(Document):
+    """One delivery attempt of a webhook or mail."""
+
+    target = StringField()
+    kind = StringField()
+    event = StringField()
+    status = StringField()                       # SENT or FAIL
+    attempt = IntField()
+    error = StringField(max_length=2048)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log", "collection": "notification_log", "indexes": ["add_datetime"]}
+
+
+class ClusterSecret(Document):
+    """Random keys generated once for the cluster when SECRET_KEY / WEBHOOK_SECRET are unset."""
+
+    id = StringField(primary_key=True)
+    value = StringField(required=True)
+    meta = {"db_alias": "source"}
+
+
 ALL_MODELS = (
+    Export,
+    Notification,
+    NotificationLog,
+    ClusterSecret,
+    ApiToken,
+    WebSession,
     Job,
     CrawlerDownloadType,
     CrawlerDownload,

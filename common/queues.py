@@ -7,6 +7,9 @@ QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
 PRIORITIES = range(-1, 6)
 LOCK_KEY = "downcluster:dispatch:lock"
 RQ_JOB_PREFIX = "dc-"
+EXPORT_QUEUE = "down_export"      # export entries (rq jobs "dcx-<export id>"), taken by every worker's export lane
+EXPORT_ENTRY_PREFIX = "dcx-"
+WORKER_KEY_PREFIX = "downcluster:worker:"  # + worker id: a hash each live worker refreshes (stats, console)
 
 
 def queue_for_priority(priority: int) -> str:
@@ -83,7 +86,7 @@ PUSHED, FULL, NOT_OWNER = 1, 0, -1
 _scripts: dict = {}
 
 
-def _script(redis, source: str):
+def script(redis, source: str):
     """The Script object of ``source`` (made once; callers always pass their own client)."""
     if source not in _scripts:
         _scripts[source] = redis.register_script(source)
@@ -101,13 +104,13 @@ def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, 
     for k, v in mapping.items():
         flat += [k, v]
     args = [token, cap_entries, "1" if at_front else "0", job_id] + flat
-    got = _script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client or redis)
+    got = script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client or redis)
     return got if client is not None else int(got)
 
 
 def pop_first(redis, queue_keys: list[str]):
     """(queue key, job id) of the head of the first non-empty queue, or None."""
-    got = _script(redis, _POP)(keys=queue_keys, args=[], client=redis)
+    got = script(redis, _POP)(keys=queue_keys, args=[], client=redis)
     if not got:
         return None
     return got[0].decode(), got[1].decode()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -36,44 +37,39 @@ def job_register(manifest: str) -> None:
 @job.command("list")
 def job_list() -> None:
     """List jobs with status, priority, host and downloader type."""
-    from common.models import CrawlerDownload, Job
+    from master.views import job_rows
 
     _connect()
-    kinds = {d.job.id: d.types.language for d in CrawlerDownload.objects.select_related()}
     click.echo(f"{'name':<24}{'status':<8}{'priority':>9}  {'type':<8}host")
-    for j in Job.objects.order_by("priority", "name"):
-        click.echo(f"{j.name:<24}{j.status:<8}{j.priority:>9}  {kinds.get(j.id, '?'):<8}{j.host or '-'}")
+    for j in job_rows():
+        click.echo(f"{j['name']:<24}{j['status']:<8}{j['priority']:>9}  {j['type']:<8}{j['host'] or '-'}")
 
 
 @job.command("show")
 @click.argument("name")
-def job_show(name: str) -> None:
-    """Show one job, its settings (secrets masked) and its task counts."""
-    from common.errors import ValidationError
-    from common.models import CrawlerDownload, CrawlerDownloadSetting, Job
-    from master.stats import task_counts
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the API's object).")
+def job_show(name: str, as_json: bool) -> None:
+    """Show one job, its settings (secrets masked), its task counts and its last failures."""
+    from master.views import job_detail
 
     _connect()
-    j = Job.objects(name=name).first()
-    if j is None:
-        raise ValidationError(f"no job named {name!r}")
-    d = CrawlerDownload.objects(job=j).first()
-    s = CrawlerDownloadSetting.objects(job=j).first()
-    click.echo(f"name: {j.name}\nstatus: {j.status}\npriority: {j.priority}\nhost: {j.host or '-'}")
-    if d:
-        click.echo(f"type: {d.types.language}\ncode: {len(d.code)} characters")
-    if s:
-        for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails"):
-            click.echo(f"{key}: {s[key]}")
-        meaning = {0: "normal", 1: "urgency: entries go to the front of their queue",
-                   2: "foreign: entries go to the foreign queues (workers with --foreign)"}
-        click.echo(f"prior: {s.prior} ({meaning.get(s.prior, '?')})")
-        if s.download_js:
-            click.echo(f"download_js: {len(s.download_js)} characters")
-        click.echo(f"proxy: {'***' if s.proxy else '-'}\ncookie: {'***' if s.cookie else '-'}")
-    for row in task_counts():
-        if row["job"] == name:
-            click.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "job"))
+    j = job_detail(name)
+    if as_json:
+        click.echo(json.dumps(j, indent=2))
+        return
+    click.echo(f"name: {j['name']}\nstatus: {j['status']}\npriority: {j['priority']}\nhost: {j['host'] or '-'}")
+    click.echo(f"type: {j['type']}\ncode: {j['code_chars']} characters")
+    s = j.get("settings") or {}
+    for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails", "host_concurrency",
+                "host_delay", "obey_robots"):
+        click.echo(f"{key}: {s.get(key)}")
+    click.echo(f"prior: {s.get('prior')} ({s.get('prior_meaning')})")
+    if s.get("download_js_chars"):
+        click.echo(f"download_js: {s['download_js_chars']} characters")
+    click.echo(f"proxy: {s.get('proxy') or '-'}\ncookie: {s.get('cookie') or '-'}")
+    click.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in j["counts"].items()))
+    for t in j["recent_failures"][:5]:
+        click.echo(f"failed: {t['uri']}: {t.get('failed_reason') or '-'}")
 
 
 def _set_status(name: str, status: str) -> None:
@@ -164,13 +160,15 @@ def _print_report(report) -> None:
 @click.option("--loop", is_flag=True, help="Keep topping the queues up as they drain (one lock, same rules).")
 @click.option("--interval", type=float, default=None, help="Seconds between top-ups with --loop.")
 @click.option("--max-runs", type=int, default=None, help="With --loop: stop after this many runs.")
-def dispatch(loop: bool, interval: float | None, max_runs: int | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One run; print its report as JSON.")
+def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: bool) -> None:
     """One dispatcher run (cron it every 5 minutes), or --loop to run continuously."""
     from master.dispatcher import dispatch_loop, dispatch_once
 
     _connect()
     if not loop:
-        _print_report(dispatch_once(redis_conn()))
+        report = dispatch_once(redis_conn())
+        click.echo(json.dumps(report.as_dict())) if as_json else _print_report(report)
         return
     dispatch_loop(redis_conn(), interval or settings.DISPATCH_LOOP_INTERVAL, max_runs, on_run=_print_report)
 
@@ -181,10 +179,15 @@ def defender() -> None:
     from master.defender import recover
 
     _connect()
+    from master.exports import tend
+
     report = recover(redis_conn())  # takes the dispatcher lock
     click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, {report.requeued} sent again (never started)")
     for reason in report.reasons:
         click.echo(f"  {reason}")
+    tended = tend(redis_conn())
+    click.echo(f"exports: {tended.recovered} recovered, {tended.sent} sent again, {tended.expired} expired; "
+               f"{tended.notified} notifications delivered")
 
 
 @click.command()
@@ -244,3 +247,146 @@ def data_export(name: str, fmt: str, output: str) -> None:
             count = export(name, fmt, out)
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
+
+
+# --- web, token --------------------------------------------------------------------------
+
+@click.command()
+@click.option("--bind", default=None, help="HOST:PORT to serve on (default WEB_BIND, 127.0.0.1:8080).")
+@click.option("--workers", type=int, default=1, show_default=True, help="Server processes (uvicorn workers).")
+def web(bind: str | None, workers: int) -> None:
+    """Serve the HTTP API (/api/v1) and the web console (/) with uvicorn."""
+    import uvicorn
+
+    from common.errors import ConfigError
+
+    bind = bind or settings.WEB_BIND
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--bind must be HOST:PORT, got {bind!r}")
+    os.environ["DOWNCLUSTER_WEB_BIND"] = bind  # for this process and uvicorn's workers (links use it)
+    settings.reload()
+    click.echo(f"downcluster web on http://{bind}/ (API under /api/v1)", err=True)
+    uvicorn.run("master.web.app:create_app", factory=True, host=host.strip("[]"), port=int(port),
+                workers=workers, log_level="info", server_header=False)
+
+
+@click.group()
+def token() -> None:
+    """Create, list and revoke tokens of the HTTP API and console."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["admin", "analyst"]), required=True,
+              help="admin may change things; analyst may read everything and request exports.")
+def token_create(name: str, role: str) -> None:
+    """Create token NAME; the token is printed once, alone on the last line (only its hash is kept)."""
+    from master.tokens import create
+
+    _connect()
+    secret = create(name, role)
+    click.echo(f"created {role} token {name}; store it now, it is not shown again:", err=True)
+    click.echo(secret)
+
+
+@token.command("list")
+def token_list() -> None:
+    """List tokens (names and roles; never the tokens)."""
+    from master.tokens import listing
+
+    _connect()
+    click.echo(f"{'name':<24}{'role':<10}{'created':<22}last used")
+    for t in listing():
+        last = t["last_used"].strftime("%Y-%m-%d %H:%M") if t["last_used"] else "-"
+        click.echo(f"{t['name']:<24}{t['role']:<10}{t['created']:%Y-%m-%d %H:%M}{'':<6}{last}")
+
+
+@token.command("revoke")
+@click.argument("name")
+def token_revoke(name: str) -> None:
+    """Revoke token NAME at once (its console sessions end too)."""
+    from master.tokens import revoke
+
+    _connect()
+    revoke(name)
+    click.echo(f"revoked token {name}")
+
+
+# --- export ------------------------------------------------------------------------------
+
+@click.group()
+def export() -> None:
+    """Asynchronous exports of a job's data (run by workers, kept in GridFS, signed links)."""
+
+
+@export.command("request")
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), required=True)
+@click.option("--template", type=click.File("r", encoding="utf-8"), default=None, help="Column template (TOML).")
+@click.option("--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable).")
+@click.option("--since", default=None, help="Only data stored at or after this ISO date-time (UTC).")
+@click.option("--until", default=None, help="Only data stored before this ISO date-time (UTC).")
+@click.option("--callback", default=None, help="URL to POST a signed JSON webhook to when it ends.")
+@click.option("--mail", "mails", multiple=True, help="Address to mail when it ends (repeatable).")
+def export_request(name: str, fmt: str, template, codes, since, until, callback, mails) -> None:
+    """Request an export of job NAME's data; prints its id alone on the last line."""
+    from master.exports import request
+
+    _connect()
+    got = request(redis_conn(), name, fmt, template.read() if template else "",
+                  {"status": list(codes), "since": since, "until": until}, callback, list(mails), requested_by="cli")
+    if got.deduplicated:
+        click.echo(f"an identical export is {got.export.state}: reusing it", err=True)
+    click.echo(str(got.export.id))
+
+
+@export.command("show")
+@click.argument("export_id")
+@click.option("--json", "as_json", is_flag=True)
+def export_show(export_id: str, as_json: bool) -> None:
+    """State, progress, size, attempts, error, and a signed URL when done."""
+    from master.exports import describe, get
+
+    _connect()
+    info = describe(get(export_id))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for key in ("id", "job", "format", "state", "rows_done", "rows_total", "bytes", "attempts", "error",
+                "created_at", "finished_at", "expires_at", "url"):
+        click.echo(f"{key}: {'-' if info[key] is None else info[key]}")
+
+
+@export.command("list")
+@click.argument("name", required=False)
+def export_list(name: str | None) -> None:
+    """The latest exports (of job NAME)."""
+    from master.exports import listing
+
+    _connect()
+    click.echo(f"{'id':<26}{'job':<20}{'format':<7}{'state':<9}{'rows':>10}{'bytes':>12}  created")
+    for e in listing(name):
+        rows = f"{e.rows_done}/{e.rows_total if e.rows_total is not None else '?'}"
+        click.echo(f"{str(e.id):<26}{e.job_name:<20}{e.format:<7}{e.state:<9}{rows:>10}{e.bytes:>12}  {e.created_at:%Y-%m-%d %H:%M}")
+
+
+@export.command("url")
+@click.argument("export_id")
+@click.option("--ttl", type=int, default=None, help="Seconds the link is valid (default EXPORT_URL_TTL).")
+def export_url(export_id: str, ttl: int | None) -> None:
+    """A signed, absolute link to a finished export's file, alone on the last line."""
+    from master.exports import link
+
+    _connect()
+    click.echo(link(export_id, ttl))
+
+
+@export.command("cancel")
+@click.argument("export_id")
+def export_cancel(export_id: str) -> None:
+    """Cancel a PENDING or RUNNING export (a running worker stops and removes its partial file)."""
+    from master.exports import cancel
+
+    _connect()
+    click.echo(f"export {cancel(redis_conn(), export_id).id} is CANCEL")

@@ -35,6 +35,7 @@ from rq import Queue
 from common.config import settings
 from common.connections import redis_conn
 from common.errors import ConfigError, DispatchLocked
+from common.secrets import redact
 from common.models import (
     AGAIN,
     DISPATCH,
@@ -108,6 +109,10 @@ class DispatchReport:
     @property
     def total(self) -> int:
         return sum(self.tasks.values())
+
+    def as_dict(self) -> dict:
+        return {"tasks": dict(self.tasks), "entries": dict(self.entries), "total": self.total,
+                "recovered": self.recovered, "failed_entries": self.failed_entries, "alerts": list(self.alerts)}
 
 
 # --- pure parts --------------------------------------------------------------------------
@@ -335,8 +340,21 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")
+    _housekeeping(redis)
     logger.debug("dispatch run took %.3fs", time.monotonic() - start)
     return run.report
+
+
+def _housekeeping(redis: Redis) -> None:
+    """Exports (recover, resend, expire), report mails, due notifications: after the queues are
+    filled, and never able to break a dispatcher run."""
+    from master import exports, reports
+
+    for step in (reports.send_reports, lambda: exports.tend(redis)):  # tend ends by delivering what is due
+        try:
+            step()
+        except Exception as exc:
+            logger.warning("housekeeping step failed: %s", redact(f"{type(exc).__name__}: {exc}"))
 
 
 # --- the lock and the run ----------------------------------------------------------------

@@ -12,31 +12,22 @@ import json
 from typing import IO, Iterator
 
 
-from common.data import gridfs_of
-from common.errors import ValidationError
+from common.data import body_of, gridfs_of, text_of
+from common.errors import NotFound, ValidationError
 from common.models import CrawlerDownloadData, Job
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
 
 
-def _text(body: bytes, encoding: str | None) -> str:
-    try:
-        return body.decode(encoding or "utf-8", errors="replace")
-    except LookupError:  # unknown charset name from the server
-        return body.decode("utf-8", errors="replace")
-
-
 def rows(job_name: str) -> Iterator[tuple[dict, bytes]]:
     job = Job.objects(name=job_name).only("id").first()
     if job is None:
-        raise ValidationError(f"no job named {job_name!r}")
+        raise NotFound(f"no job named {job_name!r}")
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     cursor = coll.find({"job": job.id}, {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
     for doc in cursor:
-        body = bytes(doc.get("response_body") or b"")
-        if doc.get("response_body_gridfs"):
-            body = fs.get(doc["response_body_gridfs"]).read()
+        body = body_of(doc, fs)
         meta = {
             "task_id": str(doc["task"]), "url": doc.get("url"), "status_code": doc.get("status_code"),
             "encoding": doc.get("encoding"), "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
@@ -52,12 +43,12 @@ def export(job_name: str, fmt: str, out: IO[str]) -> int:
         writer = csv.writer(out)
         writer.writerow([*FIELDS, "body"])
         for meta, body in rows(job_name):
-            writer.writerow([*(meta[f] for f in FIELDS), _text(body, meta["encoding"])])
+            writer.writerow([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])])
             count += 1
     elif fmt == "jsonl":
         for meta, body in rows(job_name):
             record = {**meta, "body_base64": base64.b64encode(body).decode("ascii"),
-                      "body_text": _text(body, meta["encoding"])}
+                      "body_text": text_of(body, meta["encoding"])}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
     else:

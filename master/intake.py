@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 from pymongo.errors import BulkWriteError
 
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import NotFound, ValidationError
 from common.models import LIVE, CrawlerTask, Job, utcnow
 from common.urls import check_url
 from master.selection import INTAKE_STALE
@@ -51,7 +51,7 @@ def add_tasks(
 ) -> IntakeReport:
     job = Job.objects(name=job_name).only("id").first()
     if job is None:
-        raise ValidationError(f"no job named {job_name!r}")
+        raise NotFound(f"no job named {job_name!r}")
     collection = CrawlerTask._get_collection()
     report = IntakeReport()
     seen: set[str] = set()

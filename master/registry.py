@@ -14,7 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import NotFound, ValidationError
+from common.notify import check_mail
 from common.models import (
     ENGINES,
     OFF,
@@ -30,7 +31,6 @@ from common.models import (
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-EMAIL_RE = re.compile(r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$")
 TOP_KEYS = {"name", "priority", "host", "type", "code", "settings"}
 
 
@@ -73,13 +73,19 @@ def validate_settings(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValidationError("[settings] must be a table")
     known = {"dispatch_num", "max_retry_times", "proxy", "cookie", "headers", "download_engine",
-             "download_js", "prior", "report_mails"}
+             "download_js", "prior", "report_mails", "host_concurrency", "host_delay", "obey_robots"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValidationError(f"unknown setting {unknown[0]!r}")
     _int(raw, "dispatch_num", 1, 100_000)
     _int(raw, "max_retry_times", 0, 100)
     _int(raw, "prior", 0, 2)
+    _int(raw, "host_concurrency", 1, 10_000)
+    delay = raw.get("host_delay")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600):
+        raise ValidationError(f"settings.host_delay must be a number of seconds in 0..3600, got {delay!r}")
+    if "obey_robots" in raw and not isinstance(raw["obey_robots"], bool):
+        raise ValidationError(f"settings.obey_robots must be true or false, got {raw['obey_robots']!r}")
     proxy = _str(raw, "proxy")
     if proxy:
         try:
@@ -101,8 +107,10 @@ def validate_settings(raw: Any) -> dict[str, Any]:
             raise ValidationError('settings.download_js needs download_engine = "browser"')
     mails = _str(raw, "report_mails", 256)
     for mail in filter(None, (m.strip() for m in mails.split(","))):
-        if not EMAIL_RE.match(mail):
-            raise ValidationError(f"settings.report_mails: {mail!r} is not an e-mail address")
+        try:
+            check_mail(mail)
+        except ValidationError as exc:
+            raise ValidationError(f"settings.report_mails: {exc}") from None
     headers = raw.get("headers", {})
     if not isinstance(headers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in headers.items()
@@ -128,8 +136,9 @@ def check_python(code: str) -> None:
     raise ValidationError("python code defines no top-level function download(task)")
 
 
-def validate_manifest(data: Any, base_dir: Path) -> JobSpec:
-    """Validate a parsed manifest; read and check the code file it names."""
+def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None = None) -> JobSpec:
+    """Validate a parsed manifest and its code: the file it names under ``base_dir``, or
+    ``inline_code`` (the API sends the code with the manifest)."""
     if not isinstance(data, dict):
         raise ValidationError("manifest must be a TOML table")
     unknown = sorted(set(data) - TOP_KEYS)
@@ -151,13 +160,17 @@ def validate_manifest(data: Any, base_dir: Path) -> JobSpec:
     code = ""
     if kind != "none":
         rel = data.get("code")
-        if not isinstance(rel, str) or not rel:
+        if base_dir is None:
+            if not isinstance(inline_code, str) or not inline_code:
+                raise ValidationError(f"type {kind} needs its code")
+            rel, raw = "(code)", inline_code.encode("utf-8", "surrogatepass")
+        elif not isinstance(rel, str) or not rel:
             raise ValidationError(f"type {kind} needs code = \"path/to/file\"")
-        path = base_dir / rel
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
+        else:
+            try:
+                raw = (base_dir / rel).read_bytes()
+            except OSError as exc:
+                raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
         if len(raw) > MAX_CODE_BYTES:
             raise ValidationError(f"code file {rel} is larger than {MAX_CODE_BYTES} bytes")
         try:
@@ -168,22 +181,27 @@ def validate_manifest(data: Any, base_dir: Path) -> JobSpec:
             check_python(code)
         elif not code.strip():
             raise ValidationError(f"shell code file {rel} is empty")
-    elif data.get("code"):
+    elif data.get("code") or inline_code:
         raise ValidationError("type none uses the built-in engine and takes no code")
     return JobSpec(name=name, priority=priority, host=host, type=kind, code=code, settings=cleaned)
+
+
+def parse_manifest(text: str, label: str) -> Any:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValidationError(f"manifest {label} is not valid TOML: {exc}") from None
 
 
 def load_manifest(path: str | Path) -> JobSpec:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValidationError(f"cannot read manifest {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ValidationError(f"manifest {path} is not UTF-8") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValidationError(f"manifest {path} is not valid TOML: {exc}") from None
-    return validate_manifest(data, path.parent)
+    return validate_manifest(parse_manifest(text, str(path)), path.parent)
 
 
 def ensure_download_types() -> None:
@@ -194,14 +212,16 @@ def ensure_download_types() -> None:
         )
 
 
-def store(spec: JobSpec) -> Job:
-    """Create or update the job, its downloader and its settings."""
+def store(spec: JobSpec) -> tuple[Job, bool]:
+    """Create or update the job, its downloader and its settings; (job, created)."""
     ensure_download_types()
     dtype = CrawlerDownloadType.objects.get(language=spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     now = utcnow()
-    job = Job.objects(name=spec.name).first() or Job(name=spec.name, add_datetime=now)
+    job = Job.objects(name=spec.name).first()
+    created = job is None
+    job = job or Job(name=spec.name, add_datetime=now)
     job.priority, job.host, job.last_update_datetime = spec.priority, spec.host, now
     job.save()
     download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
@@ -212,32 +232,48 @@ def store(spec: JobSpec) -> Job:
         "dispatch_num": settings.DEFAULT_DISPATCH_NUM,
         "max_retry_times": settings.DEFAULT_MAX_RETRY_TIMES,
         "proxy": "", "cookie": "", "headers": {}, "download_engine": ENGINES[0],
-        "download_js": "", "prior": 0, "report_mails": "",
+        "download_js": "", "prior": 0, "report_mails": "", "host_concurrency": 0, "host_delay": 0.0,
+        "obey_robots": None,
     }
     fields.update(spec.settings)
     for key, value in fields.items():
         setattr(setting, key, value)
     setting.last_update_datetime = now
     setting.save()
-    return job
+    return job, created
 
 
 def register(path: str | Path) -> Job:
     """Validate and store the manifest at ``path``; on rejection log it and re-raise."""
+    def guess() -> str:
+        try:
+            return _guess_name(Path(path).read_text("utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return ""
+    return _logged(lambda: load_manifest(path), str(path), guess)[0]
+
+
+def register_text(manifest: str, code: str | None = None) -> tuple[Job, bool]:
+    """Validate and store a manifest given as text, with its code (the API's door); (job, created)."""
+    def load() -> JobSpec:
+        if not isinstance(manifest, str) or "\0" in manifest or len(manifest) > MAX_CODE_BYTES:
+            raise ValidationError("manifest must be TOML text of at most 1 MiB")
+        return validate_manifest(parse_manifest(manifest, "(text)"), None, code)
+    return _logged(load, "(api)", lambda: _guess_name(manifest))
+
+
+def _logged(load, label: str, guess) -> tuple[Job, bool]:
     try:
-        spec = load_manifest(path)
-        return store(spec)
+        return store(load())
     except ValidationError as exc:
-        CrawlerRegistrationErrorLog(
-            name=_guess_name(path), manifest=str(path), reason=str(exc), hostname=settings.HOSTNAME
-        ).save()
+        CrawlerRegistrationErrorLog(name=guess(), manifest=label, reason=str(exc), hostname=settings.HOSTNAME).save()
         raise
 
 
-def _guess_name(path: str | Path) -> str:
+def _guess_name(text: str) -> str:
     try:
-        return str(tomllib.loads(Path(path).read_text(encoding="utf-8")).get("name", ""))[:128]
-    except Exception:  # the manifest is broken; the log still records the path
+        return str(tomllib.loads(text).get("name", ""))[:128]
+    except Exception:  # the manifest is broken; the log still records where it came from
         return ""
 
 
@@ -246,7 +282,7 @@ def set_status(name: str, status: str) -> Job:
         raise ValidationError(f"status must be ON or OFF, got {status!r}")
     job = Job.objects(name=name).first()
     if job is None:
-        raise ValidationError(f"no job named {name!r}")
+        raise NotFound(f"no job named {name!r}")
     job.update(set__status=status, set__last_update_datetime=utcnow())
     job.reload()
     return job

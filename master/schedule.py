@@ -60,8 +60,12 @@ def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float 
                 sched.enqueue_jobs()
             finally:
                 sched.remove_lock()
-        SimpleWorker([Queue(QUEUE, connection=redis)], connection=redis).work(burst=True, logging_level="WARNING")
+        worker = SimpleWorker([Queue(QUEUE, connection=redis)], connection=redis)
+        worker.work(burst=True, logging_level="WARNING")
         if burst:
+            return
+        if getattr(worker, "_shutdown_requested_date", None) is not None:  # SIGTERM/SIGINT came while it worked
+            logger.info("scheduler: stopping")
             return
         for sig in (signal.SIGTERM, signal.SIGINT):  # the worker installs its own while it works
             signal.signal(sig, stop)

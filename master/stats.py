@@ -19,6 +19,7 @@ from common.models import (
     Job,
     utcnow,
 )
+from common.hostlimits import throttled
 from common.queues import QUEUE_NAMES, base_of, cap
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
@@ -78,7 +79,8 @@ def success_rate(hours: float = 1.0) -> dict[str, Any]:
 
 
 def collect(redis: Redis) -> dict[str, Any]:
-    return {"queues": queue_stats(redis), "jobs": task_counts(), "last_hour": success_rate()}
+    return {"queues": queue_stats(redis), "jobs": task_counts(), "last_hour": success_rate(),
+            "throttled_hosts": throttled(redis)}
 
 
 def render(stats: dict[str, Any]) -> str:
@@ -94,4 +96,10 @@ def render(stats: dict[str, Any]) -> str:
     shown = "-" if rate["rate"] is None else f"{rate['rate'] * 100:.1f}%"
     lines.append("")
     lines.append(f"last hour: {rate['success']} succeeded, {rate['fail']} failed, success rate {shown}")
+    hosts = stats.get("throttled_hosts") or []
+    lines.append("")
+    lines.append("hosts throttled now: " + ("none" if not hosts else ""))
+    for h in hosts:
+        why = f"paused {h['paused_s']:.1f}s more (Retry-After)" if h.get("paused_s") else "at its limit"
+        lines.append(f"  {h['host']:<40}{h['in_flight']:>4} in flight, {why}")
     return "\n".join(lines)

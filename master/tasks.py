@@ -7,21 +7,23 @@
 """
 from __future__ import annotations
 
-from common.errors import ValidationError
+from common.errors import NotFound, ValidationError
 from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, UNSET_LEASE, CrawlerTask, Job, utcnow
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}
+CANCELLABLE_DEFAULT = (LIVE, FAIL, DISPATCH)
+REQUEUE_DEFAULT = (FAIL, DEAD)
 
 
 def _job_id(name: str):
     job = Job.objects(name=name).only("id").first()
     if job is None:
-        raise ValidationError(f"no job named {name!r}")
+        raise NotFound(f"no job named {name!r}")
     return job.id
 
 
-def cancel(name: str, statuses=(LIVE, FAIL, DISPATCH)) -> int:
+def cancel(name: str, statuses=CANCELLABLE_DEFAULT) -> int:
     """Cancel the job's tasks in ``statuses``; a worker holding one will not store its data."""
     bad = set(statuses) - CANCELLABLE
     if bad:
@@ -33,7 +35,7 @@ def cancel(name: str, statuses=(LIVE, FAIL, DISPATCH)) -> int:
     ).modified_count
 
 
-def requeue(name: str, statuses=(FAIL, DEAD)) -> int:
+def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
     """Put the job's tasks in ``statuses`` back to LIVE with fresh counters, due at once."""
     bad = set(statuses) - REQUEUEABLE
     if bad:

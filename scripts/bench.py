@@ -194,6 +194,14 @@ class RssSampler(threading.Thread):
         return self.peak
 
 
+SITE_HOSTS = 32  # the site listens on 127.0.0.1 .. 127.0.0.32: end-to-end pages spread over 32 hosts
+
+
+def spread(base: str, i: int, hosts: int) -> str:
+    """``base`` (http://127.0.0.1:PORT) on loopback address 1 + i % hosts."""
+    return base.replace("127.0.0.1", f"127.0.0.{1 + i % hosts}", 1) if hosts > 1 else base
+
+
 def start_site(procs: Procs, env: dict, delay_ms: int) -> str:
     """scripts/sample_site.py (start_site(delay_ms=...)) in its own process."""
     import socket
@@ -202,7 +210,7 @@ def start_site(procs: Procs, env: dict, delay_ms: int) -> str:
 
     port = free_port()
     procs.spawn([sys.executable, str(ROOT / "scripts" / "sample_site.py"), "--port", str(port),
-                 "--delay-ms", str(delay_ms)], env, f"site-{delay_ms}ms")
+                 "--delay-ms", str(delay_ms), "--hosts", str(SITE_HOSTS)], env, f"site-{delay_ms}ms")
     end = time.monotonic() + 30
     while time.monotonic() < end:
         try:
@@ -329,14 +337,14 @@ class Bench:
         return self.deadline - time.monotonic()
 
     # helpers
-    def new_job(self, name: str, dispatch_num: int, priority: int = 0, engine: str = "aiohttp"):
+    def new_job(self, name: str, dispatch_num: int, priority: int = 0, engine: str = "aiohttp", **more):
         from master.registry import store, validate_manifest
 
         spec = validate_manifest({"name": name, "priority": priority, "type": "none",
-                                  "settings": {"dispatch_num": dispatch_num, "download_engine": engine}}, ROOT)
-        return store(spec)
+                                  "settings": {"dispatch_num": dispatch_num, "download_engine": engine, **more}}, ROOT)
+        return store(spec)[0]
 
-    def add_tasks_raw(self, job_id, base: str, count: int, prefix: str) -> float:
+    def add_tasks_raw(self, job_id, base: str, count: int, prefix: str, hosts: int = 1) -> float:
         """LIVE tasks as master/intake.py builds them (numbered from the job's counter), raw
         insert_many in chunks of 5,000; returns the seconds taken."""
         from common.models import LIVE, CrawlerTask, utcnow
@@ -347,7 +355,8 @@ class Bench:
         for start in range(0, count, 5000):
             n = min(count, start + 5000) - start
             first = reserve(job_id, n)
-            docs = [{"job": job_id, "uri": f"{base}/{prefix}/{start + i}", "seq": first + i, "status": LIVE,
+            docs = [{"job": job_id, "uri": f"{spread(base, start + i, hosts)}/{prefix}/{start + i}", "seq": first + i,
+                     "status": LIVE,
                      "download_times": 0, "recoveries": 0, "host_name": "", "add_datetime": now,
                      "last_update_datetime": now} for i in range(n)]
             run_bounded(lambda: coll.insert_many(docs, ordered=False), max(60.0, len(docs) / 50), "task insert")
@@ -442,16 +451,20 @@ class Bench:
 
     # 3. end to end
     def bench_e2e(self, label: str, base: str, pages: int, timeout: float, engine: str = "aiohttp",
-                  path: str = "page") -> dict:
+                  path: str = "page", hosts: int = SITE_HOSTS, etiquette: bool = True) -> dict:
+        """``etiquette`` False: per-host limits, robots.txt and coalescing off (HOST_CONCURRENCY=0,
+        COALESCE_WINDOW=0, obey_robots false), the figure the defaults are compared with."""
         from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()
         redis = self.redis()
-        job = self.new_job(f"bench-e2e-{engine}-{label}", E2E_DISPATCH_NUM, engine=engine)
-        insert_s = self.add_tasks_raw(job.id, base, pages, path)
+        job = self.new_job(f"bench-e2e-{engine}-{label}", E2E_DISPATCH_NUM, engine=engine,
+                           **({} if etiquette else {"obey_robots": False}))
+        insert_s = self.add_tasks_raw(job.id, base, pages, path, hosts)
         names = [f"worker-{label}-{i}" for i in range(self.args.workers)]
-        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], self.env, n)
+        env = self.env if etiquette else {**self.env, "DOWNCLUSTER_HOST_CONCURRENCY": "0", "DOWNCLUSTER_COALESCE_WINDOW": "0"}
+        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], env, n)
                    for n in names]
         sampler = RssSampler([w.pid for w in workers])
         site_pids = [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") == f"site-{label}"]
@@ -490,6 +503,7 @@ class Bench:
             t_done = t_done or time.monotonic()
             elapsed = t_done - t0
             cpu1 = self.cpu_snapshot(parts)
+            time.sleep(1.2)  # workers announce every second: let a short run's peak reach Redis
             peak_inflight = max(int(redis.hget(k, "peak_inflight") or 0) for k in worker_keys()) if worker_keys() else 0
         finally:
             peaks = sampler.stop() if sampler.is_alive() else sampler.peak
@@ -514,6 +528,55 @@ class Bench:
         }
 
     # 4. the peer: scrapy-redis + Scrapy's MongoDB pipeline, same store, same site, same pages
+    def bench_exports(self, rows: int) -> dict:
+        """One export of ``rows`` data documents (~0.5 KB bodies) in each format, every field (body
+        text included), each run by a `downcluster worker --burst`: rows/s and the worker's peak
+        RSS (bounded memory whatever the row count is the point)."""
+        from bson import ObjectId
+
+        from common.models import CrawlerDownloadData, Export, utcnow
+        from master.exports import request, tend
+
+        self.fresh_store()
+        job = self.new_job("bench-export", 100)
+        coll = CrawlerDownloadData._get_collection()
+        # ~0.5 KB bodies: the in-memory store's cache (WiredTiger) cannot hold 200,000 rows of 2 KB
+        # plus a 0.4 GB file per format (WT_CACHE_FULL); the row count is what memory must not follow
+        body = (b"<html><body>" + b"lorem ipsum dolor sit amet " * 18 + b"</body></html>")
+        t0 = time.monotonic()
+        for start in range(0, rows, 5000):
+            coll.insert_many([{"_id": ObjectId(), "job": job.id, "task": ObjectId(), "lease": "bench",
+                               "url": f"http://127.0.0.1/export/{i}", "status_code": 200, "response_body": body,
+                               "encoding": "utf-8", "hostname": "bench", "remote_ip": "127.0.0.1",
+                               "add_datetime": utcnow()} for i in range(start, min(rows, start + 5000))], ordered=False)
+        out = {"rows": rows, "body_bytes": len(body), "insert_s": round(time.monotonic() - t0, 1)}
+        for fmt in ("csv", "jsonl", "xlsx"):
+            export = request(self.redis(), "bench-export", fmt).export
+            worker = self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"],
+                                      {**self.env, "DOWNCLUSTER_EXPORT_RETRY_DELAY": "1"}, f"export-{fmt}")
+            sampler = RssSampler([worker.pid])
+            sampler.start()
+            end = time.monotonic() + max(60.0, self.remaining() - 60)
+            try:  # what a dispatcher run does for exports (a failed attempt is sent again when due)
+                while Export.objects.get(id=export.id).state in ("PENDING", "RUNNING") and time.monotonic() < end:
+                    tend(self.redis())
+                    time.sleep(1.0)
+            finally:
+                peaks = sampler.stop() if sampler.is_alive() else sampler.peak
+                self.procs.stop([worker])
+            done = Export.objects.get(id=export.id)
+            if done.state != "SUCCESS":
+                raise RuntimeError(f"{fmt} export ended {done.state}: {done.error}")
+            from common.data import drop_export_file
+
+            drop_export_file(done.file_id)  # the in-memory store keeps every file: ~0.4 GB each
+            seconds = (done.finished_at - done.started_at).total_seconds()
+            out[fmt] = {"seconds": round(seconds, 1), "rows_per_s": round(rows / seconds) if seconds else 0,
+                        "attempts": done.attempts,
+                        "file_mb": round(done.bytes / 2**20, 1), "worker_peak_rss_mb": round(max(peaks.values(), default=0), 1)}
+            print(f"  {fmt}: {out[fmt]}", flush=True)
+        return out
+
     def bench_peer(self, label: str, base: str, pages: int, timeout: float) -> dict:
         import pymongo
 
@@ -668,6 +731,22 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
         done = f"{br['done']:,}" if br["complete"] else f"PARTIAL {br['done']:,}/{br['pages']:,}"
         rows.append(("browser engine, pages built by JavaScript (a figure)",
                      f"{br['pages_per_s']:,} pages/s ({done} in {br['seconds']} s)", "", ""))
+    if r.get("etiquette_ratio"):
+        runs = lambda keys: " / ".join(str(r[k]["pages_per_s"]) for k in keys if r.get(k))  # noqa: E731
+        rows.append(("e2e 0ms, 32 hosts: etiquette at its defaults (runs)", f"{runs(('e2e_0ms', 'e2e_0ms_b'))} pages/s", "", ""))
+        rows.append(("  etiquette off: no host limits, robots, coalescing (runs)",
+                     f"{runs(('e2e_0ms_plain', 'e2e_0ms_plain_b'))} pages/s", "", ""))
+        rows.append(("  with the defaults / without (sum of runs)", f"x{r['etiquette_ratio']}", ">= x0.95",
+                     verdict(r["etiquette_ratio"] >= 0.95)))
+    x = r.get("exports")
+    if x:
+        for fmt in ("csv", "jsonl", "xlsx"):
+            f = x.get(fmt)
+            if f:
+                rows.append((f"export {x['rows']:,} rows as {fmt}", f"{f['rows_per_s']:,} rows/s ({f['seconds']} s, "
+                             f"{f['file_mb']} MB)", "", ""))
+                rows.append(("  worker peak RSS", f"{f['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
+                             verdict(f["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
     s_ = r.get("store")
     if s_:
         rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
@@ -703,6 +782,7 @@ def parse_args(argv=None):
                    help="downcluster worker processes (default 1: what a 2-core host should run)")
     p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
     p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
+    p.add_argument("--skip-exports", action="store_true", help="do not measure the 200,000-row exports")
     p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
     p.add_argument("--browser-pages", type=int, default=150, help="pages for the browser engine figure (default 150)")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
@@ -714,6 +794,7 @@ def parse_args(argv=None):
     a.budget = a.budget or (420.0 if a.smoke else 900.0)
     a.skip_peer = a.skip_peer or a.smoke
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)
+    a.export_rows = 2000 if a.smoke else 200_000
     return a
 
 
@@ -764,6 +845,14 @@ def main(argv=None) -> int:
             if e:
                 print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
                       f"cores busy {e['cores_busy']}", flush=True)
+            if label == "0ms":  # etiquette on (above) and off, twice, alternating: runs differ by a few %
+                for key, on in (("e2e_0ms_plain", False), ("e2e_0ms_b", True), ("e2e_0ms_plain_b", False)):
+                    phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
+                          f"coalescing): {args.pages:,} pages", lambda on=on: bench.bench_e2e(
+                              label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / (left + 1)),
+                              etiquette=on))
+                    if results.get(key):
+                        print(f"  {results[key]['pages_per_s']} pages/s", flush=True)
             if not args.skip_peer:
                 phase(f"peer_{label}", f"peer scrapy-redis + MongoDB at {label}: {args.pages:,} pages, 2 processes",
                       lambda: bench.bench_peer(label, base[label], args.pages,
@@ -775,6 +864,9 @@ def main(argv=None) -> int:
                 phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
                       lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
                                                    max(60.0, args.baseline_pages / 2)))
+        if not args.skip_exports:
+            phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, each on a worker",
+                  lambda: bench.bench_exports(args.export_rows))
         if not args.smoke and not args.skip_browser:
             phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} pages built by "
                   "JavaScript, 1 worker", lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
@@ -789,6 +881,10 @@ def main(argv=None) -> int:
     finally:
         procs.stop_all()
         bench.stop_services()
+    on = [results[k]["pages_per_s"] for k in ("e2e_0ms", "e2e_0ms_b") if results.get(k)]
+    off = [results[k]["pages_per_s"] for k in ("e2e_0ms_plain", "e2e_0ms_plain_b") if results.get(k)]
+    if on and off and len(on) == len(off) and sum(off) > 0:
+        results["etiquette_ratio"] = round(sum(on) / sum(off), 3)
     for label in ("0ms", "100ms"):
         e, p, b = (results.get(f"{k}_{label}") for k in ("e2e", "peer", "baseline"))
         if e and p and p["pages_per_s"] > 0:

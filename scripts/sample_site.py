@@ -87,12 +87,49 @@ def gzip_bomb() -> bytes:
     return _bomb
 
 
+class Traffic:
+    """What the site saw, for the etiquette tests: requests per path, and per Host header the
+    request start times and the most requests in flight at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.hits: dict[str, int] = {}
+            self.starts: dict[str, list[float]] = {}
+            self.active: dict[str, int] = {}
+            self.peak: dict[str, int] = {}
+
+    def begin(self, host: str, path: str) -> None:
+        with self.lock:
+            self.hits[path] = self.hits.get(path, 0) + 1
+            self.starts.setdefault(host, []).append(time.monotonic())
+            self.active[host] = self.active.get(host, 0) + 1
+            self.peak[host] = max(self.peak.get(host, 0), self.active[host])
+
+    def end(self, host: str) -> None:
+        with self.lock:
+            self.active[host] -= 1
+
+
+TRAFFIC = Traffic()
+ROBOTS: dict[int, tuple[int, str]] = {}  # server port -> (status, robots.txt text); default 404
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     delay_ms = 0
 
     def log_message(self, *args) -> None:  # quiet
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out as two writes: without this, Nagle's algorithm holds the body
+        # for the client's delayed ACK (~40 ms) on a kept-alive connection
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send(self, code: int, body: bytes, ctype: str = "text/plain", headers: dict | None = None) -> None:
         self.send_response(code)
@@ -105,7 +142,15 @@ class Handler(BaseHTTPRequestHandler):
         if code not in (204, 304):
             self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: C901 - a route table
+    def do_GET(self) -> None:
+        host = self.headers.get("Host", "")
+        TRAFFIC.begin(host, self.path)
+        try:
+            self._route()
+        finally:
+            TRAFFIC.end(host)
+
+    def _route(self) -> None:  # noqa: C901 - a route table
         if self.delay_ms:
             time.sleep(self.delay_ms / 1000)
         url = urlsplit(self.path)
@@ -114,6 +159,12 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if head == "page":
                 self._send(200, page_body(int(arg)), "text/html; charset=utf-8")
+            elif head == "robots.txt":
+                status, text = ROBOTS.get(self.server.server_address[1], (404, "no robots.txt"))
+                self._send(status, text.encode(), "text/plain")
+            elif head == "hold":  # answers after <ms>, for concurrency counts
+                time.sleep(int(arg) / 1000)
+                self._send(200, f"held {self.path}".encode())
             elif head == "js":
                 self._send(200, js_page(arg, int(parts[2]) if len(parts) > 2 else 0), "text/html; charset=utf-8")
             elif head == "bytes":
@@ -230,15 +281,23 @@ def start_site(host: str = "127.0.0.1", port: int = 0, delay_ms: int = 0):
     return server, f"http://{host}:{server.server_address[1]}"
 
 
+def start_sites(hosts: int, port: int, delay_ms: int = 0) -> list:
+    """The site on 127.0.0.1 .. 127.0.0.<hosts>, one port: distinct hosts for per-host limits
+    (Linux routes all of 127.0.0.0/8 to the loopback interface)."""
+    return [start_site(f"127.0.0.{i}", port, delay_ms)[0] for i in range(1, hosts + 1)]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--delay-ms", type=int, default=0)
+    parser.add_argument("--hosts", type=int, default=1, help="serve on 127.0.0.1 .. 127.0.0.N (same port)")
     args = parser.parse_args()
-    srv, base = start_site(port=args.port, delay_ms=args.delay_ms)
-    print(f"sample site on {base}", flush=True)
+    servers = start_sites(args.hosts, args.port, args.delay_ms)
+    print(f"sample site on http://127.0.0.1:{args.port} ({args.hosts} loopback address(es))", flush=True)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        srv.shutdown()
+        for srv in servers:
+            srv.shutdown()

@@ -18,13 +18,15 @@ from common.config import settings
 @click.option("--foreign", is_flag=True,
               help="Also take the foreign queues (jobs with prior = 2), before the shared ones: for hosts with an exit abroad.")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many queue entries.")
+@click.option("--exports/--no-exports", default=True, show_default=True,
+              help="Also run export entries from down_export, one at a time in a thread of their own.")
 @click.option("--logging-level", default="INFO", show_default=True)
 def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: bool, max_jobs: int | None,
-           logging_level: str) -> None:
+           exports: bool, logging_level: str) -> None:
     """Drain down_super > down_high > down_mid > down_low (host queues first), many entries at once."""
     from slave.worker import run_worker
 
     if host:
         settings.override(HOSTNAME=host)
     run_worker(host=host, burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
-               max_jobs=max_jobs, foreign=foreign)
+               max_jobs=max_jobs, foreign=foreign, exports=exports)

@@ -14,3 +14,16 @@ from slave.runner import run_one
 def run_batch(lease: str, *_legacy) -> dict[str, int]:
     """Entry point for rq. Returns counts for the rq result (kept 0 s by default)."""
     return run_one(lease) or {"success": 0, "fail": 0}
+
+
+def run_export(export_id: str) -> str:
+    """Entry point for rq on ``down_export``: one attempt of an export (a plain ``rq worker
+    down_export`` runs it; ``downcluster worker`` takes these entries itself)."""
+    import os
+    import socket
+
+    from common.connections import connect_mongo
+    from slave.exporter import run_export as run
+
+    connect_mongo()
+    return run(export_id, f"rq-{socket.gethostname()}-{os.getpid()}")

@@ -33,6 +33,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from bson import ObjectId
 from pymongo import ReturnDocument
@@ -41,6 +42,7 @@ from common.config import settings
 from common.connections import connect_mongo, redis_conn
 from common.errors import DownloadError
 from common.models import (
+    CrawlerDownloadData,
     ENGINES,
     OFF,
     QUEUED,
@@ -53,11 +55,14 @@ from common.models import (
     give_back,
     utcnow,
 )
-from common.queues import RQ_JOB_PREFIX, pop_first
+from common.queues import RQ_JOB_PREFIX, WORKER_KEY_PREFIX, pop_first
 from common.secrets import redact, remember
 from common.sentry import capture
+from common.data import body_of, gridfs_of
+from common.hostlimits import host_of
 from slave import writer
 from slave.engines import aio, browser, http, sandbox
+from slave.etiquette import Etiquette, Handback
 from slave.engines.base import Download, Limits
 
 logger = logging.getLogger(__name__)
@@ -65,7 +70,6 @@ logger = logging.getLogger(__name__)
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
 WRITE_BATCH = 256   # outcomes per bulk write at most
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
-WORKER_KEY_PREFIX = "downcluster:worker:"
 
 
 def new_worker_id() -> str:
@@ -99,7 +103,8 @@ def load_context(job_id: ObjectId) -> JobContext | None:
         download = CrawlerDownload._get_collection().find_one({"job": job_id})
         conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
         conf = {k: conf[k] for k in ("dispatch_num", "max_retry_times", "proxy", "cookie", "headers",
-                                     "download_engine", "download_js", "prior", "report_mails") if k in conf}
+                                     "download_engine", "download_js", "prior", "report_mails",
+                                     "host_concurrency", "host_delay", "obey_robots") if k in conf}
         remember(conf.get("proxy"), conf.get("cookie"))
         kind = "none"
         if download is not None and download.get("types"):
@@ -156,6 +161,10 @@ class Heartbeat(threading.Thread):
         self.runner, self.halt = runner, threading.Event()
 
     def beat(self) -> None:
+        try:
+            self.runner.engines.etiquette.renew(redis_conn())
+        except Exception as exc:  # Redis away: slots expire, other workers take them
+            logger.warning("host slots not renewed: %s", type(exc).__name__)
         active = list(self.runner.active)
         try:
             if active:
@@ -195,6 +204,18 @@ def _request_shape(ctx: JobContext) -> dict:
             "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT}
 
 
+def _stored_download(data_id: str) -> Download | None:
+    """The download an identical request stored (to copy for a coalesced task), or None if gone."""
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": ObjectId(data_id)})
+    if doc is None:
+        return None
+    body = body_of(doc, gridfs_of(coll.database))
+    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {}, body=body,
+                    url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
+                    request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
+
+
 class Engines:
     """What one event loop downloads with."""
 
@@ -204,6 +225,7 @@ class Engines:
         self.browsers = browser.Pool(settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB)
         self.blocking = ThreadPoolExecutor(max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download")
         self.limits = limits_from_settings()
+        self.etiquette = Etiquette()
         self._local = threading.local()
 
     def _requests(self, url: str, ctx: JobContext) -> Download:
@@ -213,12 +235,93 @@ class Engines:
         return http.fetch(url, limits=self.limits, session=session, **_request_shape(ctx))
 
     async def download(self, ctx: JobContext, task: dict) -> writer.Outcome:
-        """Run the job's downloader on one task; every failure becomes an Outcome."""
+        """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
+        per-host slots, coalescing); every failure becomes an Outcome."""
         start = time.monotonic()
+        url, lead = task["uri"], None
+        try:
+            result, copied_from, lead = await self._polite(ctx, task)
+            error = None
+        except Handback as back:
+            return writer.Outcome(task=task, download=None, error=DownloadError(back.reason), deferred=back.after,
+                                  spend_us=int((time.monotonic() - start) * 1_000_000))
+        except DownloadError as exc:
+            result, copied_from, error = None, None, exc
+        except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
+            logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
+            return writer.Outcome(task=task, download=None, deferred=5.0, spend_us=0,
+                                  error=DownloadError(f"etiquette unavailable ({type(exc).__name__}): handed back"))
+        request_size = len(url) + (len(result.request_body) if result else 0)
+        return writer.Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
+                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
+
+    async def _polite(self, ctx: JobContext, task: dict) -> tuple[Download, object, str | None]:
+        """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
+        unless the job says obey_robots = false), then an identical request's stored download,
+        else a host slot and the fetch."""
+        url, builtin = task["uri"], ctx.kind == "none"
+        parts = urlsplit(url)
+        host, crawl_delay, lead = host_of(url, parts), 0.0, None
+        if builtin and ctx.settings.get("obey_robots") is not False:
+            try:
+                crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, self.client.session(""))
+            except PermissionError:
+                raise DownloadError("robots.txt disallows", retryable=False) from None
+        conc, delay = Etiquette.limits(ctx)
+        delay = max(delay, crawl_delay)
+        token = ""
+        try:
+            if builtin and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser":
+                lead, token, copied = await self._lead_or_copy(ctx, task, parts, host, conc, delay)
+                if copied is not None:
+                    return copied
+            else:
+                token = await self.etiquette.slot(host, conc, delay)
+            return await self._fetch(ctx, task), None, lead
+        except BaseException as exc:
+            if lead:  # failures are not shared: a waiter leads next
+                await self.etiquette.give_up_lead(lead)
+            if isinstance(exc, DownloadError) and exc.retry_after and exc.reason.startswith(("HTTP 429", "HTTP 503")):
+                await self.etiquette.pause(host, exc.retry_after)
+            raise
+        finally:
+            if token:
+                await self.etiquette.release(token, host)
+
+    async def _lead_or_copy(self, ctx, task, parts, host, conc, delay):
+        """(key led, slot token, None) to download, or (None, "", (copy, leader)) to reuse an
+        identical request's stored download. Leading and the host slot are asked for at once
+        (one round trip in the common case); a page that turns out to wait gives its slot back."""
+        key = Etiquette.coalesce_key(task["uri"], ctx, _request_shape(ctx), parts)
+        led, token = await asyncio.gather(self.etiquette.try_lead(key, str(task["_id"])),
+                                          self.etiquette.slot(host, conc, delay), return_exceptions=True)
+        if isinstance(led, BaseException) or isinstance(token, BaseException):
+            if led is True:
+                await self.etiquette.give_up_lead(key)
+            if isinstance(token, str) and token:
+                await self.etiquette.release(token, host)
+            raise led if isinstance(led, BaseException) else token
+        if led:
+            return key, token, None
+        if token:
+            await self.etiquette.release(token, host)
+        deadline = time.monotonic() + settings.DOWNLOAD_TIMEOUT + 30
+        while True:
+            found = await self.etiquette.lead_or_wait(key, str(task["_id"]), deadline)
+            if found is None:  # we lead now (the leader failed, or we waited long enough)
+                try:
+                    return key, await self.etiquette.slot(host, conc, delay), None
+                except BaseException:
+                    await self.etiquette.give_up_lead(key)
+                    raise
+            copy = await asyncio.get_running_loop().run_in_executor(None, _stored_download, found[1])
+            if copy is not None:
+                return None, "", (copy, ObjectId(found[0]), None)
+            await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
+
+    async def _fetch(self, ctx: JobContext, task: dict) -> Download:
         url, limits = task["uri"], self.limits
         loop = asyncio.get_running_loop()
-        result: Download | None = None
-        error: DownloadError | None = None
         try:
             if ctx.kind == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
@@ -236,17 +339,16 @@ class Engines:
                                          large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
                 raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
-        except DownloadError as exc:
-            result, error = None, exc
+            return result
+        except DownloadError:
+            raise
         except Exception as exc:  # an engine bug fails the task, not the entry
             logger.exception("downloader crashed on task %s of job %s", task["_id"], ctx.name)
             capture(exc)
-            result, error = None, DownloadError(redact(f"{type(exc).__name__}: {exc}"), retryable=True)
-        request_size = len(url) + (len(result.request_body) if result else 0)
-        return writer.Outcome(task=task, download=result, error=error,
-                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
+            raise DownloadError(redact(f"{type(exc).__name__}: {exc}"), retryable=True) from None
 
     async def close(self) -> None:
+        await self.etiquette.close()
         await self.client.close()
         await self.browsers.close()
         self.blocking.shutdown(wait=False, cancel_futures=True)
@@ -259,7 +361,8 @@ class Entry:
 
     def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
         self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
-        self.written, self.counts = 0, {"success": 0, "fail": 0}
+        self.written, self.counts = 0, {"success": 0, "fail": 0}  # and "handed_back" when some were
+        self.etiquette = None  # set by the runner: publishes its coalesced leaders
         self.done = loop.create_future()
         self.loop = loop
 
@@ -322,6 +425,15 @@ class Writer(threading.Thread):
                 for loop, release in slots:  # the bodies are stored (or given up): free their slots
                     loop.call_soon_threadsafe(release)
 
+    def _publish(self, groups: dict) -> None:
+        """Leaders of identical requests whose data is now stored: their waiters may copy it
+        (handed to each entry's event loop, which sends it with its other Redis commands)."""
+        for entry, outs in groups.items():
+            leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
+                       if o.coalesce_key and o.error is None and o.data_id is not None]
+            if leaders and entry.etiquette is not None:
+                entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
+
     def _write(self, batch: list) -> None:
         groups: dict[Entry, list[writer.Outcome]] = {}
         for entry, outcome in batch:
@@ -335,7 +447,9 @@ class Writer(threading.Thread):
                 for e, outs in groups.items():
                     e.written += len(outs)
                     for o in outs:
-                        e.counts["success" if o.error is None else "fail"] += 1
+                        kind = "handed_back" if o.deferred is not None else "success" if o.error is None else "fail"
+                        e.counts[kind] = e.counts.get(kind, 0) + 1
+                self._publish(groups)
                 logger.debug("stored %s ok / %s failed in one write", got["success"], got["fail"])
             finished = [e for e in groups if e.written >= e.total]
             if finished:
@@ -400,6 +514,7 @@ class Runner:
                 return {"success": 0, "fail": 0}
             tasks = lease_tasks(lease)
             entry = Entry(lease, ctx, tasks, asyncio.get_running_loop())
+            entry.etiquette = self.engines.etiquette
             self.inflight += len(tasks)
             self.peak_inflight = max(self.peak_inflight, self.inflight)
             loaded()
@@ -530,17 +645,27 @@ def run_one(lease_id: str) -> dict[str, int] | None:
     return asyncio.run(main())
 
 
-def serve(queue_keys: list[str], burst: bool = False, max_jobs: int | None = None) -> None:
+def serve(queue_keys: list[str], burst: bool = False, max_jobs: int | None = None, exports: bool = True) -> None:
+    """``downcluster worker``: download entries on the event loop and, in a thread of their own,
+    export entries from down_export (slave/exporter.py), so neither waits for the other."""
+    from slave.exporter import ExportLane
+
     connect_mongo()
 
     async def main():
         runner = Runner()
         runner.start()
-        logger.info("worker %s on %s (up to %s downloads in flight)", runner.worker_id,
-                    ", ".join(k.removeprefix("rq:queue:") for k in queue_keys), settings.WORKER_INFLIGHT)
+        lane = ExportLane(runner.worker_id) if exports else None
+        if lane:
+            lane.start()
+        logger.info("worker %s on %s%s (up to %s downloads in flight)", runner.worker_id,
+                    ", ".join(k.removeprefix("rq:queue:") for k in queue_keys), " and down_export" if lane else "",
+                    settings.WORKER_INFLIGHT)
         try:
             await runner.serve(queue_keys, burst=burst, max_jobs=max_jobs)
         finally:
+            if lane:
+                await asyncio.get_running_loop().run_in_executor(None, lane.finish if burst else lane.stop)
             await runner.close()
 
     asyncio.run(main())

@@ -27,7 +27,8 @@ def build_worker(host: str = "", simple: bool = False, name: str | None = None, 
 
 
 def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,
-               logging_level: str = "INFO", max_jobs: int | None = None, foreign: bool = False) -> bool:
+               logging_level: str = "INFO", max_jobs: int | None = None, foreign: bool = False,
+               exports: bool = True) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME)
@@ -35,7 +36,7 @@ def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: s
         from slave.runner import serve
 
         serve([Queue(n, connection=redis_conn()).key for n in worker_queue_names(host, foreign)], burst=burst,
-              max_jobs=max_jobs)
+              max_jobs=max_jobs, exports=exports)
         return True
     worker = build_worker(host, simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, TypeVar
 
 from bson import BSON, Binary, ObjectId
@@ -25,6 +25,7 @@ from common.errors import DownloadError
 from common.data import drop_unsettled, gridfs_of
 from common.models import (
     FAIL,
+    LIVE,
     SUCCESS,
     UNSET_LEASE,
     held_by,
@@ -49,6 +50,10 @@ class Outcome:
     error: DownloadError | None
     spend_us: int
     request_size: int = 0
+    deferred: float | None = None        # handed back (busy or closed host): due again in this many s, no attempt
+    coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
+    coalesced_from: object = None        # the task whose stored download this one copied
+    data_id: object = None               # set by store_many: the data document written
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
@@ -104,6 +109,7 @@ def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
         "response_size": len(outcome.download.body) if outcome.download else 0,
         "failed_reason": redact(outcome.error.reason)[:10240] if outcome.error else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": outcome.spend_us, "add_datetime": now,
+        **({"coalesced_from": outcome.coalesced_from} if outcome.coalesced_from is not None else {}),
     }
 
 
@@ -162,8 +168,10 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
     of each entry, an UpdateOne per failure). Returns counts of settled successes and failures."""
     data_coll = CrawlerDownloadData._get_collection()
     tasks = CrawlerTask._get_collection()
-    ok = [(p, o) for p in parts for o in p.outcomes if o.error is None]
+    ok = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
     data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
+    for (_, o), d in zip(ok, data_docs):
+        o.data_id = d["_id"]
     if data_docs:
         outs = [o for _, o in ok]
         _insert_data(data_coll, outs, data_docs)
@@ -175,7 +183,8 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
             for o, d in big:
                 with_retries(lambda: _put_once(fs, o.download.body, d["response_body_gridfs"],
                                                f"{o.task['_id']}-{d['lease']}"), "GridFS put")
-    bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None]
+    bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
+    later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
     if logs:
         with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
@@ -199,6 +208,12 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
             {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
                       "last_update_datetime": now},
              "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
+    for p, o in later:  # handed back before any request: no attempt counted
+        ops.append(UpdateOne(
+            {"_id": o.task["_id"], **held_by(p.lease, p.kind)},
+            {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=o.deferred), "last_update_datetime": now,
+                      "failed_reason": redact(o.error.reason if o.error else "handed back")[:10240]},
+             "$unset": UNSET_LEASE}))
     if not ops:
         return {"success": 0, "fail": 0}
     modified = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task settle").modified_count
@@ -209,7 +224,7 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
             if dropped:  # one data document per unsettled success
                 settled_ok -= dropped
                 logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
-    return {"success": settled_ok, "fail": modified - settled_ok}
+    return {"success": settled_ok, "fail": max(0, modified - settled_ok - len(later))}
 
 
 def _put_once(fs, body: bytes, file_id, filename: str) -> None:

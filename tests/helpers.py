@@ -25,7 +25,10 @@ def write_job(tmp_path: Path, name: str, priority: int = 5, kind: str = "none", 
     if settings:
         lines.append("[settings]")
         for key, value in settings.items():
-            lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            else:
+                lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
     manifest = tmp_path / f"{name}.toml"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest

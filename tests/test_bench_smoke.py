@@ -47,3 +47,9 @@ def test_bench_smoke_measures_every_figure(tmp_path):
             assert _positive(e[fig]), (label, fig)
         assert _positive(e["cores_busy"]["store"]) and _positive(e["cores_busy"]["workers"]), (label, e)
         assert f"peer_{label}" not in r  # the smoke run skips the peer (scrapy is a bench extra)
+
+    assert _positive(r["etiquette_ratio"]) and r["e2e_0ms_plain_b"]["complete"]
+    assert r["exports"]["rows"] == 2000
+    for fmt in ("csv", "jsonl", "xlsx"):
+        for fig in ("rows_per_s", "seconds", "file_mb", "worker_peak_rss_mb"):
+            assert _positive(r["exports"][fmt][fig]), (fmt, fig)

@@ -1,0 +1,98 @@
+"""Cluster-wide per-host limits in Redis: concurrency, least delay between request starts, and
+pauses a server asked for (429/503 with Retry-After). Shared by the worker, which takes and
+gives back slots, and by ``stats``, which shows the hosts throttled now.
+
+A slot is an expiring lease: a member of the host's sorted set scored with its expiry (Redis
+server time, so every host of the cluster agrees); the worker holding it renews it while the
+download runs, so a worker that dies frees its slots within HOST_SLOT_TTL. One Lua call decides
+and takes a slot atomically.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+PREFIX = "downcluster:host:"
+SLOTS, NEXT, PAUSE, WAITED = ":slots", ":next", ":pause", ":waited"
+WAITED_MS = 5000  # a host shows as throttled for this long after a request had to wait for it
+
+# KEYS: slots, next, pause, waited. ARGV: token, concurrency (0 = no limit), delay ms, slot ttl ms.
+# Returns 0 (taken), -1 (all slots busy), or the ms to wait (delay not yet over, or paused).
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local pause = tonumber(redis.call('GET', KEYS[3]) or '0')
+if pause > now then return pause - now end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local limit = tonumber(ARGV[2])
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
+  redis.call('SET', KEYS[4], now, 'PX', %d)
+  return -1
+end
+local delay = tonumber(ARGV[3])
+if delay > 0 then
+  local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if nxt > now then
+    redis.call('SET', KEYS[4], now, 'PX', %d)
+    return nxt - now
+  end
+  redis.call('SET', KEYS[2], now + delay, 'PX', delay + 1000)
+end
+local ttl = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ttl + 1000)
+return 0
+""" % (WAITED_MS, WAITED_MS)
+
+# KEYS: the slot sets; ARGV: ttl ms, then one token per key. Pushes the expiry of held slots.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  if redis.call('ZADD', KEYS[i], 'XX', 'CH', now + ttl, ARGV[i + 1]) then
+    redis.call('PEXPIRE', KEYS[i], ttl + 1000)
+  end
+end
+return #KEYS
+"""
+
+# KEYS: pause. ARGV: seconds. Pause a host until now + seconds (never shortening a longer pause).
+PAUSE_HOST = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local untill = now + math.floor(tonumber(ARGV[1]) * 1000)
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if untill > cur then redis.call('SET', KEYS[1], untill, 'PX', untill - now + 1000) end
+return untill
+"""
+
+
+def host_of(url: str, parts=None) -> str:
+    """The host a limit applies to: lower-case name and port (``example.com:443``); ``parts``:
+    ``urlsplit(url)`` when the caller has it."""
+    parts = parts or urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{(parts.hostname or '').lower()}:{port}"
+
+
+def keys(host: str) -> list[str]:
+    return [PREFIX + host + SLOTS, PREFIX + host + NEXT, PREFIX + host + PAUSE, PREFIX + host + WAITED]
+
+
+def throttled(redis) -> list[dict]:
+    """Hosts throttled now: paused by a server (for how long), or where a request had to wait
+    for a slot or the delay within the last few seconds; with their downloads in flight."""
+    import time
+
+    now_ms = int(time.time() * 1000)
+    out: dict[str, dict] = {}
+    for kind in (PAUSE, WAITED):
+        for key in redis.scan_iter(PREFIX + "*" + kind, count=1000):
+            host = key.decode()[len(PREFIX):-len(kind)]
+            row = out.setdefault(host, {"host": host, "paused_s": None})
+            if kind == PAUSE:
+                until = int(redis.get(key) or 0)
+                row["paused_s"] = round((until - now_ms) / 1000, 1) if until > now_ms else None
+    for host, row in out.items():
+        row["in_flight"] = redis.zcount(PREFIX + host + SLOTS, now_ms, "+inf")
+    return [out[h] for h in sorted(out)]

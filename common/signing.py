@@ -1,0 +1,63 @@
+"""Keys and signatures: signed export links (HMAC-SHA256 under SECRET_KEY) and webhook
+signatures (``t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` under WEBHOOK_SECRET).
+
+A key left empty in the settings is generated once for the whole cluster and kept in MongoDB,
+so every web host signs and checks with the same one.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+
+from pymongo.errors import DuplicateKeyError
+
+from common.config import settings
+from common.models import ClusterSecret
+
+
+def key(name: str) -> bytes:
+    """The setting ``name`` (SECRET_KEY or WEBHOOK_SECRET), or the cluster's generated key."""
+    value = getattr(settings, name)
+    if value:
+        return value.encode()
+    found = ClusterSecret.objects(id=name).first()
+    if found is None:
+        try:
+            ClusterSecret(id=name, value=secrets.token_hex(32)).save(force_insert=True)
+        except DuplicateKeyError:  # another process made it first: use theirs
+            pass
+        found = ClusterSecret.objects.get(id=name)
+    return found.value.encode()
+
+
+def _mac(secret: bytes, message: str) -> str:
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+
+
+def public_base() -> str:
+    return (settings.PUBLIC_URL or "http://" + settings.WEB_BIND).rstrip("/")
+
+
+def export_url(export_id: str, ttl: int | None = None) -> str:
+    """An absolute, signed link to an export's file, valid for ``ttl`` seconds."""
+    expires = int(time.time()) + int(ttl if ttl is not None else settings.EXPORT_URL_TTL)
+    sig = _mac(key("SECRET_KEY"), f"export:{export_id}:{expires}")
+    return f"{public_base()}/files/exports/{export_id}?expires={expires}&sig={sig}"
+
+
+def check_export_sig(export_id: str, expires: str, sig: str) -> str | None:
+    """None when the link is good; else "tampered" or "expired"."""
+    if not expires.isdigit() or len(sig) != 64:
+        return "tampered"
+    want = _mac(key("SECRET_KEY"), f"export:{export_id}:{expires}")
+    if not hmac.compare_digest(want, sig.lower()):
+        return "tampered"
+    return "expired" if int(expires) < time.time() else None
+
+
+def webhook_signature(body: bytes, at: int | None = None) -> str:
+    at = int(time.time()) if at is None else at
+    mac = hmac.new(key("WEBHOOK_SECRET"), f"{at}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={at},v1={mac}"

@@ -1,0 +1,238 @@
+"""The export center: request (checked, de-duplicated, queued on ``down_export``), show, list,
+link, cancel; and ``tend``, run by every dispatcher: recover exports whose worker died (the
+defender's rules), send again those whose entry was lost or whose retry is due, expire old
+files, deliver due notifications.
+
+De-duplication (seeds 001, 004): the MD5 of the canonical (job, format, template, filter) finds
+an earlier export that is PENDING, RUNNING, or SUCCESS and younger than EXPORT_DEDUP_WINDOW;
+that one is returned (``deduplicated``) and the new request's callback and mails join it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+
+from common.config import settings
+from common.errors import NotFound, ValidationError
+from common.models import (
+    CANCELLED,
+    EXPIRED,
+    EXPORT_FORMATS,
+    EXPORT_RUNNING,
+    FAIL,
+    PENDING,
+    SUCCESS,
+    Export,
+    Job,
+    iso,
+    utcnow,
+)
+from common.queues import EXPORT_ENTRY_PREFIX as ENTRY_PREFIX, EXPORT_QUEUE
+from common.notify import check_callback, check_mail, deliver_due
+from common.signing import export_url
+from common.tabular import parse_template
+from master.views import object_id
+
+EXPORT_FUNC = "slave.jobs.run_export"
+
+
+@dataclass
+class Requested:
+    export: Export
+    deduplicated: bool
+
+
+def _when(value: Any, what: str) -> datetime | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"filter.{what} must be an ISO date-time string")
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError(f"filter.{what}: {value[:40]!r} is not an ISO date-time") from None
+    if stamp.tzinfo is not None:
+        stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+    return stamp
+
+
+def check_filter(raw: Any) -> dict:
+    """{"status": [HTTP status codes], "since", "until"} -> the stored form (codes as ints, naive UTC)."""
+    raw = raw or {}
+    if not isinstance(raw, dict) or set(raw) - {"status", "since", "until"}:
+        raise ValidationError("filter takes only status, since and until")
+    codes = []
+    for code in raw.get("status") or []:
+        text = str(code) if isinstance(code, (int, str)) and not isinstance(code, bool) else ""
+        if not text.isdigit() or not 100 <= int(text) <= 599:
+            raise ValidationError(f"filter.status: {str(code)[:20]!r} is not an HTTP status code")
+        codes.append(int(text))
+    out: dict[str, Any] = {}
+    if codes:
+        out["status"] = sorted(set(codes))
+    for key in ("since", "until"):
+        stamp = _when(raw.get(key), key)
+        if stamp:
+            out[key] = stamp
+    if out.get("since") and out.get("until") and out["since"] >= out["until"]:
+        raise ValidationError("filter: since must be before until")
+    return out
+
+
+def digest(job: str, fmt: str, template_canonical: dict, flt: dict) -> str:
+    canonical = json.dumps({"job": job, "format": fmt, "template": template_canonical,
+                            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()}},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.md5(canonical.encode()).hexdigest()
+
+
+def request(redis: Redis, job_name: Any, fmt: Any, template: Any = "", flt: Any = None, callback_url: Any = None,
+            mails: Any = (), requested_by: str = "") -> Requested:
+    """Check and queue an export (or return the identical one already underway or fresh)."""
+    if not isinstance(job_name, str):
+        raise ValidationError("job must be a string")
+    job = Job.objects(name=job_name).only("id", "name").first()
+    if job is None:
+        raise NotFound(f"no job named {job_name!r}")
+    if fmt not in EXPORT_FORMATS:
+        raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
+    if template is not None and not isinstance(template, str):
+        raise ValidationError("template must be TOML text")
+    parsed = parse_template(template)
+    cleaned = check_filter(flt)
+    callbacks = [check_callback(callback_url)] if callback_url else []
+    if isinstance(mails, str) or not isinstance(mails, (list, tuple)) or len(mails) > 20:
+        raise ValidationError("mails must be a list of at most 20 addresses")
+    mails = [check_mail(m) for m in mails]
+    key = digest(job.name, fmt, parsed.canonical(), cleaned)
+    with redis.lock(f"downcluster:export:dedup:{key}", timeout=30, blocking_timeout=30):
+        now = utcnow()
+        earlier = Export.objects(digest=key).filter(
+            __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
+                             {"state": SUCCESS, "created_at": {"$gte": now - timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)}}]}
+        ).order_by("-created_at").first()
+        if earlier is not None:
+            _join(earlier, callbacks, mails)
+            return Requested(earlier, True)
+        export = Export(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned, digest=key,
+                        callback_urls=callbacks, mails=mails, requested_by=requested_by, created_at=now, retry_at=now)
+        export.save(force_insert=True)
+    push(redis, export)
+    return Requested(export, False)
+
+
+def _join(export: Export, callbacks: list[str], mails: list[str]) -> None:
+    """Add a de-duplicated request's targets; if the export already ended, tell them now."""
+    if not callbacks and not mails:
+        return
+    Export.objects(id=export.id).update_one(add_to_set__callback_urls=callbacks, add_to_set__mails=mails)
+    if export.state == SUCCESS:
+        from common.exportnotes import announce
+
+        announce(export, callbacks, mails)
+
+
+def push(redis: Redis, export: Export) -> None:
+    """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
+    Queue(EXPORT_QUEUE, connection=redis).enqueue_call(
+        EXPORT_FUNC, args=(str(export.id),), job_id=ENTRY_PREFIX + str(export.id), result_ttl=0,
+        failure_ttl=7 * 24 * 3600, timeout=max(settings.LEASE_TIMEOUT, 3600))
+    Export.objects(id=export.id, state=PENDING).update_one(set__queued_at=utcnow())
+
+
+def get(export_id: Any) -> Export:
+    try:
+        export = Export.objects(id=object_id(export_id)).first()
+    except ValidationError:  # not an id: no such export
+        export = None
+    if export is None:
+        raise NotFound(f"no export {str(export_id)[:40]!r}")
+    return export
+
+
+def describe(export: Export, ttl: int | None = None) -> dict:
+    return {"id": str(export.id), "job": export.job_name, "format": export.format, "state": export.state,
+            "rows_done": export.rows_done, "rows_total": export.rows_total, "bytes": export.bytes,
+            "attempts": export.attempts, "error": export.error,
+            "url": export_url(str(export.id), ttl) if export.state == SUCCESS else None,
+            "created_at": iso(export.created_at), "finished_at": iso(export.finished_at),
+            "expires_at": iso(export.expires_at)}
+
+
+def listing(job_name: str | None = None, limit: int = 50) -> list[Export]:
+    query = Export.objects(job_name=job_name) if job_name else Export.objects
+    return list(query.order_by("-created_at").limit(limit))
+
+
+def link(export_id: Any, ttl: int | None = None) -> str:
+    export = get(export_id)
+    if export.state != SUCCESS:
+        raise ValidationError(f"export {export_id} is {export.state}: only a SUCCESS export has a file")
+    if ttl is not None and not 1 <= ttl <= 365 * 24 * 3600:
+        raise ValidationError("ttl must be 1 s to 365 days")
+    return export_url(str(export.id), ttl)
+
+
+def cancel(redis: Redis, export_id: Any) -> Export:
+    """PENDING or RUNNING -> CANCEL (a running worker sees it at its next progress write, stops
+    and removes its partial file)."""
+    export = get(export_id)
+    done = Export._get_collection().update_one(
+        {"_id": export.id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
+        {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
+    if not done.modified_count:
+        raise ValidationError(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
+    Queue(EXPORT_QUEUE, connection=redis).remove(ENTRY_PREFIX + str(export.id))
+    export.reload()
+    return export
+
+
+# --- tending (every dispatcher run) ------------------------------------------------------
+
+@dataclass
+class TendReport:
+    recovered: int = 0
+    sent: int = 0
+    expired: int = 0
+    notified: int = 0
+
+
+def tend(redis: Redis) -> TendReport:
+    """Recover, resend, expire, notify. Each part is independent; none raises into the dispatcher."""
+    from common.data import drop_export_file
+
+    report = TendReport()
+    coll = Export._get_collection()
+    now = utcnow()
+    dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
+    for doc in coll.find({"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, {"file_id": 1, "recoveries": 1}):
+        final = doc.get("recoveries", 0) + 1 >= settings.MAX_RECOVERIES
+        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
+                           "error": "its worker died" + (f" {settings.MAX_RECOVERIES} times" if final else ""),
+                           **({"finished_at": now} if final else {})},
+                  "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
+        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, update).modified_count:
+            drop_export_file(doc.get("file_id"))
+            report.recovered += 1
+            if final:
+                from common.exportnotes import announce
+
+                announce(Export.objects.get(id=doc["_id"]))
+    for doc in coll.find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1}):
+        if doc.get("queued_at") and redis.exists("rq:job:" + ENTRY_PREFIX + str(doc["_id"])):
+            continue  # its entry waits in the queue
+        push(redis, Export.objects.get(id=doc["_id"]))
+        report.sent += 1
+    for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
+        if coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}}).modified_count:
+            drop_export_file(doc.get("file_id"))
+            report.expired += 1
+    report.notified = deliver_due()
+    return report
+

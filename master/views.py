@@ -1,0 +1,235 @@
+"""Read-side views of the cluster shared by the CLI, the HTTP API and the console: jobs with
+their counts, pages of tasks, data and logs, a stored body, workers alive, the overview.
+
+Listings are pages in ``_id`` order with an ``after`` cursor (tasks and data oldest first,
+logs newest first); every filter value is checked to be a plain string of a known form before
+it goes into a query, so no caller can smuggle a MongoDB operator in.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from bson import ObjectId
+from bson.errors import InvalidId
+from redis import Redis
+
+from common.config import settings
+from common.data import gridfs_of
+from common.errors import NotFound, ValidationError
+from common.queues import WORKER_KEY_PREFIX
+from common.models import (
+    RUNNING,
+    TASK_STATUSES,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownload,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerDownloadSetting,
+    CrawlerLease,
+    CrawlerRegistrationErrorLog,
+    CrawlerTask,
+    Job,
+    iso,
+)
+from master.stats import COLUMNS, collect, task_counts
+
+LOGS = {
+    "download": CrawlerDownloadLog,
+    "dispatch": CrawlerDispatchLog,
+    "alert": CrawlerDispatchAlertLog,
+    "registration": CrawlerRegistrationErrorLog,
+}
+
+
+def plain(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a string")
+    return value
+
+
+def object_id(value: Any, what: str = "id") -> ObjectId:
+    try:
+        return ObjectId(plain(value, what))
+    except InvalidId:
+        raise ValidationError(f"{what} is not an id: {str(value)[:40]!r}") from None
+
+
+def clamp(limit: Any, default: int = 100) -> int:
+    if limit is None:
+        return default
+    try:
+        return max(1, min(int(limit), settings.API_MAX_LIMIT))
+    except (TypeError, ValueError):
+        raise ValidationError(f"limit must be an integer, got {str(limit)[:40]!r}") from None
+
+
+def job_named(name: Any) -> Job:
+    job = Job.objects(name=plain(name, "job")).first()
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return job
+
+
+def _clean(doc: dict) -> dict:
+    out = {}
+    for key, value in doc.items():
+        key = "id" if key == "_id" else key
+        if isinstance(value, ObjectId):
+            value = str(value)
+        elif isinstance(value, list):
+            value = [str(v) if isinstance(v, ObjectId) else iso(v) for v in value]
+        out[key] = iso(value)
+    return out
+
+
+def _page(cursor_docs: list[dict], limit: int) -> dict:
+    more = len(cursor_docs) > limit
+    docs = cursor_docs[:limit]
+    return {"items": [_clean(d) for d in docs], "next": str(docs[-1]["_id"]) if more else None}
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+def job_rows() -> list[dict]:
+    """Every job with its status, priority, downloader type, host and task counts."""
+    kinds = {d["job"]: d["types"] for d in CrawlerDownload._get_collection().find({}, {"job": 1, "types": 1})}
+    from common.models import CrawlerDownloadType
+
+    names = {t.id: t.language for t in CrawlerDownloadType.objects}
+    counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
+    return [{"name": j.name, "status": j.status, "priority": j.priority, "type": names.get(kinds.get(j.id), "?"),
+             "host": j.host or "", "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
+            for j in Job.objects.order_by("priority", "name")]
+
+
+MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their queue",
+                    2: "foreign: entries go to the foreign queues (workers with --foreign)"}
+
+
+def job_detail(name: Any) -> dict:
+    """One job: its row, its settings with secrets masked, and its last failures."""
+    job = job_named(name)
+    row = next(r for r in job_rows() if r["name"] == job.name)
+    s = CrawlerDownloadSetting.objects(job=job).first()
+    d = CrawlerDownload.objects(job=job).only("code").first()
+    if s:
+        row["settings"] = {
+            "dispatch_num": s.dispatch_num, "max_retry_times": s.max_retry_times,
+            "download_engine": s.download_engine, "prior": s.prior, "prior_meaning": MEANING_OF_PRIOR.get(s.prior, "?"),
+            "report_mails": s.report_mails, "headers": sorted(s.headers or {}),  # header names only
+            "proxy": "***" if s.proxy else "", "cookie": "***" if s.cookie else "",
+            "download_js_chars": len(s.download_js or ""),
+            "host_concurrency": s.host_concurrency or None, "host_delay": s.host_delay or 0.0,
+            "obey_robots": s.obey_robots is not False,
+        }
+    row["code_chars"] = len(d.code) if d else 0
+    row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
+    return row
+
+
+# --- tasks, data, bodies, logs -----------------------------------------------------------
+
+TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
+               "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
+
+
+def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = None, newest: bool = False) -> dict:
+    job = job_named(name)
+    flt: dict[str, Any] = {"job": job.id}
+    if status is not None:
+        if plain(status, "status") not in TASK_STATUSES:
+            raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
+        flt["status"] = status
+    if after is not None:
+        flt["_id"] = {"$lt" if newest else "$gt": object_id(after, "after")}
+    n = clamp(limit)
+    docs = list(CrawlerTask._get_collection().find(flt, TASK_FIELDS).sort("_id", -1 if newest else 1).limit(n + 1))
+    page = _page(docs, n)
+    return {"tasks": page["items"], "next": page["next"]}
+
+
+def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
+    job = job_named(name)
+    flt: dict[str, Any] = {"job": job.id}
+    if after is not None:
+        flt["_id"] = {"$gt": object_id(after, "after")}
+    n = clamp(limit)
+    docs = CrawlerDownloadData._get_collection().aggregate([
+        {"$match": flt}, {"$sort": {"_id": 1}}, {"$limit": n + 1},
+        {"$project": {"url": 1, "status_code": 1, "task": 1, "add_datetime": 1, "response_body_gridfs": 1,
+                      "size": {"$cond": [{"$ifNull": ["$response_body", False]},
+                                         {"$binarySize": "$response_body"}, None]}}},
+    ])
+    page = _page(list(docs), n)
+    for item in page["items"]:
+        gridfs_id = item.pop("response_body_gridfs", None)
+        if gridfs_id:
+            item["size"] = gridfs_of(CrawlerDownloadData._get_collection().database).get(ObjectId(gridfs_id)).length
+        item["size"] = item.get("size") or 0
+    return {"data": page["items"], "next": page["next"]}
+
+
+def body(data_id: Any) -> tuple[int, Iterator[bytes]]:
+    """(length, chunks) of a stored response body, byte-exact; GridFS bodies are streamed."""
+    try:
+        oid = object_id(data_id)
+    except ValidationError:
+        raise NotFound(f"no data document {str(data_id)[:40]!r}") from None
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": oid}, {"response_body": 1, "response_body_gridfs": 1})
+    if doc is None:
+        raise NotFound(f"no data document {data_id}")
+    if doc.get("response_body_gridfs"):
+        stored = gridfs_of(coll.database).get(doc["response_body_gridfs"])
+        return stored.length, iter(lambda: stored.read(256 * 1024), b"")
+    raw = bytes(doc.get("response_body") or b"")
+    return len(raw), iter((raw,))
+
+
+def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -> dict:
+    """A page of one log, newest first."""
+    model = LOGS.get(plain(kind, "log"))
+    if model is None:
+        raise NotFound(f"no log {kind!r}: one of {', '.join(LOGS)}")
+    flt: dict[str, Any] = {}
+    if job is not None:
+        flt = {"name": plain(job, "job")} if model is CrawlerRegistrationErrorLog else {"job": job_named(job).id}
+    if after is not None:
+        flt["_id"] = {"$lt": object_id(after, "after")}
+    n = clamp(limit)
+    docs = list(model._get_collection().find(flt).sort("_id", -1).limit(n + 1))
+    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    for d in docs:
+        if "job" in d:
+            d["job"] = names.get(d["job"], str(d["job"]))
+    page = _page(docs, n)
+    return {"logs": page["items"], "next": page["next"]}
+
+
+# --- workers, overview -------------------------------------------------------------------
+
+def workers(redis: Redis) -> list[dict]:
+    """Workers that announced themselves within their TTL, with the jobs of the entries they run."""
+    running: dict[str, set] = {}
+    for lease in CrawlerLease._get_collection().find({"state": RUNNING}, {"worker": 1, "job": 1}):
+        running.setdefault(lease.get("worker"), set()).add(lease["job"])
+    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    out = []
+    for key in sorted(redis.scan_iter(WORKER_KEY_PREFIX + "*", count=500)):
+        info = {k.decode(): v.decode() for k, v in redis.hgetall(key).items()}
+        if not info:
+            continue
+        worker_id = key.decode()[len(WORKER_KEY_PREFIX):]
+        out.append({"id": worker_id, "host": info.get("host", "?"), "inflight": int(info.get("inflight", 0)),
+                    "entries_done": int(info.get("entries", 0)),
+                    "jobs": sorted(names.get(j, str(j)) for j in running.get(worker_id, ()))})
+    return out
+
+
+def overview(redis: Redis) -> dict:
+    """What the console's first page shows: stats, workers alive, recent alerts."""
+    data = collect(redis)
+    data["workers"] = workers(redis)
+    data["alerts"] = log_page("alert", limit=10)["logs"]
+    return data

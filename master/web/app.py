@@ -1,0 +1,199 @@
+"""``downcluster web``: the HTTP API under /api/v1 and the console under /, one ASGI app.
+
+FastAPI on uvicorn: the API description (/api/v1/openapi.json) is generated from the same
+typed signatures that validate requests, and uvicorn is a real server. The process keeps no
+state: tokens and console sessions live in MongoDB, so several can run behind a balancer.
+
+Guards, outermost first: bodies over API_MAX_BODY are refused from Content-Length before they
+are read (chunked bodies are counted); query parameters must be plain lower-case names given
+once (``status[$ne]=x`` is refused, never parsed into an operator); security headers on every
+answer. Every error is ``{"error": "one line"}``; Redis or MongoDB away is a 503 naming the
+service and its host:port.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from urllib.parse import parse_qsl
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.config import settings
+from common.connections import connect_mongo, unreachable
+from common.errors import DispatchLocked, NotFound, ValidationError
+from common.secrets import redact
+
+logger = logging.getLogger("downcluster.web")
+QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy",
+     b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+     b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": redact(message).splitlines()[0][:500] if message else "error"},
+                        status_code=status, headers=headers)
+
+
+async def _send_error(send, status: int, message: str) -> None:
+    payload = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"), *SECURITY_HEADERS]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class Guard:
+    """Pure ASGI middleware: body size, query shape, security headers."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = settings.API_MAX_BODY
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await _send_error(send, 400, "Content-Length is not a number")
+            if int(length) > limit:
+                return await _send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
+        elif scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: count while buffering, at most the limit
+            chunks, total, more = [], 0, True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                total += len(chunk)
+                if total > limit:
+                    return await _send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            whole = b"".join(chunks)
+            sent = False
+
+            async def receive():  # noqa: F811 - replay the buffered body once
+                nonlocal sent
+                if sent:
+                    return {"type": "http.disconnect"}
+                sent = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+        seen = set()
+        for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
+            if not QUERY_KEY.match(key):
+                return await _send_error(send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only")
+            if key in seen:
+                return await _send_error(send, 422, f"query parameter {key!r} given twice")
+            if len(value) > 1024:
+                return await _send_error(send, 422, f"query parameter {key!r} is too long")
+            seen.add(key)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_headers)
+
+
+def _validation_line(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+    return f"{where or 'request'}: {first.get('msg', 'invalid')}"
+
+
+def create_app() -> FastAPI:
+    from master.web import api, console, files
+    from common.sentry import init_sentry
+
+    init_sentry(settings.SENTRY_DSN)
+    connect_mongo(ensure_indexes=_mongo_reachable_quickly())
+    app = FastAPI(title="downcluster", version="1.0.0", openapi_url="/api/v1/openapi.json",
+                  docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
+                  description="The downcluster HTTP API: Authorization: Bearer TOKEN on every call.")
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return error(exc.status, exc.message, {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(request: Request, exc: NotFound):
+        return error(404, str(exc))
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(request: Request, exc: ValidationError):
+        return error(422, str(exc))
+
+    @app.exception_handler(DispatchLocked)
+    async def _locked(request: Request, exc: DispatchLocked):
+        return error(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(request: Request, exc: RequestValidationError):
+        return error(422, _validation_line(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error(exc.status_code, str(exc.detail))
+
+    async def _unreachable(request: Request, exc: Exception):
+        return error(503, unreachable(exc) or "a service is unreachable")
+
+    from pymongo.errors import ConnectionFailure
+    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
+
+    for cls in (ConnectionFailure, RedisConnectionError, RedisTimeout):
+        app.add_exception_handler(cls, _unreachable)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error(500, "internal error (logged on the server)")
+
+    app.include_router(api.router, prefix="/api/v1")
+    app.include_router(files.router)
+    app.include_router(console.router)
+    origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]
+    if origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(Guard)
+    return app
+
+
+def _mongo_reachable_quickly() -> bool:
+    """Build indexes at start when MongoDB answers; a web started while it is away still serves 503s."""
+    from pymongo import MongoClient
+    from pymongo.errors import PyMongoError
+
+    client = MongoClient(settings.MONGO_URI, serverSelectionTimeoutMS=1000, connect=False)
+    try:
+        client.admin.command("ping")
+        return True
+    except PyMongoError:
+        return False
+    finally:
+        client.close()

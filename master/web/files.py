@@ -1,0 +1,39 @@
+"""``GET /files/exports/{id}?expires=UNIX&sig=HEX``: an export's file through a signed link,
+without a token (the link is the credential; it names one file and ends at ``expires``)."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from gridfs import GridFSBucket
+from gridfs.errors import NoFile
+
+from common.data import EXPORT_BUCKET
+from common.models import SUCCESS, Export
+from common.signing import check_export_sig
+from common.tabular import CONTENT_TYPES
+from master.exports import get
+from master.web.app import ApiError
+
+router = APIRouter(tags=["exports"])
+
+
+@router.get("/files/exports/{export_id}", response_class=StreamingResponse,
+            responses={403: {"description": "tampered link"}, 410: {"description": "link or export expired"}})
+def export_file(export_id: str, expires: str = "", sig: str = "") -> StreamingResponse:
+    problem = check_export_sig(export_id, expires, sig)
+    if problem == "tampered":
+        raise ApiError(403, "the link's signature does not match")
+    if problem == "expired":
+        raise ApiError(410, "the link has expired: ask for a new one")
+    export = get(export_id)
+    if export.state != SUCCESS:
+        raise ApiError(410 if export.state in ("EXPIRED", "CANCEL") else 409, f"the export is {export.state}")
+    bucket = GridFSBucket(Export._get_collection().database, bucket_name=EXPORT_BUCKET)
+    try:
+        stored = bucket.open_download_stream(export.file_id)
+    except NoFile:
+        raise ApiError(410, "the export's file is gone") from None
+    name = f"{export.job_name}-{export.id}.{export.format}"
+    return StreamingResponse(iter(lambda: stored.read(256 * 1024), b""), media_type=CONTENT_TYPES[export.format],
+                             headers={"Content-Length": str(stored.length), "Cache-Control": "private, no-store",
+                                      "Content-Disposition": f'attachment; filename="{name}"'})

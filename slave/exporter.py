@@ -1,0 +1,204 @@
+"""Running an export on a worker: claim it, stream its rows into a GridFS file in ``export_fs``
+(bounded memory: one row at a time; Excel through a constant-memory temp file), and settle it.
+
+Like a download entry, an export attempt is held by one worker: its id and a heartbeat
+(``beat_at``, refreshed by a thread while it runs) are in the export document; progress writes
+check the export is still RUNNING and still ours, so a cancel or a recovery stops it and its
+partial file is removed. The file id is written before the upload starts, so whatever a dead
+worker left (chunks without a files document) is found and removed by the defender.
+
+``ExportLane`` is the thread of ``downcluster worker`` that takes ``down_export`` entries, one
+at a time: downloads keep their event loop and their in-flight budget, exports their own
+thread, so neither waits for the other.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from bson import ObjectId
+from pymongo import ReturnDocument
+
+from common.config import settings
+from common.connections import redis_conn
+from common.data import EXPORT_BUCKET, Upload, data_filter, data_rows, drop_export_file
+from common.exportnotes import announce
+from common.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, utcnow
+from common.notify import deliver_due
+from common.queues import EXPORT_ENTRY_PREFIX as ENTRY_PREFIX, EXPORT_QUEUE
+from common.secrets import redact
+from common.sentry import capture
+from common.tabular import CONTENT_TYPES, WRITERS, parse_template
+
+logger = logging.getLogger(__name__)
+EXPORT_QUEUE_KEY = "rq:queue:" + EXPORT_QUEUE
+PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0
+
+
+class Stopped(Exception):
+    """The export was cancelled or recovered while this worker ran it."""
+
+
+class _Progress:
+    def __init__(self, oid: ObjectId, worker_id: str) -> None:
+        self.oid, self.worker_id = oid, worker_id
+        self.coll = Export._get_collection()
+        self.rows, self.last = 0, time.monotonic()
+
+    def write(self) -> None:
+        held = self.coll.update_one({"_id": self.oid, "state": EXPORT_RUNNING, "worker": self.worker_id},
+                                    {"$set": {"rows_done": self.rows}})
+        if not held.matched_count:
+            raise Stopped()
+        self.last = time.monotonic()
+
+    def wrap(self, rows):
+        for row in rows:
+            yield row
+            self.rows += 1
+            if self.rows % PROGRESS_ROWS == 0 or time.monotonic() - self.last >= PROGRESS_SECONDS:
+                self.write()
+
+
+class _Beat(threading.Thread):
+    """Refreshes the export's ``beat_at`` every HEARTBEAT_INTERVAL while it runs."""
+
+    def __init__(self, oid: ObjectId, worker_id: str) -> None:
+        super().__init__(daemon=True, name="export-beat")
+        self.oid, self.worker_id, self.halt = oid, worker_id, threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
+            try:
+                Export._get_collection().update_one({"_id": self.oid, "state": EXPORT_RUNNING, "worker": self.worker_id},
+                                                    {"$set": {"beat_at": utcnow()}})
+            except Exception as exc:  # MongoDB away: the defender may recover it; the export then stops
+                logger.warning("export heartbeat failed: %s", type(exc).__name__)
+
+
+def run_export(export_id: str, worker_id: str) -> str:
+    """Run one attempt of an export; "success", "failed", "retry", "stopped" or "skipped"."""
+    try:
+        oid = ObjectId(export_id)
+    except Exception:
+        return "skipped"
+    coll = Export._get_collection()
+    now, file_id = utcnow(), ObjectId()
+    doc = coll.find_one_and_update(
+        {"_id": oid, "state": PENDING},
+        {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
+                  "file_id": file_id, "rows_done": 0, "error": None},
+         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
+        return_document=ReturnDocument.AFTER)
+    if doc is None:
+        return "skipped"  # cancelled, already taken or finished
+    beat = _Beat(oid, worker_id)
+    beat.start()
+    progress = _Progress(oid, worker_id)
+    try:
+        rows, size = _write(doc, file_id, progress, worker_id)
+    except Stopped:
+        drop_export_file(file_id)
+        logger.info("export %s was cancelled or taken over: stopped", export_id)
+        return "stopped"
+    except Exception as exc:
+        drop_export_file(file_id)
+        return _failed(doc, worker_id, exc)
+    finally:
+        beat.halt.set()
+    done = utcnow()
+    settled = coll.update_one(
+        {"_id": oid, "state": EXPORT_RUNNING, "worker": worker_id},
+        {"$set": {"state": SUCCESS, "rows_done": rows, "rows_total": rows, "bytes": size, "finished_at": done,
+                  "expires_at": done + timedelta(seconds=settings.EXPORT_TTL), "beat_at": done}})
+    if not settled.modified_count:  # cancelled or recovered at the last moment: the file is not ours to keep
+        drop_export_file(file_id)
+        return "stopped"
+    announce(Export.objects.get(id=oid))
+    return "success"
+
+
+def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
+    if not Job.objects(id=doc["job"]).only("id").first():
+        raise RuntimeError(f"job {doc['job_name']} no longer exists")
+    template = parse_template(doc.get("template"))
+    query = data_filter(doc["job"], doc.get("filter") or {})
+    data = CrawlerDownloadData._get_collection()
+    Export._get_collection().update_one({"_id": doc["_id"], "worker": worker_id},
+                                        {"$set": {"rows_total": data.count_documents(query)}})
+    name = f"{doc['job_name']}-{doc['_id']}.{doc['format']}"
+    upload = Upload(data.database, EXPORT_BUCKET, file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
+    rows = WRITERS[doc["format"]](template, progress.wrap(data_rows(query, template.needs_body)), upload)
+    progress.write()  # last check: still ours, not cancelled
+    upload.close()
+    return rows, upload.length
+
+
+def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
+    reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
+    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES
+    now = utcnow()
+    update = {"state": FAIL, "finished_at": now} if final else \
+        {"state": PENDING, "retry_at": now + timedelta(seconds=settings.EXPORT_RETRY_DELAY)}
+    coll = Export._get_collection()
+    changed = coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "worker": worker_id},
+                              {"$set": {**update, "error": reason, "worker": None}})
+    logger.warning("export %s attempt %s failed: %s", doc["_id"], doc["attempts"], reason)
+    if not isinstance(exc, RuntimeError):
+        capture(exc)
+    if final and changed.modified_count:
+        announce(Export.objects.get(id=doc["_id"]))
+    return "failed" if final else "retry"
+
+
+class ExportLane(threading.Thread):
+    """Takes ``down_export`` entries one at a time for ``downcluster worker``; when idle, delivers
+    due notifications. ``finish()`` (burst) drains the queue first; ``stop()`` ends after the
+    running export."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(daemon=True, name="exports")
+        self.worker_id = worker_id
+        self.halt, self.drain = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        last_notify = 0.0
+        while not self.halt.is_set():
+            try:
+                got = redis_conn().blpop([EXPORT_QUEUE_KEY], timeout=1)
+            except Exception as exc:  # Redis away: try again
+                logger.warning("cannot read down_export: %s", type(exc).__name__)
+                time.sleep(1.0)
+                continue
+            if got:
+                self.take(got[1].decode())
+                continue
+            if self.drain.is_set():
+                break
+            if time.monotonic() - last_notify >= 30:
+                last_notify = time.monotonic()
+                deliver_due()
+
+    def take(self, entry: str) -> None:
+        if not entry.startswith(ENTRY_PREFIX):
+            logger.warning("not a downcluster export entry in down_export: %s", entry)
+            return
+        redis = redis_conn()
+        try:
+            redis.hset("rq:job:" + entry, "status", "started")
+            outcome = run_export(entry[len(ENTRY_PREFIX):], self.worker_id)
+            logger.info("export %s: %s", entry[len(ENTRY_PREFIX):], outcome)
+            redis.delete("rq:job:" + entry)
+        except Exception as exc:  # MongoDB gone: the defender recovers the export
+            logger.error("export %s failed: %s", entry, redact(f"{type(exc).__name__}: {exc}"))
+            capture(exc)
+
+    def finish(self) -> None:
+        self.drain.set()
+        self.join()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join()

@@ -1,0 +1,195 @@
+"""Crawl etiquette across the cluster, with real workers against the loopback site that counts
+what it sees: per-host concurrency and delay, hosts that do not slow each other, slots of a
+killed worker, Retry-After pauses, robots.txt, and one download for identical requests."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from common.hostlimits import ACQUIRE, host_of, keys, throttled
+from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+from master.dispatcher import dispatch_once
+from sample_site import ROBOTS, TRAFFIC, page_body
+from tests.helpers import add_urls, cli, register, statuses
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def workers(cluster, n: int = 1, timeout: float = 180, **settings) -> None:
+    env = {**os.environ, **cluster.env, **{f"DOWNCLUSTER_{k}": str(v) for k, v in settings.items()}}
+    procs = [subprocess.Popen([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-2000:]
+
+
+def host_header(base: str) -> str:
+    return urlsplit(base).netloc
+
+
+@pytest.fixture(autouse=True)
+def quiet_site(site):
+    TRAFFIC.reset()
+    ROBOTS.clear()
+    yield
+    ROBOTS.clear()
+
+
+def test_host_concurrency_holds_across_four_workers(cluster, tmp_path):
+    from common.config import settings
+
+    settings.override(DISPATCH_BATCH_SIZE=4)  # four entries of four: one for each worker
+    register(tmp_path, "j", dispatch_num=100)
+    add_urls("j", [f"{cluster.site}/hold/300?{i}" for i in range(16)])
+    assert dispatch_once(cluster.redis).total == 16
+    workers(cluster, 4, HOST_CONCURRENCY=2)
+    assert statuses("j") == {"SUCCESS": 16}
+    assert TRAFFIC.peak[host_header(cluster.site)] == 2  # four workers, never more than two at once
+
+
+def test_host_delay_spaces_request_starts(cluster, tmp_path):
+    register(tmp_path, "j")
+    add_urls("j", [f"{cluster.site}/page/{i}" for i in range(6)])
+    dispatch_once(cluster.redis)
+    workers(cluster, 2, HOST_DELAY=0.2)
+    assert statuses("j") == {"SUCCESS": 6}
+    starts = sorted(t for t in TRAFFIC.starts[host_header(cluster.site)])
+    starts = starts[1:]  # the first request of the host is its robots.txt
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # starts are spaced by 0.2 s when a worker sends them; their arrival jitters by a new connection's set-up
+    assert len(gaps) == 5 and min(gaps) >= 0.15 and sum(gaps) / len(gaps) >= 0.19, gaps
+
+
+def test_a_throttled_host_does_not_slow_another(cluster, tmp_path):
+    other = cluster.site.replace("127.0.0.1", "localhost")
+    register(tmp_path, "j", dispatch_num=100)
+    slow = [f"{cluster.site}/hold/500?{i}" for i in range(6)]
+    fast = [f"{other}/page/{i}" for i in range(20)]
+    add_urls("j", [u for pair in zip(slow, fast) for u in pair] + fast[6:])  # one entry, hosts mixed
+    dispatch_once(cluster.redis)
+    workers(cluster, 1, HOST_CONCURRENCY=1)
+    assert statuses("j") == {"SUCCESS": 26}
+    slow_starts = sorted(TRAFFIC.starts[host_header(cluster.site)])
+    fast_starts = sorted(TRAFFIC.starts[host_header(other)])
+    # the 20 fast pages are all fetched while the slow host serves its second of six
+    assert fast_starts[-1] < slow_starts[2], (fast_starts[-1] - slow_starts[0], slow_starts)
+
+
+def test_slots_of_a_killed_worker_free_themselves(cluster, tmp_path):
+    register(tmp_path, "j")
+    add_urls("j", [f"{cluster.site}/hold/60000?{i}" for i in range(4)])
+    dispatch_once(cluster.redis)
+    env = {**os.environ, **cluster.env, "DOWNCLUSTER_HOST_CONCURRENCY": "2", "DOWNCLUSTER_HOST_SLOT_TTL": "3",
+           "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
+    worker = subprocess.Popen([str(BIN / "downcluster"), "worker"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    host = host_of(cluster.site)
+    slots = keys(host)[0]
+    try:
+        end = time.monotonic() + 30
+        while cluster.redis.zcard(slots) < 2:
+            assert time.monotonic() < end
+            time.sleep(0.1)
+        time.sleep(4)  # longer than the slot TTL: the living worker renews them
+        assert cluster.redis.zcount(slots, int(time.time() * 1000), "+inf") == 2
+        assert [h["host"] for h in throttled(cluster.redis)] == [host]
+        os.killpg(worker.pid, signal.SIGKILL)
+    finally:
+        worker.wait()
+    killed = time.monotonic()
+    acquire = cluster.redis.register_script(ACQUIRE)
+    while acquire(keys=keys(host), args=["probe", 2, 0, 1000]) != 0:
+        assert time.monotonic() - killed < 5, "the dead worker's slots did not expire"
+        time.sleep(0.2)
+
+
+def test_retry_after_pauses_the_host_for_every_job(cluster, tmp_path):
+    register(tmp_path, "first", max_retry_times=0)
+    register(tmp_path, "second")
+    add_urls("first", [f"{cluster.site}/retry-after/4"])
+    dispatch_once(cluster.redis)
+    workers(cluster, 1)
+    paused = [h for h in throttled(cluster.redis) if h["paused_s"]]
+    assert paused and paused[0]["host"] == host_of(cluster.site) and 0.5 < paused[0]["paused_s"] <= 4
+    assert "paused" in cli("stats").output
+    add_urls("second", [f"{cluster.site}/page/1"])
+    dispatch_once(cluster.redis)
+    workers(cluster, 1)
+    assert statuses("second") == {"SUCCESS": 1}
+    hits = {p: t for p, t in zip(TRAFFIC.hits, TRAFFIC.starts[host_header(cluster.site)])}
+    starts = TRAFFIC.starts[host_header(cluster.site)]
+    assert starts[-1] - starts[1] >= 3.8, (hits, starts)  # /page/1 waited out the 4 s from the 503
+
+
+def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
+    ROBOTS[int(urlsplit(cluster.site).port)] = (200, "User-agent: *\nDisallow: /private/\nCrawl-delay: 0.3\n")
+    register(tmp_path, "j")
+    add_urls("j", [f"{cluster.site}/private/{i}" for i in range(3)] + [f"{cluster.site}/page/{i}" for i in range(4)])
+    dispatch_once(cluster.redis)
+    workers(cluster, 2)
+    assert statuses("j") == {"FAIL": 3, "SUCCESS": 4}
+    for t in CrawlerTask.objects(status="FAIL"):
+        assert t.failed_reason == "robots.txt disallows" and t.retry_at is None and "/private/" in t.uri
+    assert not [p for p in TRAFFIC.hits if p.startswith("/private/")] and TRAFFIC.hits["/robots.txt"] == 1
+    pages = sorted(TRAFFIC.starts[host_header(cluster.site)])[1:]
+    assert min(b - a for a, b in zip(pages, pages[1:])) >= 0.28  # Crawl-delay
+
+
+def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
+    ROBOTS[int(urlsplit(cluster.site).port)] = (500, "oops")
+    register(tmp_path, "j")
+    add_urls("j", [f"{cluster.site}/page/1"])
+    dispatch_once(cluster.redis)
+    workers(cluster, 1, ROBOTS_RETRY=2)
+    task = CrawlerTask.objects.get()
+    assert task.status == "LIVE" and task.download_times == 0 and task.retry_at is not None  # handed back
+    assert "/page/1" not in TRAFFIC.hits
+    ROBOTS[int(urlsplit(cluster.site).port)] = (404, "")
+    time.sleep(2.2)
+    dispatch_once(cluster.redis)
+    workers(cluster, 1, ROBOTS_RETRY=2)
+    assert statuses("j") == {"SUCCESS": 1} and TRAFFIC.hits["/robots.txt"] == 2
+
+
+def test_a_job_may_ignore_robots_txt(cluster, tmp_path):
+    ROBOTS[int(urlsplit(cluster.site).port)] = (200, "User-agent: *\nDisallow: /\n")
+    register(tmp_path, "j", obey_robots=False)
+    add_urls("j", [f"{cluster.site}/page/1"])
+    dispatch_once(cluster.redis)
+    workers(cluster, 1)
+    assert statuses("j") == {"SUCCESS": 1} and "/robots.txt" not in TRAFFIC.hits
+
+
+@pytest.mark.parametrize("window", [60, 0])
+def test_identical_requests_of_three_jobs_are_downloaded_once(cluster, tmp_path, window):
+    urls = [f"{cluster.site}/page/{i}" for i in range(200)]
+    for name in ("a", "b", "c"):
+        register(tmp_path, name, dispatch_num=1000)
+        add_urls(name, urls)
+    assert dispatch_once(cluster.redis).total == 600
+    workers(cluster, 2, COALESCE_WINDOW=window)
+    for name in ("a", "b", "c"):
+        assert statuses(name) == {"SUCCESS": 200}, name
+    fetched = sum(n for p, n in TRAFFIC.hits.items() if p.startswith("/page/"))
+    assert fetched == (200 if window else 600)
+    docs = list(CrawlerDownloadData._get_collection().find({}, {"url": 1, "response_body": 1, "task": 1}))
+    assert len(docs) == 600 and len({d["task"] for d in docs}) == 600
+    for d in docs:
+        assert bytes(d["response_body"]) == page_body(int(d["url"].rsplit("/", 1)[1]))
+    logs = CrawlerDownloadLog._get_collection()
+    copied = logs.count_documents({"coalesced_from": {"$ne": None}})
+    assert copied == (400 if window else 0) and logs.count_documents({}) == 600
+    if window:
+        one = logs.find_one({"coalesced_from": {"$ne": None}})
+        leader = CrawlerTask._get_collection().find_one({"_id": one["coalesced_from"]})
+        mine = CrawlerTask._get_collection().find_one({"_id": one["task"]})
+        assert leader["uri"] == mine["uri"] and leader["job"] != mine["job"]
