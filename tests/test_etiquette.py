@@ -141,7 +141,9 @@ def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
         assert t.failed_reason == "robots.txt disallows" and t.retry_at is None and "/private/" in t.uri
     assert not [p for p in TRAFFIC.hits if p.startswith("/private/")] and TRAFFIC.hits["/robots.txt"] == 1
     pages = sorted(TRAFFIC.starts[host_header(cluster.site)])[1:]
-    assert min(b - a for a, b in zip(pages, pages[1:])) >= 0.28  # Crawl-delay
+    gaps = [b - a for a, b in zip(pages, pages[1:])]
+    # Crawl-delay spaces the sends by 0.3 s; arrival jitters by a new connection's set-up, as above
+    assert len(gaps) == 3 and min(gaps) >= 0.25 and sum(gaps) / len(gaps) >= 0.29, gaps
 
 
 def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
