@@ -64,6 +64,7 @@ class Settings:
         if not values["HOSTNAME"]:
             values["HOSTNAME"] = socket.gethostname()
         self._values = values
+        self.__dict__.update(values)  # plain attributes: hot paths read settings per page
 
     def override(self, **values: Any) -> None:
         """Apply explicit overrides (highest precedence) and reload."""

@@ -43,6 +43,32 @@ redis.call('PEXPIRE', KEYS[1], ttl + 1000)
 return 0
 """ % (WAITED_MS, WAITED_MS)
 
+# KEYS: per host its slots and pause keys. ARGV: concurrency, slot ttl ms, a token prefix, then per
+# host the slots wanted. Takes what is free of each host (none while paused) as tokens
+# "<prefix>:<host's position>:<1..n>"; returns the number taken per host.
+ACQUIRE_MANY = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local conc, ttl, out = tonumber(ARGV[1]), tonumber(ARGV[2]), {}
+for h = 1, #KEYS / 2 do
+  local slots, got = KEYS[2 * h - 1], 0
+  if tonumber(redis.call('GET', KEYS[2 * h]) or '0') <= now then
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+    got = math.max(0, math.min(conc - redis.call('ZCARD', slots), tonumber(ARGV[3 + h])))
+    for i = 1, got do redis.call('ZADD', slots, now + ttl, ARGV[3] .. ':' .. h .. ':' .. i) end
+    if got > 0 then redis.call('PEXPIRE', slots, ttl + 1000) end
+  end
+  out[h] = got
+end
+return out
+"""
+
+# KEYS: slot sets; ARGV: one token per key. Gives those slots back.
+RELEASE_MANY = """
+for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i]) end
+return #KEYS
+"""
+
 # KEYS: the slot sets; ARGV: ttl ms, then one token per key. Pushes the expiry of held slots.
 RENEW = """
 local t = redis.call('TIME')
@@ -68,11 +94,13 @@ return untill
 
 
 def host_of(url: str, parts=None) -> str:
-    """The host a limit applies to: lower-case name and port (``example.com:443``); ``parts``:
-    ``urlsplit(url)`` when the caller has it."""
+    """The host a limit applies to: lower-case name and port (``example.com:443``, ``[::1]:80``);
+    ``parts``: ``urlsplit(url)`` when the caller has it."""
     parts = parts or urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{(parts.hostname or '').lower()}:{port}"
+    host = parts.netloc.rpartition("@")[2].lower().rstrip(":")
+    if host.endswith("]") or ":" not in host:
+        return f"{host}:{443 if parts.scheme.lower() == 'https' else 80}"
+    return host
 
 
 def keys(host: str) -> list[str]:

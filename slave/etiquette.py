@@ -8,7 +8,9 @@
 - coalescing (seed 002): identical requests within COALESCE_WINDOW are downloaded once; the
   first is the leader (``run:<task>``), the others wait and then copy its stored data
   (``done:<task>:<data id>``, published by the writer once the data is stored). A failed
-  download is not shared: its key is removed and a waiter becomes the next leader.
+  download is not shared: its key is removed and a waiter becomes the next leader. An entry
+  asks to lead all its requests in one call when it starts, and the writer publishes a whole
+  batch in one call: a page that nobody else asked for costs no Redis command of its own.
 
 Nothing here blocks the event loop: Redis is used through redis.asyncio; the heartbeat thread
 renews held slots and leaderships with its own client.
@@ -23,12 +25,12 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from redis import asyncio as aioredis
 
 from common.config import settings
-from common.hostlimits import ACQUIRE, PAUSE_HOST, RENEW, keys
+from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, keys
 
 logger = logging.getLogger(__name__)
 ROBOTS_PREFIX = "downcluster:robots:"
@@ -46,9 +48,33 @@ return 1
 """
 
 
-RENEW_IF = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+# KEYS: coalescing keys. ARGV: ttl ms, then one "run:<task>" per key. Per key: 1 (led by the
+# caller now) or the value found (another task's "run:..." or "done:...").
+LEAD_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[i + 1], 'NX', 'PX', ARGV[1]) then out[i] = 1
+  else out[i] = redis.call('GET', key) or 0 end
+end
+return out
+"""
+
+# KEYS: coalescing keys. ARGV: window ms, then per key the value expected and the one to set.
+PUBLISH_MANY = """
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2 * i] then redis.call('SET', key, ARGV[2 * i + 1], 'PX', ARGV[1]) end
+end
+return #KEYS
+"""
+
+
+# KEYS: coalescing keys. ARGV: ttl ms, then the value each should still hold. Per key 1 (renewed) or 0.
+RENEW_LEADS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i + 1] then out[i] = redis.call('PEXPIRE', key, ARGV[1]) else out[i] = 0 end
+end
+return out
 """
 
 
@@ -63,12 +89,13 @@ class Handback(Exception):
 def normalise(url: str, p=None) -> str:
     """Scheme and host lower-case, default port and fragment dropped (``p``: urlsplit(url))."""
     p = p or urlsplit(url)
-    host = (p.hostname or "").lower()
-    default = {"http": 80, "https": 443}.get(p.scheme.lower())
-    netloc = host if p.port in (None, default) else f"{host}:{p.port}"
-    if p.username:
-        netloc = f"{p.username}{':' + p.password if p.password else ''}@{netloc}"
-    return urlunsplit((p.scheme.lower(), netloc, p.path or "/", p.query, ""))
+    scheme = p.scheme.lower()
+    userinfo, at, host = p.netloc.rpartition("@")
+    host = host.lower().rstrip(":")
+    default = {"http": ":80", "https": ":443"}.get(scheme)
+    if default and host.endswith(default):
+        host = host[:-len(default)]
+    return f"{scheme}://{userinfo}{at}{host}{p.path or '/'}{'?' + p.query if p.query else ''}"
 
 
 class Batcher:
@@ -139,17 +166,21 @@ class Etiquette:
         self.batch = Batcher(self.redis)
         self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the heartbeat)
         self._freed: dict[str, asyncio.Event] = {}  # host -> set when this loop releases one of its slots
-        self._spare: dict[str, list[str]] = {}      # host -> slots held but idle, reused for a moment
+        self._spare: dict[str, dict[str, float]] = {}  # host -> idle slots held (token -> given back after)
         self._pooled: set[str] = set()              # tokens that go back to _spare when released
+        self._freeing: list[str] = []               # tokens to give back with the next Redis call
+        self._sweeping = False
+        self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the heartbeat)
         self._robots: dict[str, tuple[float, object]] = {}
+        self._robots_loading: dict[str, asyncio.Future] = {}
 
     async def close(self) -> None:
         """Give back every slot still held (idle ones kept for a next page above all: a burst
         worker or an rq job ending must not leave them to expire) and close the client."""
         self._spare.clear()
         try:
-            await asyncio.gather(*(self._give_back(token) for token in list(self.held)))
+            await self._give_back(list(self.held))
         finally:
             await self.redis.aclose()
 
@@ -163,22 +194,68 @@ class Etiquette:
             conc = own
         return conc, max(float(settings.HOST_DELAY), float(ctx.settings.get("host_delay") or 0.0))
 
+    @staticmethod
+    def pooled(conc: int, delay: float) -> bool:
+        """At the cluster's own limit and no delay (the common case) slots are kept a moment
+        and taken for a whole entry at once; a stricter job limit or a delay asks per request."""
+        return delay <= 0 and conc == settings.HOST_CONCURRENCY > 0
+
+    def _token(self) -> str:
+        self._seq += 1
+        return f"{self._uid}:{self._seq}"
+
+    def _keep(self, host: str, token: str) -> None:
+        """An idle slot, kept for this loop's next page of ``host`` for LINGER seconds (given
+        back by the sweep that follows, at most LINGER / 2 later)."""
+        self._spare.setdefault(host, {})[token] = time.monotonic() + LINGER
+        if not self._sweeping:
+            self._sweeping = True
+            asyncio.get_running_loop().call_later(LINGER, self._sweep)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for host, spare in list(self._spare.items()):
+            for token in [t for t, until in spare.items() if until <= now]:
+                del spare[token]
+                self._free(token)
+            if not spare:
+                del self._spare[host]
+        self._sweeping = bool(self._spare)
+        if self._sweeping:
+            asyncio.get_running_loop().call_later(LINGER / 2, self._sweep)
+
+    async def reserve(self, wanted: dict[str, int]) -> None:
+        """Slots for an entry's pages (host -> pages), taken in one call when the entry starts
+        and kept as spares its pages take (those not taken in LINGER go back); hosts without a
+        free slot are left to each page's own call."""
+        hosts = [h for h, n in wanted.items() if n > 0]
+        if not hosts:
+            return
+        prefix = self._token()
+        names = [k for h in hosts for k in keys(h)[0:3:2]]
+        got = await self.batch.eval(ACQUIRE_MANY, names, [settings.HOST_CONCURRENCY, settings.HOST_SLOT_TTL * 1000,
+                                                          prefix, *(wanted[h] for h in hosts)])
+        for i, (host, n) in enumerate(zip(hosts, got), 1):
+            for j in range(1, int(n) + 1):
+                token = f"{prefix}:{i}:{j}"
+                self.held[token] = keys(host)[0]
+                self._pooled.add(token)
+                self._keep(host, token)
+
     async def slot(self, host: str, conc: int, delay: float) -> str:
         """Take a slot of ``host`` (a token to release), waiting up to HOST_WAIT_MAX; Handback beyond.
 
-        At the cluster's own limit and no delay (the common case) a slot this loop gives back is
-        kept for LINGER seconds and reused by its next page of that host without a Redis call; it
-        still counts in Redis all along, so the cluster-wide limit holds. A stricter job limit or
-        a delay asks Redis for every request."""
+        Pooled limits (see ``pooled``): a spare slot of this loop is taken without a Redis call;
+        it counts in Redis all along, so the cluster-wide limit holds."""
         if conc <= 0 and delay <= 0:
             return ""  # no limits: no Redis round trip
-        pooled = delay <= 0 and conc == settings.HOST_CONCURRENCY
-        token, names = uuid.uuid4().hex, keys(host)
+        pooled = self.pooled(conc, delay)
+        token, names = self._token(), keys(host)
         start, backoff = time.monotonic(), 0.02
         while True:
             spare = self._spare.get(host) if pooled else None
             if spare:
-                return spare.pop()
+                return spare.popitem()[0]
             freed = self._freed.setdefault(host, asyncio.Event())  # before asking: a release meanwhile sets it
             got = int(await self.batch.eval(ACQUIRE, names, [token, conc, int(delay * 1000),
                                                              settings.HOST_SLOT_TTL * 1000]))
@@ -199,32 +276,36 @@ class Etiquette:
             except asyncio.TimeoutError:
                 pass
 
-    async def release(self, token: str, host: str = "") -> None:
+    def release(self, token: str, host: str = "") -> None:
         if token in self._pooled and token in self.held:
-            self._spare.setdefault(host, []).append(token)  # kept a moment for the next page of the host
-            asyncio.get_running_loop().call_later(LINGER, self._drop_spare, host, token)
+            self._keep(host, token)
         else:
-            await self._give_back(token)
+            self._free(token)
         freed = self._freed.pop(host, None)
         if freed is not None:  # after the slot is free (here or in Redis): the woken waiters find it
             freed.set()
 
-    def _drop_spare(self, host: str, token: str) -> None:
-        spare = self._spare.get(host)
-        if spare and token in spare:
-            spare.remove(token)
-            if not spare:
-                del self._spare[host]
-            asyncio.ensure_future(self._give_back(token))
+    def _free(self, token: str) -> None:
+        """Give a slot back with the loop's next Redis call (one call for all given back then)."""
+        if token not in self.held:
+            return
+        if not self._freeing:
+            asyncio.get_running_loop().call_later(GATHER, self._flush_freeing)
+        self._freeing.append(token)
 
-    async def _give_back(self, token: str) -> None:
-        key = self.held.pop(token, None)
-        self._pooled.discard(token)
-        if key:
+    def _flush_freeing(self) -> None:
+        tokens, self._freeing = self._freeing, []
+        asyncio.ensure_future(self._give_back(tokens))
+
+    async def _give_back(self, tokens: list[str]) -> None:
+        pairs = [(self.held.pop(t), t) for t in tokens if t in self.held]
+        for _, token in pairs:
+            self._pooled.discard(token)
+        if pairs:
             try:
-                await self.batch.call("ZREM", key, token)
-            except Exception as exc:  # Redis away: the slot expires by itself
-                logger.debug("slot not released: %s", type(exc).__name__)
+                await self.batch.eval(RELEASE_MANY, [k for k, _ in pairs], [t for _, t in pairs])
+            except Exception as exc:  # Redis away: the slots expire by themselves
+                logger.debug("slots not released: %s", type(exc).__name__)
 
     async def pause(self, host: str, seconds: float) -> None:
         """A server said Retry-After: no request to ``host`` from any job until then."""
@@ -239,10 +320,9 @@ class Etiquette:
         if held:
             redis.eval(RENEW, len(held), *(k for _, k in held), settings.HOST_SLOT_TTL * 1000, *(t for t, _ in held))
         if leading:
-            pipe = redis.pipeline(transaction=False)
-            for key, mine in leading:
-                pipe.eval(RENEW_IF, 1, key, mine, settings.HOST_SLOT_TTL * 1000)
-            for (key, _), still in zip(leading, pipe.execute()):
+            renewed = redis.eval(RENEW_LEADS, len(leading), *(k for k, _ in leading), settings.HOST_SLOT_TTL * 1000,
+                               *(v for _, v in leading))
+            for (key, _), still in zip(leading, renewed):
                 if not still:  # published (done) or given up: no longer ours to keep alive
                     self.leading.pop(key, None)
 
@@ -254,8 +334,12 @@ class Etiquette:
         origin = f"{scheme}://{host}"
         hit = self._robots.get(origin)
         if hit is None or hit[0] <= time.monotonic():
-            hit = await self._load_robots(origin, scheme, session)
-            self._robots[origin] = hit
+            loading = self._robots_loading.get(origin)
+            if loading is None:  # one load per origin, whatever the pages waiting for it
+                loading = self._robots_loading[origin] = asyncio.ensure_future(
+                    self._load_robots(origin, scheme, session))
+                loading.add_done_callback(lambda _, o=origin: self._robots_loading.pop(o, None))
+            hit = self._robots[origin] = await asyncio.shield(loading)
         rules = hit[1]
         if isinstance(rules, float):  # closed until then (epoch seconds)
             raise Handback(max(rules - time.time(), 1.0), f"robots.txt of {origin} unavailable: host closed")
@@ -270,8 +354,8 @@ class Etiquette:
         raw = await self.redis.get(key)
         if raw is None:
             if await self.redis.set(key + ":lock", "1", nx=True, px=20_000):
-                try:
-                    raw = await self._fetch_robots(origin, scheme, session, key)
+                try:  # another worker may have stored it between our read and our lock
+                    raw = await self.redis.get(key) or await self._fetch_robots(origin, scheme, session, key)
                 finally:
                     await self.redis.delete(key + ":lock")
             else:
@@ -319,18 +403,33 @@ class Etiquette:
     # --- coalescing -------------------------------------------------------------------------
 
     @staticmethod
-    def coalesce_key(url: str, ctx, shape: dict, parts=None) -> str:
-        material = json.dumps([normalise(url, parts), ctx.engine, shape.get("proxy", ""), shape.get("cookie", ""),
-                               sorted((shape.get("headers") or {}).items()), shape.get("user_agent", "")])
-        return COALESCE_PREFIX + hashlib.sha256(material.encode()).hexdigest()[:40]
+    def coalesce_keys(urls: list[str], ctx, shape: dict) -> list[str]:
+        """The coalescing key of each URL requested as ``ctx`` and ``shape`` (its request-shaping
+        settings: engine, proxy, cookie, headers, user agent) say."""
+        shaped = json.dumps([ctx.engine, shape.get("proxy", ""), shape.get("cookie", ""),
+                             sorted((shape.get("headers") or {}).items()), shape.get("user_agent", "")])
+        return [COALESCE_PREFIX + hashlib.sha256(f"{shaped}\n{normalise(url)}".encode()).hexdigest()[:40]
+                for url in urls]
 
-    async def try_lead(self, key: str, task_id: str) -> bool:
-        """One attempt to lead identical requests (True: this task downloads)."""
-        mine = f"run:{task_id}"
-        if await self.batch.call("SET", key, mine, "NX", "PX", settings.HOST_SLOT_TTL * 1000):
-            self.leading[key] = mine
-            return True
-        return False
+    async def lead_many(self, keys_: list[str], task_ids: list[str]) -> list:
+        """Ask to lead each request (one call for an entry): per key True (this task leads and
+        downloads) or the value another task left (``run:...`` or ``done:...``)."""
+        if not keys_:
+            return []
+        mine = [f"run:{t}" for t in task_ids]
+        got = await self.batch.eval(LEAD_MANY, keys_, [settings.HOST_SLOT_TTL * 1000, *mine])
+        for key, value, led in zip(keys_, mine, got):
+            if led == 1:
+                self.leading[key] = value
+        return [led == 1 or led for led in got]
+
+    @staticmethod
+    def done_of(value) -> tuple[str, str] | None:
+        """(leader task id, data id) of a published download's value, else None."""
+        if isinstance(value, bytes) and value.startswith(b"done:"):
+            _, leader, data_id = value.decode().split(":", 2)
+            return leader, data_id
+        return None
 
     async def lead_or_wait(self, key: str, task_id: str, deadline: float) -> tuple[str, str] | None:
         """None: this task leads (downloads); else (leader task id, data id) to copy."""
@@ -339,10 +438,9 @@ class Etiquette:
             if await self.batch.call("SET", key, mine, "NX", "PX", settings.HOST_SLOT_TTL * 1000):
                 self.leading[key] = mine
                 return None
-            value = await self.batch.call("GET", key)
-            if value is not None and value.startswith(b"done:"):
-                _, leader, data_id = value.decode().split(":", 2)
-                return leader, data_id
+            found = self.done_of(await self.batch.call("GET", key))
+            if found is not None:
+                return found
             await asyncio.sleep(0.05 + random.random() * 0.05)
         return None  # waited long enough: download it ourselves
 
@@ -354,12 +452,13 @@ class Etiquette:
 
     def publish_all(self, leaders: list[tuple[str, object, object]]) -> None:
         """On the loop, once the leaders' data is stored: their waiters may copy it now and for
-        COALESCE_WINDOW seconds."""
-        window = int(settings.COALESCE_WINDOW * 1000)
+        COALESCE_WINDOW seconds (one call for a whole write batch)."""
+        args = [int(settings.COALESCE_WINDOW * 1000)]
         for key, task_id, data_id in leaders:
             self.leading.pop(key, None)
-            done = self.batch.eval(CAS, [key], [f"run:{task_id}", f"done:{task_id}:{data_id}", window])
-            asyncio.ensure_future(done).add_done_callback(_quiet)
+            args += [f"run:{task_id}", f"done:{task_id}:{data_id}"]
+        done = self.batch.eval(PUBLISH_MANY, [key for key, _, _ in leaders], args)
+        asyncio.ensure_future(done).add_done_callback(_quiet)
 
     async def forget(self, key: str, value: str) -> None:
         await self.batch.eval(CAS, [key], [value, ""])

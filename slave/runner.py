@@ -234,13 +234,43 @@ class Engines:
             session = self._local.session = http.new_session()
         return http.fetch(url, limits=self.limits, session=session, **_request_shape(ctx))
 
-    async def download(self, ctx: JobContext, task: dict) -> writer.Outcome:
+    def coalescing(self, ctx: JobContext) -> bool:
+        return ctx.kind == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
+
+    async def prepare(self, ctx: JobContext, tasks: list[dict]) -> dict:
+        """What an entry asks of Redis once, before its pages start: the host slots its pages
+        will take (pooled limits, see Etiquette.pooled) and whether each task leads its request
+        (coalescing). Returns task id -> (coalescing key, True when it leads else the value
+        found); {} when the job does not coalesce; Redis failing: every task maps to the error
+        and is handed back."""
+        if not tasks:
+            return {}
+        wanted: dict[str, int] = {}
+        if Etiquette.pooled(*Etiquette.limits(ctx)):
+            for t in tasks:
+                host = host_of(t["uri"])
+                wanted[host] = wanted.get(host, 0) + 1
+        keys_ = []
+        if self.coalescing(ctx):
+            keys_ = Etiquette.coalesce_keys([t["uri"] for t in tasks], ctx, _request_shape(ctx))
+        reserved, led = await asyncio.gather(self.etiquette.reserve(wanted),
+                                             self.etiquette.lead_many(keys_, [str(t["_id"]) for t in tasks]),
+                                             return_exceptions=True)
+        if isinstance(reserved, Exception):  # each page asks for its own slot
+            logger.debug("slots not reserved: %s", type(reserved).__name__)
+        if isinstance(led, Exception):
+            return {t["_id"]: led for t in tasks}
+        return {t["_id"]: plan for t, plan in zip(tasks, zip(keys_, led))}
+
+    async def download(self, ctx: JobContext, task: dict, plan=None) -> writer.Outcome:
         """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
-        per-host slots, coalescing); every failure becomes an Outcome."""
+        per-host slots, coalescing as ``plan`` from ``lead`` says); every failure becomes an Outcome."""
         start = time.monotonic()
         url, lead = task["uri"], None
         try:
-            result, copied_from, lead = await self._polite(ctx, task)
+            if isinstance(plan, Exception):
+                raise plan
+            result, copied_from, lead = await self._polite(ctx, task, plan)
             error = None
         except Handback as back:
             return writer.Outcome(task=task, download=None, error=DownloadError(back.reason), deferred=back.after,
@@ -255,28 +285,28 @@ class Engines:
         return writer.Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
 
-    async def _polite(self, ctx: JobContext, task: dict) -> tuple[Download, object, str | None]:
+    async def _polite(self, ctx: JobContext, task: dict, plan) -> tuple[Download, object, str | None]:
         """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
         unless the job says obey_robots = false), then an identical request's stored download,
         else a host slot and the fetch."""
         url, builtin = task["uri"], ctx.kind == "none"
         parts = urlsplit(url)
-        host, crawl_delay, lead = host_of(url, parts), 0.0, None
-        if builtin and ctx.settings.get("obey_robots") is not False:
-            try:
-                crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, self.client.session(""))
-            except PermissionError:
-                raise DownloadError("robots.txt disallows", retryable=False) from None
-        conc, delay = Etiquette.limits(ctx)
-        delay = max(delay, crawl_delay)
+        host, crawl_delay = host_of(url, parts), 0.0
+        lead = plan[0] if plan is not None and plan[1] is True else None
         token = ""
         try:
-            if builtin and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser":
-                lead, token, copied = await self._lead_or_copy(ctx, task, parts, host, conc, delay)
+            if builtin and ctx.settings.get("obey_robots") is not False:
+                try:
+                    crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, self.client.session(""))
+                except PermissionError:
+                    raise DownloadError("robots.txt disallows", retryable=False) from None
+            conc, delay = Etiquette.limits(ctx)
+            if plan is not None and lead is None:
+                copied = await self._follow(plan[0], plan[1], str(task["_id"]))
                 if copied is not None:
                     return copied
-            else:
-                token = await self.etiquette.slot(host, conc, delay)
+                lead = plan[0]  # the leader failed or took too long: this task downloads
+            token = await self.etiquette.slot(host, conc, max(delay, crawl_delay))
             return await self._fetch(ctx, task), None, lead
         except BaseException as exc:
             if lead:  # failures are not shared: a waiter leads next
@@ -286,38 +316,24 @@ class Engines:
             raise
         finally:
             if token:
-                await self.etiquette.release(token, host)
+                self.etiquette.release(token, host)
 
-    async def _lead_or_copy(self, ctx, task, parts, host, conc, delay):
-        """(key led, slot token, None) to download, or (None, "", (copy, leader)) to reuse an
-        identical request's stored download. Leading and the host slot are asked for at once
-        (one round trip in the common case); a page that turns out to wait gives its slot back."""
-        key = Etiquette.coalesce_key(task["uri"], ctx, _request_shape(ctx), parts)
-        led, token = await asyncio.gather(self.etiquette.try_lead(key, str(task["_id"])),
-                                          self.etiquette.slot(host, conc, delay), return_exceptions=True)
-        if isinstance(led, BaseException) or isinstance(token, BaseException):
-            if led is True:
-                await self.etiquette.give_up_lead(key)
-            if isinstance(token, str) and token:
-                await self.etiquette.release(token, host)
-            raise led if isinstance(led, BaseException) else token
-        if led:
-            return key, token, None
-        if token:
-            await self.etiquette.release(token, host)
+    async def _follow(self, key: str, value, task_id: str):
+        """Another task leads this request: (its stored download, its task id, None) once it is
+        published, or None when this task is to download it (the leader failed, or waited for
+        longer than a download may take)."""
         deadline = time.monotonic() + settings.DOWNLOAD_TIMEOUT + 30
+        found = Etiquette.done_of(value)
         while True:
-            found = await self.etiquette.lead_or_wait(key, str(task["_id"]), deadline)
-            if found is None:  # we lead now (the leader failed, or we waited long enough)
-                try:
-                    return key, await self.etiquette.slot(host, conc, delay), None
-                except BaseException:
-                    await self.etiquette.give_up_lead(key)
-                    raise
+            if found is None:
+                found = await self.etiquette.lead_or_wait(key, task_id, deadline)
+                if found is None:
+                    return None
             copy = await asyncio.get_running_loop().run_in_executor(None, _stored_download, found[1])
             if copy is not None:
-                return None, "", (copy, ObjectId(found[0]), None)
+                return copy, ObjectId(found[0]), None
             await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
+            found = None
 
     async def _fetch(self, ctx: JobContext, task: dict) -> Download:
         url, limits = task["uri"], self.limits
@@ -522,7 +538,9 @@ class Runner:
             try:
                 if not tasks:
                     self.writer.submit(entry, None)
-                for next_done in asyncio.as_completed([self.engines.download(ctx, t) for t in tasks]):
+                plans = await self.engines.prepare(ctx, tasks)
+                downloads = [self.engines.download(ctx, t, plans.get(t["_id"])) for t in tasks]
+                for next_done in asyncio.as_completed(downloads):
                     outcome = await next_done
                     self.inflight, left = self.inflight - 1, left - 1
                     self.writer.submit(entry, outcome)

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.hostlimits import ACQUIRE, host_of, keys, throttled
+from common.hostlimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, host_of, keys, throttled
 from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 from master.dispatcher import dispatch_once
 from sample_site import ROBOTS, TRAFFIC, page_body
@@ -54,6 +54,23 @@ def test_host_concurrency_holds_across_four_workers(cluster, tmp_path):
     workers(cluster, 4, HOST_CONCURRENCY=2)
     assert statuses("j") == {"SUCCESS": 16}
     assert TRAFFIC.peak[host_header(cluster.site)] == 2  # four workers, never more than two at once
+    assert cluster.redis.zcard(keys(host_of(cluster.site))[0]) == 0  # every slot given back on exit
+
+
+def test_an_entry_takes_the_free_slots_of_its_hosts_in_one_call(cluster):
+    a, b, c = "a.example:80", "b.example:80", "c.example:443"
+    redis = cluster.redis
+    assert redis.register_script(ACQUIRE)(keys=keys(a), args=["elsewhere", 3, 0, 10_000]) == 0
+    redis.set(keys(b)[2], int(time.time() * 1000) + 60_000)  # b paused by a Retry-After
+    many = redis.register_script(ACQUIRE_MANY)
+    names = [k for h in (a, b, c) for k in keys(h)[0:3:2]]
+    assert many(keys=names, args=[3, 10_000, "w:1", 5, 2, 1]) == [2, 0, 1]  # a: 3 - 1 held; b paused
+    assert set(redis.zrange(keys(a)[0], 0, -1)) == {b"elsewhere", b"w:1:1:1", b"w:1:1:2"}
+    assert redis.zcard(keys(b)[0]) == 0 and redis.zrange(keys(c)[0], 0, -1) == [b"w:1:3:1"]
+    assert many(keys=names, args=[3, 10_000, "w:2", 5, 2, 1]) == [0, 0, 1]  # the limit holds
+    redis.register_script(RELEASE_MANY)(keys=[keys(a)[0], keys(c)[0]], args=["w:1:1:2", "w:1:3:1"])
+    assert set(redis.zrange(keys(a)[0], 0, -1)) == {b"elsewhere", b"w:1:1:1"}
+    assert redis.zrange(keys(c)[0], 0, -1) == [b"w:2:3:1"]
 
 
 def test_host_delay_spaces_request_starts(cluster, tmp_path):
@@ -195,3 +212,20 @@ def test_identical_requests_of_three_jobs_are_downloaded_once(cluster, tmp_path,
         leader = CrawlerTask._get_collection().find_one({"_id": one["coalesced_from"]})
         mine = CrawlerTask._get_collection().find_one({"_id": one["task"]})
         assert leader["uri"] == mine["uri"] and leader["job"] != mine["job"]
+
+
+def test_a_failed_download_is_not_shared(cluster, tmp_path):
+    url = f"{cluster.site}/flaky/shared/1"  # the first request answers 500, later ones 200
+    for name in ("a", "b"):
+        register(tmp_path, name)
+        add_urls(name, [url])
+    assert dispatch_once(cluster.redis).total == 2
+    workers(cluster, 1)
+    assert TRAFFIC.hits["/flaky/shared/1"] == 2  # the waiter downloaded it itself after the leader failed
+    tasks = list(CrawlerTask._get_collection().find({}))
+    ok = [t for t in tasks if t["status"] == "SUCCESS"]
+    failed = [t for t in tasks if t["status"] != "SUCCESS"]
+    assert len(ok) == 1 and len(failed) == 1 and failed[0]["failed_reason"].startswith("HTTP 500")
+    data = CrawlerDownloadData._get_collection().find_one({"task": ok[0]["_id"]})
+    assert bytes(data["response_body"]) == b"ok shared"
+    assert CrawlerDownloadLog._get_collection().count_documents({"coalesced_from": {"$ne": None}}) == 0
