@@ -437,6 +437,9 @@ class Writer(threading.Thread):
             try:
                 self._write(batch)
             finally:
+                for _, outcome in batch:  # stored (or given up): the body goes now, whoever still holds the outcome
+                    if outcome is not None:
+                        outcome.download = None
                 self.written += len(batch)
                 for loop, release in slots:  # the bodies are stored (or given up): free their slots
                     loop.call_soon_threadsafe(release)
