@@ -213,13 +213,16 @@ class Etiquette:
             asyncio.get_running_loop().call_later(LINGER, self._sweep)
 
     def _sweep(self) -> None:
-        now = time.monotonic()
+        now, idle = time.monotonic(), []
         for host, spare in list(self._spare.items()):
-            for token in [t for t, until in spare.items() if until <= now]:
+            expired = [t for t, until in spare.items() if until <= now]
+            for token in expired:
                 del spare[token]
-                self._free(token)
             if not spare:
                 del self._spare[host]
+            idle += expired
+        if idle:
+            asyncio.ensure_future(self._give_back(idle))
         self._sweeping = bool(self._spare)
         if self._sweeping:
             asyncio.get_running_loop().call_later(LINGER / 2, self._sweep)
@@ -228,6 +231,7 @@ class Etiquette:
         """Slots for an entry's pages (host -> pages), taken in one call when the entry starts
         and kept as spares its pages take (those not taken in LINGER go back); hosts without a
         free slot are left to each page's own call."""
+        wanted = {h: n - len(self._spare.get(h, ())) for h, n in wanted.items()}  # spares serve first
         hosts = [h for h, n in wanted.items() if n > 0]
         if not hosts:
             return
