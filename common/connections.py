@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import mongoengine
 from pymongo import MongoClient
 from redis import Redis
+from redis.maint_notifications import MaintNotificationsConfig
 
 from common.config import settings
 
@@ -76,10 +77,16 @@ def unreachable(exc: BaseException) -> str | None:
     return None
 
 
+# redis-py 8 asks every new RESP3 connection for maintenance notifications (a Redis Enterprise
+# feature): on Redis 7 that is a failed command per connection, whose swallowed error held the
+# caller's asyncio task (and its downloaded body) in a reference cycle until the next GC.
+REDIS_OPTIONS = {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 def redis_conn() -> Redis:
     """One Redis client per process and URL."""
     global _redis
     url = settings.REDIS_URL
     if _redis is None or _redis[0] != os.getpid() or _redis[1] != url:
-        _redis = (os.getpid(), url, Redis.from_url(url, health_check_interval=30))
+        _redis = (os.getpid(), url, Redis.from_url(url, health_check_interval=30, **REDIS_OPTIONS))
     return _redis[2]

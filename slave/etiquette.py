@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from redis import asyncio as aioredis
 
 from common.config import settings
+from common.connections import REDIS_OPTIONS
 from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, keys
 
 logger = logging.getLogger(__name__)
@@ -140,16 +141,18 @@ class Batcher:
                 future.set_exception(result) if isinstance(result, Exception) else future.set_result(result)
 
     async def eval(self, source: str, keys_: list[str], args: list):
+        """EVALSHA of ``source`` (its SHA1 computed here); a Redis that does not have the script
+        yet (first use, or restarted) gets it by SCRIPT LOAD in the same pipeline as the rest."""
         from redis.exceptions import NoScriptError
 
+        sha = self.shas.get(source)
+        if sha is None:
+            sha = self.shas[source] = hashlib.sha1(source.encode()).hexdigest()
         for _ in range(2):
-            sha = self.shas.get(source)
-            if sha is None:
-                sha = self.shas[source] = await self.redis.script_load(source)
             try:
                 return await self.call("EVALSHA", sha, len(keys_), *keys_, *args)
-            except NoScriptError:  # Redis restarted: load it again
-                self.shas.pop(source, None)
+            except NoScriptError:
+                await self.call("SCRIPT", "LOAD", source)
         raise RuntimeError("Redis keeps losing the etiquette scripts")
 
 
@@ -161,7 +164,8 @@ def _quiet(future: asyncio.Future) -> None:
 class Etiquette:
     def __init__(self) -> None:
         # a bounded pool that waits for a free connection (every download in flight may ask at once)
-        pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=60)
+        pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=60,
+                                                        **REDIS_OPTIONS)
         self.redis = aioredis.Redis(connection_pool=pool)
         self.batch = Batcher(self.redis)
         self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the heartbeat)

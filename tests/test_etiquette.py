@@ -160,7 +160,7 @@ def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
     pages = sorted(TRAFFIC.starts[host_header(cluster.site)])[1:]
     gaps = [b - a for a, b in zip(pages, pages[1:])]
     # Crawl-delay spaces the sends by 0.3 s; arrival jitters by a new connection's set-up, as above
-    assert len(gaps) == 3 and min(gaps) >= 0.25 and sum(gaps) / len(gaps) >= 0.29, gaps
+    assert len(gaps) == 3 and min(gaps) >= 0.2 and sum(gaps) >= 0.85, gaps  # 50 ms of jitter, as above
 
 
 def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
