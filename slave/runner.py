@@ -216,6 +216,13 @@ def _stored_download(data_id: str) -> Download | None:
                     request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
 
 
+def _etiquette_unavailable(task: dict, exc: Exception) -> writer.Outcome:
+    """The task is handed back (due again in 5 s, no attempt counted): the etiquette's checks failed."""
+    logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
+    return writer.Outcome(task=task, download=None, deferred=5.0, spend_us=0,
+                          error=DownloadError(f"etiquette unavailable ({type(exc).__name__}): handed back"))
+
+
 class Engines:
     """What one event loop downloads with."""
 
@@ -264,12 +271,12 @@ class Engines:
 
     async def download(self, ctx: JobContext, task: dict, plan=None) -> writer.Outcome:
         """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
-        per-host slots, coalescing as ``plan`` from ``lead`` says); every failure becomes an Outcome."""
+        per-host slots, coalescing as ``plan`` from ``prepare`` says); every failure becomes an Outcome."""
         start = time.monotonic()
         url, lead = task["uri"], None
+        if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
+            return _etiquette_unavailable(task, plan)
         try:
-            if isinstance(plan, Exception):
-                raise plan
             result, copied_from, lead = await self._polite(ctx, task, plan)
             error = None
         except Handback as back:
@@ -278,9 +285,7 @@ class Engines:
         except DownloadError as exc:
             result, copied_from, error = None, None, exc
         except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
-            logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
-            return writer.Outcome(task=task, download=None, deferred=5.0, spend_us=0,
-                                  error=DownloadError(f"etiquette unavailable ({type(exc).__name__}): handed back"))
+            return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
         return writer.Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
