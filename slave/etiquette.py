@@ -31,7 +31,7 @@ from redis import asyncio as aioredis
 
 from common.config import settings
 from common.connections import REDIS_OPTIONS
-from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, keys
+from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, host_of, keys
 
 logger = logging.getLogger(__name__)
 ROBOTS_PREFIX = "downcluster:robots:"
@@ -90,12 +90,11 @@ class Handback(Exception):
 def normalise(url: str, p=None) -> str:
     """Scheme and host lower-case, default port and fragment dropped (``p``: urlsplit(url))."""
     p = p or urlsplit(url)
-    scheme = p.scheme.lower()
-    userinfo, at, host = p.netloc.rpartition("@")
-    host = host.lower().rstrip(":")
-    default = {"http": ":80", "https": ":443"}.get(scheme)
-    if default and host.endswith(default):
+    scheme, host = p.scheme.lower(), host_of(url, p)
+    default = ":443" if scheme == "https" else ":80"
+    if host.endswith(default):
         host = host[:-len(default)]
+    userinfo, at, _ = p.netloc.rpartition("@")
     return f"{scheme}://{userinfo}{at}{host}{p.path or '/'}{'?' + p.query if p.query else ''}"
 
 
