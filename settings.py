@@ -74,6 +74,14 @@ HEARTBEAT_TTL = 20
 LEASE_TIMEOUT = 3600
 """Seconds after which a dispatched task is recovered whatever its queue entry says."""
 
+ABSENCE_GRACE = 10
+"""Seconds a QUEUED entry must stay missing from every queue (and from rq's started registries)
+between two looks of the defender before its tasks are given back: a worker may have just popped it."""
+
+DATA_SWEEP_GRACE = 3600
+"""Seconds before the defender removes a data document that no task names (an orphan of a lost
+attempt): longer than any write in flight can live (pymongo retries, TCP retransmission)."""
+
 RETRY_BACKOFF_BASE = 2.0
 """Seconds of the first retry delay; it doubles with each attempt."""
 

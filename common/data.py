@@ -1,5 +1,6 @@
-"""Removing stored data of attempts that did not settle, GridFS files included (shared by the
-writer, which cleans up after itself, and the defender, which cleans up after dead workers)."""
+"""Reading stored data (bodies byte-exact from the document or GridFS, the export rows) and
+writing export files to GridFS. Data is read through ``common.leases.visible``: only documents
+that their task names."""
 from __future__ import annotations
 
 import gridfs
@@ -7,7 +8,8 @@ import gridfs
 import hashlib
 from typing import Any, Iterator
 
-from common.models import CrawlerDownloadData, CrawlerTask
+from common.leases import visible
+from common.models import CrawlerDownloadData
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
@@ -15,25 +17,6 @@ EXPORT_BUCKET = "export_fs"
 
 def gridfs_of(database) -> gridfs.GridFS:
     return gridfs.GridFS(database, collection=GRIDFS_BUCKET)
-
-
-def drop_unsettled(lease: str, ids: list) -> int:
-    """Delete data that ``lease`` stored for tasks among ``ids`` it did not settle (their
-    ``data_lease`` is not ``lease``). Safe to call once no attempt under ``lease`` can settle."""
-    if not ids:
-        return 0
-    data = CrawlerDownloadData._get_collection()
-    settled = {d["_id"] for d in CrawlerTask._get_collection().find(
-        {"_id": {"$in": ids}, "data_lease": lease}, {"_id": 1})}
-    orphans = [i for i in ids if i not in settled]
-    if not orphans:
-        return 0
-    flt = {"task": {"$in": orphans}, "lease": lease}
-    fs = None
-    for doc in data.find({**flt, "response_body_gridfs": {"$ne": None}}, {"response_body_gridfs": 1}):
-        fs = fs or gridfs_of(data.database)
-        fs.delete(doc["response_body_gridfs"])
-    return data.delete_many(flt).deleted_count
 
 
 class Upload:
@@ -122,7 +105,7 @@ def data_rows(query: dict, needs_body: bool) -> Iterator[dict]:
     if not needs_body:
         projection["response_body"] = 0
     cursor = coll.find(query, projection).sort("_id", 1).batch_size(100 if needs_body else 1000)
-    for doc in cursor:
+    for doc in visible(cursor, batch=100 if needs_body else 1000):
         row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
                "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
                "add_datetime": doc.get("add_datetime")}

@@ -59,6 +59,18 @@ class Job(Document):
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
+def job_named(name) -> "Job":
+    """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
+    from common.errors import NotFound, ValidationError
+
+    if not isinstance(name, str):
+        raise ValidationError("job must be a string")
+    job = Job.objects(name=name).first()
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return job
+
+
 class CrawlerDownloadType(Document):
     language = StringField(required=True, unique=True)
     is_support = StringField(choices=("support", "unsupport"), default="support")
@@ -76,10 +88,12 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
+from common.jobsettings import ENGINES  # noqa: E402  (re-exported: built-in engines, the first the default)
 
 
 class CrawlerDownloadSetting(Document):
+    """A job's settings: the fields of ``common.jobsettings.SETTINGS`` (a test holds them equal)."""
+
     PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
     dispatch_num = IntField(min_value=1, default=100)
@@ -91,8 +105,8 @@ class CrawlerDownloadSetting(Document):
     download_js = StringField(default="")
     prior = IntField(choices=(0, 1, 2), default=0)
     report_mails = StringField(max_length=256, default="")
-    host_concurrency = IntField(min_value=0, default=0)   # 0: the cluster's HOST_CONCURRENCY
-    host_delay = FloatField(min_value=0, default=0.0)      # the stricter of this and HOST_DELAY wins
+    host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
+    host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
     obey_robots = BooleanField()                           # None: true for the built-in engine
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
@@ -135,31 +149,11 @@ class CrawlerTask(Document):
 
 
 QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
-FRESH, AGAIN = "FRESH", "AGAIN"
-UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields while it is DISPATCH
-
-
-def held_by(lease: str, kind: str) -> dict:
-    """What a task must still look like to belong to the entry ``lease``: the one guard of
-    every change that settles or gives back an entry's tasks (worker, defender, dispatcher), so
-    a task is changed by at most one of them."""
-    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
-
-
-def give_back(ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
-    """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
-    return CrawlerTask._get_collection().update_many(
-        {"_id": {"$in": ids}, **held_by(lease, kind)},
-        {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
-         "$unset": UNSET_LEASE}).modified_count
-
+FRESH, AGAIN = "FRESH", "AGAIN"  # an entry of fresh tasks (still LIVE) or of tasks sent again (DISPATCH)
 
 class CrawlerLease(Document):
-    """One queue entry (rq job ``dc-<_id>``) and the tasks it carries, from enqueue to settle.
-
-    QUEUED (in its rq queue) -> RUNNING (a worker claimed it; ``beat_at`` refreshed while it
-    runs) -> deleted when settled; LOST when the defender finds it gone from Redis or its worker
-    dead, until its tasks are released. ``kind`` FRESH: tasks still LIVE; AGAIN: tasks DISPATCH."""
+    """The lease of one queue entry (rq job ``dc-<_id>``): the tasks it carries, from enqueue
+    to settle. Its whole life, and the fence, is ``common/leases.py``."""
 
     id = StringField(primary_key=True)
     job = ReferenceField(Job, required=True)
@@ -175,12 +169,22 @@ class CrawlerLease(Document):
     started_at = DateTimeField()
     beat_at = DateTimeField()
     lost_reason = StringField()
+    missing_at = DateTimeField()      # QUEUED: when the defender first found its entry in no queue
     meta = {"db_alias": "source", "indexes": [("state", "beat_at")]}
 
 
+class DefenderState(Document):
+    """Where the defender's periodic passes stopped (``data_sweep``: the last data ``_id`` swept)."""
+
+    id = StringField(primary_key=True)
+    after = ObjectIdField()
+    at = DateTimeField()
+    meta = {"db_alias": "source", "collection": "defender_state"}
+
+
 class CrawlerDownloadData(Document):
-    """A successful attempt's response, stored once per settled attempt (the writer removes
-    what an attempt stored for a task it could not settle)."""
+    """A successful attempt's response. It counts only while its task names it (task
+    ``data_lease`` = ``lease``); see the fence in ``common/leases.py``."""
 
     job = ReferenceField(Job, required=True)
     downloader = ReferenceField(CrawlerDownload)
@@ -370,6 +374,7 @@ ALL_MODELS = (
     CrawlerDownloadSetting,
     CrawlerTask,
     CrawlerLease,
+    DefenderState,
     CrawlerDownloadData,
     CrawlerDownloadLog,
     CrawlerDispatchAlertLog,

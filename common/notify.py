@@ -25,6 +25,7 @@ import requests
 from common.config import settings
 from common.errors import ValidationError
 from common.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, utcnow
+from common.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
 
@@ -113,7 +114,7 @@ def _attempt(coll, doc: dict) -> int:
             coll.update_one({"_id": doc["_id"]}, {"$set": {"state": SUCCESS, "last_error": None}, "$unset": {"claimed_until": 1}})
             return 1
         final = attempt >= settings.WEBHOOK_MAX_ATTEMPTS or error.startswith("ValidationError")
-        delay = min(30 * 2 ** (attempt - 1), 3600)  # the first retry within a minute
+        delay = backoff(attempt, base=30, cap=3600, jitter=False)  # the first retry within a minute
         coll.update_one({"_id": doc["_id"]}, {"$set": {"state": FAIL if final else PENDING, "last_error": error,
                                                        "next_at": now + timedelta(seconds=delay)},
                                               "$unset": {"claimed_until": 1}})

@@ -1,4 +1,5 @@
-"""Priorities, the four rq queues, host queues and the worker's queue order."""
+"""Priorities, the four rq queues, host queues and the worker's queue order (names only: how an
+entry is an rq job is ``common/rqbridge.py``)."""
 from __future__ import annotations
 
 from common.config import settings
@@ -6,10 +7,8 @@ from common.config import settings
 QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
 PRIORITIES = range(-1, 6)
 LOCK_KEY = "downcluster:dispatch:lock"
-RQ_JOB_PREFIX = "dc-"
-EXPORT_QUEUE = "down_export"      # export entries (rq jobs "dcx-<export id>"), taken by every worker's export lane
-EXPORT_ENTRY_PREFIX = "dcx-"
-WORKER_KEY_PREFIX = "downcluster:worker:"  # + worker id: a hash each live worker refreshes (stats, console)
+EXPORT_QUEUE = "down_export"      # export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time
+WORKER_KEY_PREFIX = "downcluster:worker:"  # + rq worker name: its download figures (in flight, peak), for stats
 
 
 def queue_for_priority(priority: int) -> str:
@@ -52,65 +51,3 @@ def worker_queue_names(host: str = "", foreign: bool = False) -> list[str]:
             names.append(queue_name(base, foreign=True))
         names.append(base)
     return names
-
-
-def rq_job_id(lease: str) -> str:
-    return RQ_JOB_PREFIX + lease
-
-
-# --- atomic queue operations (Lua: one round trip, no interleaving) ------------------------
-
-# Push an entry only while the caller still holds the dispatcher lock and the queue is below
-# its cap: two dispatchers (say after a Redis restart dropped the lock) can never overfill it.
-# KEYS: lock, queue list, job hash, rq's set of queues. ARGV: token, cap, at_front, job id,
-# then the job hash's field/value pairs.
-_PUSH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[2]) then return 0 end
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-redis.call('SADD', KEYS[4], KEYS[2])
-if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[4]) else redis.call('RPUSH', KEYS[2], ARGV[4]) end
-return 1
-"""
-
-# The first entry of the first non-empty queue, in the order given (strict priority).
-_POP = """
-for i = 1, #KEYS do
-  local v = redis.call('LPOP', KEYS[i])
-  if v then return {KEYS[i], v} end
-end
-return false
-"""
-
-PUSHED, FULL, NOT_OWNER = 1, 0, -1
-_scripts: dict = {}
-
-
-def script(redis, source: str):
-    """The Script object of ``source`` (made once; callers always pass their own client)."""
-    if source not in _scripts:
-        _scripts[source] = redis.register_script(source)
-    return _scripts[source]
-
-
-def push_entry(redis, queue_key: str, job_key: str, job_id: str, mapping: dict, cap_entries: int,
-               token: bytes | str, at_front: bool = False, client=None) -> int:
-    """PUSHED, FULL (queue at its cap) or NOT_OWNER (``token`` no longer holds the lock).
-    ``mapping`` is the rq job hash; the entry pushed is ``job_id``. With ``client`` a pipeline,
-    the answer comes from its ``execute()``."""
-    if isinstance(token, bytes):
-        token = token.decode()
-    flat: list = []
-    for k, v in mapping.items():
-        flat += [k, v]
-    args = [token, cap_entries, "1" if at_front else "0", job_id] + flat
-    got = script(redis, _PUSH)(keys=[LOCK_KEY, queue_key, job_key, "rq:queues"], args=args, client=client or redis)
-    return got if client is not None else int(got)
-
-
-def pop_first(redis, queue_keys: list[str]):
-    """(queue key, job id) of the head of the first non-empty queue, or None."""
-    got = script(redis, _POP)(keys=queue_keys, args=[], client=redis)
-    if not got:
-        return None
-    return got[0].decode(), got[1].decode()

@@ -175,8 +175,9 @@ def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: 
 
 @click.command()
 def defender() -> None:
-    """Recover tasks whose queue entry was lost or whose worker died (runs in every dispatch too)."""
-    from master.defender import recover
+    """Recover tasks whose queue entry was lost or whose worker died, remove data no task names
+    (runs in every dispatch too)."""
+    from master.defender import recover, sweep
 
     _connect()
     from master.exports import tend
@@ -185,6 +186,7 @@ def defender() -> None:
     click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, {report.requeued} sent again (never started)")
     for reason in report.reasons:
         click.echo(f"  {reason}")
+    click.echo(f"removed {sweep()} data documents that no task names")
     tended = tend(redis_conn())
     click.echo(f"exports: {tended.recovered} recovered, {tended.sent} sent again, {tended.expired} expired; "
                f"{tended.notified} notifications delivered")

@@ -36,15 +36,14 @@ from common.config import settings
 from common.connections import redis_conn
 from common.errors import ConfigError, DispatchLocked
 from common.secrets import redact
+from common.leases import give_back, new_lease
 from common.models import (
     AGAIN,
     DISPATCH,
     FAIL,
     FRESH,
     ON,
-    QUEUED,
     SUCCESS,
-    give_back,
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownloadSetting,
@@ -53,14 +52,14 @@ from common.models import (
     Job,
     utcnow,
 )
-from common.queues import FULL, NOT_OWNER, PUSHED, cap, push_entry, queue_for_priority, queue_name, rq_job_id
+from common.queues import LOCK_KEY, cap, queue_for_priority, queue_name
+from common.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key
 from master import defender
 from master.lock import DispatchLock
 from master.selection import Picked, again_filter, fresh_cursor, select_again, select_fresh
 
 logger = logging.getLogger(__name__)
 
-JOB_FUNCTION = "slave.jobs.run_batch"
 ORDERS = ("priority", "host", "priority,host", "host,priority")
 
 
@@ -218,16 +217,6 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
 
 # --- sending -----------------------------------------------------------------------------
 
-def _job_mapping(queue: Queue, lease: str, work: JobWork, count: int) -> dict:
-    job = queue.create_job(JOB_FUNCTION, args=(lease,), job_id=rq_job_id(lease), timeout=entry_timeout(),
-                           result_ttl=0, failure_ttl=settings.LEASE_TIMEOUT,
-                           description=f"{work.name} x{count}")
-    job.origin = queue.name
-    job.enqueued_at = utcnow()
-    job._status = "queued"
-    return job.to_dict()
-
-
 def release_entry(lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
     give_back(ids, lease, kind, f"not sent: {reason}", now)
@@ -249,11 +238,9 @@ class Run:
             return
         now = self.now
         leases = [uuid.uuid4().hex for _ in work.entries]
-        CrawlerLease._get_collection().insert_many([
-            {"_id": lease, "job": work.job["_id"], "queue": e.queue, "kind": e.kind, "ids": e.ids,
-             "uris": [t.uri for t in e.tasks], "attempts": [t.attempts for t in e.tasks],
-             "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
-            for lease, e in zip(leases, work.entries)], ordered=False)
+        CrawlerLease._get_collection().insert_many(
+            [new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now) for lease, e in zip(leases, work.entries)],
+            ordered=False)
         tasks = CrawlerTask._get_collection()
         again_flt = again_filter(work.job["_id"], work.max_retry_times, now)
         for lease, e in zip(leases, work.entries):
@@ -276,9 +263,9 @@ class Run:
                 return
         pipe = self.redis.pipeline(transaction=False)
         for lease, e in zip(leases, work.entries):
-            q = Queue(e.queue, connection=self.redis)
-            push_entry(self.redis, q.key, "rq:job:" + rq_job_id(lease), rq_job_id(lease),
-                       _job_mapping(q, lease, work, len(e.tasks)), cap(e.queue), self.token,
+            mapping = entry_mapping(Queue(e.queue, connection=self.redis), lease, entry_timeout(),
+                                    settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
+            push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
                        at_front=work.prior == 1, client=pipe)
         try:
             results = pipe.execute()
@@ -326,7 +313,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh)})
     pipe = redis.pipeline(transaction=False)
     for name in queues:
-        pipe.llen(Queue(name, connection=redis).key)
+        pipe.llen(queue_key(name))
     free = {name: max(0, cap(name) - n) for name, n in zip(queues, pipe.execute())}
     alerts = plan(works, free, settings.MAX_TOTAL_DISPATCH_COUNT_ONCE, settings.DISPATCH_BATCH_SIZE)
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
@@ -346,11 +333,12 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
 
 
 def _housekeeping(redis: Redis) -> None:
-    """Exports (recover, resend, expire), report mails, due notifications: after the queues are
-    filled, and never able to break a dispatcher run."""
+    """Report mails, exports (recover, resend, expire, then due notifications) and the orphan
+    data sweep: after the queues are filled, and never able to break a dispatcher run."""
     from master import exports, reports
 
-    for step in (reports.send_reports, lambda: exports.tend(redis)):  # tend ends by delivering what is due
+    steps = (reports.send_reports, lambda: exports.tend(redis), lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
+    for step in steps:
         try:
             step()
         except Exception as exc:

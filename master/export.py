@@ -1,6 +1,6 @@
 """``downcluster data export``: stream a job's stored data as CSV or JSON Lines.
 
-Documents are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
+Documents that their task names (``common.leases.visible``) are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
 bounded whatever the job's size. JSONL keeps the body byte-exact (base64) next to a decoded
 text; CSV carries the decoded text.
 """
@@ -13,20 +13,19 @@ from typing import IO, Iterator
 
 
 from common.data import body_of, gridfs_of, text_of
-from common.errors import NotFound, ValidationError
-from common.models import CrawlerDownloadData, Job
+from common.errors import ValidationError
+from common.leases import visible
+from common.models import CrawlerDownloadData, job_named
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
 
 
 def rows(job_name: str) -> Iterator[tuple[dict, bytes]]:
-    job = Job.objects(name=job_name).only("id").first()
-    if job is None:
-        raise NotFound(f"no job named {job_name!r}")
+    job = job_named(job_name)
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     cursor = coll.find({"job": job.id}, {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
-    for doc in cursor:
+    for doc in visible(cursor):
         body = body_of(doc, fs)
         meta = {
             "task_id": str(doc["task"]), "url": doc.get("url"), "status_code": doc.get("status_code"),

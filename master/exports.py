@@ -21,6 +21,7 @@ from rq import Queue
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.models import (
+    job_named,
     CANCELLED,
     EXPIRED,
     EXPORT_FORMATS,
@@ -29,17 +30,16 @@ from common.models import (
     PENDING,
     SUCCESS,
     Export,
-    Job,
     iso,
     utcnow,
 )
-from common.queues import EXPORT_ENTRY_PREFIX as ENTRY_PREFIX, EXPORT_QUEUE
+from common.queues import EXPORT_QUEUE
+from common.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id
 from common.notify import check_callback, check_mail, deliver_due
 from common.signing import export_url
 from common.tabular import parse_template
 from master.views import object_id
 
-EXPORT_FUNC = "slave.jobs.run_export"
 
 
 @dataclass
@@ -97,9 +97,7 @@ def request(redis: Redis, job_name: Any, fmt: Any, template: Any = "", flt: Any 
     """Check and queue an export (or return the identical one already underway or fresh)."""
     if not isinstance(job_name, str):
         raise ValidationError("job must be a string")
-    job = Job.objects(name=job_name).only("id", "name").first()
-    if job is None:
-        raise NotFound(f"no job named {job_name!r}")
+    job = job_named(job_name)
     if fmt not in EXPORT_FORMATS:
         raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
     if template is not None and not isinstance(template, str):
@@ -141,7 +139,7 @@ def _join(export: Export, callbacks: list[str], mails: list[str]) -> None:
 def push(redis: Redis, export: Export) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
     Queue(EXPORT_QUEUE, connection=redis).enqueue_call(
-        EXPORT_FUNC, args=(str(export.id),), job_id=ENTRY_PREFIX + str(export.id), result_ttl=0,
+        EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
         failure_ttl=7 * 24 * 3600, timeout=max(settings.LEASE_TIMEOUT, 3600))
     Export.objects(id=export.id, state=PENDING).update_one(set__queued_at=utcnow())
 
@@ -188,7 +186,7 @@ def cancel(redis: Redis, export_id: Any) -> Export:
         {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
     if not done.modified_count:
         raise ValidationError(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
-    Queue(EXPORT_QUEUE, connection=redis).remove(ENTRY_PREFIX + str(export.id))
+    Queue(EXPORT_QUEUE, connection=redis).remove(export_entry_id(export.id))
     export.reload()
     return export
 
@@ -225,7 +223,7 @@ def tend(redis: Redis) -> TendReport:
 
                 announce(Export.objects.get(id=doc["_id"]))
     for doc in coll.find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1}):
-        if doc.get("queued_at") and redis.exists("rq:job:" + ENTRY_PREFIX + str(doc["_id"])):
+        if doc.get("queued_at") and entry_exists(redis, export_entry_id(doc["_id"])):
             continue  # its entry waits in the queue
         push(redis, Export.objects.get(id=doc["_id"]))
         report.sent += 1

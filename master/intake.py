@@ -13,8 +13,8 @@ from typing import Callable, Iterable
 from pymongo.errors import BulkWriteError
 
 from common.config import settings
-from common.errors import NotFound, ValidationError
-from common.models import LIVE, CrawlerTask, Job, utcnow
+from common.errors import ValidationError
+from common.models import LIVE, CrawlerTask, Job, job_named, utcnow
 from common.urls import check_url
 from master.selection import INTAKE_STALE
 
@@ -49,9 +49,7 @@ def add_tasks(
     host: str = "",
     progress: Callable[[int], None] | None = None,
 ) -> IntakeReport:
-    job = Job.objects(name=job_name).only("id").first()
-    if job is None:
-        raise NotFound(f"no job named {job_name!r}")
+    job = job_named(job_name)
     collection = CrawlerTask._get_collection()
     report = IntakeReport()
     seen: set[str] = set()

@@ -14,7 +14,8 @@ from datetime import timedelta
 
 from pymongo import UpdateOne
 
-from common.models import DISPATCH, LIVE, UNSET_LEASE, CrawlerLease, CrawlerTask, Job, utcnow
+from common.leases import UNSET_LEASE
+from common.models import DISPATCH, LIVE, CrawlerLease, CrawlerTask, Job, utcnow
 from master.intake import commit, reserve
 
 CHUNK = 5000

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from common import jobsettings
 from common.config import settings
-from common.errors import NotFound, ValidationError
+from common.errors import ValidationError
 from common.notify import check_mail
+from common.jobsettings import ENGINES
 from common.models import (
-    ENGINES,
     OFF,
     ON,
     CrawlerDownload,
@@ -25,6 +26,7 @@ from common.models import (
     CrawlerDownloadType,
     CrawlerRegistrationErrorLog,
     Job,
+    job_named,
     utcnow,
 )
 
@@ -46,47 +48,11 @@ class JobSpec:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-def _int(settings_: dict, key: str, low: int, high: int) -> None:
-    value = settings_.get(key)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValidationError(f"settings.{key} must be an integer in {low}..{high}, got {value!r}")
-
-
-def _str(settings_: dict, key: str, max_len: int = 4096, lines: bool = False) -> str:
-    value = settings_.get(key, "")
-    if not isinstance(value, str):
-        raise ValidationError(f"settings.{key} must be a string, got {type(value).__name__}")
-    if lines:
-        if len(value) > max_len or "\0" in value:
-            raise ValidationError(f"settings.{key} must be text of at most {max_len} characters")
-    elif len(value) > max_len or "\n" in value or "\r" in value:
-        raise ValidationError(f"settings.{key} must be one line of at most {max_len} characters")
-    return value
-
-
 def validate_settings(raw: Any) -> dict[str, Any]:
-    """Check each CrawlerDownloadSetting field's type and range; return the cleaned dict."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ValidationError("[settings] must be a table")
-    known = {"dispatch_num", "max_retry_times", "proxy", "cookie", "headers", "download_engine",
-             "download_js", "prior", "report_mails", "host_concurrency", "host_delay", "obey_robots"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValidationError(f"unknown setting {unknown[0]!r}")
-    _int(raw, "dispatch_num", 1, 100_000)
-    _int(raw, "max_retry_times", 0, 100)
-    _int(raw, "prior", 0, 2)
-    _int(raw, "host_concurrency", 1, 10_000)
-    delay = raw.get("host_delay")
-    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600):
-        raise ValidationError(f"settings.host_delay must be a number of seconds in 0..3600, got {delay!r}")
-    if "obey_robots" in raw and not isinstance(raw["obey_robots"], bool):
-        raise ValidationError(f"settings.obey_robots must be true or false, got {raw['obey_robots']!r}")
-    proxy = _str(raw, "proxy")
+    """Each setting's type and range (``common.jobsettings``), then what one setting means for
+    another; return the cleaned dict."""
+    raw = jobsettings.check(raw)
+    proxy = raw.get("proxy", "")
     if proxy:
         try:
             parts = urlsplit(proxy)
@@ -95,28 +61,20 @@ def validate_settings(raw: Any) -> dict[str, Any]:
             raise ValidationError("settings.proxy is not a valid URL") from None
         if parts.scheme not in ("http", "https", "socks5", "socks5h") or not parts.hostname:
             raise ValidationError("settings.proxy must be a http://, https:// or socks5:// URL with a host")
-    _str(raw, "cookie")
-    engine = _str(raw, "download_engine") or ENGINES[0]
+    engine = raw.get("download_engine") or ENGINES[0]
     if engine not in ENGINES:
         raise ValidationError(f"settings.download_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if "download_js" in raw:  # a function body run in the page by the browser engine (never here)
-        js = _str(raw, "download_js", 100_000, lines=True)
-        if not js.strip():
+        if not raw["download_js"].strip():
             raise ValidationError("settings.download_js is empty: leave it out, or give a function body")
         if engine != "browser":
             raise ValidationError('settings.download_js needs download_engine = "browser"')
-    mails = _str(raw, "report_mails", 256)
-    for mail in filter(None, (m.strip() for m in mails.split(","))):
+    for mail in filter(None, (m.strip() for m in raw.get("report_mails", "").split(","))):
         try:
             check_mail(mail)
         except ValidationError as exc:
             raise ValidationError(f"settings.report_mails: {exc}") from None
-    headers = raw.get("headers", {})
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in headers.items()
-    ):
-        raise ValidationError("settings.headers must be a table of one-line strings")
-    return dict(raw)
+    return raw
 
 
 def check_python(code: str) -> None:
@@ -228,14 +186,7 @@ def store(spec: JobSpec) -> tuple[Job, bool]:
     download.code, download.types, download.status, download.last_update_datetime = spec.code, dtype, ON, now
     download.save()
     setting = CrawlerDownloadSetting.objects(job=job).first() or CrawlerDownloadSetting(job=job, add_datetime=now)
-    fields = {
-        "dispatch_num": settings.DEFAULT_DISPATCH_NUM,
-        "max_retry_times": settings.DEFAULT_MAX_RETRY_TIMES,
-        "proxy": "", "cookie": "", "headers": {}, "download_engine": ENGINES[0],
-        "download_js": "", "prior": 0, "report_mails": "", "host_concurrency": 0, "host_delay": 0.0,
-        "obey_robots": None,
-    }
-    fields.update(spec.settings)
+    fields = {**jobsettings.defaults(settings), **spec.settings}
     for key, value in fields.items():
         setattr(setting, key, value)
     setting.last_update_datetime = now
@@ -280,9 +231,7 @@ def _guess_name(text: str) -> str:
 def set_status(name: str, status: str) -> Job:
     if status not in (ON, OFF):
         raise ValidationError(f"status must be ON or OFF, got {status!r}")
-    job = Job.objects(name=name).first()
-    if job is None:
-        raise NotFound(f"no job named {name!r}")
+    job = job_named(name)
     job.update(set__status=status, set__last_update_datetime=utcnow())
     job.reload()
     return job

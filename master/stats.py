@@ -21,6 +21,7 @@ from common.models import (
 )
 from common.hostlimits import throttled
 from common.queues import QUEUE_NAMES, base_of, cap
+from common.rqbridge import oldest_enqueued_at
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
 
@@ -33,15 +34,8 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     for name in sorted(names, key=lambda n: (order[base_of(n)], n)):
         queue = Queue(name, connection=redis)
         depth = queue.count
-        age = None
-        head = redis.lindex(queue.key, 0)
-        if head:
-            enqueued = redis.hget("rq:job:" + head.decode(), "enqueued_at")
-            if enqueued:
-                stamp = datetime.fromisoformat(enqueued.decode().replace("Z", "+00:00"))
-                if stamp.tzinfo is None:
-                    stamp = stamp.replace(tzinfo=timezone.utc)
-                age = round((now - stamp).total_seconds(), 1)
+        stamp = oldest_enqueued_at(redis, name)
+        age = round((now - stamp).total_seconds(), 1) if stamp else None
         rows.append({"queue": name, "depth": depth, "cap": cap(name), "oldest_age_s": age})
     return rows
 

@@ -7,8 +7,9 @@
 """
 from __future__ import annotations
 
-from common.errors import NotFound, ValidationError
-from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, UNSET_LEASE, CrawlerTask, Job, utcnow
+from common.errors import ValidationError
+from common.leases import UNSET_LEASE
+from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, job_named, utcnow
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}
@@ -17,10 +18,7 @@ REQUEUE_DEFAULT = (FAIL, DEAD)
 
 
 def _job_id(name: str):
-    job = Job.objects(name=name).only("id").first()
-    if job is None:
-        raise NotFound(f"no job named {name!r}")
-    return job.id
+    return job_named(name).id
 
 
 def cancel(name: str, statuses=CANCELLABLE_DEFAULT) -> int:

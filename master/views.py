@@ -16,8 +16,10 @@ from redis import Redis
 from common.config import settings
 from common.data import gridfs_of
 from common.errors import NotFound, ValidationError
+from common.leases import named
 from common.queues import WORKER_KEY_PREFIX
 from common.models import (
+    job_named,
     RUNNING,
     TASK_STATUSES,
     CrawlerDispatchAlertLog,
@@ -62,13 +64,6 @@ def clamp(limit: Any, default: int = 100) -> int:
         return max(1, min(int(limit), settings.API_MAX_LIMIT))
     except (TypeError, ValueError):
         raise ValidationError(f"limit must be an integer, got {str(limit)[:40]!r}") from None
-
-
-def job_named(name: Any) -> Job:
-    job = Job.objects(name=plain(name, "job")).first()
-    if job is None:
-        raise NotFound(f"no job named {name!r}")
-    return job
 
 
 def _clean(doc: dict) -> dict:
@@ -150,22 +145,33 @@ def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = Non
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
+    """A page of the job's data that its tasks name (``common.leases.visible``), oldest first."""
     job = job_named(name)
-    flt: dict[str, Any] = {"job": job.id}
-    if after is not None:
-        flt["_id"] = {"$gt": object_id(after, "after")}
     n = clamp(limit)
-    docs = CrawlerDownloadData._get_collection().aggregate([
-        {"$match": flt}, {"$sort": {"_id": 1}}, {"$limit": n + 1},
-        {"$project": {"url": 1, "status_code": 1, "task": 1, "add_datetime": 1, "response_body_gridfs": 1,
-                      "size": {"$cond": [{"$ifNull": ["$response_body", False]},
-                                         {"$binarySize": "$response_body"}, None]}}},
-    ])
-    page = _page(list(docs), n)
+    mark = object_id(after, "after") if after is not None else None
+    coll = CrawlerDownloadData._get_collection()
+    docs: list[dict] = []
+    while len(docs) <= n:
+        raw = list(coll.aggregate([
+            {"$match": {"job": job.id, **({"_id": {"$gt": mark}} if mark is not None else {})}},
+            {"$sort": {"_id": 1}}, {"$limit": n + 1},
+            {"$project": {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1,
+                          "response_body_gridfs": 1,
+                          "size": {"$cond": [{"$ifNull": ["$response_body", False]},
+                                             {"$binarySize": "$response_body"}, None]}}},
+        ]))
+        keep = named(raw)
+        docs += [d for d in raw if d["_id"] in keep]
+        if len(raw) <= n:
+            break
+        mark = raw[-1]["_id"]
+    for d in docs:
+        d.pop("lease", None)
+    page = _page(docs[:n + 1], n)
     for item in page["items"]:
         gridfs_id = item.pop("response_body_gridfs", None)
         if gridfs_id:
-            item["size"] = gridfs_of(CrawlerDownloadData._get_collection().database).get(ObjectId(gridfs_id)).length
+            item["size"] = gridfs_of(coll.database).get(ObjectId(gridfs_id)).length
         item["size"] = item.get("size") or 0
     return {"data": page["items"], "next": page["next"]}
 
@@ -177,8 +183,8 @@ def body(data_id: Any) -> tuple[int, Iterator[bytes]]:
     except ValidationError:
         raise NotFound(f"no data document {str(data_id)[:40]!r}") from None
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": oid}, {"response_body": 1, "response_body_gridfs": 1})
-    if doc is None:
+    doc = coll.find_one({"_id": oid}, {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
+    if doc is None or not named([doc]):
         raise NotFound(f"no data document {data_id}")
     if doc.get("response_body_gridfs"):
         stored = gridfs_of(coll.database).get(doc["response_body_gridfs"])

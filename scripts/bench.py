@@ -538,7 +538,7 @@ class Bench:
         RSS (bounded memory whatever the row count is the point)."""
         from bson import ObjectId
 
-        from common.models import CrawlerDownloadData, Export, utcnow
+        from common.models import CrawlerDownloadData, CrawlerTask, Export, utcnow
         from master.exports import request, tend
 
         self.fresh_store()
@@ -548,11 +548,15 @@ class Bench:
         # plus a 0.4 GB file per format (WT_CACHE_FULL); the row count is what memory must not follow
         body = (b"<html><body>" + b"lorem ipsum dolor sit amet " * 18 + b"</body></html>")
         t0 = time.monotonic()
-        for start in range(0, rows, 5000):
-            coll.insert_many([{"_id": ObjectId(), "job": job.id, "task": ObjectId(), "lease": "bench",
-                               "url": f"http://127.0.0.1/export/{i}", "status_code": 200, "response_body": body,
+        tasks = CrawlerTask._get_collection()
+        for start in range(0, rows, 5000):  # each row's task names it (readers show only named data)
+            ids = [ObjectId() for _ in range(start, min(rows, start + 5000))]
+            tasks.insert_many([{"_id": t, "job": job.id, "uri": f"http://127.0.0.1/export/{start + n}", "status": "SUCCESS",
+                                "data_lease": "bench"} for n, t in enumerate(ids)], ordered=False)
+            coll.insert_many([{"_id": ObjectId(), "job": job.id, "task": t, "lease": "bench",
+                               "url": f"http://127.0.0.1/export/{start + n}", "status_code": 200, "response_body": body,
                                "encoding": "utf-8", "hostname": "bench", "remote_ip": "127.0.0.1",
-                               "add_datetime": utcnow()} for i in range(start, min(rows, start + 5000))], ordered=False)
+                               "add_datetime": utcnow()} for n, t in enumerate(ids)], ordered=False)
         out = {"rows": rows, "body_bytes": len(body), "insert_s": round(time.monotonic() - t0, 1)}
         for fmt in ("csv", "jsonl", "xlsx"):
             export = request(self.redis(), "bench-export", fmt).export
@@ -627,7 +631,7 @@ class Bench:
     # 5. the seed-design baseline
     def bench_baseline(self, label: str, base: str, pages: int, timeout: float) -> dict:
         import pymongo
-        from rq import Queue
+        from rq import Queue, Worker
         from rq.registry import FailedJobRegistry
 
         self.fresh_store()
@@ -647,7 +651,7 @@ class Bench:
         sampler = RssSampler([w.pid for w in workers])
         try:
             end = time.monotonic() + 60
-            while not all(redis.exists(f"rq:worker:{n}") for n in names):
+            while not {n for n in names} <= {w.name for w in Worker.all(connection=redis)}:
                 if time.monotonic() > end or any(w.poll() is not None for w in workers):
                     raise RuntimeError(f"rq workers did not start: {self.procs.tail(names[0])}")
                 time.sleep(0.1)

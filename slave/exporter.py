@@ -7,9 +7,8 @@ check the export is still RUNNING and still ours, so a cancel or a recovery stop
 partial file is removed. The file id is written before the upload starts, so whatever a dead
 worker left (chunks without a files document) is found and removed by the defender.
 
-``ExportLane`` is the thread of ``downcluster worker`` that takes ``down_export`` entries, one
-at a time: downloads keep their event loop and their in-flight budget, exports their own
-thread, so neither waits for the other.
+``downcluster worker`` runs ``down_export`` entries one at a time in a thread of their own
+(``slave/runner.py``): downloads keep their event loop and in-flight budget, exports their thread.
 """
 from __future__ import annotations
 
@@ -22,18 +21,14 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 
 from common.config import settings
-from common.connections import redis_conn
 from common.data import EXPORT_BUCKET, Upload, data_filter, data_rows, drop_export_file
 from common.exportnotes import announce
 from common.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, utcnow
-from common.notify import deliver_due
-from common.queues import EXPORT_ENTRY_PREFIX as ENTRY_PREFIX, EXPORT_QUEUE
 from common.secrets import redact
 from common.sentry import capture
 from common.tabular import CONTENT_TYPES, WRITERS, parse_template
 
 logger = logging.getLogger(__name__)
-EXPORT_QUEUE_KEY = "rq:queue:" + EXPORT_QUEUE
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0
 
 
@@ -151,54 +146,3 @@ def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     if final and changed.modified_count:
         announce(Export.objects.get(id=doc["_id"]))
     return "failed" if final else "retry"
-
-
-class ExportLane(threading.Thread):
-    """Takes ``down_export`` entries one at a time for ``downcluster worker``; when idle, delivers
-    due notifications. ``finish()`` (burst) drains the queue first; ``stop()`` ends after the
-    running export."""
-
-    def __init__(self, worker_id: str) -> None:
-        super().__init__(daemon=True, name="exports")
-        self.worker_id = worker_id
-        self.halt, self.drain = threading.Event(), threading.Event()
-
-    def run(self) -> None:
-        last_notify = 0.0
-        while not self.halt.is_set():
-            try:
-                got = redis_conn().blpop([EXPORT_QUEUE_KEY], timeout=1)
-            except Exception as exc:  # Redis away: try again
-                logger.warning("cannot read down_export: %s", type(exc).__name__)
-                time.sleep(1.0)
-                continue
-            if got:
-                self.take(got[1].decode())
-                continue
-            if self.drain.is_set():
-                break
-            if time.monotonic() - last_notify >= 30:
-                last_notify = time.monotonic()
-                deliver_due()
-
-    def take(self, entry: str) -> None:
-        if not entry.startswith(ENTRY_PREFIX):
-            logger.warning("not a downcluster export entry in down_export: %s", entry)
-            return
-        redis = redis_conn()
-        try:
-            redis.hset("rq:job:" + entry, "status", "started")
-            outcome = run_export(entry[len(ENTRY_PREFIX):], self.worker_id)
-            logger.info("export %s: %s", entry[len(ENTRY_PREFIX):], outcome)
-            redis.delete("rq:job:" + entry)
-        except Exception as exc:  # MongoDB gone: the defender recovers the export
-            logger.error("export %s failed: %s", entry, redact(f"{type(exc).__name__}: {exc}"))
-            capture(exc)
-
-    def finish(self) -> None:
-        self.drain.set()
-        self.join()
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join()

@@ -2,7 +2,7 @@
 
 By default one process runs many entries at once on an event loop (slave/runner.py), taking
 the next entry in strict queue order whenever fewer than WORKER_INFLIGHT downloads are in
-flight. ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a
+flight; rq sees it as a worker with an execution per entry (slave/rqworker.py). ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a
 time), exactly what a plain ``rq worker down_super down_high down_mid down_low`` does.
 """
 from __future__ import annotations
@@ -35,8 +35,7 @@ def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: s
     if mode == "async":
         from slave.runner import serve
 
-        serve([Queue(n, connection=redis_conn()).key for n in worker_queue_names(host, foreign)], burst=burst,
-              max_jobs=max_jobs, exports=exports)
+        serve(worker_queue_names(host, foreign), burst=burst, max_jobs=max_jobs, exports=exports)
         return True
     worker = build_worker(host, simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)

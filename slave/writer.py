@@ -1,46 +1,46 @@
-"""Writing an entry's results: data documents (and GridFS files), download logs, then task
-statuses, each in bulk: on the happy path one insert of data, one of logs and one update.
+"""The store side of a worker: one thread per process that writes what downloads produced, for
+every running entry, in bulk: data documents (and GridFS files of large bodies), download logs,
+then the settle of the tasks — on the happy path one insert of data, one of logs and one update.
 
-Order matters: a task is settled (SUCCESS/FAIL) only after its data is stored, and only if it
-still belongs to this entry (``common.models.held_by``). Data of a task the entry could not settle
-(recovered meanwhile, cancelled) is removed again, GridFS files included, so a task never keeps
-data of an unsettled attempt. A result MongoDB cannot store fails that task alone. MongoDB
-hiccups are retried with backoff; if it stays away the entry raises and the defender recovers it.
+Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
+stored, and only if it still belongs to this entry (``common.leases.held_by``). Data of a task
+the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
+(the fence, ``common.leases``); it is removed at once here, else by the defender's sweep. A result
+MongoDB cannot store fails that task alone. MongoDB hiccups are retried with backoff; if it stays
+away the entry raises and the defender recovers it. The counts returned are what was settled.
 """
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Callable, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from bson import BSON, Binary, ObjectId
 from bson.errors import InvalidDocument
-from pymongo import UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
+from common import leases
 from common.config import settings
+from common.data import gridfs_of
 from common.errors import DownloadError
-from common.data import drop_unsettled, gridfs_of
-from common.models import (
-    FAIL,
-    LIVE,
-    SUCCESS,
-    UNSET_LEASE,
-    held_by,
-    CrawlerDownloadData,
-    CrawlerDownloadLog,
-    CrawlerTask,
-)
+from common.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, utcnow
 from common.secrets import redact
 from slave.engines.base import Download
-from slave.retry import next_retry_at
+from common.retry import backoff, next_retry_at
+
+if TYPE_CHECKING:
+    from slave.context import JobContext
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DUPLICATE_KEY = 11000
 MAX_BSON = 16 * 1024 * 1024
+WRITE_BATCH = 256   # outcomes per bulk write at most
+LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Outcome:
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
     """Call ``fn`` until it stops failing on a lost connection, for up to ``deadline`` seconds."""
-    delay, end = 0.2, time.monotonic() + deadline
+    end, attempt = time.monotonic() + deadline, 0
     while True:
         try:
             return fn()
@@ -66,11 +66,12 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
             if isinstance(exc, OperationFailure) and not exc.has_error_label("RetryableWriteError") \
                     and exc.code not in (91, 189, 11600, 11602, 10107, 13435, 13436):
                 raise
+            attempt += 1
+            delay = backoff(attempt, base=0.2, cap=5.0, jitter=False)
             if time.monotonic() + delay > end:
                 raise
             logger.warning("MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
 
 def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
@@ -159,13 +160,44 @@ class Part:
 
 def store(ctx, lease: str, kind: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
     """Store outcomes of one entry (see ``store_many``)."""
-    return store_many([Part(ctx, lease, kind, outcomes)], now)
+    return store_many([Part(ctx, lease, kind, outcomes)], now)[0]
 
 
-def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
+def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, backs: int,
+             now: datetime) -> list[dict[str, int]]:
+    """What each part settled. When every guarded update matched (the usual case) that is every
+    outcome; otherwise some tasks were released or cancelled meanwhile: the successes that
+    settled are those whose task names their data, the rest is read back."""
+    counts = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
+    index = {id(p): i for i, p in enumerate(parts)}
+    if settled == len(ok) + len(bad) and backs == len(later):
+        for name, group in (("success", ok), ("fail", bad), ("handed_back", later)):
+            for p, _ in group:
+                counts[index[id(p)]][name] += 1
+        return counts
+    tasks = CrawlerTask._get_collection()
+    for p in parts:
+        c = counts[index[id(p)]]
+        ok_ids = [o.task["_id"] for q, o in ok if q is p]
+        bad_ids = [o.task["_id"] for q, o in bad if q is p]
+        back_ids = [o.task["_id"] for q, o in later if q is p]
+        c["success"] = len(leases.settled_of(p.lease, ok_ids))
+        if bad_ids:
+            c["fail"] = tasks.count_documents({"_id": {"$in": bad_ids}, "status": FAIL, "last_update_datetime": now})
+        if back_ids:
+            c["handed_back"] = tasks.count_documents({"_id": {"$in": back_ids}, "status": LIVE,
+                                                      "last_update_datetime": now})
+        dropped = with_retries(lambda: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
+        if dropped:
+            logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
+    return counts
+
+
+def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     """Store outcomes of one or more entries, in bulk: one insert of data (then GridFS files of
-    large bodies), one insert of logs, one bulk of task updates (an UpdateMany of the successes
-    of each entry, an UpdateOne per failure). Returns counts of settled successes and failures."""
+    large bodies), one insert of logs, one bulk of settles (an UpdateMany of the successes of
+    each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
+    says exactly whether every guarded settle matched. Returns each part's settled counts."""
     data_coll = CrawlerDownloadData._get_collection()
     tasks = CrawlerTask._get_collection()
     ok = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
@@ -189,42 +221,23 @@ def store_many(parts: list[Part], now: datetime) -> dict[str, int]:
     if logs:
         with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
 
-    ops: list = []
+    settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
     for p, o in ok:
         ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
     for p, ids in ok_by_part.values():
-        ops.append(UpdateMany(
-            {"_id": {"$in": ids}, **held_by(p.lease, p.kind)},
-            {"$set": {"status": SUCCESS, "data_lease": p.lease, "failed_reason": None, "retry_at": None,
-                      "last_update_datetime": now},
-             "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
+        settles.append(leases.settle_success(ids, p.lease, p.kind, now))
     for p, o in bad:
         times = o.task.get("download_times", 0) + 1
         retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
                                  settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
-        ops.append(UpdateOne(
-            {"_id": o.task["_id"], **held_by(p.lease, p.kind)},
-            {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": redact(o.error.reason)[:10240],
-                      "last_update_datetime": now},
-             "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}))
-    for p, o in later:  # handed back before any request: no attempt counted
-        ops.append(UpdateOne(
-            {"_id": o.task["_id"], **held_by(p.lease, p.kind)},
-            {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=o.deferred), "last_update_datetime": now,
-                      "failed_reason": redact(o.error.reason if o.error else "handed back")[:10240]},
-             "$unset": UNSET_LEASE}))
-    if not ops:
-        return {"success": 0, "fail": 0}
-    modified = with_retries(lambda: tasks.bulk_write(ops, ordered=False), "task settle").modified_count
-    settled_ok = len(ok)
-    if modified < len(ok) + len(bad):  # some were recovered or cancelled meanwhile
-        for p, ids in ok_by_part.values():
-            dropped = with_retries(lambda: drop_unsettled(p.lease, ids), "orphan cleanup")
-            if dropped:  # one data document per unsettled success
-                settled_ok -= dropped
-                logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
-    return {"success": settled_ok, "fail": max(0, modified - settled_ok - len(later))}
+        settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
+    backs = [leases.hand_back(o.task["_id"], p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
+                              o.deferred, now) for p, o in later]
+    settled = with_retries(lambda: tasks.bulk_write(settles, ordered=False), "task settle").modified_count \
+        if settles else 0
+    handed = with_retries(lambda: tasks.bulk_write(backs, ordered=False), "hand back").modified_count if backs else 0
+    return _counted(parts, ok, bad, later, settled, handed, now)
 
 
 def _put_once(fs, body: bytes, file_id, filename: str) -> None:
@@ -232,3 +245,116 @@ def _put_once(fs, body: bytes, file_id, filename: str) -> None:
     if fs.exists(file_id):
         return
     fs.put(body, _id=file_id, filename=filename)
+
+
+# --- the writer thread ----------------------------------------------------------------------
+
+class Entry:
+    """One running entry: its lease, job, tasks, and what the writer has stored of it."""
+
+    def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
+        self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
+        self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
+        self.etiquette = None  # set by the runner: publishes its coalesced leaders
+        self.done = loop.create_future()
+        self.loop = loop
+
+    def _settle(self, result=None, error: BaseException | None = None) -> None:
+        if self.done.done():
+            return
+        self.done.set_exception(error) if error else self.done.set_result(result)
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        """From the writer thread: the entry is stored (or its store failed)."""
+        self.loop.call_soon_threadsafe(self._settle, self.counts, error)
+
+
+class Writer(threading.Thread):
+    """The one thread of a worker process that writes to MongoDB what downloads produced:
+    outcomes of all running entries are gathered into bulk writes (up to WRITE_BATCH, or
+    STORE_FLUSH_BYTES of bodies), so the store sees few, large commands from one connection."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(daemon=True, name="writer")
+        self.worker_id = worker_id
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.submitted = self.written = 0
+
+    def submit(self, entry: Entry, outcome: Outcome | None) -> None:
+        """Queue one outcome (None: the entry had no task left to download)."""
+        self.submitted += 1
+        self.q.put((entry, outcome))
+
+    def backlog(self) -> int:
+        """Outcomes waiting to be written (the worker takes no new entry while many wait)."""
+        return self.submitted - self.written
+
+    def stop(self) -> None:
+        self.q.put(None)
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            batch, size, end = [item], _size(item[1]), time.monotonic() + LINGER
+            while len(batch) < WRITE_BATCH and size < settings.STORE_FLUSH_BYTES:
+                try:
+                    item = self.q.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.q.put(None)
+                    break
+                batch.append(item)
+                size += _size(item[1])
+            # taken first: the write may turn an unstorable download into a failure and drop it
+            slots = [(e.loop, o.download.release) for e, o in batch
+                     if o is not None and o.download is not None and o.download.release]
+            try:
+                self._write(batch)
+            finally:
+                for _, outcome in batch:  # stored (or given up): the body goes now, whoever still holds the outcome
+                    if outcome is not None:
+                        outcome.download = None
+                self.written += len(batch)
+                for loop, release in slots:  # the bodies are stored (or given up): free their slots
+                    loop.call_soon_threadsafe(release)
+
+    def _publish(self, groups: dict) -> None:
+        """Leaders of identical requests whose data is now stored: their waiters may copy it
+        (handed to each entry's event loop, which sends it with its other Redis commands)."""
+        for entry, outs in groups.items():
+            leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
+                       if o.coalesce_key and o.error is None and o.data_id is not None]
+            if leaders and entry.etiquette is not None:
+                entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
+
+    def _write(self, batch: list) -> None:
+        groups: dict[Entry, list[Outcome]] = {}
+        for entry, outcome in batch:
+            groups.setdefault(entry, [])
+            if outcome is not None:
+                groups[entry].append(outcome)
+        entries = [e for e, outs in groups.items() if outs]
+        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e]) for e in entries]
+        try:
+            if parts:
+                for e, got in zip(entries, store_many(parts, utcnow())):
+                    for name, n in got.items():
+                        e.counts[name] += n
+                for e, outs in groups.items():
+                    e.written += len(outs)
+                self._publish(groups)
+            finished = [e for e in groups if e.written >= e.total]
+            if finished:
+                with_retries(lambda: leases.finish([e.lease_id for e in finished], self.worker_id), "lease finish")
+            for e in finished:
+                e.resolve()
+        except Exception as exc:  # MongoDB gone past the retries: these entries are given up
+            for e in groups:
+                e.resolve(exc)
+
+
+def _size(outcome) -> int:
+    return len(outcome.download.body) if outcome is not None and outcome.download is not None else 0

@@ -315,10 +315,13 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
     register(tmp_path, "big")
     job = Job.objects.get(name="big")
     body = b"<p>" + b"x" * 4000 + b"</p>"
-    docs = [{"_id": ObjectId(), "job": job.id, "task": ObjectId(), "lease": "l", "url": f"http://127.0.0.1/{i}",
+    tasks = [{"_id": ObjectId(), "job": job.id, "uri": f"http://127.0.0.1/{i}", "status": "SUCCESS", "data_lease": "l"}
+             for i in range(20000)]
+    docs = [{"_id": ObjectId(), "job": job.id, "task": t["_id"], "lease": "l", "url": t["uri"],
              "status_code": 200, "response_body": body, "encoding": "utf-8", "add_datetime": utcnow()}
-            for i in range(20000)]
+            for t in tasks]
     for i in range(0, len(docs), 5000):
+        CrawlerTask._get_collection().insert_many(tasks[i:i + 5000])
         CrawlerDownloadData._get_collection().insert_many(docs[i:i + 5000])
     export_id = str(exports.request(cluster.redis, "big", "csv").export.id)
     env = {**os.environ, **cluster.env, "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3"}
@@ -329,8 +332,8 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
         while (Export.objects.get(id=export_id).rows_done or 0) < 5000:
             assert time.monotonic() < end, "the export did not start"
             time.sleep(0.05)
-        os.killpg(worker.pid, signal.SIGKILL)
     finally:
+        os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
     first = Export.objects.get(id=export_id)
     db = Export._get_collection().database

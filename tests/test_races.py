@@ -24,7 +24,8 @@ from common.queues import LOCK_KEY
 from master import defender, dispatcher, intake, selection
 from master.dispatcher import dispatch_once
 from master.lock import DispatchLock
-from slave import runner, writer
+from common import leases
+from slave import context, writer
 from slave.engines.base import Download
 from tests.helpers import add_urls, register, sent, statuses
 
@@ -96,10 +97,10 @@ def _claimed_entry(cluster, tmp_path, name: str, n: int = 3):
     add_urls(name, [f"http://127.0.0.1:1/{name}/{i}" for i in range(n)])
     dispatch_once(cluster.redis)
     lease = CrawlerLease._get_collection().find_one({})
-    lease = runner.claim(lease["_id"], "w1")
-    ctx = runner.load_context(lease["job"])
+    lease = leases.claim(lease["_id"], "w1")
+    ctx = context.load_context(lease["job"])
     outcomes = [writer.Outcome(task=t, download=Download(200, {"X": "1"}, b"body-" + str(t["_id"]).encode(), t["uri"]),
-                               error=None, spend_us=5) for t in runner.lease_tasks(lease)]
+                               error=None, spend_us=5) for t in leases.lease_tasks(lease)]
     return lease, ctx, outcomes
 
 
@@ -120,13 +121,13 @@ def _success_has_its_data() -> None:
 def test_worker_settles_while_the_defender_releases(cluster, tmp_path, monkeypatch):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "d1")
     _stale(lease["_id"])
-    real_release = defender.release
+    real_release = leases.release
 
     def settle_then_release(*args, **kw):  # the lease is LOST; the worker settles just now
         assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
         return real_release(*args, **kw)
 
-    monkeypatch.setattr(defender, "release", settle_then_release)
+    monkeypatch.setattr(leases, "release", settle_then_release)
     report = defender.recover(cluster.redis)
     assert report.recovered == 0 and report.dead == 0
     assert statuses("d1") == {"SUCCESS": 3}
@@ -209,7 +210,7 @@ def test_one_unstorable_result_fails_alone(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "w1")
     outcomes[1].download.headers = {"bad\0name": "x"}  # BSON refuses NUL in a key
     got = writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())
-    assert got == {"success": 2, "fail": 1}
+    assert got == {"success": 2, "fail": 1, "handed_back": 0}
     bad = CrawlerTask.objects.get(id=outcomes[1].task["_id"])
     assert bad.status == "FAIL" and bad.retry_at is None and bad.failed_reason.startswith("response not storable")
     _success_has_its_data()
@@ -249,7 +250,7 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
 def test_a_download_error_is_never_stored_as_data(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "e1", n=2)
     outcomes[0].download, outcomes[0].error = None, DownloadError("HTTP 503", retryable=True)
-    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1}
+    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1, "handed_back": 0}
     assert statuses("e1") == {"SUCCESS": 1, "FAIL": 1}
     _success_has_its_data()
 
@@ -305,9 +306,9 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
     outcomes[0].download.headers = {"bad\0name": "x"}
 
     async def main():
-        w = runner.Writer("w1")
+        w = writer.Writer("w1")
         w.start()
-        entry = runner.Entry(lease, ctx, [o.task for o in outcomes], asyncio.get_running_loop())
+        entry = writer.Entry(lease, ctx, [o.task for o in outcomes], asyncio.get_running_loop())
         for o in outcomes:
             w.submit(entry, o)
         counts = await asyncio.wait_for(entry.done, 30)
@@ -315,6 +316,6 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
         w.stop()
         return counts
 
-    assert asyncio.run(main()) == {"success": 1, "fail": 1}
+    assert asyncio.run(main()) == {"success": 1, "fail": 1, "handed_back": 0}
     assert sorted(freed) == [0, 1]
     assert statuses("s1") == {"SUCCESS": 1, "FAIL": 1}

@@ -82,7 +82,7 @@ def test_a_failing_entry_reaches_sentry_once(cluster, tmp_path, monkeypatch):
         register_job(tmp_path, "once", priority=0)
         add_urls("once", ["http://127.0.0.1:9/x"])
         dispatch_once(cluster.redis)
-        monkeypatch.setattr(runner, "lease_tasks", broken)
+        monkeypatch.setattr(runner.leases, "lease_tasks", broken)
         SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis).work(burst=True)
         sentry_sdk.flush()
         hits = [e for e in transport.events() if "entry exploded" in json.dumps(e, default=str)]

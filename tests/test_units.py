@@ -13,12 +13,12 @@ from common.errors import ConfigError, DownloadError, ValidationError
 from common.queues import cap, queue_for_priority, queue_name, worker_queue_names
 from common.secrets import redact, remember
 from common.urls import check_url, strip_credentials
-from master.defender import lease_verdict
+from common.leases import lease_verdict
 from common.models import AGAIN, FRESH
 from master.dispatcher import JobWork, order_key, plan
 from master.selection import Picked, fresh_cursor, fresh_limit
 from master.registry import check_python, validate_manifest, validate_settings
-from slave.retry import next_retry_at
+from common.retry import next_retry_at
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
@@ -117,14 +117,17 @@ def test_order_by_priority_host_or_both():
 @pytest.mark.parametrize("lease,in_queue,broken,attempt", [
     ({"state": "QUEUED"}, True, False, None),
     ({"state": "QUEUED", "created_at": NOW - timedelta(days=2)}, True, False, None),  # waiting is never death
-    ({"state": "QUEUED"}, False, True, False),
+    ({"state": "QUEUED"}, False, False, None),  # missing once: looked at again later
+    ({"state": "QUEUED", "missing_at": NOW - timedelta(seconds=5)}, False, False, None),  # not for long enough
+    ({"state": "QUEUED", "missing_at": NOW - timedelta(seconds=11)}, True, False, None),  # back in its queue
+    ({"state": "QUEUED", "missing_at": NOW - timedelta(seconds=11)}, False, True, False),
     ({"state": "RUNNING", "started_at": NOW - timedelta(seconds=50), "beat_at": NOW - timedelta(seconds=3)}, False, False, None),
     ({"state": "RUNNING", "started_at": NOW - timedelta(seconds=50), "beat_at": NOW - timedelta(seconds=30)}, False, True, True),
     ({"state": "RUNNING", "started_at": NOW - timedelta(hours=2), "beat_at": NOW}, False, True, True),
     ({"state": "LOST", "lost_reason": "x", "started_at": NOW}, False, True, True),
 ])
 def test_lease_verdict(lease, in_queue, broken, attempt):
-    verdict = lease_verdict(lease, in_queue, NOW, 20, 3600)
+    verdict = lease_verdict(lease, in_queue, NOW, 20, 3600, 10)
     assert (verdict is not None) == broken
     if broken:
         assert verdict[1] == attempt

@@ -1,0 +1,85 @@
+"""The job settings (a manifest's ``[settings]``, stored as ``crawler_download_setting``): one
+typed declaration that registration validates against, the worker reads, and the model mirrors
+(a test holds ``CrawlerDownloadSetting`` to it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import ValidationError
+
+ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: type                 # int, float, bool, str or dict
+    default: Any               # a value, or the name of the cluster setting that gives it
+    low: float | None = None   # numbers: inclusive bounds
+    high: float | None = None
+    max_len: int = 4096        # strings: at most this many characters
+    lines: bool = False        # strings: may hold several lines
+    doc: str = ""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("dispatch_num", int, "DEFAULT_DISPATCH_NUM", 1, 100_000, doc="tasks of the job per dispatcher run"),
+    Setting("max_retry_times", int, "DEFAULT_MAX_RETRY_TIMES", 0, 100, doc="attempts before a FAIL is final"),
+    Setting("proxy", str, "", doc="http://, https:// or socks5:// proxy URL (a secret: never logged)"),
+    Setting("cookie", str, "", doc="Cookie header sent with every request (a secret: never logged)"),
+    Setting("headers", dict, None, doc="extra request headers, a table of one-line strings"),
+    Setting("download_engine", str, ENGINES[0], max_len=16, doc="built-in engine: " + ", ".join(ENGINES)),
+    Setting("download_js", str, "", max_len=100_000, lines=True, doc="browser engine: a function body run in the page"),
+    Setting("prior", int, 0, 0, 2, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
+    Setting("report_mails", str, "", max_len=256, doc="comma-separated addresses for drain reports and alerts"),
+    Setting("host_concurrency", int, 0, 0, 10_000, doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)"),
+    Setting("host_delay", float, 0.0, 0, 3600, doc="seconds between requests to one host (the stricter of this and HOST_DELAY)"),
+    Setting("obey_robots", bool, None, doc="built-in engine: obey robots.txt (unset: true)"),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+SETTING_NAMES = tuple(BY_NAME)
+
+
+def defaults(cluster) -> dict[str, Any]:
+    """Every setting at its default (``cluster``: the settings object giving cluster defaults)."""
+    out = {}
+    for s in SETTINGS:
+        value = s.default
+        if isinstance(value, str) and value.isupper():
+            value = getattr(cluster, value)
+        out[s.name] = {} if s.kind is dict and value is None else value
+    return out
+
+
+def check(raw: Any) -> dict[str, Any]:
+    """Each given setting's type and bounds (one-line ValidationError); the given ones, as given."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValidationError("[settings] must be a table")
+    unknown = sorted(set(raw) - set(BY_NAME))
+    if unknown:
+        raise ValidationError(f"unknown setting {unknown[0]!r}")
+    for name, value in raw.items():
+        s = BY_NAME[name]
+        if s.kind in (int, float):
+            ok_type = not isinstance(value, bool) and isinstance(value, (int,) if s.kind is int else (int, float))
+            if not ok_type or not s.low <= value <= s.high:
+                what = "an integer" if s.kind is int else "a number"
+                raise ValidationError(f"settings.{name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}")
+        elif s.kind is bool:
+            if not isinstance(value, bool):
+                raise ValidationError(f"settings.{name} must be true or false, got {value!r}")
+        elif s.kind is str:
+            if not isinstance(value, str):
+                raise ValidationError(f"settings.{name} must be a string, got {type(value).__name__}")
+            if s.lines and (len(value) > s.max_len or "\0" in value):
+                raise ValidationError(f"settings.{name} must be text of at most {s.max_len} characters")
+            if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
+                raise ValidationError(f"settings.{name} must be one line of at most {s.max_len} characters")
+        elif s.kind is dict:
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()):
+                raise ValidationError(f"settings.{name} must be a table of one-line strings")
+    return dict(raw)

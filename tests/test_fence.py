@@ -1,0 +1,156 @@
+"""The fence: a worker whose lease was given back changes nothing a reader sees, driven step by
+step (no sleeps): a late insert after cleanup, hand-backs sharing a bulk write with refused
+settles, a task cancelled mid-download in such a batch, an entry popped and not yet claimed."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from common import leases, rqbridge
+from common.config import settings
+from common.data import data_filter, data_rows
+from common.errors import DownloadError, NotFound
+from common.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from master import defender, tasks, views
+from master.dispatcher import dispatch_once
+from master.export import rows as export_rows
+from slave import context, writer
+from slave.engines.base import Download
+from tests.helpers import add_urls, register, statuses
+from tests.test_races import _claimed_entry, _stale
+
+import pytest
+
+
+def _outcomes(lease: dict, body: bytes = b"body-") -> list[writer.Outcome]:
+    return [writer.Outcome(task=t, download=Download(200, {"X": "1"}, body + str(t["_id"]).encode(), t["uri"]),
+                           error=None, spend_us=5) for t in leases.lease_tasks(lease)]
+
+
+def _visible_everywhere(name: str) -> dict:
+    """What every reader shows of job ``name``: task id -> the data's lease (one per task)."""
+    job = Job.objects.get(name=name)
+    by_export = [str(m["task_id"]) for m, _ in export_rows(name)]
+    by_rows = [r["task"] for r in data_rows(data_filter(job.id, {}), needs_body=True)]
+    page = views.data_page(name, limit=1000)["data"]
+    assert sorted(by_export) == sorted(by_rows) == sorted(d["task"] for d in page)
+    assert len(set(by_rows)) == len(by_rows)  # never two for one task
+    for d in page:
+        views.body(d["id"])  # each readable
+    docs = {str(d["_id"]): d for d in CrawlerDownloadData._get_collection().find({"job": job.id})}
+    return {docs[d["id"]]["task"]: docs[d["id"]]["lease"] for d in page}
+
+
+def _one_named_document_per_success(name: str) -> None:
+    job = Job.objects.get(name=name)
+    for t in CrawlerTask.objects(job=job):
+        data = list(CrawlerDownloadData._get_collection().find({"task": t.id}))
+        if t.status == "SUCCESS":
+            assert len(data) == 1 and data[0]["lease"] == t.data_lease, t.uri
+        else:
+            assert data == [], t.uri
+
+
+def test_a_late_insert_after_cleanup_is_never_read_and_is_swept(cluster, tmp_path):
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "late")
+    _stale(lease["_id"])
+    assert defender.recover(cluster.redis).recovered == 3
+    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
+    stale_docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    for doc, o in zip(stale_docs, outcomes):
+        doc["_id"] = o.data_id  # the very insert the writer sent first, arriving over the old connection
+    # the tasks go again and another worker stores them
+    assert dispatch_once(cluster.redis).total == 3
+    again = CrawlerLease._get_collection().find_one({"kind": AGAIN})
+    again = leases.claim(again["_id"], "w2")
+    assert writer.store(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
+    CrawlerDownloadData._get_collection().insert_many(stale_docs)  # late: after cleanup and the new settle
+    seen = _visible_everywhere("late")
+    assert len(seen) == 3 and set(seen.values()) == {again["_id"]}
+    for doc in stale_docs:
+        with pytest.raises(NotFound):
+            views.body(str(doc["_id"]))
+    # the defender's sweep removes them once past the grace (its lease is gone)
+    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 3
+    _one_named_document_per_success("late")
+    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # each looked at once
+
+
+def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "alive")
+    docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    CrawlerDownloadData._get_collection().insert_many(docs)  # inserted, its settle not yet come
+    later = utcnow() + timedelta(seconds=5)
+    assert leases.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
+    assert _visible_everywhere("alive") == {}
+    CrawlerLease._get_collection().delete_one({"_id": lease["_id"]})  # the lease ends without settling them
+    assert leases.sweep_orphans(now=later, grace=1) == 3  # the scan held there: found again
+    assert CrawlerDownloadData.objects.count() == 0
+
+
+def _two_claimed_entries(cluster, tmp_path, name: str):
+    settings.override(DISPATCH_BATCH_SIZE=2)
+    register(tmp_path, name)
+    add_urls(name, [f"http://127.0.0.1:1/{name}/{i}" for i in range(4)])
+    dispatch_once(cluster.redis)
+    got = [leases.claim(doc["_id"], "w1") for doc in CrawlerLease._get_collection().find({}).sort("created_at", 1)]
+    assert len(got) == 2
+    return got, context.load_context(got[0]["job"])
+
+
+def test_hand_backs_sharing_a_bulk_write_with_refused_settles(cluster, tmp_path):
+    (stale, live), ctx = _two_claimed_entries(cluster, tmp_path, "mix")
+    _stale(stale["_id"])
+    assert defender.recover(cluster.redis).recovered == 2  # the returning worker has lost ``stale``
+    ok = _outcomes(stale)
+    later = [writer.Outcome(task=t, download=None, error=DownloadError("host busy"), spend_us=0, deferred=5.0)
+             for t in leases.lease_tasks(live)]
+    counts = writer.store_many([writer.Part(ctx, stale["_id"], FRESH, ok),
+                                writer.Part(ctx, live["_id"], FRESH, later)], utcnow())
+    assert counts == [{"success": 0, "fail": 0, "handed_back": 0}, {"success": 0, "fail": 0, "handed_back": 2}]
+    assert CrawlerDownloadData.objects.count() == 0  # the refused successes kept nothing
+    assert statuses("mix") == {"LIVE": 4}
+    _one_named_document_per_success("mix")
+
+
+def test_a_task_cancelled_mid_download_in_a_batch_with_hand_backs(cluster, tmp_path):
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "cx", n=4)
+    cancelled = outcomes[0].task["_id"]
+    CrawlerTask._get_collection().update_one({"_id": cancelled}, {"$set": {"status": "CANCEL"}})
+    outcomes[3] = writer.Outcome(task=outcomes[3].task, download=None, error=DownloadError("host busy"),
+                                 spend_us=0, deferred=5.0)
+    outcomes[2] = writer.Outcome(task=outcomes[2].task, download=None, error=DownloadError("HTTP 404", retryable=False),
+                                 spend_us=3)
+    got = writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    assert got == {"success": 1, "fail": 1, "handed_back": 1}
+    assert CrawlerDownloadData._get_collection().count_documents({"task": cancelled}) == 0
+    assert statuses("cx") == {"CANCEL": 1, "SUCCESS": 1, "FAIL": 1, "LIVE": 1}
+    _one_named_document_per_success("cx")
+    assert tasks.cancel("cx") >= 0  # (the admin's door is the same update)
+
+
+def test_an_entry_popped_and_not_yet_claimed_is_not_given_back(cluster, tmp_path):
+    settings.override(ABSENCE_GRACE=0)
+    register(tmp_path, "pop")
+    add_urls("pop", [f"http://127.0.0.1:1/pop/{i}" for i in range(3)])
+    dispatch_once(cluster.redis)
+    lease_id = CrawlerLease._get_collection().find_one({})["_id"]
+    assert rqbridge.pop_entry(cluster.redis, ["down_low"]) == ("down_low", rqbridge.entry_id(lease_id))
+    first = defender.recover(cluster.redis)  # popped by a worker that has not claimed it yet
+    assert first.requeued == 0 and CrawlerLease.objects.get(id=lease_id).missing_at is not None
+    assert leases.claim(lease_id, "w1") is not None  # the worker goes on: claim wins, no work done twice
+    second = defender.recover(cluster.redis)
+    assert second.requeued == 0 and second.recovered == 0
+    assert CrawlerLease.objects.get(id=lease_id).state == "RUNNING"
+
+
+def test_an_entry_missing_on_two_looks_is_given_back(cluster, tmp_path):
+    settings.override(ABSENCE_GRACE=0)
+    register(tmp_path, "gone")
+    add_urls("gone", [f"http://127.0.0.1:1/gone/{i}" for i in range(3)])
+    dispatch_once(cluster.redis)
+    lease_id = CrawlerLease._get_collection().find_one({})["_id"]
+    rqbridge.pop_entry(cluster.redis, ["down_low"])  # popped by a worker that died at once
+    assert defender.recover(cluster.redis).requeued == 0
+    assert defender.recover(cluster.redis).requeued == 3
+    assert leases.claim(lease_id, "late") is None
+    assert dispatch_once(cluster.redis).total == 3

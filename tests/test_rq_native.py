@@ -1,0 +1,194 @@
+"""rq's own tools see ``downcluster worker`` as an rq worker and its entries as rq jobs: with
+``rq info`` (a subprocess), rq's API (``Worker.all``, the registries) and rq-dashboard (started on
+loopback), while three entries run and after they drain; and nothing outside the rq adapter
+spells an rq key or touches a private rq attribute."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from rq import Queue, Worker
+from rq.job import Job as RqJob
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+from common.models import CrawlerLease
+from common.queues import worker_queue_names
+from master.dispatcher import dispatch_once
+from tests.helpers import add_urls, register, statuses
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture
+def dashboard(cluster):
+    """rq-dashboard on loopback, reading the test's Redis."""
+    port = free_port()
+    proc = subprocess.Popen([str(BIN / "rq-dashboard"), "--redis-url", cluster.env["DOWNCLUSTER_REDIS_URL"],
+                             "--bind", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return get_json(base + "/0/data/queues.json") is not None
+        except OSError:
+            return False
+    try:
+        wait_for(up, 30, "rq-dashboard")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, tmp_path, dashboard):
+    env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "1", "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
+    os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
+    try:
+        from common.config import settings
+
+        settings.reload()
+        register(tmp_path, "seen", priority=5)
+        add_urls("seen", [f"{cluster.site}/hold/4000?n={i}" for i in range(3)])
+        assert dispatch_once(cluster.redis).total == 3
+    finally:
+        del os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"]
+        settings.reload()
+    worker_proc = subprocess.Popen([str(BIN / "downcluster"), "worker"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for(lambda: CrawlerLease.objects(state="RUNNING").count() == 3, 60, "three running entries")
+        redis = cluster.redis
+
+        # rq's API: one worker, busy, on our queues, with three executions, one per entry
+        workers = Worker.all(connection=redis)
+        assert len(workers) == 1
+        worker = workers[0]
+        assert worker.get_state() == "busy"
+        ours = [*worker_queue_names("testhost"), "down_export"]  # host queues first at each level
+        assert worker.queue_names() == ours
+        executions = worker.get_current_executions()
+        entries = sorted(e.job_id for e in executions)
+        assert len(entries) == 3 and all(e.startswith("dc-") for e in entries)
+        started = StartedJobRegistry("down_low", connection=redis)
+        assert sorted(started.get_job_ids()) == entries
+        for entry in entries:
+            job = RqJob.fetch(entry, connection=redis)
+            assert job.get_status() == "started" and job.worker_name == worker.name and job.started_at is not None
+            assert job.origin == "down_low" and job.func_name == "slave.jobs.run_batch"
+
+        # rq info, as an operator runs it
+        info = subprocess.run([str(BIN / "rq"), "info", "-u", cluster.env["DOWNCLUSTER_REDIS_URL"]],
+                              capture_output=True, text=True, timeout=60)
+        assert info.returncode == 0, info.stderr
+        assert re.search(r"down_low\s+\|?\S*\s*0, 3 executing", info.stdout), info.stdout
+        assert "1 workers" in info.stdout and worker.name in info.stdout
+        assert re.search(re.escape(worker.name) + r".*: busy " + re.escape(", ".join(ours)), info.stdout), info.stdout
+
+        # rq-dashboard: the worker with its current work, and each running entry's page
+        seen = get_json(dashboard + "/0/data/workers.json")["workers"]
+        assert [w["name"] for w in seen] == [worker.name]
+        assert seen[0]["state"] == "busy" and seen[0]["current_job"]["job_id"] in entries
+        for entry in entries:
+            page = get_json(dashboard + f"/0/data/job/{entry}.json")
+            assert page["status"] == "started" and page["started_at"] and page["origin"] == "down_low"
+        listed = get_json(dashboard + "/0/data/jobs/down_low/started/8/asc/1.json")
+        assert sorted(j["id"] for j in listed["jobs"]) == entries
+
+        # after the drain: what rq's own worker leaves for result_ttl=0 jobs
+        wait_for(lambda: statuses("seen") == {"SUCCESS": 3}, 60, "the drain")
+        wait_for(lambda: not started.get_job_ids(), 10, "the started registry to empty")
+        assert not any(RqJob.exists(e, connection=redis) for e in entries)
+        assert FailedJobRegistry("down_low", connection=redis).count == 0
+        worker.refresh()
+        assert worker.successful_job_count == 3 and worker.failed_job_count == 0
+        wait_for(lambda: Worker.all(connection=redis)[0].get_state() == "idle", 10, "the worker to go idle")
+    finally:
+        os.killpg(worker_proc.pid, signal.SIGTERM)
+        _, err = worker_proc.communicate(timeout=60)
+    assert worker_proc.returncode == 0, err[-2000:]
+    assert Worker.all(connection=cluster.redis) == []  # its death is registered
+
+
+def test_a_plain_rq_worker_runs_the_same_entries(cluster, tmp_path):
+    """The job function of the entries: rq's own worker runs them (and keeps its own books)."""
+    register(tmp_path, "plain", priority=0)
+    add_urls("plain", [f"{cluster.site}/page/{i}" for i in range(3)])
+    dispatch_once(cluster.redis)
+    from rq import SimpleWorker
+
+    w = SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis)
+    assert w.work(burst=True)
+    assert statuses("plain") == {"SUCCESS": 3}
+
+
+RQ_KEY = re.compile(r"""["']rq:(job|queue|wip|worker|workers|queues|finished|failed|deferred|scheduled|pubsub|executions?|results?)\b""")
+PRIVATE = re.compile(r"\b(job|queue|worker|registry|execution|rq_job)\._[a-z]\w*")
+
+
+def test_nothing_outside_the_rq_adapter_spells_an_rq_key_or_a_private_attribute():
+    offenders = []
+    for path in sorted((ROOT / "common").rglob("*.py")) + sorted((ROOT / "master").rglob("*.py")) + \
+            sorted((ROOT / "slave").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py")):
+        if path.name == "rqbridge.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if RQ_KEY.search(line) or PRIVATE.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_no_two_modules_import_each_other():
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for pkg in ("common", "master", "slave"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            mod = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            deps = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    deps.add(node.module)
+                    deps.update(f"{node.module}.{a.name}" for a in node.names)
+                elif isinstance(node, ast.Import):
+                    deps.update(a.name for a in node.names)
+            graph[mod] = deps
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                    if b in graph and b != a and a in graph[b]})
+    assert pairs == []
+    crossing = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                      if (a.startswith("master") and b.startswith("slave")) or (a.startswith("slave") and b.startswith("master")))
+    assert crossing == []
