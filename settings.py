@@ -18,6 +18,10 @@ MONGO_LOG_URI = "mongodb://127.0.0.1:27017/downcluster_log"
 MONGO_TIMEOUT = 10.0
 """Seconds to wait for MongoDB before a command or API call fails with "MongoDB unreachable"."""
 
+MONGO_SOCKET_TIMEOUT = 300.0
+"""Seconds one MongoDB command may wait for its reply before the client gives up on the
+connection and the caller retries (a partition that drops packets never closes a socket)."""
+
 SENTRY_DSN = ""
 """Sentry DSN; empty switches Sentry off."""
 
@@ -75,8 +79,8 @@ LEASE_TIMEOUT = 3600
 """Seconds after which a dispatched task is recovered whatever its queue entry says."""
 
 ABSENCE_GRACE = 10
-"""Seconds a QUEUED entry must stay missing from every queue (and from rq's started registries)
-between two looks of the defender before its tasks are given back: a worker may have just popped it."""
+"""Seconds a QUEUED entry must stay missing from every queue between two looks of the defender
+before its tasks are given back: a worker that has just popped it claims it well within this."""
 
 DATA_SWEEP_GRACE = 3600
 """Seconds before the defender removes a data document that no task names (an orphan of a lost

@@ -31,6 +31,8 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
             disconnect_mongo_unlocked()
         opts = dict(serverSelectionTimeoutMS=int(settings.MONGO_TIMEOUT * 1000), connect=False,
                     uuidRepresentation="standard")
+        if settings.MONGO_SOCKET_TIMEOUT:
+            opts["socketTimeoutMS"] = int(settings.MONGO_SOCKET_TIMEOUT * 1000)
         mongoengine.connect(alias="source", host=settings.MONGO_URI, **opts)
         mongoengine.connect(alias="log", host=settings.MONGO_LOG_URI, **opts)
         _mongo_pid = os.getpid()

@@ -8,7 +8,7 @@ One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
     beat    (worker)      RUNNING: ``beat_at`` refreshed every HEARTBEAT_INTERVAL
     settle  (worker)      each task SUCCESS (naming its data), FAIL, or handed back, under ``held_by``
     finish  (worker)      the lease is deleted once every outcome is stored
-    verdict (defender)    QUEUED and in no queue nor run (seen twice, ABSENCE_GRACE apart), or
+    verdict (defender)    QUEUED and in no queue (seen so twice, ABSENCE_GRACE apart), or
                           RUNNING without a beat for HEARTBEAT_TTL, or older than LEASE_TIMEOUT
     release (defender)    LOST (compare-and-set), its tasks given back under the same guard, deleted
 
@@ -147,9 +147,9 @@ def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: floa
                   absence_grace: float) -> tuple[str, bool] | None:
     """(reason, counts as an attempt) when the lease can no longer settle its tasks, else None.
 
-    A QUEUED lease whose entry is in no queue and not being run is lost only when it was already
-    seen missing (``missing_at``) at least ``absence_grace`` seconds ago: a worker may have just
-    popped the entry and not yet registered it (see ``mark_missing``)."""
+    A QUEUED lease whose entry is in no queue is lost only when it was already seen missing
+    (``missing_at``) at least ``absence_grace`` seconds ago: a worker may have just popped the
+    entry and not yet claimed it (see ``mark_missing``)."""
     state = lease.get("state")
     if state == LOST:
         return lease.get("lost_reason") or "lost", bool(lease.get("started_at"))

@@ -27,7 +27,6 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job as RqJob
 from rq.job import JobStatus
-from rq.registry import StartedJobRegistry
 
 RQ_VERSION = "3.0.0"
 
@@ -167,15 +166,12 @@ def delete_entry(redis: Redis, entry: str) -> None:
         job.delete(remove_from_queue=True)
 
 
-def entries_present(redis: Redis, names: list[str]) -> set[str]:
-    """Entry ids waiting in the queues ``names`` or being run (rq's StartedJobRegistry of each)."""
+def entries_waiting(redis: Redis, names: list[str]) -> set[str]:
+    """Entry ids waiting in the queues ``names``."""
     pipe = redis.pipeline(transaction=False)
     for name in names:
         pipe.lrange(queue_key(name), 0, -1)
-    found = {i.decode() for ids in pipe.execute() for i in ids}
-    for name in names:
-        found.update(StartedJobRegistry(name, connection=redis).get_job_ids())  # expired ones go to failed first
-    return found
+    return {i.decode() for ids in pipe.execute() for i in ids}
 
 
 def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:

@@ -3,9 +3,9 @@ it, and remove data that no task names.
 
 It judges leases (``crawler_lease``), never tasks, and only by facts that cannot be wrong (the
 verdicts are ``common.leases.lease_verdict``):
-  * QUEUED and absent from every queue and from rq's started registries, on two looks at least
-    ABSENCE_GRACE apart: the entry was lost (Redis flushed or restarted) or popped by a worker
-    that died before claiming it. Not an attempt: nothing is counted. An entry still waiting in
+  * QUEUED and absent from every queue on two looks at least ABSENCE_GRACE apart: the entry was
+    lost (Redis flushed or restarted) or popped by a worker that died (or froze) before claiming
+    it; a live worker claims what it pops well within the grace. Not an attempt: nothing is counted. An entry still waiting in
     its queue is never touched, however long it waits.
   * RUNNING with no heartbeat (``beat_at``, written to MongoDB by the worker, so a Redis restart
     does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
@@ -31,7 +31,7 @@ from common.config import settings
 from common.connections import redis_conn
 from common.models import LOST, QUEUED, RUNNING, CrawlerLease, utcnow
 from common.queues import QUEUE_NAMES, base_of
-from common.rqbridge import delete_entry, entries_present, entry_id, queue_names
+from common.rqbridge import delete_entry, entries_waiting, entry_id, queue_names
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,14 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
     report = RecoveryReport()
     if not leases_:
         return report
-    present = entries_present(redis, our_queues(redis))
+    waiting = entries_waiting(redis, our_queues(redis))
     now = now or utcnow()
     seen, missing = [], []
     for lease in leases_:
         if time.monotonic() > end:
             logger.warning("defender: time budget spent; %s leases left for the next run", len(leases_))
             break
-        here = entry_id(lease["_id"]) in present
+        here = entry_id(lease["_id"]) in waiting
         if lease["state"] == QUEUED:
             if here and lease.get("missing_at"):
                 seen.append(lease["_id"])

@@ -14,7 +14,7 @@ from common.config import settings
               help="Run rq's forking Worker (one entry at a time, a fork each) instead of the event loop.")
 @click.option("--simple", "mode", flag_value="simple",
               help="Run rq's SimpleWorker (one entry at a time, in this process) instead of the event loop.")
-@click.option("--name", default=None, help="rq worker name (--classic/--simple only).")
+@click.option("--name", default=None, help="rq worker name (default: host.pid.random); unique among live workers.")
 @click.option("--foreign", is_flag=True,
               help="Also take the foreign queues (jobs with prior = 2), before the shared ones: for hosts with an exit abroad.")
 @click.option("--max-jobs", type=int, default=None, help="Stop after this many queue entries.")

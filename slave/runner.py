@@ -272,12 +272,13 @@ def run_one(lease_id: str) -> dict[str, int] | None:
     return asyncio.run(main())
 
 
-def serve(queues: list[str], burst: bool = False, max_jobs: int | None = None, exports: bool = True) -> None:
+def serve(queues: list[str], burst: bool = False, max_jobs: int | None = None, exports: bool = True,
+          name: str | None = None) -> None:
     """``downcluster worker``: an rq worker on ``queues`` (and down_export) running many entries at once."""
     connect_mongo()
 
     async def main():
-        runner = Runner()
+        runner = Runner(name)
         names = queues + ([EXPORT_QUEUE] if exports else [])
         runner.rq = LoopWorker(names, runner.worker_id, redis_conn(), settings.HEARTBEAT_INTERVAL)
         runner.rq.born()

@@ -35,7 +35,7 @@ def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: s
     if mode == "async":
         from slave.runner import serve
 
-        serve(worker_queue_names(host, foreign), burst=burst, max_jobs=max_jobs, exports=exports)
+        serve(worker_queue_names(host, foreign), burst=burst, max_jobs=max_jobs, exports=exports, name=name)
         return True
     worker = build_worker(host, simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)
