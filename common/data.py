@@ -1,15 +1,14 @@
 """Reading stored data (bodies byte-exact from the document or GridFS, the export rows) and
-writing export files to GridFS. Data is read through ``common.leases.visible``: only documents
-that their task names."""
+writing export files to GridFS. Data is read through ``visible``: only documents that their
+task names (the fence, ``common/leases.py``)."""
 from __future__ import annotations
 
 import gridfs
 
 import hashlib
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
-from common.leases import visible
-from common.models import CrawlerDownloadData
+from common.models import CrawlerDownloadData, CrawlerTask
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
@@ -68,6 +67,31 @@ def drop_export_file(file_id) -> None:
     db = CrawlerDownloadData._get_collection().database
     db[EXPORT_BUCKET + ".files"].delete_one({"_id": file_id})
     db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
+
+
+def named(docs: list[dict]) -> set:
+    """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task names."""
+    if not docs:
+        return set()
+    owner = {t["_id"]: t.get("data_lease") for t in CrawlerTask._get_collection().find(
+        {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1})}
+    return {d["_id"] for d in docs if d.get("lease") is not None and owner.get(d["task"]) == d["lease"]}
+
+
+def visible(cursor: Iterable[dict], batch: int = 200, max_bytes: int = 8 * 1024 * 1024) -> Iterator[dict]:
+    """The data documents of ``cursor`` (projected with ``task`` and ``lease``) that their task
+    names, in cursor order: looked up ``batch`` documents (or ``max_bytes`` of bodies) at a time."""
+    chunk: list[dict] = []
+    size = 0
+    for doc in cursor:
+        chunk.append(doc)
+        size += len(doc.get("response_body") or b"")
+        if len(chunk) >= batch or size >= max_bytes:
+            keep = named(chunk)
+            yield from (d for d in chunk if d["_id"] in keep)
+            chunk, size = [], 0
+    keep = named(chunk)
+    yield from (d for d in chunk if d["_id"] in keep)
 
 
 def data_filter(job_id, flt: dict) -> dict:

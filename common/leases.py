@@ -21,7 +21,7 @@ outcome per task, so (task, data_lease) names exactly one ``crawler_download_dat
 Data is inserted before the settle (a settle must never name data that is not stored), so an
 insert is not itself guarded: a stale worker's insert, or one retried or delivered late over a
 connection that a partition held, may land after its lease was given back. Such a document is
-an orphan that no task names. Readers read data only through ``visible`` (the data export, the
+an orphan that no task names. Readers read data only through ``common.data.visible`` (the data export, the
 export center, the API and console), so an orphan is never read, whatever the interleaving; the
 writer removes its own refused data at once, and ``sweep_orphans`` (the defender's share)
 removes whatever is left once its lease is gone and DATA_SWEEP_GRACE has passed, longer than an
@@ -32,12 +32,13 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from bson import ObjectId
 from pymongo import ReturnDocument, UpdateMany, UpdateOne
 
 from common.config import settings
+from common.data import gridfs_of, named
 from common.models import (
     DISPATCH,
     FAIL,
@@ -217,12 +218,6 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
 
 # --- data: what readers see, and the orphans --------------------------------------------------
 
-def _gridfs(database):
-    from common.data import gridfs_of
-
-    return gridfs_of(database)
-
-
 def _drop_data(docs: list[dict]) -> int:
     """Delete data documents (GridFS bodies first: a body is never left without its document
     unless this is cut short, and then the sweep finds the document again)."""
@@ -232,7 +227,7 @@ def _drop_data(docs: list[dict]) -> int:
     fs = None
     for d in docs:
         if d.get("response_body_gridfs"):
-            fs = fs or _gridfs(coll.database)
+            fs = fs or gridfs_of(coll.database)
             fs.delete(d["response_body_gridfs"])
     return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
 
@@ -256,31 +251,6 @@ def drop_unsettled(lease: str, ids: list) -> int:
     docs = list(CrawlerDownloadData._get_collection().find(
         {"task": {"$in": orphans}, "lease": lease}, {"response_body_gridfs": 1}))
     return _drop_data(docs)
-
-
-def named(docs: list[dict]) -> set:
-    """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task names."""
-    if not docs:
-        return set()
-    owner = {t["_id"]: t.get("data_lease") for t in CrawlerTask._get_collection().find(
-        {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1})}
-    return {d["_id"] for d in docs if d.get("lease") is not None and owner.get(d["task"]) == d["lease"]}
-
-
-def visible(cursor: Iterable[dict], batch: int = 200, max_bytes: int = 8 * 1024 * 1024) -> Iterator[dict]:
-    """The data documents of ``cursor`` (projected with ``task`` and ``lease``) that their task
-    names, in cursor order: looked up ``batch`` documents (or ``max_bytes`` of bodies) at a time."""
-    chunk: list[dict] = []
-    size = 0
-    for doc in cursor:
-        chunk.append(doc)
-        size += len(doc.get("response_body") or b"")
-        if len(chunk) >= batch or size >= max_bytes:
-            keep = named(chunk)
-            yield from (d for d in chunk if d["_id"] in keep)
-            chunk, size = [], 0
-    keep = named(chunk)
-    yield from (d for d in chunk if d["_id"] in keep)
 
 
 SWEEP_STATE = "data_sweep"

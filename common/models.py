@@ -96,14 +96,14 @@ class CrawlerDownloadSetting(Document):
 
     PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
-    dispatch_num = IntField(min_value=1, default=100)
-    max_retry_times = IntField(min_value=0, default=5)
+    dispatch_num = IntField(min_value=1, max_value=100_000, default=100)
+    max_retry_times = IntField(min_value=0, max_value=100, default=5)
     proxy = StringField(default="")
     cookie = StringField(default="")
     headers = DictField()
     download_engine = StringField(max_length=16, default=ENGINES[0])
     download_js = StringField(default="")
-    prior = IntField(choices=(0, 1, 2), default=0)
+    prior = IntField(min_value=0, max_value=2, default=0)
     report_mails = StringField(max_length=256, default="")
     host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
     host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins

@@ -176,7 +176,7 @@ def entries_waiting(redis: Redis, names: list[str]) -> set[str]:
 
 def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:
     """When the head of queue ``name`` was enqueued (UTC), or None if it is empty."""
-    ids = Queue(name, connection=redis).get_job_ids(0, 0)
+    ids = Queue(name, connection=redis).get_job_ids(0, 1)
     job = fetch_entry(redis, ids[0]) if ids else None
     if job is None or job.enqueued_at is None:
         return None

@@ -1,6 +1,6 @@
 """``downcluster data export``: stream a job's stored data as CSV or JSON Lines.
 
-Documents that their task names (``common.leases.visible``) are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
+Documents that their task names (``common.data.visible``) are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
 bounded whatever the job's size. JSONL keeps the body byte-exact (base64) next to a decoded
 text; CSV carries the decoded text.
 """
@@ -12,9 +12,8 @@ import json
 from typing import IO, Iterator
 
 
-from common.data import body_of, gridfs_of, text_of
+from common.data import body_of, gridfs_of, text_of, visible
 from common.errors import ValidationError
-from common.leases import visible
 from common.models import CrawlerDownloadData, job_named
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")

@@ -14,9 +14,8 @@ from bson.errors import InvalidId
 from redis import Redis
 
 from common.config import settings
-from common.data import gridfs_of
+from common.data import gridfs_of, named
 from common.errors import NotFound, ValidationError
-from common.leases import named
 from common.queues import WORKER_KEY_PREFIX
 from common.models import (
     job_named,
@@ -145,7 +144,7 @@ def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = Non
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
-    """A page of the job's data that its tasks name (``common.leases.visible``), oldest first."""
+    """A page of the job's data that its tasks name (``common.data.visible``), oldest first."""
     job = job_named(name)
     n = clamp(limit)
     mark = object_id(after, "after") if after is not None else None

@@ -20,6 +20,29 @@ from urllib.parse import parse_qs, urlsplit
 SHIFT_JIS_BODY = "<html><body>日本語のページです</body></html>".encode("shift_jis")
 INVALID_UTF8_BODY = b"ok \xff\xfe\x80 bad"
 LATIN1_BODY = "caf\xe9 cr\xe8me".encode("latin-1")
+# Pages that declare their charset only in the document (as nginx serves them: no charset in
+# Content-Type), a BOM contradicting the header, XML, CSS, a binary: what a browser would decode.
+CHARSET_TEXT = {"utf-8": "«Grüße» ’quoted’ — 日本", "shift_jis": "日本語のページです", "windows-1251": "Привет, мир"}
+
+
+def charset_page(label: str, http_equiv: bool = False) -> bytes:
+    meta = (f'<meta http-equiv="Content-Type" content="text/html; charset={label}">' if http_equiv
+            else f'<meta charset="{label}">')
+    return (f"<!DOCTYPE html><html><head>{meta}<title>t</title></head>"
+            f"<body><p>{CHARSET_TEXT[label]}</p></body></html>").encode(label)
+
+
+CHARSET_ROUTES = {  # path -> (content type, body)
+    "meta-utf-8": ("text/html", charset_page("utf-8")),
+    "meta-shift_jis": ("text/html", charset_page("shift_jis")),
+    "meta-windows-1251": ("text/html", charset_page("windows-1251")),
+    "equiv-windows-1251": ("text/html", charset_page("windows-1251", http_equiv=True)),
+    "bom": ("text/html; charset=iso-8859-1", b"\xef\xbb\xbf<p>" + CHARSET_TEXT["utf-8"].encode() + b"</p>"),
+    "xml": ("application/xml", '<?xml version="1.0" encoding="Shift_JIS"?><a>日本語</a>'.encode("shift_jis")),
+    "css": ("text/css", "p::before { content: \"«Grüße»\" }".encode()),
+    "css-charset": ("text/css", '@charset "windows-1251";\np::before { content: "Привет" }'.encode("windows-1251")),
+    "png": ("image/png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))),
+}
 PDF_BODY = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n" + bytes(range(256))
 _flaky: dict[str, int] = {}
 _flaky_lock = threading.Lock()
@@ -207,6 +230,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._redirect(parse_qs(url.query)["url"][0])
             elif head == "gzip-bomb":
                 self._send(200, gzip_bomb(), "text/plain", {"Content-Encoding": "gzip"})
+            elif head == "charset":
+                ctype, body = CHARSET_ROUTES[arg]
+                self._send(200, body, ctype)
             elif head == "shift_jis":
                 self._send(200, SHIFT_JIS_BODY, "text/html; charset=shift_jis")
             elif head == "invalid-utf8":

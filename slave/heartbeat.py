@@ -10,15 +10,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import Any
 
 from common import leases
 from common.config import settings
 from common.connections import redis_conn
 from common.queues import WORKER_KEY_PREFIX
-
-if TYPE_CHECKING:
-    from slave.runner import Runner
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +27,10 @@ def new_worker_id() -> str:
 
 class Heartbeat(threading.Thread):
     """An entry given up on drops out of ``runner.active`` and stops beating, so the defender
-    takes it; ``runner.rq`` (the rq worker, when there is one) is beaten too."""
+    takes it; ``runner.rq`` (the rq worker, when there is one) is beaten too. ``runner`` is the
+    ``slave.runner.Runner`` of this process (not imported here: it imports this module)."""
 
-    def __init__(self, runner: "Runner") -> None:
+    def __init__(self, runner: Any) -> None:
         super().__init__(daemon=True, name="heartbeat")
         self.runner, self.halt = runner, threading.Event()
 

@@ -25,6 +25,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+from rq import Queue
+
 from common import leases, rqbridge
 from common.config import settings
 from common.connections import connect_mongo, redis_conn
@@ -195,8 +197,6 @@ class Loop:
         job = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry)
         if job is None:  # deleted while it waited (an emptied queue, say): the defender gives its tasks back
             return None
-        from rq import Queue
-
         queue = Queue(queue_name, connection=self.redis)
         execution = await loop.run_in_executor(None, self.rq.begin, job, queue)
         lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)

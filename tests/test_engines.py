@@ -29,7 +29,8 @@ from slave.engines import http as engine
 from slave.engines.base import Limits
 from slave.engines.sandbox import run_python, run_shell
 
-from sample_site import INVALID_UTF8_BODY, LATIN1_BODY, PDF_BODY, SHIFT_JIS_BODY, page_body
+from common.data import text_of
+from sample_site import CHARSET_ROUTES, CHARSET_TEXT, INVALID_UTF8_BODY, LATIN1_BODY, PDF_BODY, SHIFT_JIS_BODY, page_body
 
 MiB = 1024 * 1024
 
@@ -189,7 +190,7 @@ def test_fetch_without_a_session_and_binary_body(site):
 
 
 @pytest.mark.parametrize("path, body, encoding", [
-    ("shift_jis", SHIFT_JIS_BODY, "shift_jis"),
+    ("shift_jis", SHIFT_JIS_BODY, "cp932"),  # WHATWG's Shift_JIS is windows-31j
     ("invalid-utf8", INVALID_UTF8_BODY, "utf-8"),
     ("wrong-charset", LATIN1_BODY, "utf-8"),
     ("pdf", PDF_BODY, None),
@@ -197,6 +198,47 @@ def test_fetch_without_a_session_and_binary_body(site):
 def test_odd_encodings_are_stored_byte_exact(site, get, path, body, encoding):
     got = get(f"{site}/{path}", timeout=10)
     assert got.body == body and got.encoding == encoding
+
+
+@pytest.mark.parametrize("name, encoding, text", [
+    ("meta-utf-8", "utf-8", CHARSET_TEXT["utf-8"]),          # nginx: text/html without a charset
+    ("meta-shift_jis", "cp932", CHARSET_TEXT["shift_jis"]),
+    ("meta-windows-1251", "cp1251", CHARSET_TEXT["windows-1251"]),
+    ("equiv-windows-1251", "cp1251", CHARSET_TEXT["windows-1251"]),
+    ("bom", "utf-8", CHARSET_TEXT["utf-8"]),                 # the BOM wins over the header's iso-8859-1
+    ("xml", "cp932", "日本語"),                                # the XML declaration
+    ("css", "utf-8", "«Grüße»"),                              # detected
+    ("css-charset", "cp1251", "Привет"),                      # @charset
+    ("png", None, None),                                      # not text
+])
+def test_the_stored_encoding_is_what_a_browser_would_use(site, get, name, encoding, text):
+    ctype, body = CHARSET_ROUTES[name]
+    got = get(f"{site}/charset/{name}", timeout=10)
+    assert got.body == body and got.encoding == encoding
+    if text is not None:
+        assert text in text_of(got.body, got.encoding)
+
+
+def test_the_sandbox_engines_store_the_encoding_a_browser_would_use(site):
+    code = ("import urllib.request\n"
+            "def download(task):\n"
+            "    with urllib.request.urlopen(task['url']) as r:\n"
+            "        return {'status_code': r.status, 'headers': dict(r.headers), 'body': r.read()}\n")
+    got = run_python(code, {"url": f"{site}/charset/meta-windows-1251", "task_id": "t", "job": "j", "attempt": 1,
+                            "settings": {}}, Limits(timeout=30))
+    assert got.encoding == "cp1251" and CHARSET_TEXT["windows-1251"] in text_of(got.body, got.encoding)
+    shell = run_shell('curl -s "$1"', f"{site}/charset/meta-shift_jis", Limits(timeout=30))
+    assert shell.encoding == "cp932", shell.encoding  # no headers from a shell downloader: the document decides
+
+
+def test_encoding_unit_cases():
+    from slave.engines.charset import body_encoding
+
+    assert body_encoding({"Content-Type": "text/html"}, b"<p>plain ascii</p>") == "utf-8"
+    assert body_encoding({"content-type": "text/plain; charset=UTF-16"}, "hi".encode("utf-16-be")) == "utf-16-be"
+    assert body_encoding({"Content-Type": "application/octet-stream"}, bytes(range(256))) is None
+    assert body_encoding({}, b"\xff\xfeh\x00i\x00") == "utf-16-le"
+    assert body_encoding({"Content-Type": "application/json"}, '{"a": "é"}'.encode()) == "utf-8"
 
 
 def test_sixteen_concurrent_fetches_share_one_session(site, session):
@@ -405,7 +447,7 @@ def test_python_success_is_byte_exact():
     assert got.status_code == 201
     assert got.headers == {"Content-Type": "text/plain; charset=latin-1", "X-N": "3"}
     assert got.url == task["url"] and got.remote_ip == "10.0.0.1" and got.request_body == b"q=1"
-    assert got.request_headers == {"A": "b"} and got.encoding == "latin-1"
+    assert got.request_headers == {"A": "b"} and got.encoding == "cp1252"  # WHATWG: the label latin-1 means windows-1252
 
 
 def test_python_str_body_is_utf8_and_prints_do_not_corrupt_it():

@@ -214,3 +214,21 @@ def test_foreign_queues_sit_between_host_and_shared_queues():
     assert worker_queue_names("h1", foreign=True)[:4] == ["down_super@h1", "down_super#foreign", "down_super",
                                                           "down_high@h1"]
     assert "down_low#foreign" not in worker_queue_names("h1")
+
+
+def test_the_job_settings_model_mirrors_the_one_declaration():
+    from mongoengine import BooleanField, DictField, FloatField, IntField, StringField
+
+    from common.jobsettings import SETTINGS
+    from common.models import CrawlerDownloadSetting
+
+    kinds = {int: IntField, float: FloatField, bool: BooleanField, str: StringField, dict: DictField}
+    fields = CrawlerDownloadSetting._fields
+    declared = {s.name for s in SETTINGS}
+    assert declared <= set(fields)
+    assert set(fields) - declared == {"id", "job", "add_datetime", "last_update_datetime"}
+    for s in SETTINGS:
+        field = fields[s.name]
+        assert isinstance(field, kinds[s.kind]), s.name
+        if s.kind in (int, float):
+            assert (field.min_value, field.max_value) == (s.low, s.high), s.name

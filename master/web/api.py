@@ -19,7 +19,7 @@ from common.errors import ValidationError
 from common.models import ADMIN, TASK_STATUSES, ApiToken
 from master import registry, stats, tasks, tokens, views
 from master.intake import add_tasks
-from master.web.app import ApiError
+from master.web.errors import ApiError
 
 router = APIRouter()
 COOKIE = "dc_session"

@@ -12,52 +12,22 @@ service and its host:port.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.config import settings
 from common.connections import connect_mongo, unreachable
 from common.errors import DispatchLocked, NotFound, ValidationError
-from common.secrets import redact
+from master.web import api, console, files
+from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
-SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"content-security-policy",
-     b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
-     b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
-]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": redact(message).splitlines()[0][:500] if message else "error"},
-                        status_code=status, headers=headers)
-
-
-async def _send_error(send, status: int, message: str) -> None:
-    payload = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-        (b"connection", b"close"), *SECURITY_HEADERS]})
-    await send({"type": "http.response.body", "body": payload})
-
-
 class Guard:
     """Pure ASGI middleware: body size, query shape, security headers."""
 
@@ -72,9 +42,9 @@ class Guard:
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                return await _send_error(send, 400, "Content-Length is not a number")
+                return await send_error(send, 400, "Content-Length is not a number")
             if int(length) > limit:
-                return await _send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
+                return await send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
         elif scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: count while buffering, at most the limit
             chunks, total, more = [], 0, True
             while more:
@@ -84,7 +54,7 @@ class Guard:
                 chunk = message.get("body", b"")
                 total += len(chunk)
                 if total > limit:
-                    return await _send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
+                    return await send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
                 chunks.append(chunk)
                 more = message.get("more_body", False)
             whole = b"".join(chunks)
@@ -99,11 +69,11 @@ class Guard:
         seen = set()
         for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
             if not QUERY_KEY.match(key):
-                return await _send_error(send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only")
+                return await send_error(send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only")
             if key in seen:
-                return await _send_error(send, 422, f"query parameter {key!r} given twice")
+                return await send_error(send, 422, f"query parameter {key!r} given twice")
             if len(value) > 1024:
-                return await _send_error(send, 422, f"query parameter {key!r} is too long")
+                return await send_error(send, 422, f"query parameter {key!r} is too long")
             seen.add(key)
 
         async def send_with_headers(message):
@@ -124,7 +94,6 @@ def _validation_line(exc: RequestValidationError) -> str:
 
 
 def create_app() -> FastAPI:
-    from master.web import api, console, files
     from common.sentry import init_sentry
 
     init_sentry(settings.SENTRY_DSN)

@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from master.web.app import ApiError
+from master.web.errors import ApiError
 
 router = APIRouter(include_in_schema=False)
 STATIC = Path(__file__).parent / "static"

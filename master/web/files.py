@@ -12,7 +12,7 @@ from common.models import SUCCESS, Export
 from common.signing import check_export_sig
 from common.tabular import CONTENT_TYPES
 from master.exports import get
-from master.web.app import ApiError
+from master.web.errors import ApiError
 
 router = APIRouter(tags=["exports"])
 

@@ -20,6 +20,7 @@ from common.errors import DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
 from slave.engines.base import Download, Limits
+from slave.engines.charset import body_encoding
 from slave.engines.http import (
     CONNECT_TIMEOUT,
     REDIRECT_CODES,
@@ -27,7 +28,6 @@ from slave.engines.http import (
     _one_line,
     _secrets_of,
     classify_status,
-    content_charset,
     redirect_target,
 )
 
@@ -194,7 +194,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
             response_headers = {str(k): str(v) for k, v in resp.headers.items()}
             got = Download(status_code=resp.status, headers=response_headers, body=bytes(body), url=str(resp.url),
                            remote_ip=peer[0] if peer else "", request_headers=_masked(resp.request_info.headers),
-                           encoding=content_charset(response_headers),
+                           encoding=body_encoding(response_headers, body),
                            release=large_gate.release if gated else None)
             gated = False  # the slot now travels with the body
             return got

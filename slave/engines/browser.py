@@ -385,7 +385,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         request_headers = _masked({"User-Agent": user_agent, **headers, **({"Cookie": cookie} if cookie else {})})
         return Download(status_code=status, headers=response_headers, body=body, url=response.get("url") or url,
                         remote_ip=response.get("remoteIPAddress", ""), request_headers=request_headers,
-                        encoding="utf-8")
+                        encoding="utf-8")  # the DOM the browser built, serialised by us as UTF-8
     finally:
         if navigating is not None:
             navigating.cancel()

@@ -5,7 +5,6 @@ checked. Everything that goes wrong comes out as a one-line, secret-free ``Downl
 from __future__ import annotations
 
 import email.utils
-import re
 import socket
 import ssl
 import threading
@@ -24,6 +23,7 @@ from urllib3.poolmanager import ProxyManager
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
+from slave.engines.charset import body_encoding
 from slave.engines.base import Download, Limits
 
 __all__ = ["fetch", "new_session", "classify_status", "classify_exception"]
@@ -33,7 +33,6 @@ CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than t
 MAX_RETRY_AFTER = 600.0         # a server's Retry-After is capped here (settings.RETRY_BACKOFF_MAX)
 REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 SECRET_HEADERS = ("cookie", "authorization", "proxy-authorization")
-_CHARSET = re.compile(r"""charset\s*=\s*["']?([^"';,\s]+)""", re.I)
 
 
 # --- the total deadline -------------------------------------------------------------------
@@ -302,18 +301,6 @@ def _masked(headers) -> dict[str, str]:
     return {str(k): ("***" if str(k).lower() in SECRET_HEADERS else str(v)) for k, v in headers.items()}
 
 
-def content_charset(headers) -> str | None:
-    """The charset declared in Content-Type, else requests' guess for the media type, else None."""
-    ctype = headers.get("Content-Type") or headers.get("content-type") or ""
-    match = _CHARSET.search(ctype)
-    if match:
-        return match.group(1)
-    try:
-        return requests.utils.get_encoding_from_headers(CaseInsensitiveDict(headers))
-    except Exception:  # noqa: BLE001 - a guess must never fail a download
-        return None
-
-
 def _peer_ip(resp: requests.Response) -> str:
     try:
         return resp.raw._connection.sock.getpeername()[0]
@@ -417,6 +404,6 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         return Download(status_code=resp.status_code, headers=response_headers, body=body,
                         url=resp.url or url, remote_ip=remote_ip,
                         request_headers=_masked(prepared.headers),
-                        encoding=content_charset(response_headers))
+                        encoding=body_encoding(response_headers, body))
     finally:
         resp.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 from common.errors import DownloadError
 from common.secrets import redact
 from slave.engines.base import Download, Limits
-from slave.engines.http import content_charset
+from slave.engines.charset import body_encoding
 from slave.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
 
 __all__ = ["run_python", "run_shell"]
@@ -260,7 +260,8 @@ def run_shell(code: str, url: str, limits: Limits) -> Download:
     outcome = _run_safely("shell", message, limits, {"DOWNLOAD_URL": url}, limits.maxsize)
     if outcome.timed_out or outcome.overflow or outcome.returncode != 0:
         raise _redacted(_process_error(outcome, limits, limits.maxsize))
-    return Download(status_code=200, headers={}, body=bytes(outcome.stdout), url=url)
+    body = bytes(outcome.stdout)
+    return Download(status_code=200, headers={}, body=body, url=url, encoding=body_encoding({}, body))
 
 
 def run_python(code: str, task: dict, limits: Limits) -> Download:
@@ -288,7 +289,7 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
         raise DownloadError("downloader error: malformed result frame", retryable=False)
     return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
                     remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
-                    encoding=content_charset(headers))
+                    encoding=body_encoding(headers, body))
 
 
 def _is_str_dict(value) -> bool:

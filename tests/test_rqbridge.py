@@ -1,0 +1,72 @@
+"""The rq adapter is pinned to the rq it was written for: these fail when rq changes a format
+that ``common/rqbridge.py`` writes or reads below rq's public API."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import rq
+from rq import Queue
+from rq.job import Job, JobStatus
+
+from common import rqbridge
+from common.queues import LOCK_KEY
+
+
+def test_the_rq_version_is_the_one_the_adapter_matches():
+    assert rq.__version__ == rqbridge.RQ_VERSION
+
+
+def test_key_names_are_rqs_own(cluster):
+    q = Queue("down_low", connection=cluster.redis)
+    assert rqbridge.queue_key("down_low") == q.key
+    assert rqbridge.queue_name_of(q.key) == "down_low"
+    assert Job.key_for("dc-x") == Job("dc-x", connection=cluster.redis).key
+
+
+def _push(cluster, queue: str, lease: str, cap: int = 10, token: str = "t", at_front: bool = False) -> int:
+    cluster.redis.set(LOCK_KEY, "t")
+    mapping = rqbridge.entry_mapping(Queue(queue, connection=cluster.redis), lease, 300, 60, "job x1",
+                                     datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc))
+    return rqbridge.push_entry(cluster.redis, LOCK_KEY, queue, rqbridge.entry_id(lease), mapping, cap, token,
+                               at_front=at_front)
+
+
+def test_a_pushed_entry_is_an_rq_job_that_rq_reads(cluster):
+    assert _push(cluster, "down_mid", "abc") == rqbridge.PUSHED
+    q = Queue("down_mid", connection=cluster.redis)
+    assert q.count == 1 and q.job_ids == ["dc-abc"]
+    assert "down_mid" in [x.name for x in Queue.all(connection=cluster.redis)]  # rq's set of queues
+    job = Job.fetch("dc-abc", connection=cluster.redis)
+    assert job.func_name == rqbridge.DOWNLOAD_FUNCTION and job.args == ("abc",)
+    assert job.origin == "down_mid" and job.get_status() == JobStatus.QUEUED
+    assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(tzinfo=job.enqueued_at.tzinfo)
+    assert job.timeout == 300 and job.result_ttl == 0 and job.failure_ttl == 60 and job.description == "job x1"
+    assert rqbridge.oldest_enqueued_at(cluster.redis, "down_mid").replace(tzinfo=None) == datetime(2026, 11, 23, 12, 0)
+
+
+def test_the_push_holds_the_cap_and_the_lock(cluster):
+    assert _push(cluster, "down_low", "a", cap=1) == rqbridge.PUSHED
+    assert _push(cluster, "down_low", "b", cap=1) == rqbridge.FULL
+    assert _push(cluster, "down_low", "c", cap=5, token="other") == rqbridge.NOT_OWNER
+    assert Queue("down_low", connection=cluster.redis).job_ids == ["dc-a"]
+    assert not Job.exists("dc-b", connection=cluster.redis) and not Job.exists("dc-c", connection=cluster.redis)
+
+
+def test_pop_is_strict_order_and_at_front_jumps_its_queue(cluster):
+    _push(cluster, "down_low", "low")
+    _push(cluster, "down_high", "high1")
+    _push(cluster, "down_high", "high0", at_front=True)
+    order = ["down_super", "down_high", "down_mid", "down_low"]
+    got = [rqbridge.pop_entry(cluster.redis, order) for _ in range(4)]
+    assert got == [("down_high", "dc-high0"), ("down_high", "dc-high1"), ("down_low", "dc-low"), None]
+
+
+def test_waiting_entries_and_deletion(cluster):
+    _push(cluster, "down_low", "w1")
+    _push(cluster, "down_low@alpha", "w2")
+    assert rqbridge.entries_waiting(cluster.redis, ["down_low", "down_low@alpha"]) == {"dc-w1", "dc-w2"}
+    rqbridge.delete_entry(cluster.redis, "dc-w1")
+    assert not rqbridge.entry_exists(cluster.redis, "dc-w1")
+    assert Queue("down_low", connection=cluster.redis).count == 0
+    assert rqbridge.lease_of("dc-w2") == "w2" and rqbridge.lease_of("dcx-1") is None
+    assert rqbridge.export_of("dcx-1") == "1" and rqbridge.export_of("dc-1") is None
