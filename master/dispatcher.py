@@ -337,7 +337,9 @@ def _housekeeping(redis: Redis) -> None:
     data sweep: after the queues are filled, and never able to break a dispatcher run."""
     from master import exports, reports
 
-    steps = (reports.send_reports, lambda: exports.tend(redis), lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
+    steps = [reports.send_reports, lambda: exports.tend(redis)]
+    if defender.sweep_due():
+        steps.append(lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
     for step in steps:
         try:
             step()

@@ -332,6 +332,16 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
         while (Export.objects.get(id=export_id).rows_done or 0) < 5000:
             assert time.monotonic() < end, "the export did not start"
             time.sleep(0.05)
+        # rq sees the export lane's work as it sees downloads: an execution of the worker
+        from rq import Worker
+        from rq.job import Job as RqJob
+        from rq.registry import StartedJobRegistry
+
+        assert StartedJobRegistry("down_export", connection=cluster.redis).get_job_ids() == ["dcx-" + export_id]
+        (rq_worker,) = Worker.all(connection=cluster.redis)
+        entry = RqJob.fetch("dcx-" + export_id, connection=cluster.redis)
+        assert entry.get_status() == "started" and entry.worker_name == rq_worker.name
+        assert "down_export" in rq_worker.queue_names()
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
