@@ -22,7 +22,8 @@ Data is inserted before the settle (a settle must never name data that is not st
 insert is not itself guarded: a stale worker's insert, or one retried or delivered late over a
 connection that a partition held, may land after its lease was given back. Such a document is
 an orphan that no task names. Readers read data only through ``common.data.visible`` (the data export, the
-export center, the API and console), so an orphan is never read, whatever the interleaving; the
+export center, the API and console), so an orphan is never read, whatever the interleaving (the
+check is made document by document only for leases still open or tombstoned, ``tombstone``); the
 writer removes its own refused data at once, and ``sweep_orphans`` (the defender's share)
 removes whatever is left once its lease is gone and DATA_SWEEP_GRACE has passed, longer than an
 in-flight write can live.
@@ -53,6 +54,7 @@ from common.models import (
     CrawlerLease,
     CrawlerTask,
     DefenderState,
+    LostLease,
     utcnow,
 )
 
@@ -211,6 +213,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     else:
         again = give_back(ids, lease_id, lease["kind"], f"sent again: {reason}", now)
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
+    tombstone(lease_id, lease.get("job"), reason, now)  # before the lease ends (common.data.shown)
     drop_unsettled(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
     return recovered, dead, again
@@ -230,6 +233,13 @@ def _drop_data(docs: list[dict]) -> int:
             fs = fs or gridfs_of(coll.database)
             fs.delete(d["response_body_gridfs"])
     return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+
+
+def tombstone(lease: str, job_id, reason: str, now: datetime | None = None) -> None:
+    """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
+    readers then check its documents one by one. Written before the lease ends."""
+    LostLease._get_collection().update_one(
+        {"_id": lease}, {"$setOnInsert": {"job": job_id, "reason": reason[:200], "at": now or utcnow()}}, upsert=True)
 
 
 def settled_of(lease: str, ids: list) -> set:

@@ -173,6 +173,18 @@ class CrawlerLease(Document):
     meta = {"db_alias": "source", "indexes": [("state", "beat_at")]}
 
 
+class LostLease(Document):
+    """A tombstone: a lease that was given back by the defender or had a settle refused (its data
+    may have orphans), written before the lease ends and kept (a few a day). Readers check the
+    data of such leases document by document (``common.data.shown``)."""
+
+    id = StringField(primary_key=True)
+    job = ObjectIdField()
+    reason = StringField()
+    at = DateTimeField()
+    meta = {"db_alias": "source", "collection": "crawler_lease_lost"}
+
+
 class DefenderState(Document):
     """Where the defender's periodic passes stopped (``data_sweep``: the last data ``_id`` swept)."""
 
@@ -374,6 +386,7 @@ ALL_MODELS = (
     CrawlerDownloadSetting,
     CrawlerTask,
     CrawlerLease,
+    LostLease,
     DefenderState,
     CrawlerDownloadData,
     CrawlerDownloadLog,

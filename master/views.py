@@ -14,7 +14,7 @@ from bson.errors import InvalidId
 from redis import Redis
 
 from common.config import settings
-from common.data import gridfs_of, named
+from common.data import gridfs_of, shown
 from common.errors import NotFound, ValidationError
 from common.queues import WORKER_KEY_PREFIX
 from common.models import (
@@ -159,7 +159,7 @@ def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
                           "size": {"$cond": [{"$ifNull": ["$response_body", False]},
                                              {"$binarySize": "$response_body"}, None]}}},
         ]))
-        keep = named(raw)
+        keep = shown(raw)
         docs += [d for d in raw if d["_id"] in keep]
         if len(raw) <= n:
             break
@@ -183,7 +183,7 @@ def body(data_id: Any) -> tuple[int, Iterator[bytes]]:
         raise NotFound(f"no data document {str(data_id)[:40]!r}") from None
     coll = CrawlerDownloadData._get_collection()
     doc = coll.find_one({"_id": oid}, {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
-    if doc is None or not named([doc]):
+    if doc is None or not shown([doc]):
         raise NotFound(f"no data document {data_id}")
     if doc.get("response_body_gridfs"):
         stored = gridfs_of(coll.database).get(doc["response_body_gridfs"])

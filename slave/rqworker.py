@@ -23,6 +23,8 @@ from rq.job import Job
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
+from common.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -41,7 +43,10 @@ class LoopWorker(BaseWorker):
     # --- life -----------------------------------------------------------------------------
 
     def born(self) -> None:
-        self.register_birth()
+        try:
+            self.register_birth()
+        except ValueError:  # rq: a live worker of that name exists
+            raise ConfigError(f"a live rq worker is already named {self.name!r}: choose another --name") from None
         self.subscribe()
         self.set_state(WorkerStatus.IDLE)
 
