@@ -167,7 +167,11 @@ class Loop:
                 logger.warning("cannot read the queues: %s", type(exc).__name__)
                 await asyncio.sleep(1.0)
             if got:
-                task = await self._start(*got)
+                try:
+                    task = await self._start(*got)
+                except Exception as exc:  # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+                    logger.warning("entry %s not started: %s", got[1], redact(f"{type(exc).__name__}: {exc}"))
+                    continue
                 if task is not None:
                     taken += 1
                     running.add(task)

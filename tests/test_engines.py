@@ -682,7 +682,8 @@ def test_classic_fork_bomb_is_rejected_quickly():
 def test_shell_fork_bomb_is_cleaned_up_by_the_deadline(shared_dir):
     code = f"echo $$ > {shared_dir}/pgid; b() {{ b | b & }}; b; sleep 1000"
     err, took = _fail(run_shell, code, "u", Limits(timeout=2, max_processes=16))
-    assert err.reason == "timed out after 2s" and took < 3.5
+    # killed at the deadline, or the shell itself stopped at the process limit first (a race)
+    assert (err.reason == "timed out after 2s" or err.reason.startswith("exit status 2: Cannot fork")) and took < 3.5
     assert _eventually_none_live(pgid=int(open(f"{shared_dir}/pgid").read())) == []
 
 
