@@ -149,7 +149,7 @@ def data_rows(query: dict, needs_body: bool) -> Iterator[dict]:
     if not needs_body:
         projection["response_body"] = 0
     cursor = coll.find(query, projection).sort("_id", 1).batch_size(100 if needs_body else 1000)
-    for doc in visible(cursor, batch=1000):  # one task lookup per 1,000 rows (or 8 MB of bodies)
+    for doc in visible(cursor):
         row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
                "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
                "add_datetime": doc.get("add_datetime")}

@@ -293,7 +293,8 @@ def sweep_orphans(now: datetime | None = None, grace: float | None = None, budge
         held = next((i for i, d in enumerate(docs) if d["_id"] not in keep and d.get("lease") in live), None)
         if held is not None:  # an attempt under that lease may still settle: look again next time
             docs = docs[:held]
-            orphans = [d for d in orphans if d["_id"] in {x["_id"] for x in docs}]
+            before = {x["_id"] for x in docs}
+            orphans = [d for d in orphans if d["_id"] in before]
         removed += _drop_data(orphans)
         if docs:
             mark = docs[-1]["_id"]

@@ -28,6 +28,8 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job as RqJob
 from rq.job import JobStatus
 
+from common.queues import QUEUE_NAMES, base_of
+
 RQ_VERSION = "3.0.0"
 
 ENTRY_PREFIX = "dc-"          # + lease id: a download entry
@@ -64,9 +66,9 @@ def export_of(entry: str) -> str | None:
     return entry[len(EXPORT_ENTRY_PREFIX):] if entry.startswith(EXPORT_ENTRY_PREFIX) else None
 
 
-def queue_names(redis: Redis) -> list[str]:
-    """Every queue rq knows of (its set of queues)."""
-    return [q.name for q in Queue.all(connection=redis)]
+def our_queues(redis: Redis) -> list[str]:
+    """Our download queues: the four shared ones and every host or foreign queue rq knows of."""
+    return sorted({*QUEUE_NAMES, *(q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES)})
 
 
 # --- dispatch: the capped push ------------------------------------------------------------

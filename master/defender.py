@@ -30,8 +30,7 @@ from common import leases
 from common.config import settings
 from common.connections import redis_conn
 from common.models import LOST, QUEUED, RUNNING, CrawlerLease, utcnow
-from common.queues import QUEUE_NAMES, base_of
-from common.rqbridge import delete_entry, entries_waiting, entry_id, queue_names
+from common.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +41,6 @@ class RecoveryReport:
     dead: int = 0
     requeued: int = 0  # tasks of entries lost before any attempt
     reasons: list[str] = field(default_factory=list)
-
-
-def our_queues(redis: Redis) -> list[str]:
-    """Our queues that rq knows of (shared, host and foreign ones)."""
-    return sorted({*QUEUE_NAMES, *(q for q in queue_names(redis) if base_of(q) in QUEUE_NAMES)})
 
 
 def recover(redis: Redis | None = None, now: datetime | None = None, budget: float | None = None,

@@ -21,13 +21,13 @@ from common.models import (
 )
 from common.hostlimits import throttled
 from common.queues import QUEUE_NAMES, base_of, cap
-from common.rqbridge import oldest_enqueued_at
+from common.rqbridge import oldest_enqueued_at, our_queues
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
 
 
 def queue_stats(redis: Redis) -> list[dict[str, Any]]:
-    names = set(QUEUE_NAMES) | {q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES}
+    names = our_queues(redis)
     order = {name: i for i, name in enumerate(QUEUE_NAMES)}
     now = datetime.now(timezone.utc)
     rows = []

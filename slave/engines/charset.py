@@ -34,10 +34,19 @@ def is_text(content_type: str) -> bool:
 
 
 def detect(body: bytes) -> str | None:
-    """charset-normalizer's best guess for the start of ``body`` (ASCII counts as UTF-8), or None."""
+    """UTF-8 when the start of ``body`` is valid UTF-8 (ASCII included: a C-speed check, where
+    charset-normalizer takes 0.5 ms for 64 KB, as much as the rest of a page's work), else
+    charset-normalizer's best guess (several ms), or None."""
     if not body:
         return None
-    best = charset_normalizer.from_bytes(body[:DETECT_BYTES]).best()
+    head = body[:DETECT_BYTES]
+    try:
+        head.decode("utf-8")
+        return "utf-8"
+    except UnicodeDecodeError as exc:
+        if len(body) > DETECT_BYTES and exc.start >= len(head) - 3 and exc.reason == "unexpected end of data":
+            return "utf-8"  # valid up to a character cut by the 64 KB window
+    best = charset_normalizer.from_bytes(head).best()
     if best is None:
         return None
     return "utf-8" if best.encoding in ("ascii", "utf_8") else resolve_encoding(best.encoding) or best.encoding
