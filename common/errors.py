@@ -3,7 +3,8 @@
     DownclusterError
     ├── ConfigError          a setting cannot be read (not retryable)
     ├── ValidationError      a manifest, downloader, URL or setting is invalid (not retryable)
-    │   └── NotFound         the named job, task, export or document does not exist
+    │   ├── NotFound         the named job, task, export or document does not exist
+    │   └── Conflict         it exists, but its state forbids the action (cancel a finished export)
     ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
 """
@@ -24,6 +25,10 @@ class ValidationError(DownclusterError):
 
 class NotFound(ValidationError):
     """What a request names (a job, an export, a document) does not exist."""
+
+
+class Conflict(ValidationError):
+    """The named thing exists but is in a state that forbids the action (HTTP 409)."""
 
 
 class ServiceUnavailable(DownclusterError):

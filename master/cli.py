@@ -327,8 +327,8 @@ def export() -> None:
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), required=True)
 @click.option("--template", type=click.File("r", encoding="utf-8"), default=None, help="Column template (TOML).")
 @click.option("--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable).")
-@click.option("--since", default=None, help="Only data stored at or after this ISO date-time (UTC).")
-@click.option("--until", default=None, help="Only data stored before this ISO date-time (UTC).")
+@click.option("--since", default=None, help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).")
+@click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
 @click.option("--callback", default=None, help="URL to POST a signed JSON webhook to when it ends.")
 @click.option("--mail", "mails", multiple=True, help="Address to mail when it ends (repeatable).")
 def export_request(name: str, fmt: str, template, codes, since, until, callback, mails) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -19,7 +20,7 @@ from redis import Redis
 from rq import Queue
 
 from common.config import settings
-from common.errors import NotFound, ValidationError
+from common.errors import Conflict, NotFound, ValidationError
 from common.models import (
     job_named,
     CANCELLED,
@@ -48,15 +49,23 @@ class Requested:
     deduplicated: bool
 
 
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$")
+
+
 def _when(value: Any, what: str) -> datetime | None:
-    if value in (None, ""):
+    """An RFC 3339 date-time (``2026-11-01T00:00:00Z``; the API's ``format: date-time``) as naive UTC."""
+    if value is None:
         return None
-    if not isinstance(value, str):
-        raise ValidationError(f"filter.{what} must be an ISO date-time string")
+    if not isinstance(value, str) or not RFC3339.match(value):
+        raise ValidationError(f"filter.{what}: {str(value)[:40]!r} is not an RFC 3339 date-time "
+                              "(like 2026-11-01T00:00:00Z)")
+    text = value.upper().replace("Z", "+00:00")
+    if text[17:19] == "60":  # a leap second: the last instant of its minute
+        text = text[:17] + "59.999999" + text[19:].lstrip(".0123456789")
     try:
-        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        stamp = datetime.fromisoformat(text)
     except ValueError:
-        raise ValidationError(f"filter.{what}: {value[:40]!r} is not an ISO date-time") from None
+        raise ValidationError(f"filter.{what}: {value[:40]!r} is not a date-time") from None
     if stamp.tzinfo is not None:
         stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
     return stamp
@@ -171,7 +180,7 @@ def listing(job_name: str | None = None, limit: int = 50) -> list[Export]:
 def link(export_id: Any, ttl: int | None = None) -> str:
     export = get(export_id)
     if export.state != SUCCESS:
-        raise ValidationError(f"export {export_id} is {export.state}: only a SUCCESS export has a file")
+        raise Conflict(f"export {export_id} is {export.state}: only a SUCCESS export has a file")
     if ttl is not None and not 1 <= ttl <= 365 * 24 * 3600:
         raise ValidationError("ttl must be 1 s to 365 days")
     return export_url(str(export.id), ttl)
@@ -185,7 +194,7 @@ def cancel(redis: Redis, export_id: Any) -> Export:
         {"_id": export.id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
         {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
     if not done.modified_count:
-        raise ValidationError(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
+        raise Conflict(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
     Queue(EXPORT_QUEUE, connection=redis).remove(export_entry_id(export.id))
     export.reload()
     return export

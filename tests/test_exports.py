@@ -75,8 +75,11 @@ def test_equal_neighbours_merge():
 def test_filter_checks():
     assert exports.check_filter({"status": ["200", 404], "since": "2026-01-01T00:00:00Z"}) == {
         "status": [200, 404], "since": datetime(2026, 1, 1)}
+    assert exports.check_filter({"since": "2016-12-31t23:59:60.5+01:00"}) == {  # RFC 3339: a leap second, lower case
+        "since": datetime(2016, 12, 31, 22, 59, 59, 999999)}
     for bad in ({"status": ["ok"]}, {"status": [{"$ne": 1}]}, {"since": "yesterday"}, {"since": {"$gt": ""}},
-                {"where": 1}, {"since": "2026-02-01", "until": "2026-01-01"}):
+                {"where": 1}, {"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
+                {"since": "2026-02-01"}, {"until": ""}):
         with pytest.raises(ValidationError):
             exports.check_filter(bad)
 
@@ -268,8 +271,11 @@ def test_api_exports_for_analysts(cluster, tmp_path):
                                                                "filter": {"status": [200]}})
         assert r.status_code == 202 and r.json()["deduplicated"] is False and r.json()["state"] == "PENDING"
         again = web.call("POST", "/api/v1/exports", token, json={"job": "j", "format": "xlsx", "template": TEMPLATE,
-                                                                   "filter": {"status": ["200"]}}).json()
-        assert again["deduplicated"] is True and again["id"] == r.json()["id"]
+                                                                   "filter": {"status": [200.0]}}).json()
+        assert again["deduplicated"] is True and again["id"] == r.json()["id"]  # JSON's 200.0 is the integer 200
+        as_text = web.call("POST", "/api/v1/exports", token, json={"job": "j", "format": "xlsx",
+                                                                   "filter": {"status": ["200"]}})
+        assert as_text.status_code == 422  # the description says integer
         assert run_export(r.json()["id"], "w1") == "success"
         shown = web.call("GET", f"/api/v1/exports/{r.json()['id']}", token).json()
         assert shown["state"] == "SUCCESS" and shown["rows_done"] == 0 and shown["url"].startswith("http://")
@@ -277,7 +283,8 @@ def test_api_exports_for_analysts(cluster, tmp_path):
         bad = web.call("POST", "/api/v1/exports", token, json={"job": "j", "format": "csv", "template": "[[columns]]\nfield='x'\n"})
         assert bad.status_code == 422 and "unknown field" in bad.json()["error"]
         assert web.call("POST", "/api/v1/exports", token, json={"job": {"$ne": ""}, "format": "csv"}).status_code == 422
-        assert web.call("GET", "/api/v1/exports/nope", token).status_code == 404
+        assert web.call("GET", "/api/v1/exports/nope", token).status_code == 422  # not an id
+        assert web.call("GET", "/api/v1/exports/6561d2f0a1b2c3d4e5f60718", token).status_code == 404
         assert web.call("GET", "/api/v1/exports", token).json()["exports"][0]["id"] == r.json()["id"]
     assert Export.objects.count() == 1
 

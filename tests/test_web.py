@@ -153,8 +153,9 @@ def test_a_json_object_where_a_job_name_belongs_finds_nothing(cluster, web, toke
 def test_bad_ids_limits_and_unknown_paths(cluster, web, tokens, tmp_path):
     admin = tokens["admin"]
     register(tmp_path, "j")
-    for bad in ("123", "zzzzzzzzzzzzzzzzzzzzzzzz", "5f0000000000000000000000"):
-        assert web.call("GET", f"/api/v1/data/{bad}/body", admin).status_code == 404
+    for bad in ("123", "zzzzzzzzzzzzzzzzzzzzzzzz"):  # not an id, as the description says: 422
+        assert web.call("GET", f"/api/v1/data/{bad}/body", admin).status_code == 422
+    assert web.call("GET", "/api/v1/data/5f0000000000000000000000/body", admin).status_code == 404
     assert web.call("GET", "/api/v1/jobs/j/tasks?after=nope", admin).status_code == 422
     assert web.call("GET", "/api/v1/jobs/j/tasks?limit=many", admin).status_code == 422
     assert web.call("GET", "/api/v1/logs/nope", admin).status_code == 422

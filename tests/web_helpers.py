@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,12 +22,14 @@ class WebServer:
         self.env = {**os.environ, **env, **{f"DOWNCLUSTER_{k}": str(v) for k, v in settings.items()}}
 
     def __enter__(self) -> "WebServer":
+        # The log goes to a file: a pipe nobody reads until the end would fill and stop the server.
+        self.log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self.proc = subprocess.Popen([str(BIN / "downcluster"), "web", "--bind", f"127.0.0.1:{self.port}"],
-                                     env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         end = time.monotonic() + 30
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError("downcluster web exited: " + self.proc.stdout.read()[-2000:])
+                raise RuntimeError("downcluster web exited: " + self._read()[-2000:])
             try:
                 requests.get(self.base + "/api/v1/openapi.json", timeout=1)
                 return self
@@ -37,10 +40,16 @@ class WebServer:
     def __exit__(self, *exc) -> None:
         self.proc.terminate()
         try:
-            self.output = self.proc.communicate(timeout=10)[0]
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.output = self.proc.communicate()[0]
+            self.proc.wait()
+        self.output = self._read()
+        self.log.close()
+
+    def _read(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     def call(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
         headers = kw.pop("headers", {})

@@ -8,27 +8,37 @@ import subprocess
 import sys
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError as PydanticError
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError as PydanticError
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.connections import redis_conn
 from common.errors import ValidationError
-from common.models import ADMIN, TASK_STATUSES, ApiToken
+from common.models import ADMIN, ApiToken
+from common.notify import MAIL_RE
 from master import registry, stats, tasks, tokens, views
 from master.intake import add_tasks
+from master.web.contract import (JOB_NAME, READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
+                                 answers)
 from master.web.errors import ApiError
 
 router = APIRouter()
 COOKIE = "dc_session"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Declared for the description (the schemes a client may use); ``caller`` reads the headers itself
+# so that every refusal is the API's one-line 401.
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="a token from `downcluster token create`")
+SESSION = APIKeyCookie(name=COOKIE, auto_error=False, scheme_name="session",
+                       description="the console's session (POST /session); state changes need X-CSRF-Token")
 
 
 # --- who is asking -----------------------------------------------------------------------
 
-def caller(request: Request) -> ApiToken:
+def caller(request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
+           _session: Annotated[str | None, Security(SESSION)]) -> ApiToken:
     """The token behind a request: ``Authorization: Bearer`` or a console session (whose
     state-changing requests must carry the session's X-CSRF-Token)."""
     auth = request.headers.get("authorization")
@@ -70,10 +80,11 @@ class Strict(BaseModel):
 # --- session (console sign-in) -----------------------------------------------------------
 
 class SignIn(Strict):
-    token: str
+    token: str = Field(min_length=1, max_length=256)
+    model_config = ConfigDict(json_schema_extra={"examples": [{"token": "dct_..."}]})
 
 
-@router.post("/session", tags=["session"])
+@router.post("/session", tags=["session"], responses=answers(401))
 def sign_in(body: SignIn, request: Request, response: Response) -> dict:
     """Exchange a token for an HttpOnly, SameSite=Strict session cookie (the console's sign-in)."""
     token = tokens.authenticate(body.token)
@@ -85,13 +96,13 @@ def sign_in(body: SignIn, request: Request, response: Response) -> dict:
     return {"name": token.name, "role": token.role, "csrf": csrf}
 
 
-@router.get("/session", tags=["session"])
+@router.get("/session", tags=["session"], responses=READ)
 def whoami(request: Request, token: Reader) -> dict:
     found = tokens.session_of(request.cookies.get(COOKIE))
     return {"name": token.name, "role": token.role, "csrf": found[1] if found else None}
 
 
-@router.post("/session/end", tags=["session"])
+@router.post("/session/end", tags=["session"], responses=answers())
 def sign_out(request: Request, response: Response) -> dict:
     tokens.end_session(request.cookies.get(COOKIE))
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
@@ -101,17 +112,26 @@ def sign_out(request: Request, response: Response) -> dict:
 # --- jobs --------------------------------------------------------------------------------
 
 class JobIn(Strict):
-    manifest: str
-    code: str | None = None
+    manifest: str = Field(min_length=1, description="the TOML manifest")
+    code: str | None = Field(None, description="the downloader's code, for a python or shell job")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"manifest": 'name = "news"\npriority = 5\ntype = "none"\n'},
+        {"manifest": 'name = "shop"\npriority = 3\ntype = "python"\ncode = "shop.py"\n',
+         "code": "import urllib.request\n\n\ndef download(task):\n"
+                 "    with urllib.request.urlopen(task['url'], timeout=30) as resp:\n"
+                 "        return {'status_code': resp.status, 'headers': dict(resp.headers), 'body': resp.read()}\n"}]})
 
 
-@router.get("/jobs", tags=["jobs"])
+INVALID_MANIFEST = "the manifest or code does not validate (the error says where)"
+
+
+@router.get("/jobs", tags=["jobs"], responses=READ)
 def list_jobs(_: Reader) -> dict:
     return {"jobs": views.job_rows()}
 
 
-@router.post("/jobs", tags=["jobs"], status_code=201,
-             responses={200: {"description": "an existing job was updated"}, 422: {"description": "invalid"}})
+@router.post("/jobs", tags=["jobs"], status_code=201, responses={
+    200: {"description": "an existing job was updated"}, **answers(401, 403, invalid=INVALID_MANIFEST)})
 def register_job(body: JobIn, response: Response, _: Admin) -> dict:
     """Validate and store a job, as ``downcluster job register`` does (nothing stored when invalid)."""
     job, created = registry.register_text(body.manifest, body.code)
@@ -119,30 +139,40 @@ def register_job(body: JobIn, response: Response, _: Admin) -> dict:
     return {"name": job.name}
 
 
-@router.get("/jobs/{name}", tags=["jobs"])
-def show_job(name: str, _: Reader) -> dict:
+@router.get("/jobs/{name}", tags=["jobs"], responses=answers(401, 404))
+def show_job(name: JobName, _: Reader) -> dict:
     return views.job_detail(name)
 
 
-@router.post("/jobs/{name}/enable", tags=["jobs"])
-def enable_job(name: str, _: Admin) -> dict:
+@router.post("/jobs/{name}/enable", tags=["jobs"], responses=answers(401, 403, 404))
+def enable_job(name: JobName, _: Admin) -> dict:
     return {"name": name, "status": registry.set_status(name, "ON").status}
 
 
-@router.post("/jobs/{name}/disable", tags=["jobs"])
-def disable_job(name: str, _: Admin) -> dict:
+@router.post("/jobs/{name}/disable", tags=["jobs"], responses=answers(401, 403, 404))
+def disable_job(name: JobName, _: Admin) -> dict:
     return {"name": name, "status": registry.set_status(name, "OFF").status}
 
 
 # --- tasks -------------------------------------------------------------------------------
 
 class UrlsIn(Strict):
-    urls: list[str]
-    host: str = ""
+    urls: list[Annotated[str, Field(pattern=r"^[^\r\n]*$")]] = Field(
+        description="one URL each (no line breaks); ones that are not http(s) URLs are reported in `rejected`")
+    host: str = Field("", max_length=255, description="run these tasks on this host only (empty: any host)")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"urls": ["https://example.org/a"], "host": ""}]})
 
 
-class StatusesIn(Strict):
-    status: list[Literal[TASK_STATUSES]] | None = None  # type: ignore[valid-type]
+class CancelIn(Strict):
+    status: list[Literal[tasks.CANCELLABLE_DEFAULT]] | None = Field(  # type: ignore[valid-type]
+        None, description=f"the statuses to cancel (default: {', '.join(tasks.CANCELLABLE_DEFAULT)})")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["LIVE", "FAIL"]}]})
+
+
+class RequeueIn(Strict):
+    status: list[Literal[tuple(sorted(tasks.REQUEUEABLE))]] | None = Field(  # type: ignore[misc]
+        None, description=f"the statuses to requeue (default: {', '.join(tasks.REQUEUE_DEFAULT)})")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["FAIL", "DEAD"]}]})
 
 
 def _intake(name: str, lines: list[str], host: str) -> dict:
@@ -151,10 +181,12 @@ def _intake(name: str, lines: list[str], host: str) -> dict:
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
 
 
-@router.post("/jobs/{name}/tasks", tags=["tasks"], openapi_extra={"requestBody": {"required": True, "content": {
-    "text/plain": {"schema": {"type": "string", "description": "one URL a line"}},
-    "application/json": {"schema": UrlsIn.model_json_schema()}}}})
-async def add_job_tasks(name: str, request: Request, _: Admin) -> dict:
+@router.post("/jobs/{name}/tasks", tags=["tasks"], responses=answers(401, 403, 404, 415), openapi_extra={
+    "requestBody": {"required": True, "content": {
+        "text/plain": {"schema": {"type": "string", "description": "one URL a line"},
+                       "example": "https://example.org/a\nhttps://example.org/b\n"},
+        "application/json": {"schema": UrlsIn.model_json_schema()}}}})
+async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
     """Add URLs: a text/plain body (one a line) or JSON {"urls": [...], "host": "..."}."""
     raw = await request.body()
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -166,34 +198,34 @@ async def add_job_tasks(name: str, request: Request, _: Admin) -> dict:
             where = ".".join(str(p) for p in first.get("loc", ())) or "body"
             raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
         lines, host = body.urls, body.host
-    elif kind in ("text/plain", ""):
+    elif kind == "text/plain" or (kind == "" and raw):
         lines, host = raw.decode("utf-8", errors="replace").splitlines(), ""
+    elif kind == "":
+        raise ValidationError("a request body is required: text/plain (one URL a line) or application/json")
     else:
         raise ApiError(415, "send text/plain (one URL a line) or application/json")
-    if any("\n" in u or "\r" in u for u in lines):
-        raise ValidationError("a URL must be one line")
     return await run_in_threadpool(_intake, name, lines, host)
 
 
-@router.get("/jobs/{name}/tasks", tags=["tasks"])
-def list_tasks(name: str, _: Reader, status: str | None = None, limit: int | None = None,
-               after: str | None = None) -> dict:
+@router.get("/jobs/{name}/tasks", tags=["tasks"], responses=answers(401, 404))
+def list_tasks(name: JobName, _: Reader, status: TaskStatus | None = None, limit: Limit = None,
+               after: After = None) -> dict:
     return views.task_page(name, status, limit, after)
 
 
-@router.post("/jobs/{name}/tasks/cancel", tags=["tasks"])
-def cancel_tasks(name: str, body: StatusesIn, _: Admin) -> dict:
+@router.post("/jobs/{name}/tasks/cancel", tags=["tasks"], responses=answers(401, 403, 404))
+def cancel_tasks(name: JobName, body: CancelIn, _: Admin) -> dict:
     return {"cancelled": tasks.cancel(name, tuple(body.status or tasks.CANCELLABLE_DEFAULT))}
 
 
-@router.post("/jobs/{name}/tasks/requeue", tags=["tasks"])
-def requeue_tasks(name: str, body: StatusesIn, _: Admin) -> dict:
+@router.post("/jobs/{name}/tasks/requeue", tags=["tasks"], responses=answers(401, 403, 404))
+def requeue_tasks(name: JobName, body: RequeueIn, _: Admin) -> dict:
     return {"requeued": tasks.requeue(name, tuple(body.status or tasks.REQUEUE_DEFAULT))}
 
 
 # --- dispatch, stats ---------------------------------------------------------------------
 
-@router.post("/dispatch", tags=["cluster"], responses={409: {"description": "another dispatcher holds the lock"}})
+@router.post("/dispatch", tags=["cluster"], responses=answers(401, 403, 409))
 def dispatch(_: Admin) -> dict:
     """One dispatcher run, as ``downcluster dispatch`` (in a child process, so its watchdog
     can stop a run that overstays without stopping this server)."""
@@ -206,13 +238,13 @@ def dispatch(_: Admin) -> dict:
     raise ApiError(status, line or f"dispatcher exited with {proc.returncode}")
 
 
-@router.get("/stats", tags=["cluster"])
+@router.get("/stats", tags=["cluster"], responses=READ)
 def get_stats(_: Reader) -> dict:
     """The same object as ``downcluster stats --json``."""
     return stats.collect(redis_conn())
 
 
-@router.get("/overview", tags=["cluster"])
+@router.get("/overview", tags=["cluster"], responses=READ)
 def get_overview(_: Reader) -> dict:
     """Stats, workers alive (host, downloads in flight, jobs they run) and the last alerts."""
     return views.overview(redis_conn())
@@ -220,14 +252,14 @@ def get_overview(_: Reader) -> dict:
 
 # --- data, logs --------------------------------------------------------------------------
 
-@router.get("/jobs/{name}/data", tags=["data"])
-def list_data(name: str, _: Reader, limit: int | None = None, after: str | None = None) -> dict:
+@router.get("/jobs/{name}/data", tags=["data"], responses=answers(401, 404))
+def list_data(name: JobName, _: Reader, limit: Limit = None, after: After = None) -> dict:
     return views.data_page(name, limit, after)
 
 
 @router.get("/data/{data_id}/body", tags=["data"], response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
-def get_body(data_id: str, _: Reader) -> StreamingResponse:
+            responses={200: {"content": {"application/octet-stream": {}}}, **answers(401, 404)})
+def get_body(data_id: ObjectIdPath, _: Reader) -> StreamingResponse:
     """The stored response body, byte-exact, as an attachment (never rendered on this origin)."""
     length, chunks = views.body(data_id)
     return StreamingResponse(chunks, media_type="application/octet-stream", headers={
@@ -235,31 +267,45 @@ def get_body(data_id: str, _: Reader) -> StreamingResponse:
         "Content-Security-Policy": "sandbox", "Cache-Control": "private, no-store"})
 
 
-@router.get("/logs/{kind}", tags=["logs"])
-def list_logs(kind: Literal["download", "dispatch", "alert", "registration"], _: Reader, job: str | None = None,
-              limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+@router.get("/logs/{kind}", tags=["logs"], responses=answers(401, 404))
+def list_logs(kind: Literal["download", "dispatch", "alert", "registration"], _: Reader, job: JobFilter = None,
+              limit: Limit = None, after: After = None) -> dict[str, Any]:
     """One log, newest first: download, dispatch, alert or registration."""
     return views.log_page(kind, job, limit, after)
 
 
 # --- exports -----------------------------------------------------------------------------
 
+def _whole(value: Any) -> Any:
+    """JSON has numbers, not integers: 200.0 is the integer 200 (JSON Schema says so too)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class ExportFilter(Strict):
-    status: list[int | str] | None = None
-    since: str | None = None
-    until: str | None = None
+    status: list[Annotated[int, BeforeValidator(_whole), Field(ge=100, le=599)]] | None = Field(
+        None, description="HTTP status codes to keep")
+    since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded at or after")
+    until: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded before")
 
 
 class ExportIn(Strict):
-    job: str
+    job: str = Field(pattern=JOB_NAME, max_length=128)
     format: Literal["csv", "jsonl", "xlsx"]
-    template: str | None = None
+    template: str | None = Field(None, description="a TOML export template (columns, headers, sheet)")
     filter: ExportFilter | None = None
-    callback_url: str | None = None
-    mails: list[str] = []
+    callback_url: str | None = Field(None, max_length=2048, pattern=r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+",
+                                     description="POSTed the signed link when done (a public http(s) URL)")
+    mails: list[Annotated[str, Field(max_length=254, pattern=MAIL_RE.pattern)]] = Field([], max_length=20)
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"job": "news", "format": "xlsx", "filter": {"status": [200], "since": "2026-11-01T00:00:00Z"},
+         "mails": ["analyst@example.org"]}]})
 
 
-@router.post("/exports", tags=["exports"], status_code=202)
+INVALID_EXPORT = ("the template does not validate, `since` is not before `until`, or `callback_url` "
+                  "does not resolve to public addresses")
+
+
+@router.post("/exports", tags=["exports"], status_code=202, responses=answers(401, 403, 404, invalid=INVALID_EXPORT))
 def request_export(body: ExportIn, token: Reader) -> dict:
     """Queue an export (analysts may); an identical one underway or fresh is returned instead."""
     from master.exports import request
@@ -270,23 +316,23 @@ def request_export(body: ExportIn, token: Reader) -> dict:
     return {"id": str(got.export.id), "state": got.export.state, "deduplicated": got.deduplicated}
 
 
-@router.get("/exports", tags=["exports"])
-def list_exports(_: Reader, job: str | None = None, limit: int | None = None) -> dict:
+@router.get("/exports", tags=["exports"], responses=READ)
+def list_exports(_: Reader, job: JobFilter = None, limit: Limit = None) -> dict:
     from master.exports import describe, listing
 
     return {"exports": [describe(e) for e in listing(job, views.clamp(limit, 50))]}
 
 
-@router.get("/exports/{export_id}", tags=["exports"])
-def show_export(export_id: str, _: Reader) -> dict:
+@router.get("/exports/{export_id}", tags=["exports"], responses=answers(401, 404))
+def show_export(export_id: ObjectIdPath, _: Reader) -> dict:
     """{"id", "state", "rows_done", "rows_total", "bytes", "url", "error", ...}; ``url`` is a signed link once SUCCESS."""
     from master.exports import describe, get
 
     return describe(get(export_id))
 
 
-@router.post("/exports/{export_id}/cancel", tags=["exports"])
-def cancel_export(export_id: str, token: Reader) -> dict:
+@router.post("/exports/{export_id}/cancel", tags=["exports"], responses=answers(401, 403, 404, 409))
+def cancel_export(export_id: ObjectIdPath, token: Reader) -> dict:
     """Cancel a PENDING or RUNNING export: its requester or an admin."""
     from master.exports import cancel, describe, get
 

@@ -16,14 +16,16 @@ import logging
 import re
 from urllib.parse import parse_qsl
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from common.config import settings
 from common.connections import connect_mongo, unreachable
-from common.errors import DispatchLocked, NotFound, ValidationError
+from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
 from master.web import api, console, files
+from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 
 logger = logging.getLogger("downcluster.web")
@@ -37,6 +39,9 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        head = scope["method"] == "HEAD"  # RFC 9110: HEAD is GET without the body
+        if head:
+            scope = {**scope, "method": "GET"}
         limit = settings.API_MAX_BODY
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
@@ -79,6 +84,8 @@ class Guard:
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            elif head and message["type"] == "http.response.body" and message.get("body"):
+                message = {**message, "body": b""}
             await send(message)
 
         return await self.app(scope, receive, send_with_headers)
@@ -100,7 +107,9 @@ def create_app() -> FastAPI:
     connect_mongo(ensure_indexes=_mongo_reachable_quickly())
     app = FastAPI(title="downcluster", version="1.0.0", openapi_url="/api/v1/openapi.json",
                   docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
-                  description="The downcluster HTTP API: Authorization: Bearer TOKEN on every call.")
+                  generate_unique_id_function=operation_id,
+                  description="The downcluster HTTP API: `Authorization: Bearer TOKEN` on every call but "
+                              "`POST /session` and signed file links. Every error is `{\"error\": \"one line\"}`.")
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -114,8 +123,9 @@ def create_app() -> FastAPI:
     async def _invalid(request: Request, exc: ValidationError):
         return error(422, str(exc))
 
+    @app.exception_handler(Conflict)
     @app.exception_handler(DispatchLocked)
-    async def _locked(request: Request, exc: DispatchLocked):
+    async def _conflict(request: Request, exc: Exception):
         return error(409, str(exc))
 
     @app.exception_handler(RequestValidationError)
@@ -124,7 +134,12 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error(exc.status_code, str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # the path exists: say what it takes (RFC 9110 15.5.6)
+            headers["Allow"] = ", ".join(_allowed(request))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers=headers)
+        return error(exc.status_code, str(exc.detail), headers or None)
 
     async def _unreachable(request: Request, exc: Exception):
         return error(503, unreachable(exc) or "a service is unreachable")
@@ -151,6 +166,16 @@ def create_app() -> FastAPI:
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(Guard)
     return app
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method some route of this path takes (one route per method), with HEAD beside GET
+    and OPTIONS (both answered for every path)."""
+    methods = {method for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+               if any(route.matches({**request.scope, "method": method})[0] == Match.FULL
+                      for route in request.app.router.routes)}
+    methods |= {"HEAD"} if "GET" in methods else set()
+    return sorted(methods | {"OPTIONS"})
 
 
 def _mongo_reachable_quickly() -> bool:

@@ -2,7 +2,9 @@
 without a token (the link is the credential; it names one file and ends at ``expires``)."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from gridfs import GridFSBucket
 from gridfs.errors import NoFile
@@ -12,14 +14,21 @@ from common.models import SUCCESS, Export
 from common.signing import check_export_sig
 from common.tabular import CONTENT_TYPES
 from master.exports import get
+from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError
 
 router = APIRouter(tags=["exports"])
 
 
-@router.get("/files/exports/{export_id}", response_class=StreamingResponse,
-            responses={403: {"description": "tampered link"}, 410: {"description": "link or export expired"}})
-def export_file(export_id: str, expires: str = "", sig: str = "") -> StreamingResponse:
+@router.get("/files/exports/{export_id}", response_class=StreamingResponse, responses={
+    200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
+    **answers(403, 404, 409, 410, why={
+        403: "the link's signature does not match", 409: "the export is not finished"})}, openapi_extra={"security": []})
+def export_file(export_id: ObjectIdPath,
+                expires: Annotated[str, Query(max_length=32, description="UNIX time the link ends")],
+                sig: Annotated[str, Query(max_length=256, description="the link's signature (a link "
+                                                                      "changed in any way is a 403)")],
+                ) -> StreamingResponse:
     problem = check_export_sig(export_id, expires, sig)
     if problem == "tampered":
         raise ApiError(403, "the link's signature does not match")

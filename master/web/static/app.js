@@ -176,7 +176,7 @@ function exportForm(jobNames) {
     const v = (id) => $(id).value.trim();
     const list = (id) => v(id).split(",").map((x) => x.trim()).filter(Boolean);
     const body = { job: v("export-job"), format: v("export-format"), template: $("export-template").value,
-      filter: { status: list("export-status"), since: v("export-since") || null, until: v("export-until") || null },
+      filter: { status: list("export-status").map((x) => (/^\d+$/.test(x) ? Number(x) : x)), since: v("export-since") || null, until: v("export-until") || null },
       mails: list("export-mails"), callback_url: v("export-callback") || null };
     try {
       const r = await api("POST", "/exports", body);
