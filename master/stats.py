@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from bson import ObjectId
 from redis import Redis
 from rq import Queue
 
@@ -62,8 +63,8 @@ def task_counts() -> list[dict[str, Any]]:
 def success_rate(hours: float = 1.0) -> dict[str, Any]:
     since = utcnow() - timedelta(hours=hours)
     seen = {SUCCESS: 0, FAIL: 0}
-    for row in CrawlerDownloadLog._get_collection().aggregate([
-        {"$match": {"add_datetime": {"$gte": since}}},
+    for row in CrawlerDownloadLog._get_collection().aggregate([  # a log's _id is made when it is written:
+        {"$match": {"_id": {"$gte": ObjectId.from_datetime(since)}}},  # its time, through the _id index
         {"$group": {"_id": "$status", "n": {"$sum": 1}}},
     ]):
         seen[row["_id"]] = row["n"]

@@ -60,9 +60,12 @@ def clamp(limit: Any, default: int = 100) -> int:
     if limit is None:
         return default
     try:
-        return max(1, min(int(limit), settings.API_MAX_LIMIT))
+        n = int(limit)
     except (TypeError, ValueError):
         raise ValidationError(f"limit must be an integer, got {str(limit)[:40]!r}") from None
+    if n < 1:
+        raise ValidationError("limit must be at least 1")
+    return min(n, settings.API_MAX_LIMIT)
 
 
 def _clean(doc: dict) -> dict:

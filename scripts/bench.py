@@ -54,6 +54,10 @@ ETIQUETTE_ORDER = ("e2e_0ms", "e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_b", "
 ETIQUETTE_ON = ("e2e_0ms", "e2e_0ms_b", "e2e_0ms_c")
 ETIQUETTE_OFF = ("e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_plain_c")
 E2E_DISPATCH_NUM = 1000   # the e2e job's dispatch_num: tasks per dispatcher run
+PEER_PER_DOMAIN = 64      # the peer's CONCURRENT_REQUESTS_PER_DOMAIN: our HOST_CONCURRENCY when compared
+PEER_SCHEDULERS = ("redis", "local")  # scrapy-redis's scheduler, Scrapy's own (scripts/bench_peer.py)
+COMPARISONS = ("one_0ms", "many_0ms", "one_100ms", "many_100ms", "real")
+POLL = 0.1                # seconds between the bench's "done yet?" reads of the store, both systems
 CAP = 100_000              # queue caps (entries) during the bench: never the limit
 
 
@@ -225,6 +229,71 @@ def start_site(procs: Procs, env: dict, delay_ms: int) -> str:
     raise RuntimeError("sample site did not start within 30 s")
 
 
+REAL_KINDS = {".html", ".css", ".js", ".png", ".svg", ".txt", ".json", ".xml"}
+
+
+def real_page_set(root: str, copies: int) -> dict | None:
+    """The files of 10 KB-1 MB under ``root`` (a documentation tree), each ``copies`` times
+    (``?copy=N``: distinct URLs, the same file), or None without nginx or the tree."""
+    import shutil
+    from urllib.parse import quote
+
+    tree = Path(root)
+    if not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists() or not tree.is_dir():
+        return None
+    files = sorted(f for f in tree.rglob("*") if f.is_file() and f.suffix in REAL_KINDS
+                   and 10_000 <= f.stat().st_size <= 1_000_000)
+    if not files:
+        return None
+    paths = [quote(str(f.relative_to(tree))) + f"?copy={c}" for c in range(copies) for f in files]
+    kinds: dict[str, int] = defaultdict(int)
+    for f in files:
+        kinds[f.suffix] += 1
+    return {"root": str(tree), "files": len(files), "copies": copies, "paths": paths, "kinds": dict(kinds),
+            "bytes": copies * sum(f.stat().st_size for f in files)}
+
+
+def start_nginx(procs: Procs, root: str) -> str:
+    """nginx (one worker process, gzip on as sites run it) serving ``root`` on a free loopback port."""
+    import shutil
+    import socket
+
+    from services import free_port
+
+    port, conf_dir = free_port(), procs.logdir / "nginx"
+    conf_dir.mkdir(exist_ok=True)
+    temp = " ".join(f"{k}_temp_path {conf_dir}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (conf_dir / "nginx.conf").write_text(f"""
+worker_processes 1;
+daemon off;
+pid {conf_dir}/nginx.pid;
+error_log {conf_dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    include /etc/nginx/mime.types;
+    default_type application/octet-stream;
+    access_log off;
+    sendfile on;
+    keepalive_requests 100000;
+    gzip on;
+    gzip_types text/css text/plain text/xml application/javascript application/json image/svg+xml;
+    {temp}
+    server {{ listen 127.0.0.1:{port}; root {root}; }}
+}}
+""")
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    procs.spawn([nginx, "-c", str(conf_dir / "nginx.conf"), "-e", str(conf_dir / "error.log")], dict(os.environ),
+                "nginx")
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nginx did not start within 30 s: {procs.tail('nginx')}")
+
+
 def run_bounded(fn, timeout: float, what: str):
     """Run ``fn`` in a thread; raise TimeoutError if it takes longer than ``timeout``."""
     box: dict = {}
@@ -348,9 +417,10 @@ class Bench:
                                   "settings": {"dispatch_num": dispatch_num, "download_engine": engine, **more}}, ROOT)
         return store(spec)[0]
 
-    def add_tasks_raw(self, job_id, base: str, count: int, prefix: str, hosts: int = 1) -> float:
+    def add_tasks_raw(self, job_id, base: str, count: int, prefix: str, hosts: int = 1,
+                      urls: list[str] | None = None) -> float:
         """LIVE tasks as master/intake.py builds them (numbered from the job's counter), raw
-        insert_many in chunks of 5,000; returns the seconds taken."""
+        insert_many in chunks of 5,000; returns the seconds taken. ``urls``: these, not pages."""
         from common.models import LIVE, CrawlerTask, utcnow
         from master.intake import commit, reserve
 
@@ -359,7 +429,8 @@ class Bench:
         for start in range(0, count, 5000):
             n = min(count, start + 5000) - start
             first = reserve(job_id, n)
-            docs = [{"job": job_id, "uri": f"{spread(base, start + i, hosts)}/{prefix}/{start + i}", "seq": first + i,
+            docs = [{"job": job_id, "uri": urls[start + i] if urls else f"{spread(base, start + i, hosts)}/{prefix}/{start + i}",
+                     "seq": first + i,
                      "status": LIVE,
                      "download_times": 0, "recoveries": 0, "host_name": "", "add_datetime": now,
                      "last_update_datetime": now} for i in range(n)]
@@ -455,23 +526,32 @@ class Bench:
 
     # 3. end to end
     def bench_e2e(self, label: str, base: str, pages: int, timeout: float, engine: str = "aiohttp",
-                  path: str = "page", hosts: int = SITE_HOSTS, etiquette: bool = True) -> dict:
+                  path: str = "page", hosts: int = SITE_HOSTS, etiquette: bool = True, host_limit: int | None = None,
+                  urls: list[str] | None = None, page_bytes: int = 0, at_once: bool = False) -> dict:
         """``etiquette`` False: per-host limits, robots.txt and coalescing off (HOST_CONCURRENCY=0,
-        COALESCE_WINDOW=0, obey_robots false), the figure the defaults are compared with."""
+        COALESCE_WINDOW=0, obey_robots false), the figure the defaults are compared with.
+        ``host_limit``: HOST_CONCURRENCY for the comparison with the peer (its per-domain 64).
+        ``urls``: crawl these (real pages; ``page_bytes`` their total size, for MB/s).
+        ``at_once``: the first dispatcher run sends every task (as the peer's start pushes every
+        URL to Redis), then the loop runs each second (retries, leases); otherwise 1,000 tasks a
+        run every 0.2 s."""
         from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()
         redis = self.redis()
-        job = self.new_job(f"bench-e2e-{engine}-{label}", E2E_DISPATCH_NUM, engine=engine,
+        pages = len(urls) if urls else pages
+        job = self.new_job(f"bench-e2e-{engine}-{label}", pages if at_once else E2E_DISPATCH_NUM, engine=engine,
                            **({} if etiquette else {"obey_robots": False}))
-        insert_s = self.add_tasks_raw(job.id, base, pages, path, hosts)
+        insert_s = self.add_tasks_raw(job.id, base, pages, path, hosts, urls)
         names = [f"worker-{label}-{i}" for i in range(self.args.workers)]
         env = self.env if etiquette else {**self.env, "DOWNCLUSTER_HOST_CONCURRENCY": "0", "DOWNCLUSTER_COALESCE_WINDOW": "0"}
+        if host_limit is not None:
+            env = {**env, "DOWNCLUSTER_HOST_CONCURRENCY": str(host_limit)}
         workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], env, n)
                    for n in names]
         sampler = RssSampler([w.pid for w in workers])
-        site_pids = [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") == f"site-{label}"]
+        site_pids = [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") in (f"site-{label}", label)]
         loop = None
         parts = {"store": [self.mongo.proc.pid], "redis": [self.redis_srv.proc.pid], "site": site_pids,
                  "workers": [w.pid for w in workers]}
@@ -487,23 +567,27 @@ class Bench:
             sampler.start()
             cpu0 = self.cpu_snapshot(parts)
             t0 = time.monotonic()
-            loop = self.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval", "0.2"], self.env,
-                                    f"dispatch-{label}")
+            loop = self.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval",
+                                     "1" if at_once else "0.2"],
+                                    {**self.env, "DOWNCLUSTER_MAX_TOTAL_DISPATCH_COUNT_ONCE": str(max(pages, 1))}
+                                    if at_once else self.env, f"dispatch-{label}")
             parts["dispatcher"] = [loop.pid]
             cpu0["dispatcher"] = 0.0
             t_done, next_print = None, t0 + 15
             while time.monotonic() - t0 < timeout:
                 if loop.poll() is not None:
                     raise RuntimeError(f"dispatch --loop exited {loop.returncode}: {self.procs.tail(loop.bench_name)}")
-                # all sent and no entry left: two index-only reads, cheap for the store being measured
+                # all sent and no entry left: an _id lookup and a collection count, every POLL s as
+                # for the peer (a find on crawler_lease would decode lease documents: ~10 ms of
+                # store CPU each time with 200 leases, taken from what is measured)
                 if jobs.find_one({"_id": job.id}, {"seq_sent": 1})["seq_sent"] >= pages \
-                        and leases.find_one({}, {"_id": 1}) is None:
+                        and leases.estimated_document_count() == 0:
                     t_done = time.monotonic()
                     break
                 if time.monotonic() >= next_print:
                     print(f"    {time.monotonic() - t0:.0f} s ...", flush=True)
                     next_print += 15
-                time.sleep(0.05)
+                time.sleep(POLL)
             t_done = t_done or time.monotonic()
             elapsed = t_done - t0
             cpu1 = self.cpu_snapshot(parts)
@@ -528,7 +612,9 @@ class Bench:
             "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, done), 3),
             "all_cpu_ms_per_page": round(1000 * sum(cpu.values()) / max(1, done), 2),
             "cores_busy": {k: round(v / elapsed, 2) for k, v in sorted(cpu.items())},
-            "phase_s": round(time.monotonic() - phase_start, 1),
+            "phase_s": round(time.monotonic() - phase_start, 1), "hosts": 1 if urls else hosts,
+            "host_limit": host_limit, **({"mb_per_s": round(page_bytes * done / pages / elapsed / 1e6, 1)}
+                                         if page_bytes else {}),
         }
 
     # 4. the peer: scrapy-redis + Scrapy's MongoDB pipeline, same store, same site, same pages
@@ -585,20 +671,26 @@ class Bench:
             print(f"  {fmt}: {out[fmt]}", flush=True)
         return out
 
-    def bench_peer(self, label: str, base: str, pages: int, timeout: float) -> dict:
+    def bench_peer(self, label: str, base: str, pages: int, timeout: float, hosts: int = 1,
+                   scheduler: str = "redis", urls: list[str] | None = None, page_bytes: int = 0) -> dict:
+        """``scheduler``: "redis" (scrapy-redis's scheduler and dupefilter) or "local" (Scrapy's own)."""
         import pymongo
 
         self.fresh_store()
         redis = self.redis()
         uri = self.mongo.uri("peer")
         key = f"peer:{label}:start_urls"
-        env = {**self.env, "PEER_REDIS_URL": self.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key}
+        urls = urls or [f"{spread(base, n, hosts)}/page/{n}" for n in range(pages)]
+        pages = len(urls)
+        env = {**self.env, "PEER_REDIS_URL": self.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key,
+               "PEER_SCHEDULER": scheduler}
         names = [f"peer-{label}-{i}" for i in range(2)]
         spiders = [self.procs.spawn([str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")],
                                     env, n) for n in names]
         client = pymongo.MongoClient(uri)
         coll = client.get_default_database()["peer_pages"]
-        parts = {"store": [self.mongo.proc.pid], "peer": [p.pid for p in spiders]}
+        parts = {"store": [self.mongo.proc.pid], "peer": [p.pid for p in spiders],
+                 "site": [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") in (f"site-{label}", label)]}
         try:
             end = time.monotonic() + 60  # both spiders polling Redis: their engine is up
             while len(redis.client_list()) < 3:
@@ -610,13 +702,13 @@ class Bench:
             cpu0 = self.cpu_snapshot(parts)
             t0 = time.monotonic()
             for i in range(0, pages, 1000):
-                redis.lpush(key, *[json.dumps({"url": f"{base}/page/{n}"}) for n in range(i, min(pages, i + 1000))])
+                redis.lpush(key, *[json.dumps({"url": u}) for u in urls[i:i + 1000]])
             stored = 0
             while time.monotonic() - t0 < timeout:
                 stored = coll.estimated_document_count()
                 if stored >= pages:
                     break
-                time.sleep(0.05)
+                time.sleep(POLL)
             elapsed = time.monotonic() - t0
             cpu1 = self.cpu_snapshot(parts)
         finally:
@@ -625,8 +717,11 @@ class Bench:
         cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
         return {"pages": pages, "done": stored, "complete": stored >= pages, "seconds": round(elapsed, 2),
                 "pages_per_s": round(stored / elapsed, 1), "processes": 2, "concurrent_requests": 64,
+                "scheduler": scheduler, "hosts": hosts,
                 "peer_cpu_ms_per_page": round(1000 * cpu["peer"] / max(1, stored), 3),
-                "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, stored), 3)}
+                "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, stored), 3),
+                "cores_busy": {k: round(v / elapsed, 2) for k, v in sorted(cpu.items())},
+                **({"mb_per_s": round(page_bytes * stored / pages / elapsed / 1e6, 1)} if page_bytes else {})}
 
     # 5. the seed-design baseline
     def bench_baseline(self, label: str, base: str, pages: int, timeout: float) -> dict:
@@ -696,19 +791,11 @@ def verdict(ok: bool) -> str:
 def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
     for label in ("0ms", "100ms"):
-        e, p = r.get(f"e2e_{label}"), r.get(f"peer_{label}")
+        e, p = r.get(f"e2e_{label}"), r.get(f"peer_redis_many_{label}")
         if e:
             done = f"{e['done']:,}" if e["complete"] else f"PARTIAL {e['done']:,}/{e['pages']:,}"
-            rows.append((f"downcluster e2e {label}, {e['workers']} worker process(es)",
+            rows.append((f"downcluster e2e {label}, defaults, 32 hosts, {e['workers']} worker process(es)",
                          f"{e['pages_per_s']:,} pages/s ({done} in {e['seconds']} s)", "", ""))
-        if p:
-            done = f"{p['done']:,}" if p["complete"] else f"PARTIAL {p['done']:,}/{p['pages']:,}"
-            rows.append((f"peer scrapy-redis + MongoDB {label}, 2 processes x 64",
-                         f"{p['pages_per_s']:,} pages/s ({done} in {p['seconds']} s)", "", ""))
-        if f"peer_ratio_{label}" in r:
-            ratio = r[f"peer_ratio_{label}"]
-            rows.append((f"  downcluster / peer at {label}", f"x{ratio}", f">= x{TARGETS['peer_ratio']}",
-                         verdict(ratio >= TARGETS["peer_ratio"] and e["complete"])))
         if e:
             rows.append(("  worker CPU per page stored", f"{e['worker_cpu_ms_per_page']} ms",
                          f"<= {TARGETS['worker_cpu_ms']} ms", verdict(e["worker_cpu_ms_per_page"] <= TARGETS["worker_cpu_ms"])))
@@ -720,6 +807,26 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
             rows.append(("  worker peak RSS", f"{e['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
                          verdict(e["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
             rows.append(("  cores busy", " ".join(f"{k} {v}" for k, v in e["cores_busy"].items()), "", ""))
+    names = {"one_0ms": "one host, 0 ms", "many_0ms": "32 hosts, 0 ms", "one_100ms": "one host, 100 ms",
+             "many_100ms": "32 hosts, 100 ms", "real": "real pages (nginx, gzip)"}
+    for key in COMPARISONS:
+        ours = r.get(f"ours_{key}")
+        if not ours:
+            continue
+        mb = lambda x: f", {x['mb_per_s']} MB/s" if "mb_per_s" in x else ""  # noqa: E731
+        part = lambda x: "" if x["complete"] else f" PARTIAL {x['done']:,}/{x['pages']:,}"  # noqa: E731
+        rows.append((f"{names[key]}: downcluster (HOST_CONCURRENCY {PEER_PER_DOMAIN})",
+                     f"{ours['pages_per_s']:,} pages/s{mb(ours)}{part(ours)}", "",
+                     f"CPU/page: worker {ours['worker_cpu_ms_per_page']} ms, store {ours['store_cpu_ms_per_page']} ms"))
+        for sched in PEER_SCHEDULERS:
+            peer = r.get(f"peer_{sched}_{key}")
+            if not peer:
+                continue
+            ratio = r.get(f"ratio_{sched}_{key}")
+            rows.append((f"  peer, {sched} scheduler: {peer['pages_per_s']:,} pages/s{mb(peer)}{part(peer)}",
+                         f"x{ratio}", f">= x{TARGETS['peer_ratio']}",
+                         f"{verdict(ratio is not None and ratio >= TARGETS['peer_ratio'] and ours['complete'])} "
+                         f"CPU/page: scrapy {peer['peer_cpu_ms_per_page']} ms, store {peer['store_cpu_ms_per_page']} ms"))
     d = r.get("dispatch")
     if d:
         lv, bl = d["live"], d["backlog"]
@@ -794,12 +901,17 @@ def parse_args(argv=None):
     p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
     p.add_argument("--browser-pages", type=int, default=150, help="pages for the browser engine figure (default 150)")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
+    p.add_argument("--compare-only", action="store_true",
+                   help="only the comparisons with the peer (one host, 32 hosts, real pages)")
+    p.add_argument("--real-pages", default="/usr/share/doc/python3.11/html",
+                   help="a documentation tree served by nginx for the real-page comparison (files of 10 KB-1 MB)")
+    p.add_argument("--real-copies", type=int, default=3, help="each real page crawled this many times (distinct URLs)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
     a = p.parse_args(argv)
     a.pages = a.pages or (300 if a.smoke else 10000)
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
-    a.budget = a.budget or (420.0 if a.smoke else 900.0)
+    a.budget = a.budget or (420.0 if a.smoke else 2400.0)
     a.skip_peer = a.skip_peer or a.smoke
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)
     a.export_rows = 2000 if a.smoke else 200_000
@@ -825,6 +937,16 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
 
+    def compare(key: str, title: str, ours, peer) -> None:
+        """Ours (HOST_CONCURRENCY = the peer's per-domain 64) between the two peer configurations."""
+        phase(f"ours_{key}", f"downcluster: {title}", ours)
+        for sched in PEER_SCHEDULERS:
+            phase(f"peer_{sched}_{key}", f"peer scrapy-redis ({sched} scheduler, 2 x 64): {title}",
+                  lambda sched=sched: peer(sched))
+        row = [results.get(k) for k in (f"ours_{key}", *(f"peer_{s}_{key}" for s in PEER_SCHEDULERS))]
+        print("  " + " | ".join(f"{n} {r['pages_per_s']} pages/s" for n, r in zip(("ours", *PEER_SCHEDULERS), row) if r),
+              flush=True)
+
     def phase(key: str, title: str, fn):
         print(f"{title} ...", flush=True)
         t0 = time.monotonic()
@@ -840,21 +962,25 @@ def main(argv=None) -> int:
     try:
         bench.start_services()
         base = {"0ms": start_site(procs, bench.env, 0), "100ms": start_site(procs, bench.env, 100)}
-        phase("store", "store ceiling (SecantusDB)", bench.bench_store)
-        phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
-              f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
+        if not args.compare_only:
+            phase("store", "store ceiling (SecantusDB)", bench.bench_store)
+        if not args.compare_only:
+            phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
+                  f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
 
         for label in ("0ms", "100ms"):
             left = 4 - (0 if label == "0ms" else 2)
-            phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} worker "
-                  f"process(es), dispatch --loop", lambda: bench.bench_e2e(
-                      label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
+            if not args.compare_only:
+                phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} "
+                      f"worker process(es), dispatch --loop", lambda: bench.bench_e2e(
+                          label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
             e = results.get(f"e2e_{label}")
             if e:
                 print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
                       f"cores busy {e['cores_busy']}", flush=True)
-            if label == "0ms":  # etiquette on (above), off, off, on, on, off: runs of one setting differ by
-                # several % on a shared machine and drift; this order cancels a steady drift out of the ratio
+            if label == "0ms" and not args.compare_only:  # etiquette on (above), off, off, on, on, off: runs
+                # of one setting differ by several % on a shared machine and drift; this order cancels a
+                # steady drift out of the ratio
                 for key in ETIQUETTE_ORDER[1:]:
                     on = key in ETIQUETTE_ON
                     phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
@@ -864,20 +990,35 @@ def main(argv=None) -> int:
                     if results.get(key):
                         print(f"  {results[key]['pages_per_s']} pages/s", flush=True)
             if not args.skip_peer:
-                phase(f"peer_{label}", f"peer scrapy-redis + MongoDB at {label}: {args.pages:,} pages, 2 processes",
-                      lambda: bench.bench_peer(label, base[label], args.pages,
-                                               e2e_timeout(bench, args.pages, 1 / (left - 1))))
-                p = results.get(f"peer_{label}")
-                if p:
-                    print(f"  {p['pages_per_s']} pages/s, {p['done']}/{p['pages']} in {p['seconds']} s", flush=True)
+                for site, hosts in (("one", 1), ("many", SITE_HOSTS)):
+                    compare(f"{site}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
+                            lambda: bench.bench_e2e(label, base[label], args.pages, e2e_timeout(
+                                bench, args.pages, 1 / 12), hosts=hosts, host_limit=PEER_PER_DOMAIN, at_once=True),
+                            lambda sched: bench.bench_peer(label, base[label], args.pages, e2e_timeout(
+                                bench, args.pages, 1 / 12), hosts=hosts, scheduler=sched))
             if args.with_baseline:
                 phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
                       lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
                                                    max(60.0, args.baseline_pages / 2)))
-        if not args.skip_exports:
+        if not args.skip_peer:
+            docs = real_page_set(args.real_pages, args.real_copies)
+            if docs is None:
+                results["errors"].append(f"real pages skipped: no nginx or no documentation tree "
+                                         f"({args.real_pages}); `make bench` installs nginx-light and python3.11-doc")
+            else:
+                site = start_nginx(procs, docs["root"])
+                urls = [f"{site}/{rel}" for rel in docs["paths"]]
+                results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
+                compare("real", f"real pages: {len(urls):,} files of {docs['root']} ({docs['bytes'] / 1e6:.0f} MB) "
+                        "from nginx with gzip",
+                        lambda: bench.bench_e2e("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4), urls=urls,
+                                                page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
+                        lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
+                                                       urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
+        if not args.skip_exports and not args.compare_only:
             phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, each on a worker",
                   lambda: bench.bench_exports(args.export_rows))
-        if not args.smoke and not args.skip_browser:
+        if not args.smoke and not args.skip_browser and not args.compare_only:
             phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} pages built by "
                   "JavaScript, 1 worker", lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
                                                                    e2e_timeout(bench, args.browser_pages, 1.0),
@@ -895,10 +1036,14 @@ def main(argv=None) -> int:
     off = [results[k]["pages_per_s"] for k in ETIQUETTE_OFF if results.get(k)]
     if on and off and len(on) == len(off) and sum(off) > 0:
         results["etiquette_ratio"] = round(sum(on) / sum(off), 3)
+    for key in COMPARISONS:
+        ours = results.get(f"ours_{key}")
+        for sched in PEER_SCHEDULERS:
+            peer = results.get(f"peer_{sched}_{key}")
+            if ours and peer and peer["pages_per_s"] > 0:
+                results[f"ratio_{sched}_{key}"] = round(ours["pages_per_s"] / peer["pages_per_s"], 2)
     for label in ("0ms", "100ms"):
-        e, p, b = (results.get(f"{k}_{label}") for k in ("e2e", "peer", "baseline"))
-        if e and p and p["pages_per_s"] > 0:
-            results[f"peer_ratio_{label}"] = round(e["pages_per_s"] / p["pages_per_s"], 2)
+        e, b = results.get(f"e2e_{label}"), results.get(f"baseline_{label}")
         if e and b and b["pages_per_s"] > 0:
             results[f"ratio_{label}"] = round(e["pages_per_s"] / b["pages_per_s"], 1)
     results["duration_s"] = round(time.monotonic() - started, 1)

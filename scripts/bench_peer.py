@@ -3,7 +3,8 @@
 A ``RedisSpider`` takes URLs from a Redis list; each response becomes one item (url, status,
 headers, raw body) written with one ``insert_one``, the MongoDB pipeline of Scrapy's own
 documentation. Run as ``scrapy runspider scripts/bench_peer.py`` with settings from the
-environment (PEER_REDIS_URL, PEER_MONGO_URI, PEER_KEY); two processes share the Redis list.
+environment (PEER_REDIS_URL, PEER_MONGO_URI, PEER_KEY, PEER_SCHEDULER); two processes share the
+Redis list.
 """
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ class PeerSpider(RedisSpider):
     redis_key = os.environ.get("PEER_KEY", "peer:start_urls")
     custom_settings = {
         "REDIS_URL": os.environ.get("PEER_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
-        "SCHEDULER_PERSIST": False,
+        # PEER_SCHEDULER=redis: scrapy-redis's scheduler and dupefilter (requests through Redis);
+        # =local: Scrapy's own in-process scheduler, URLs still taken from the Redis list
+        **({"SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "SCHEDULER_PERSIST": False} if os.environ.get("PEER_SCHEDULER", "redis") == "redis" else {}),
         "CONCURRENT_REQUESTS": 64,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
         "REDIS_START_URLS_BATCH_SIZE": 64,

@@ -82,8 +82,10 @@ def test_host_delay_spaces_request_starts(cluster, tmp_path):
     starts = sorted(t for t in TRAFFIC.starts[host_header(cluster.site)])
     starts = starts[1:]  # the first request of the host is its robots.txt
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    # starts are spaced by 0.2 s when a worker sends them; their arrival jitters by a new connection's set-up
-    assert len(gaps) == 5 and min(gaps) >= 0.15 and sum(gaps) / len(gaps) >= 0.19, gaps
+    # starts are spaced by 0.2 s when a worker sends them; their arrival at the site jitters (a new
+    # connection's set-up, a loaded CI host): unthrottled they would arrive together, so a gap of at
+    # least half the delay, and a span of at least 3/4 of it per gap, show the spacing without a tight bound
+    assert len(gaps) == 5 and min(gaps) >= 0.1 and sum(gaps) >= 0.75 * 5 * 0.2, gaps
 
 
 def test_a_throttled_host_does_not_slow_another(cluster, tmp_path):
@@ -159,8 +161,8 @@ def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
     assert not [p for p in TRAFFIC.hits if p.startswith("/private/")] and TRAFFIC.hits["/robots.txt"] == 1
     pages = sorted(TRAFFIC.starts[host_header(cluster.site)])[1:]
     gaps = [b - a for a, b in zip(pages, pages[1:])]
-    # Crawl-delay spaces the sends by 0.3 s; arrival jitters by a new connection's set-up, as above
-    assert len(gaps) == 3 and min(gaps) >= 0.2 and sum(gaps) >= 0.85, gaps  # 50 ms of jitter, as above
+    # Crawl-delay spaces the sends by 0.3 s; arrival jitters, as above (seen: 0.23, 0.30, 0.30)
+    assert len(gaps) == 3 and min(gaps) >= 0.15 and sum(gaps) >= 0.75 * 3 * 0.3, gaps
 
 
 def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
