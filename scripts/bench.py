@@ -235,11 +235,10 @@ REAL_KINDS = {".html", ".css", ".js", ".png", ".svg", ".txt", ".json", ".xml"}
 def real_page_set(root: str, copies: int) -> dict | None:
     """The files of 10 KB-1 MB under ``root`` (a documentation tree), each ``copies`` times
     (``?copy=N``: distinct URLs, the same file), or None without nginx or the tree."""
-    import shutil
     from urllib.parse import quote
 
     tree = Path(root)
-    if not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists() or not tree.is_dir():
+    if nginx_binary() is None or not tree.is_dir():
         return None
     files = sorted(f for f in tree.rglob("*") if f.is_file() and f.suffix in REAL_KINDS
                    and 10_000 <= f.stat().st_size <= 1_000_000)
@@ -253,9 +252,14 @@ def real_page_set(root: str, copies: int) -> dict | None:
             "bytes": copies * sum(f.stat().st_size for f in files)}
 
 
+def nginx_binary() -> str | None:
+    import shutil
+
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
 def start_nginx(procs: Procs, root: str) -> str:
     """nginx (one worker process, gzip on as sites run it) serving ``root`` on a free loopback port."""
-    import shutil
     import socket
 
     from services import free_port
@@ -281,8 +285,7 @@ http {{
     server {{ listen 127.0.0.1:{port}; root {root}; }}
 }}
 """)
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    procs.spawn([nginx, "-c", str(conf_dir / "nginx.conf"), "-e", str(conf_dir / "error.log")], dict(os.environ),
+    procs.spawn([nginx_binary(), "-c", str(conf_dir / "nginx.conf"), "-e", str(conf_dir / "error.log")], dict(os.environ),
                 "nginx")
     end = time.monotonic() + 30
     while time.monotonic() < end:

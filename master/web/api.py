@@ -164,7 +164,7 @@ class UrlsIn(Strict):
 
 
 class CancelIn(Strict):
-    status: list[Literal[tasks.CANCELLABLE_DEFAULT]] | None = Field(  # type: ignore[valid-type]
+    status: list[Literal[tuple(sorted(tasks.CANCELLABLE))]] | None = Field(  # type: ignore[misc]
         None, description=f"the statuses to cancel (default: {', '.join(tasks.CANCELLABLE_DEFAULT)})")
     model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["LIVE", "FAIL"]}]})
 
