@@ -203,8 +203,30 @@ EXPORT_RETRY_DELAY = 60
 EXPORT_DEDUP_WINDOW = 600
 """Seconds during which an identical export request returns the earlier SUCCESS export."""
 
-EXPORT_URL_TTL = 24 * 3600
-"""Default lifetime of a signed export link, in seconds."""
+EXPORT_URL_TTL = 300
+"""Default lifetime of a signed export link asked for through the API or CLI, in seconds (seed
+000: a temporary link lives 5 minutes; a caller may ask for another ``ttl``)."""
+
+EXPORT_URL_MAX_TTL = 7 * 24 * 3600
+"""The longest lifetime a caller may ask of a signed export link, in seconds."""
+
+EXPORT_NOTICE_URL_TTL = 24 * 3600
+"""Lifetime of the signed link that an export's webhook and mail carry, in seconds."""
+
+EXPORT_MAX_EXEC_TIME = 3600
+"""Seconds an export attempt may run (seed 000's ``max_exec_time``; a request may ask for
+another, up to EXPORT_MAX_EXEC_TIME_LIMIT): one RUNNING longer is stopped and retried, even if
+its worker still beats."""
+
+EXPORT_MAX_EXEC_TIME_LIMIT = 24 * 3600
+"""The longest ``max_exec_time`` a request may ask for, in seconds."""
+
+EXPORT_SYNC_MAX_ROWS = 5000
+"""A synchronous download (GET /api/v1/jobs/NAME/export) of at most this many rows is answered at
+once; a larger one becomes an asynchronous export (202 and its Location)."""
+
+EXPORT_SYNC_SLOTS = 2
+"""Synchronous downloads one web process writes at a time; one more becomes asynchronous."""
 
 WEBHOOK_SECRET = ""
 """Key of the X-Downcluster-Signature header of webhooks; set it, and give it to the receivers

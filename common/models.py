@@ -283,6 +283,7 @@ class ApiToken(Document):
     name = StringField(required=True, unique=True, max_length=64)
     role = StringField(choices=ROLES, required=True)
     digest = StringField(required=True, unique=True)  # hex SHA-256 of the token
+    jobs = ListField(StringField())  # an analyst's grants: it sees every export of these jobs
     add_datetime = DateTimeField(default=utcnow)
     last_used_at = DateTimeField()
     meta = {"db_alias": "source"}
@@ -330,11 +331,14 @@ class Export(Document):
     file_id = ObjectIdField()                    # the GridFS file being or been written
     worker = StringField()
     beat_at = DateTimeField()
+    max_exec_time = IntField()                   # seconds an attempt may run (None: EXPORT_MAX_EXEC_TIME)
+    deadline_at = DateTimeField()                # RUNNING: stopped and retried after then
     created_at = DateTimeField(default=utcnow)
     started_at = DateTimeField()
     finished_at = DateTimeField()
     expires_at = DateTimeField()
-    meta = {"db_alias": "source", "indexes": [("digest", "created_at"), ("state", "retry_at"), ("job_name", "-created_at")]}
+    meta = {"db_alias": "source", "indexes": [("digest", "created_at"), ("state", "retry_at"), ("job_name", "-created_at"),
+                                              ("requested_by", "-created_at")]}
 
 
 class Notification(Document):

@@ -188,7 +188,8 @@ def defender() -> None:
         click.echo(f"  {reason}")
     click.echo(f"removed {sweep()} data documents that no task names")
     tended = tend(redis_conn())
-    click.echo(f"exports: {tended.recovered} recovered, {tended.sent} sent again, {tended.expired} expired; "
+    click.echo(f"exports: {tended.recovered} recovered, {tended.overran} over their time limit, {tended.sent} sent again, "
+               f"{tended.expired} expired; "
                f"{tended.notified} notifications delivered")
 
 
@@ -232,21 +233,40 @@ def data() -> None:
     """Read stored download data."""
 
 
+TEMPLATE_OPTION = click.option("--template", type=click.File("r", encoding="utf-8"), default=None,
+                               help="Export template (TOML or JSON: columns, header trees, row headers, tables).")
+STATUS_OPTION = click.option("--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable).")
+SINCE_OPTION = click.option("--since", default=None,
+                            help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).")
+UNTIL_OPTION = click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
+
+
 @data.command("export")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default="jsonl", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), default="jsonl", show_default=True)
+@TEMPLATE_OPTION
+@STATUS_OPTION
+@SINCE_OPTION
+@UNTIL_OPTION
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="-", help="File to write (default stdout).")
-def data_export(name: str, fmt: str, output: str) -> None:
-    """Stream job NAME's stored data as CSV or JSON Lines."""
+def data_export(name: str, fmt: str, template, codes, since, until, output: str) -> None:
+    """Stream job NAME's stored data as CSV, JSON Lines or Excel, here and now.
+
+    Without a template: every field, with the body byte-exact (base64) in JSON Lines. With one:
+    what the template says, as the export center writes it (xlsx needs --output)."""
     from master.export import export
 
     _connect()
     started = time.monotonic()
+    text = template.read() if template else ""
+    flt = {"status": list(codes), "since": since, "until": until}
     if output == "-":
-        count = export(name, fmt, click.get_text_stream("stdout"))
+        if fmt == "xlsx":
+            raise click.UsageError("xlsx needs --output FILE")
+        count = export(name, fmt, click.get_binary_stream("stdout"), text, flt)
     else:
-        with open(output, "w", encoding="utf-8", newline="") as out:
-            count = export(name, fmt, out)
+        with open(output, "wb") as out:
+            count = export(name, fmt, out, text, flt)
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
 
@@ -298,10 +318,23 @@ def token_list() -> None:
     from master.tokens import listing
 
     _connect()
-    click.echo(f"{'name':<24}{'role':<10}{'created':<22}last used")
+    click.echo(f"{'name':<24}{'role':<10}{'created':<22}{'last used':<22}granted jobs")
     for t in listing():
         last = t["last_used"].strftime("%Y-%m-%d %H:%M") if t["last_used"] else "-"
-        click.echo(f"{t['name']:<24}{t['role']:<10}{t['created']:%Y-%m-%d %H:%M}{'':<6}{last}")
+        click.echo(f"{t['name']:<24}{t['role']:<10}{t['created']:%Y-%m-%d %H:%M}{'':<6}{last:<22}"
+                   f"{', '.join(t['jobs']) or '-'}")
+
+
+@token.command("grant")
+@click.argument("name")
+@click.argument("jobs", nargs=-1, required=True)
+@click.option("--remove", is_flag=True, help="Take the grants away instead.")
+def token_grant(name: str, jobs: tuple[str, ...], remove: bool) -> None:
+    """Let analyst token NAME see and download every export of JOBS (not only its own)."""
+    from master.tokens import grant
+
+    _connect()
+    click.echo(f"token {name} is granted: {', '.join(grant(name, list(jobs), remove)) or 'no jobs'}")
 
 
 @token.command("revoke")
@@ -325,19 +358,22 @@ def export() -> None:
 @export.command("request")
 @click.argument("name")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), required=True)
-@click.option("--template", type=click.File("r", encoding="utf-8"), default=None, help="Column template (TOML).")
-@click.option("--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable).")
-@click.option("--since", default=None, help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).")
-@click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
+@TEMPLATE_OPTION
+@STATUS_OPTION
+@SINCE_OPTION
+@UNTIL_OPTION
 @click.option("--callback", default=None, help="URL to POST a signed JSON webhook to when it ends.")
 @click.option("--mail", "mails", multiple=True, help="Address to mail when it ends (repeatable).")
-def export_request(name: str, fmt: str, template, codes, since, until, callback, mails) -> None:
+@click.option("--max-exec-time", type=int, default=None,
+              help="Seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME).")
+def export_request(name: str, fmt: str, template, codes, since, until, callback, mails, max_exec_time) -> None:
     """Request an export of job NAME's data; prints its id alone on the last line."""
     from master.exports import request
 
     _connect()
     got = request(redis_conn(), name, fmt, template.read() if template else "",
-                  {"status": list(codes), "since": since, "until": until}, callback, list(mails), requested_by="cli")
+                  {"status": list(codes), "since": since, "until": until}, callback, list(mails), requested_by="cli",
+                  max_exec_time=max_exec_time)
     if got.deduplicated:
         click.echo(f"an identical export is {got.export.state}: reusing it", err=True)
     click.echo(str(got.export.id))
@@ -375,13 +411,16 @@ def export_list(name: str | None) -> None:
 
 @export.command("url")
 @click.argument("export_id")
-@click.option("--ttl", type=int, default=None, help="Seconds the link is valid (default EXPORT_URL_TTL).")
+@click.option("--ttl", type=int, default=None,
+              help="Seconds the link is valid (default EXPORT_URL_TTL, 300; at most EXPORT_URL_MAX_TTL).")
 def export_url(export_id: str, ttl: int | None) -> None:
     """A signed, absolute link to a finished export's file, alone on the last line."""
     from master.exports import link
 
     _connect()
-    click.echo(link(export_id, ttl))
+    url, ends = link(export_id, ttl)
+    click.echo(f"valid until {ends:%Y-%m-%d %H:%M:%S} UTC", err=True)
+    click.echo(url)
 
 
 @export.command("cancel")

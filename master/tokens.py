@@ -39,8 +39,24 @@ def create(name: str, role: str) -> str:
 
 
 def listing() -> list[dict]:
-    return [{"name": t.name, "role": t.role, "created": t.add_datetime, "last_used": t.last_used_at}
+    return [{"name": t.name, "role": t.role, "created": t.add_datetime, "last_used": t.last_used_at, "jobs": t.jobs}
             for t in ApiToken.objects.order_by("name")]
+
+
+def grant(name: str, jobs: list[str], remove: bool = False) -> list[str]:
+    """Let token NAME see every export of ``jobs`` (or no longer, with ``remove``); its grants after."""
+    from common.models import job_named
+
+    token = ApiToken.objects(name=name).first()
+    if token is None:
+        raise NotFound(f"no token named {name!r}")
+    names = [job_named(j).name for j in jobs] if not remove else list(jobs)  # granting needs the job to exist
+    if remove:
+        ApiToken.objects(id=token.id).update_one(pull_all__jobs=names)
+    else:
+        ApiToken.objects(id=token.id).update_one(add_to_set__jobs=names)
+    token.reload()
+    return sorted(token.jobs)
 
 
 def revoke(name: str) -> None:

@@ -21,12 +21,14 @@ from bson import ObjectId
 from pymongo import ReturnDocument
 
 from common.config import settings
-from common.data import EXPORT_BUCKET, Upload, data_filter, data_rows, drop_export_file
-from common.exportnotes import announce
+from common.errors import ValidationError
+from common.data import EXPORT_BUCKET, Upload, drop_export_file, export_source, export_total
+from common.exportnotes import announce, publish
 from common.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, utcnow
 from common.secrets import redact
 from common.sentry import capture
-from common.tabular import CONTENT_TYPES, WRITERS, parse_template
+from common.tabular import CONTENT_TYPES, WRITERS, check_fits
+from common.templates import parse_template
 
 logger = logging.getLogger(__name__)
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0
@@ -48,6 +50,7 @@ class _Progress:
         if not held.matched_count:
             raise Stopped()
         self.last = time.monotonic()
+        publish(self.oid)
 
     def wrap(self, rows):
         for row in rows:
@@ -81,14 +84,16 @@ def run_export(export_id: str, worker_id: str) -> str:
         return "skipped"
     coll = Export._get_collection()
     now, file_id = utcnow(), ObjectId()
+    limit = (coll.find_one({"_id": oid}, {"max_exec_time": 1}) or {}).get("max_exec_time") or settings.EXPORT_MAX_EXEC_TIME
     doc = coll.find_one_and_update(
         {"_id": oid, "state": PENDING},
         {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
-                  "file_id": file_id, "rows_done": 0, "error": None},
+                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0, "error": None},
          "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
         return_document=ReturnDocument.AFTER)
     if doc is None:
         return "skipped"  # cancelled, already taken or finished
+    publish(oid)
     beat = _Beat(oid, worker_id)
     beat.start()
     progress = _Progress(oid, worker_id)
@@ -111,6 +116,7 @@ def run_export(export_id: str, worker_id: str) -> str:
     if not settled.modified_count:  # cancelled or recovered at the last moment: the file is not ours to keep
         drop_export_file(file_id)
         return "stopped"
+    publish(oid)
     announce(Export.objects.get(id=oid))
     return "success"
 
@@ -119,13 +125,15 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
     if not Job.objects(id=doc["job"]).only("id").first():
         raise RuntimeError(f"job {doc['job_name']} no longer exists")
     template = parse_template(doc.get("template"))
-    query = data_filter(doc["job"], doc.get("filter") or {})
-    data = CrawlerDownloadData._get_collection()
+    check_fits(template, doc["format"])
+    flt, data = doc.get("filter") or {}, CrawlerDownloadData._get_collection()
     Export._get_collection().update_one({"_id": doc["_id"], "worker": worker_id},
-                                        {"$set": {"rows_total": data.count_documents(query)}})
+                                        {"$set": {"rows_total": export_total(doc["job"], flt, template)}})
+    publish(doc["_id"])
     name = f"{doc['job_name']}-{doc['_id']}.{doc['format']}"
     upload = Upload(data.database, EXPORT_BUCKET, file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
-    rows = WRITERS[doc["format"]](template, progress.wrap(data_rows(query, template.needs_body)), upload)
+    rows_for = export_source(doc["job"], flt, template, doc["format"], progress.wrap)
+    rows = WRITERS[doc["format"]](template, rows_for, upload)
     progress.write()  # last check: still ours, not cancelled
     upload.close()
     return rows, upload.length
@@ -133,7 +141,7 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
 
 def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
-    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES
+    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(exc, ValidationError)  # a template no longer valid
     now = utcnow()
     update = {"state": FAIL, "finished_at": now} if final else \
         {"state": PENDING, "retry_at": now + timedelta(seconds=settings.EXPORT_RETRY_DELAY)}
@@ -141,8 +149,10 @@ def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     changed = coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "worker": worker_id},
                               {"$set": {**update, "error": reason, "worker": None}})
     logger.warning("export %s attempt %s failed: %s", doc["_id"], doc["attempts"], reason)
-    if not isinstance(exc, RuntimeError):
+    if not isinstance(exc, (RuntimeError, ValidationError)):
         capture(exc)
+    if changed.modified_count:
+        publish(doc["_id"])
     if final and changed.modified_count:
         announce(Export.objects.get(id=doc["_id"]))
     return "failed" if final else "retry"

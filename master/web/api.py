@@ -11,17 +11,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError as PydanticError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticError
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.connections import redis_conn
 from common.errors import ValidationError
 from common.models import ADMIN, ApiToken
-from common.notify import MAIL_RE
 from master import registry, stats, tasks, tokens, views
 from master.intake import add_tasks
-from master.web.contract import (JOB_NAME, READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
+from master.web.contract import (READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
                                  answers)
 from master.web.errors import ApiError
 
@@ -272,70 +271,3 @@ def list_logs(kind: Literal["download", "dispatch", "alert", "registration"], _:
               limit: Limit = None, after: After = None) -> dict[str, Any]:
     """One log, newest first: download, dispatch, alert or registration."""
     return views.log_page(kind, job, limit, after)
-
-
-# --- exports -----------------------------------------------------------------------------
-
-def _whole(value: Any) -> Any:
-    """JSON has numbers, not integers: 200.0 is the integer 200 (JSON Schema says so too)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-class ExportFilter(Strict):
-    status: list[Annotated[int, BeforeValidator(_whole), Field(ge=100, le=599)]] | None = Field(
-        None, description="HTTP status codes to keep")
-    since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded at or after")
-    until: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded before")
-
-
-class ExportIn(Strict):
-    job: str = Field(pattern=JOB_NAME, max_length=128)
-    format: Literal["csv", "jsonl", "xlsx"]
-    template: str | None = Field(None, description="a TOML export template (columns, headers, sheet)")
-    filter: ExportFilter | None = None
-    callback_url: str | None = Field(None, max_length=2048, pattern=r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+",
-                                     description="POSTed the signed link when done (a public http(s) URL)")
-    mails: list[Annotated[str, Field(max_length=254, pattern=MAIL_RE.pattern)]] = Field([], max_length=20)
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"job": "news", "format": "xlsx", "filter": {"status": [200], "since": "2026-11-01T00:00:00Z"},
-         "mails": ["analyst@example.org"]}]})
-
-
-INVALID_EXPORT = ("the template does not validate, `since` is not before `until`, or `callback_url` "
-                  "does not resolve to public addresses")
-
-
-@router.post("/exports", tags=["exports"], status_code=202, responses=answers(401, 403, 404, invalid=INVALID_EXPORT))
-def request_export(body: ExportIn, token: Reader) -> dict:
-    """Queue an export (analysts may); an identical one underway or fresh is returned instead."""
-    from master.exports import request
-
-    got = request(redis_conn(), body.job, body.format, body.template or "",
-                  body.filter.model_dump() if body.filter else None, body.callback_url, body.mails,
-                  requested_by=token.name)
-    return {"id": str(got.export.id), "state": got.export.state, "deduplicated": got.deduplicated}
-
-
-@router.get("/exports", tags=["exports"], responses=READ)
-def list_exports(_: Reader, job: JobFilter = None, limit: Limit = None) -> dict:
-    from master.exports import describe, listing
-
-    return {"exports": [describe(e) for e in listing(job, views.clamp(limit, 50))]}
-
-
-@router.get("/exports/{export_id}", tags=["exports"], responses=answers(401, 404))
-def show_export(export_id: ObjectIdPath, _: Reader) -> dict:
-    """{"id", "state", "rows_done", "rows_total", "bytes", "url", "error", ...}; ``url`` is a signed link once SUCCESS."""
-    from master.exports import describe, get
-
-    return describe(get(export_id))
-
-
-@router.post("/exports/{export_id}/cancel", tags=["exports"], responses=answers(401, 403, 404, 409))
-def cancel_export(export_id: ObjectIdPath, token: Reader) -> dict:
-    """Cancel a PENDING or RUNNING export: its requester or an admin."""
-    from master.exports import cancel, describe, get
-
-    if token.role != ADMIN and get(export_id).requested_by != token.name:
-        raise ApiError(403, "only the export's requester or an admin may cancel it")
-    return describe(cancel(redis_conn(), export_id))

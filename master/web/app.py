@@ -24,7 +24,7 @@ from starlette.routing import Match
 from common.config import settings
 from common.connections import connect_mongo, unreachable
 from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
-from master.web import api, console, files
+from master.web import api, console, exports, files
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 
@@ -156,6 +156,7 @@ def create_app() -> FastAPI:
         return error(500, "internal error (logged on the server)")
 
     app.include_router(api.router, prefix="/api/v1")
+    app.include_router(exports.router, prefix="/api/v1")
     app.include_router(files.router)
     app.include_router(console.router)
     origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]

@@ -34,7 +34,11 @@ def export_file(export_id: ObjectIdPath,
         raise ApiError(403, "the link's signature does not match")
     if problem == "expired":
         raise ApiError(410, "the link has expired: ask for a new one")
-    export = get(export_id)
+    return stream_file(get(export_id))
+
+
+def stream_file(export: Export) -> StreamingResponse:
+    """A finished export's file from GridFS, streamed 256 KiB at a time."""
     if export.state != SUCCESS:
         raise ApiError(410 if export.state in ("EXPIRED", "CANCEL") else 409, f"the export is {export.state}")
     bucket = GridFSBucket(Export._get_collection().database, bucket_name=EXPORT_BUCKET)

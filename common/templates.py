@@ -1,0 +1,350 @@
+"""Export templates (seed 000's Excel templates), written in TOML or JSON, checked with one-line
+errors and normalised into one structure.
+
+A template is one table or several on one sheet (``tables``). A table has a column header tree
+(``col``: nodes with ``title`` and either ``name``, the field a leaf shows, or ``children``; any
+depth, leaves at different depths are merged down to the deepest header row), optionally a row
+header tree (``row``: leaves name a value of ``row_field`` and hold ``row_count`` rows, default 1),
+``title``, ``summary``, ``header`` and ``footer`` (key/value pairs above and below the table) and
+``status`` (the HTTP status codes this table keeps). The sheet has ``sheet``, ``default_width`` and
+``default_height`` (points). The seed's short forms are accepted: ``{"url": "Address", ...}``
+(field -> title), ``[{"name": "url", "title": "Address"}, ...]``, ``{"col": [...], "row": [...]}``;
+and the first template form of this project, ``[[columns]]`` with ``header = [...]`` and ``field``.
+
+Pure code: the master checks a template when an export is requested; the worker writes with it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field as dataclass_field
+from typing import Any
+
+from common.errors import ValidationError
+
+FIELDS = ("url", "status_code", "response_size", "body_text", "body_sha256", "encoding", "response_headers",
+          "remote_ip", "hostname", "task", "add_datetime")
+BODY_FIELDS = frozenset({"body_text", "body_sha256", "response_size"})
+ROW_FIELDS = ("status_code", "hostname", "encoding", "remote_ip", "url")
+SHEET_RE = re.compile(r"^[^\[\]:*?/\\']{1,31}$")
+MAX_TEMPLATE = 64 * 1024
+MAX_DEPTH, MAX_LEAVES, MAX_TABLES, MAX_PAIRS = 8, 200, 20, 50
+MAX_ROW_HEAD_ROWS = 10_000  # rows reserved by row headers, all tables together
+TABLE_KEYS = {"title", "summary", "header", "footer", "col", "row", "row_field", "status", "columns"}
+SHEET_KEYS = {"sheet", "default_width", "default_height", "tables"}
+
+
+@dataclass(frozen=True)
+class Node:
+    """A header cell: a leaf shows a field (column tree) or holds rows of a value (row tree)."""
+    title: str
+    name: str = ""                 # leaf: the field (col) or the row_field value (row)
+    format: str = ""               # col leaf: Excel number format
+    width: float | None = None     # col leaf: points
+    row_count: int = 1             # row leaf: data rows it holds
+    children: tuple["Node", ...] = ()
+
+    @property
+    def leaf(self) -> bool:
+        return not self.children
+
+    def leaves(self) -> list["Node"]:
+        return [self] if self.leaf else [x for c in self.children for x in c.leaves()]
+
+    def depth(self) -> int:
+        return 1 if self.leaf else 1 + max(c.depth() for c in self.children)
+
+    def breadth(self, rows: bool = False) -> int:
+        return (self.row_count if rows else 1) if self.leaf else sum(c.breadth(rows) for c in self.children)
+
+    def canonical(self) -> dict:
+        out: dict[str, Any] = {"title": self.title}
+        if self.leaf:
+            out.update(name=self.name, format=self.format, width=self.width, row_count=self.row_count)
+        else:
+            out["children"] = [c.canonical() for c in self.children]
+        return out
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a header node lands: ``level`` (row of a column header, column of a row header),
+    ``offset`` along the other axis, and how far it spans along each."""
+    node: Node
+    level: int
+    offset: int
+    levels: int
+    span: int
+
+
+def place(nodes: tuple[Node, ...], rows: bool = False) -> list[Placed]:
+    """Seed 000's layout: a node's level is its depth; the first child starts where its parent
+    does and each next one after its elder siblings' breadth; an inner node spans its breadth,
+    a leaf spans down to the deepest level (a row leaf spans its row_count)."""
+    deepest = max(n.depth() for n in nodes)
+    out: list[Placed] = []
+
+    def walk(node: Node, level: int, offset: int) -> None:
+        out.append(Placed(node, level, offset, deepest - level if node.leaf else 1, node.breadth(rows)))
+        for child in node.children:
+            walk(child, level + 1, offset)
+            offset += child.breadth(rows)
+
+    offset = 0
+    for node in nodes:
+        walk(node, 0, offset)
+        offset += node.breadth(rows)
+    return out
+
+
+@dataclass(frozen=True)
+class Table:
+    col: tuple[Node, ...]
+    row: tuple[Node, ...] = ()
+    row_field: str = ""
+    title: str = ""
+    summary: str = ""
+    header: tuple[tuple[str, str], ...] = ()
+    footer: tuple[tuple[str, str], ...] = ()
+    status: tuple[int, ...] = ()
+
+    @property
+    def columns(self) -> list[Node]:
+        return [x for n in self.col for x in n.leaves()]
+
+    @property
+    def depth(self) -> int:
+        return max(n.depth() for n in self.col)
+
+    @property
+    def row_depth(self) -> int:
+        return max((n.depth() for n in self.row), default=0)
+
+    @property
+    def row_leaves(self) -> list[Node]:
+        return [x for n in self.row for x in n.leaves()]
+
+    @property
+    def width(self) -> int:
+        return self.row_depth + len(self.columns)
+
+    def canonical(self) -> dict:
+        return {"col": [n.canonical() for n in self.col], "row": [n.canonical() for n in self.row],
+                "row_field": self.row_field, "title": self.title, "summary": self.summary,
+                "header": [list(p) for p in self.header], "footer": [list(p) for p in self.footer],
+                "status": list(self.status)}
+
+
+@dataclass(frozen=True)
+class Template:
+    tables: tuple[Table, ...]
+    sheet: str = "data"
+    default_width: float | None = None
+    default_height: float | None = None
+    plain: bool = dataclass_field(default=True, compare=False)  # one table of columns only (fits CSV/JSONL)
+
+    @property
+    def columns(self) -> list[Node]:
+        return self.tables[0].columns
+
+    @property
+    def needs_body(self) -> bool:
+        return any(c.name in BODY_FIELDS for t in self.tables for c in t.columns)
+
+    @property
+    def needs_headers(self) -> bool:
+        return any(c.name == "response_headers" for t in self.tables for c in t.columns)
+
+    def canonical(self) -> dict:
+        return {"sheet": self.sheet, "default_width": self.default_width, "default_height": self.default_height,
+                "tables": [t.canonical() for t in self.tables]}
+
+
+DEFAULT = Template((Table(tuple(Node(f, f) for f in FIELDS)),))
+
+
+def parse_template(text: str | None) -> Template:
+    """The template in ``text`` (JSON when it is an object or a list of objects, TOML otherwise), or every
+    field flat when empty; ValidationError with one line otherwise."""
+    if not text or not text.strip():
+        return DEFAULT
+    if len(text) > MAX_TEMPLATE:
+        raise ValidationError(f"template: larger than {MAX_TEMPLATE} characters")
+    head = text.lstrip()
+    if head.startswith("{") or (head.startswith("[") and head[1:].lstrip()[:1] in ("{", "]", '"')):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"template is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+                from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValidationError(f"template is not valid TOML: {str(exc).splitlines()[0]}") from None
+    return from_data(data)
+
+
+def from_data(data: Any) -> Template:
+    if isinstance(data, list):
+        data = {"col": data}
+    if not isinstance(data, dict) or not data:
+        raise ValidationError("template: must be a table (TOML) or an object or list (JSON)")
+    if not set(data) & (TABLE_KEYS | SHEET_KEYS) and all(isinstance(v, str) for v in data.values()):
+        data = {"col": [{"name": k, "title": v} for k, v in data.items()]}  # {field: title}
+    unknown = sorted(set(data) - TABLE_KEYS - SHEET_KEYS)
+    if unknown:
+        raise ValidationError(f"template: unknown key {unknown[0]!r}")
+    sheet = data.get("sheet", "data")
+    if not isinstance(sheet, str) or not SHEET_RE.match(sheet):
+        raise ValidationError("template: sheet must be 1-31 characters without []:*?/\\'")
+    widths = {k: _points(data.get(k), k) for k in ("default_width", "default_height")}
+    if "tables" in data:
+        if set(data) & TABLE_KEYS:
+            raise ValidationError(f"template: with tables, {sorted(set(data) & TABLE_KEYS)[0]!r} goes inside each table")
+        raw = data["tables"]
+        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_TABLES:
+            raise ValidationError(f"template: tables must be a list of 1-{MAX_TABLES} tables")
+        tables = tuple(_table(t, f"tables[{i}]") for i, t in enumerate(raw))
+    else:
+        tables = (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template"),)
+    if sum(leaf.row_count for t in tables for leaf in t.row_leaves) > MAX_ROW_HEAD_ROWS:
+        raise ValidationError(f"template: row headers hold more than {MAX_ROW_HEAD_ROWS} rows in all")
+    plain = len(tables) == 1 and not tables[0].row
+    return Template(tables, sheet, widths["default_width"], widths["default_height"], plain)
+
+
+def _points(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 1000:
+        raise ValidationError(f"template: {where} must be a number of points from 1 to 1000")
+    return float(value)
+
+
+def _text(value: Any, where: str, limit: int = 255) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or len(str(value)) > limit:
+        raise ValidationError(f"template: {where} must be a string of at most {limit} characters")
+    return str(value)
+
+
+def _pairs(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or len(value) > MAX_PAIRS:
+        raise ValidationError(f"template: {where} must be key/value pairs (at most {MAX_PAIRS})")
+    return tuple((_text(k, f"{where} key"), _text(v, f"{where}.{k}", 1024)) for k, v in value.items())
+
+
+def _table(data: Any, where: str) -> Table:
+    if not isinstance(data, dict):
+        raise ValidationError(f"{where}: must be a table of title, col, row, ...")
+    unknown = sorted(set(data) - TABLE_KEYS)
+    if unknown:
+        raise ValidationError(f"{where}: unknown key {unknown[0]!r}")
+    if "columns" in data and "col" in data:
+        raise ValidationError(f"{where}: give col or columns, not both")
+    col = _legacy(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
+    leaves = [x for n in col for x in n.leaves()]
+    if len(leaves) > MAX_LEAVES:
+        raise ValidationError(f"{where}: more than {MAX_LEAVES} columns")
+    row: tuple[Node, ...] = ()
+    row_field = data.get("row_field", "")
+    if data.get("row") is not None:
+        row = _tree(data["row"], f"{where}.row", rows=True)
+        if row_field not in ROW_FIELDS:
+            raise ValidationError(f"{where}: row headers need row_field, one of {', '.join(ROW_FIELDS)}")
+        names = [leaf.name for n in row for leaf in n.leaves()]
+        if len(set(names)) != len(names):
+            raise ValidationError(f"{where}.row: two leaves name the same value")
+    elif row_field:
+        raise ValidationError(f"{where}: row_field without row headers")
+    status = data.get("status", [])
+    if not isinstance(status, list) or not all(isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599
+                                                for s in status):
+        raise ValidationError(f"{where}: status must be a list of HTTP status codes")
+    return Table(col, row, row_field, _text(data.get("title", ""), f"{where}.title"),
+                 _text(data.get("summary", ""), f"{where}.summary", 2048), _pairs(data.get("header"), f"{where}.header"),
+                 _pairs(data.get("footer"), f"{where}.footer"), tuple(sorted(set(status))))
+
+
+def _tree(raw: Any, where: str, rows: bool, level: int = 1) -> tuple[Node, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ValidationError(f"{where}: needs a list of header nodes")
+    if level > MAX_DEPTH:
+        raise ValidationError(f"{where}: deeper than {MAX_DEPTH} levels")
+    return tuple(_node(n, f"{where}[{i}]", rows, level) for i, n in enumerate(raw))
+
+
+def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
+    allowed = {"title", "name", "children"} | ({"row_count"} if rows else {"format", "width"})
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{where}: a header node must be a table with title and name or children")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValidationError(f"{where}: unknown key {unknown[0]!r} (takes {', '.join(sorted(allowed))})")
+    if "children" in raw:
+        if "name" in raw:
+            raise ValidationError(f"{where}: a node has a name (a leaf) or children, not both")
+        children = _tree(raw["children"], f"{where}.children", rows, level + 1)
+        return Node(_text(raw.get("title", ""), f"{where}.title"), children=children)
+    name = raw.get("name")
+    if rows:
+        name = _text(name, f"{where}.name") if name is not None else None
+        count = raw.get("row_count", 1)
+        if name is None:
+            raise ValidationError(f"{where}: a row leaf needs name (the row_field value it holds)")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ROW_HEAD_ROWS:
+            raise ValidationError(f"{where}: row_count must be a whole number from 1 to {MAX_ROW_HEAD_ROWS}")
+        return Node(_text(raw.get("title", name), f"{where}.title"), name, row_count=count)
+    if name not in FIELDS:
+        raise ValidationError(f"{where}: unknown field {str(name)[:40]!r} (one of {', '.join(FIELDS)})")
+    fmt = raw.get("format", "")
+    if not isinstance(fmt, str) or len(fmt) > 64:
+        raise ValidationError(f"{where}: format must be an Excel number format of at most 64 characters")
+    return Node(_text(raw.get("title", name), f"{where}.title"), name, fmt, _points(raw.get("width"), f"{where}.width"))
+
+
+def _legacy(raw: Any, where: str) -> tuple[Node, ...]:
+    """``[[columns]]`` with ``header = [...]`` rows and ``field``: neighbours with equal header
+    prefixes share a parent (the same merges as before)."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_LEAVES:
+        raise ValidationError(f"{where}: needs 1-{MAX_LEAVES} [[columns]]")
+    columns = []
+    for i, col in enumerate(raw, 1):
+        if not isinstance(col, dict) or set(col) - {"header", "field", "format", "width"}:
+            raise ValidationError(f"{where}: column {i} takes only header, field, format and width")
+        fld = col.get("field")
+        if fld not in FIELDS:
+            raise ValidationError(f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})")
+        header = col.get("header", [fld])
+        header = [header] if isinstance(header, str) else header
+        if not isinstance(header, list) or not header or not all(isinstance(h, str) and len(h) <= 255 for h in header):
+            raise ValidationError(f"{where}: column {i}: header must be a string or a list of strings")
+        if len(header) > MAX_DEPTH:
+            raise ValidationError(f"{where}: column {i}: more than {MAX_DEPTH} header rows")
+        fmt = col.get("format", "")
+        if not isinstance(fmt, str) or len(fmt) > 64:
+            raise ValidationError(f"{where}: column {i}: format must be a short string")
+        columns.append((tuple(header), Node(header[-1], fld, fmt, _points(col.get("width"), f"column {i} width"))))
+    if len({len(h) for h, _ in columns}) != 1:
+        raise ValidationError(f"{where}: every column needs the same number of header rows (ragged header)")
+    return _group(columns, 0)
+
+
+def _group(columns: list[tuple[tuple[str, ...], Node]], level: int) -> tuple[Node, ...]:
+    out: list[Node] = []
+    i = 0
+    while i < len(columns):
+        header, leaf = columns[i]
+        if level == len(header) - 1:
+            out.append(leaf)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(columns) and header[level] and columns[j][0][:level + 1] == header[:level + 1]:
+            j += 1
+        out.append(Node(header[level], children=_group(columns[i:j], level + 1)))
+        i = j
+    return out and tuple(out)
