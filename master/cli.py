@@ -263,7 +263,8 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
     if output == "-":
         if fmt == "xlsx":
             raise click.UsageError("xlsx needs --output FILE")
-        count = export(name, fmt, click.get_binary_stream("stdout"), text, flt)
+        with click.open_file("-", "wb") as out:
+            count = export(name, fmt, out, text, flt)
     else:
         with open(output, "wb") as out:
             count = export(name, fmt, out, text, flt)
