@@ -1,6 +1,7 @@
 """The console in headless Chromium (Debian's chromium + chromium-driver, driven by selenium;
 nothing is downloaded at run time): sign in, queues and jobs, disable a job, requeue a DEAD
-task, open a body preview, a screenshot of the overview under var/ that is not blank."""
+task, open a body preview, an export whose state arrives over its WebSocket, a screenshot of the
+overview under var/ that is not blank."""
 from __future__ import annotations
 
 import os
@@ -137,6 +138,12 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         export = Export.objects.get()
         assert export.job_name == "site" and export.format == "xlsx" and export.filter == {"status": [200]}
         wait_text(browser, "#view table", str(export.id))
+        # the exports page is not redrawn by the timer: the state arrives over its WebSocket
+        from slave.exporter import run_export
+
+        assert run_export(str(export.id), "w1") == "success"
+        wait_text(browser, f"#state-{export.id}", "SUCCESS")
+        wait_text(browser, "#view table", "Download")
         (var / "console-exports.png").write_bytes(browser.get_screenshot_as_png())
 
         click(browser, "//button[@id='signout']")

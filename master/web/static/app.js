@@ -2,7 +2,8 @@
 // Every value from the server is put in the page with textContent (never as HTML).
 "use strict";
 
-const state = { me: null, csrf: null, timer: null, view: null };
+const state = { me: null, csrf: null, timer: null, view: null, sockets: new Map() };
+const FINAL = ["SUCCESS", "FAIL", "CANCEL", "EXPIRED"];
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -117,16 +118,13 @@ const views = {
   async exports() {
     const [d, jobs] = await Promise.all([api("GET", "/exports?limit=50"), api("GET", "/jobs")]);
     const form = exportForm(jobs.jobs.map((j) => j.name));
-    const progress = (e) => {
-      const total = e.rows_total || 0, pct = total ? Math.min(100, (100 * e.rows_done) / total) : (e.state === "SUCCESS" ? 100 : 0);
-      return el("div", {}, el("div", { class: "bar", title: `${e.rows_done}/${total}` }, el("i", { width: `${pct.toFixed(0)}%` })),
-        el("span", { class: "muted" }, `${e.rows_done} / ${e.rows_total ?? "?"} rows`));
-    };
+    watchExports(d.exports);
     return [
       el("h1", {}, "Exports"),
-      table([col("id", "id"), col("job", "job"), col("format", "format"), col("state", (e) => el("span", { class: `state-${e.state}` }, e.state)),
-             col("progress", progress), col("bytes", "bytes", 1), col("requested", (e) => when(e.created_at)),
-             col("file", (e) => e.url ? el("a", { href: e.url, download: "" }, "download") : (e.error || "-")),
+      table([col("id", "id"), col("job", "job"), col("format", "format"), col("state", (e) => el("span", { id: `state-${e.id}` }, stateBadge(e))),
+             col("progress", (e) => el("div", { id: `progress-${e.id}` }, progressBar(e))), col("bytes", "bytes", 1),
+             col("requested", (e) => when(e.created_at)),
+             col("file", (e) => e.state === "SUCCESS" ? action("Download", () => download(e.id)) : (e.error || "-")),
              col("", (e) => ["PENDING", "RUNNING"].includes(e.state) ? action("Cancel", () => api("POST", `/exports/${e.id}/cancel`), "danger") : "")],
             d.exports, "no exports yet"),
       el("h2", {}, "Request an export"), form,
@@ -148,6 +146,43 @@ const views = {
   },
 };
 
+const stateBadge = (e) => el("span", { class: `state-${e.state}` }, e.state);
+function progressBar(e) {
+  const total = e.rows_total || 0, pct = total ? Math.min(100, (100 * e.rows_done) / total) : (e.state === "SUCCESS" ? 100 : 0);
+  return el("div", {}, el("div", { class: "bar", title: `${e.rows_done}/${total}` }, el("i", { width: `${pct.toFixed(0)}%` })),
+    el("span", { class: "muted" }, `${e.rows_done} / ${e.rows_total ?? "?"} rows`));
+}
+
+// A finished export's file through a fresh temporary link (seed 000: links live 5 minutes).
+async function download(id) {
+  const link = await api("GET", `/exports/${id}/link`);
+  location.href = link.url;
+  return { link: "opened", expires_at: link.expires_at };
+}
+
+// The exports page is not redrawn by the timer: each unfinished export has a WebSocket that
+// tells its state and progress as they change; a final state redraws the page (for its file).
+function watchExports(list) {
+  const live = new Set(list.filter((e) => !FINAL.includes(e.state)).map((e) => e.id));
+  for (const [id, ws] of state.sockets) if (!live.has(id)) { ws.close(); state.sockets.delete(id); }
+  for (const id of live) {
+    if (state.sockets.has(id)) continue;
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/exports/${id}/events`);
+    ws.onmessage = (m) => {
+      const e = JSON.parse(m.data);
+      if (e.error) return;
+      const where = $(`state-${id}`), bar = $(`progress-${id}`);
+      if (where) where.replaceChildren(stateBadge(e));
+      if (bar) bar.replaceChildren(progressBar(e));
+      if (FINAL.includes(e.state)) { ws.close(); state.sockets.delete(id); refresh(); }
+    };
+    ws.onclose = () => { if (state.sockets.get(id) === ws) state.sockets.delete(id); };
+    state.sockets.set(id, ws);
+  }
+}
+
+function closeSockets() { for (const ws of state.sockets.values()) ws.close(); state.sockets.clear(); }
+
 function exportForm(jobNames) {
   // built once and kept, so a redraw never loses what was typed
   if (state.exportForm) {
@@ -167,8 +202,8 @@ function exportForm(jobNames) {
     field("mail to", el("input", { id: "export-mails", placeholder: "a@example.org, b@example.org", size: "30" })),
     field("callback URL", el("input", { id: "export-callback", size: "30" })),
     el("br", {}),
-    el("label", { class: "block" }, "template (TOML, optional)", el("br", {}),
-       el("textarea", { id: "export-template", rows: "6", cols: "80", placeholder: '[[columns]]\nheader = ["Request", "URL"]\nfield = "url"' })),
+    el("label", { class: "block" }, "template (JSON or TOML, optional)", el("br", {}),
+       el("textarea", { id: "export-template", rows: "6", cols: "80", placeholder: '{"title": "Pages", "col": [{"title": "Request", "children": [{"title": "URL", "name": "url"}]}, {"title": "Status", "name": "status_code"}]}\n(JSON or TOML; see the README)' })),
     el("br", {}),
     el("button", { type: "submit" }, "Request export"));
   form.onsubmit = async (e) => {
@@ -208,6 +243,7 @@ function route() {
 async function refresh() {
   if (!state.me) return;
   const { name, arg } = route();
+  if (name !== "exports") closeSockets();
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === name);
   if (document.activeElement && document.activeElement.closest && document.activeElement.closest("#view form")) return; // not while a form is being filled
   try {
@@ -220,7 +256,7 @@ async function refresh() {
 }
 
 function showSignIn() {
-  state.me = null; clearInterval(state.timer);
+  state.me = null; clearInterval(state.timer); closeSockets();
   $("signin").hidden = false; $("nav").hidden = true; $("signout").hidden = true;
   $("view").replaceChildren(); $("who").textContent = "";
 }
@@ -231,7 +267,7 @@ function signedIn(me) {
   $("who").textContent = `${me.name} (${me.role})`;
   refresh();
   clearInterval(state.timer);
-  state.timer = setInterval(refresh, 3000);
+  state.timer = setInterval(() => { if (route().name !== "exports") refresh(); }, 3000);
 }
 
 $("signin-form").onsubmit = async (e) => {
