@@ -44,11 +44,12 @@ def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-Seconds = Annotated[int, BeforeValidator(_whole)]
+# constraints before the validator: after it, pydantic publishes them as "ge"/"le", not JSON Schema's minimum/maximum
+ExecTime = Annotated[int, Field(ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT), BeforeValidator(_whole)]
 
 
 class ExportFilter(Strict):
-    status: list[Annotated[int, BeforeValidator(_whole), Field(ge=100, le=599)]] | None = Field(
+    status: list[Annotated[int, Field(ge=100, le=599), BeforeValidator(_whole)]] | None = Field(
         None, description="HTTP status codes to keep")
     since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded at or after")
     until: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded before")
@@ -62,7 +63,7 @@ class ExportIn(Strict):
     callback_url: str | None = Field(None, max_length=2048, pattern=r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+",
                                      description="POSTed the signed link when done (a public http(s) URL)")
     mails: list[Annotated[str, Field(max_length=254, pattern=MAIL_RE.pattern)]] = Field([], max_length=20)
-    max_exec_time: Seconds | None = Field(None, ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT, description=(
+    max_exec_time: ExecTime | None = Field(None, description=(
         "seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME)"))
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"job": "news", "format": "xlsx", "filter": {"status": [200], "since": "2026-11-01T00:00:00Z"},
@@ -103,7 +104,7 @@ def cancel_export(export_id: ObjectIdPath, token: Reader) -> dict:
     return exports.describe(exports.cancel(redis_conn(), export_id, token))
 
 
-Ttl = Annotated[Seconds | None, Query(ge=1, le=settings.EXPORT_URL_MAX_TTL, description=(
+Ttl = Annotated[int | None, Query(ge=1, le=settings.EXPORT_URL_MAX_TTL, description=(
     "seconds the link lives (default EXPORT_URL_TTL, 5 minutes; at most EXPORT_URL_MAX_TTL)"))]
 
 
@@ -118,7 +119,7 @@ def export_link(export_id: ObjectIdPath, token: Reader, ttl: Ttl = None) -> dict
 @router.get("/exports/{export_id}/file", response_class=StreamingResponse, responses={
     200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
     **answers(401, 404, 409, 410, why={409: "the export is not finished", 410: "the export's file has expired"})})
-def export_file(export_id: ObjectIdPath, token: Reader) -> StreamingResponse:
+def download_export(export_id: ObjectIdPath, token: Reader) -> StreamingResponse:
     """The file itself for back-end callers (the permanent route; the token is the credential)."""
     return stream_file(exports.get(export_id, token))
 
@@ -149,8 +150,7 @@ class SyncIn(Strict):
     format: FORMATS = "csv"
     template: str | None = Field(None, description=TEMPLATE_DOC)
     filter: ExportFilter | None = None
-    max_exec_time: Seconds | None = Field(None, ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT,
-                                          description="for the asynchronous export a large one becomes")
+    max_exec_time: ExecTime | None = Field(None, description="for the asynchronous export a large one becomes")
     model_config = ConfigDict(json_schema_extra={"examples": [{"format": "xlsx", "filter": {"status": [200]}}]})
 
 
