@@ -27,6 +27,13 @@ services-check:
 	  else \
 	    echo "note: the browser engine needs Debian's chromium ('sudo apt-get install -y chromium chromium-driver'); its tests are skipped"; \
 	  fi; }
+	@{ command -v soffice >/dev/null 2>&1 && command -v pdftoppm >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "LibreOffice not found: installing it to check exported spreadsheets (apt-get install -y libreoffice-calc-nogui poppler-utils)"; \
+	    (apt-get update -q && apt-get install -y -q libreoffice-calc-nogui poppler-utils) >/dev/null; \
+	  else \
+	    echo "note: the spreadsheet checks need LibreOffice ('sudo apt-get install -y libreoffice-calc-nogui poppler-utils'); they are skipped"; \
+	  fi; }
 
 demo: $(STAMP) services-check
 	$(BIN)/python scripts/demo.py

@@ -65,6 +65,12 @@ def serve_console(env: dict, started: float, port: int, export_id: str) -> None:
             got = resp.read()
         (VAR / "export" / f"demo-builtin-{export_id}.xlsx").write_bytes(got)
         print(f"\nthe xlsx export, signed link: {url}\n  fetched {len(got)} bytes -> var/export/demo-builtin-{export_id}.xlsx")
+        sync = urllib.request.Request(f"http://{bind}/api/v1/jobs/demo-builtin/export?format=csv&status=200",
+                                      headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(sync, timeout=60) as resp:
+            (VAR / "export" / "demo-builtin-sync.csv").write_bytes(resp.read())
+            print(f"a synchronous download (GET /api/v1/jobs/demo-builtin/export?format=csv&status=200): {resp.status}, "
+                  f"{resp.headers['X-Export-Rows']} rows -> var/export/demo-builtin-sync.csv")
         print(f"\nconsole: http://{bind}/   (API under http://{bind}/api/v1)\nadmin token: {token}")
         print(f"demo took {time.monotonic() - started:.1f}s")
         if sys.stdin.isatty() and sys.stdout.isatty():
@@ -141,7 +147,7 @@ def main() -> int:
         port = 8080 if port_free(8080) else free_port()
         env["DOWNCLUSTER_WEB_BIND"] = f"127.0.0.1:{port}"  # signed links are built on it
         export_id = run(["export", "request", "demo-builtin", "--format", "xlsx", "--template",
-                         str(JOBS / "export_template.toml"), "--status", "200"], env).strip().splitlines()[-1]
+                         str(JOBS / "report_template.json"), "--status", "200"], env).strip().splitlines()[-1]
         print("$ downcluster worker --burst   (the export runs on a worker)", flush=True)
         subprocess.run([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env, check=True, timeout=300)
         run(["export", "show", export_id], env)

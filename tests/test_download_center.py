@@ -65,8 +65,8 @@ def _pages(cluster, tmp_path, name="dc"):
 
 def _soffice() -> str:
     found = shutil.which("soffice") or shutil.which("libreoffice")
-    if not found:
-        pytest.skip("LibreOffice is not installed (make installs libreoffice-calc-nogui when run as root)")
+    if not (found and shutil.which("pdftoppm") and shutil.which("pdftotext")):
+        pytest.skip("LibreOffice is not installed (make installs libreoffice-calc-nogui and poppler-utils as root)")
     return found
 
 
