@@ -914,6 +914,7 @@ def parse_args(argv=None):
     p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
     p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
     p.add_argument("--skip-exports", action="store_true", help="do not measure the 200,000-row exports")
+    p.add_argument("--exports-only", action="store_true", help="only measure the exports")
     p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
     p.add_argument("--browser-pages", type=int, default=150, help="pages for the browser engine figure (default 150)")
     p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
@@ -977,64 +978,65 @@ def main(argv=None) -> int:
 
     try:
         bench.start_services()
-        base = {"0ms": start_site(procs, bench.env, 0), "100ms": start_site(procs, bench.env, 100)}
-        if not args.compare_only:
-            phase("store", "store ceiling (SecantusDB)", bench.bench_store)
-        if not args.compare_only:
-            phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
-                  f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
-
-        for label in ("0ms", "100ms"):
-            left = 4 - (0 if label == "0ms" else 2)
+        if not args.exports_only:  # everything but the exports
+            base = {"0ms": start_site(procs, bench.env, 0), "100ms": start_site(procs, bench.env, 100)}
             if not args.compare_only:
-                phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} "
-                      f"worker process(es), dispatch --loop", lambda: bench.bench_e2e(
-                          label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
-            e = results.get(f"e2e_{label}")
-            if e:
-                print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
-                      f"cores busy {e['cores_busy']}", flush=True)
-            if label == "0ms" and not args.compare_only:  # etiquette on (above), off, off, on, on, off: runs
-                # of one setting differ by several % on a shared machine and drift; this order cancels a
-                # steady drift out of the ratio
-                for key in ETIQUETTE_ORDER[1:]:
-                    on = key in ETIQUETTE_ON
-                    phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
-                          f"coalescing): {args.pages:,} pages", lambda on=on: bench.bench_e2e(
-                              label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / (left + 1)),
-                              etiquette=on))
-                    if results.get(key):
-                        print(f"  {results[key]['pages_per_s']} pages/s", flush=True)
+                phase("store", "store ceiling (SecantusDB)", bench.bench_store)
+            if not args.compare_only:
+                phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
+                      f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
+
+            for label in ("0ms", "100ms"):
+                left = 4 - (0 if label == "0ms" else 2)
+                if not args.compare_only:
+                    phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} "
+                          f"worker process(es), dispatch --loop", lambda: bench.bench_e2e(
+                              label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
+                e = results.get(f"e2e_{label}")
+                if e:
+                    print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
+                          f"cores busy {e['cores_busy']}", flush=True)
+                if label == "0ms" and not args.compare_only:  # etiquette on (above), off, off, on, on, off: runs
+                    # of one setting differ by several % on a shared machine and drift; this order cancels a
+                    # steady drift out of the ratio
+                    for key in ETIQUETTE_ORDER[1:]:
+                        on = key in ETIQUETTE_ON
+                        phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
+                              f"coalescing): {args.pages:,} pages", lambda on=on: bench.bench_e2e(
+                                  label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / (left + 1)),
+                                  etiquette=on))
+                        if results.get(key):
+                            print(f"  {results[key]['pages_per_s']} pages/s", flush=True)
+                if not args.skip_peer:
+                    for site, hosts in (("one", 1), ("many", SITE_HOSTS)):
+                        compare(f"{site}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
+                                lambda: bench.bench_e2e(label, base[label], args.pages, e2e_timeout(
+                                    bench, args.pages, 1 / 12), hosts=hosts, host_limit=PEER_PER_DOMAIN, at_once=True),
+                                lambda sched: bench.bench_peer(label, base[label], args.pages, e2e_timeout(
+                                    bench, args.pages, 1 / 12), hosts=hosts, scheduler=sched))
+                if args.with_baseline:
+                    phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
+                          lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
+                                                       max(60.0, args.baseline_pages / 2)))
             if not args.skip_peer:
-                for site, hosts in (("one", 1), ("many", SITE_HOSTS)):
-                    compare(f"{site}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
-                            lambda: bench.bench_e2e(label, base[label], args.pages, e2e_timeout(
-                                bench, args.pages, 1 / 12), hosts=hosts, host_limit=PEER_PER_DOMAIN, at_once=True),
-                            lambda sched: bench.bench_peer(label, base[label], args.pages, e2e_timeout(
-                                bench, args.pages, 1 / 12), hosts=hosts, scheduler=sched))
-            if args.with_baseline:
-                phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
-                      lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
-                                                   max(60.0, args.baseline_pages / 2)))
-        if not args.skip_peer:
-            docs = real_page_set(args.real_pages, args.real_copies)
-            if docs is None:
-                results["errors"].append(f"real pages skipped: no nginx or no documentation tree "
-                                         f"({args.real_pages}); `make bench` installs nginx-light and python3.11-doc")
-            else:
-                site = start_nginx(procs, docs["root"])
-                urls = [f"{site}/{rel}" for rel in docs["paths"]]
-                results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
-                compare("real", f"real pages: {len(urls):,} files of {docs['root']} ({docs['bytes'] / 1e6:.0f} MB) "
-                        "from nginx with gzip",
-                        lambda: bench.bench_e2e("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4), urls=urls,
-                                                page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
-                        lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
-                                                       urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
-        if not args.skip_exports and not args.compare_only:
+                docs = real_page_set(args.real_pages, args.real_copies)
+                if docs is None:
+                    results["errors"].append(f"real pages skipped: no nginx or no documentation tree "
+                                             f"({args.real_pages}); `make bench` installs nginx-light and python3.11-doc")
+                else:
+                    site = start_nginx(procs, docs["root"])
+                    urls = [f"{site}/{rel}" for rel in docs["paths"]]
+                    results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
+                    compare("real", f"real pages: {len(urls):,} files of {docs['root']} ({docs['bytes'] / 1e6:.0f} MB) "
+                            "from nginx with gzip",
+                            lambda: bench.bench_e2e("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4), urls=urls,
+                                                    page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
+                            lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
+                                                           urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
+        if args.exports_only or (not args.skip_exports and not args.compare_only):
             phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, each on a worker",
                   lambda: bench.bench_exports(args.export_rows))
-        if not args.smoke and not args.skip_browser and not args.compare_only:
+        if not args.smoke and not args.skip_browser and not args.compare_only and not args.exports_only:
             phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} pages built by "
                   "JavaScript, 1 worker", lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
                                                                    e2e_timeout(bench, args.browser_pages, 1.0),
