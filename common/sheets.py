@@ -24,7 +24,7 @@ from common.templates import Node, Table, Template, place
 EXCEL_MAX_ROWS = 1_048_576
 EXCEL_MAX_CELL = 32_767
 PORTRAIT_PIXELS = 720  # wider than an A4 portrait page's printable width: print landscape
-WIDE_FIELDS = {"url": 60, "body_text": 60, "response_headers": 60}
+WIDE_FIELDS = {"url": 60, "body_text": 60, "response_headers": 60, "body_sha256": 66}
 DATE_PIXELS = 135
 
 
