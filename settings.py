@@ -15,6 +15,11 @@ MONGO_URI = "mongodb://127.0.0.1:27017/downcluster"
 MONGO_LOG_URI = "mongodb://127.0.0.1:27017/downcluster_log"
 """MongoDB "log" database (download, dispatch, alert and registration-error logs)."""
 
+MONGO_CONTROL_URI = ""
+"""MongoDB "control" database: the cluster's secrets (the generated signing keys), API token
+digests and console sessions — the one database analysts are never given. Empty: beside the
+source database, on the same server, named after it with ``_control``."""
+
 MONGO_TIMEOUT = 10.0
 """Seconds to wait for MongoDB before a command or API call fails with "MongoDB unreachable"."""
 

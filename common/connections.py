@@ -1,4 +1,4 @@
-"""Connections to MongoDB (aliases "source" and "log") and Redis, made lazily per process.
+"""Connections to MongoDB (aliases "source", "log" and "control") and Redis, made lazily per process.
 
 rq's forking worker runs each job in a fresh child; a pymongo client must not cross a fork,
 so ``connect_mongo`` reconnects when it finds itself in a new process.
@@ -21,8 +21,20 @@ _mongo_pid: int | None = None
 _redis: tuple[int, str, Redis] | None = None
 
 
+def control_uri() -> str:
+    """MONGO_CONTROL_URI, or the source URI with its database named ``<source>_control``."""
+    if settings.MONGO_CONTROL_URI:
+        return settings.MONGO_CONTROL_URI
+    parts = urlsplit(settings.MONGO_URI)
+    name = parts.path.strip("/") or "downcluster"
+    return parts._replace(path=f"/{name}_control").geturl()
+
+
+ALIASES = ("source", "log", "control")
+
+
 def connect_mongo(ensure_indexes: bool = False) -> None:
-    """Register the "source" and "log" aliases (idempotent within one process)."""
+    """Register the "source", "log" and "control" aliases (idempotent within one process)."""
     global _mongo_pid
     with _lock:
         if _mongo_pid == os.getpid():
@@ -35,6 +47,7 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
             opts["socketTimeoutMS"] = int(settings.MONGO_SOCKET_TIMEOUT * 1000)
         mongoengine.connect(alias="source", host=settings.MONGO_URI, **opts)
         mongoengine.connect(alias="log", host=settings.MONGO_LOG_URI, **opts)
+        mongoengine.connect(alias="control", host=control_uri(), **opts)
         _mongo_pid = os.getpid()
     if ensure_indexes:
         from common.models import ALL_MODELS
@@ -45,7 +58,7 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
 
 def disconnect_mongo_unlocked() -> None:
     global _mongo_pid
-    for alias in ("source", "log"):
+    for alias in ALIASES:
         mongoengine.disconnect(alias)
     _mongo_pid = None
 

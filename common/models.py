@@ -286,7 +286,7 @@ class ApiToken(Document):
     jobs = ListField(StringField())  # an analyst's grants: it sees every export of these jobs
     add_datetime = DateTimeField(default=utcnow)
     last_used_at = DateTimeField()
-    meta = {"db_alias": "source"}
+    meta = {"db_alias": "control"}
 
 
 class WebSession(Document):
@@ -297,7 +297,7 @@ class WebSession(Document):
     token = StringField(required=True)  # ApiToken.digest: revoking the token ends its sessions
     csrf = StringField(required=True)
     expires_at = DateTimeField(required=True)
-    meta = {"db_alias": "source", "indexes": ["token"]}
+    meta = {"db_alias": "control", "indexes": ["token"]}
 
 
 # export states (seed 001's state machine)
@@ -376,7 +376,7 @@ class ClusterSecret(Document):
 
     id = StringField(primary_key=True)
     value = StringField(required=True)
-    meta = {"db_alias": "source"}
+    meta = {"db_alias": "control"}
 
 
 ALL_MODELS = (

@@ -1,8 +1,9 @@
 """Keys and signatures: signed export links (HMAC-SHA256 under SECRET_KEY) and webhook
 signatures (``t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` under WEBHOOK_SECRET).
 
-A key left empty in the settings is generated once for the whole cluster and kept in MongoDB,
-so every web host signs and checks with the same one.
+A key left empty in the settings is generated once for the whole cluster and kept in the
+control database (never the source database analysts read), so every web host signs and checks
+with the same one.
 """
 from __future__ import annotations
 

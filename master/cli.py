@@ -195,12 +195,16 @@ def defender() -> None:
 
 @click.command()
 def migrate() -> None:
-    """Bring tasks written by an earlier downcluster to this version (safe to run twice)."""
+    """Bring an earlier downcluster's data to this version (safe to run twice): number old tasks,
+    send old entries again, move secrets, tokens and sessions to the control database."""
     from master.migrate import migrate as run
 
     _connect()
     report = run()
-    click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again")
+    click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again; "
+               f"moved {report.secrets_moved} secrets, tokens and sessions to the control database")
+    for left in report.secrets_kept or []:
+        click.echo(f"  left in the source database (the control database has another of that name): {left}", err=True)
 
 
 @click.command()

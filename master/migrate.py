@@ -5,6 +5,10 @@ with a lease that had no ``crawler_lease`` document. This numbers every task wit
 ``seq`` (in ``_id`` order, through intake's reservations, so it is safe while intake and the
 dispatcher run) and sends again, at once and without counting an attempt, every DISPATCH
 task whose lease has no document older than a minute (its entry can no longer be claimed).
+It also moves the cluster's secrets, token digests and console sessions out of the source
+database (which analysts read) into the control database (``MONGO_CONTROL_URI``): each document
+is written there, then removed from the source.
+
 Idempotent: a second run finds nothing to do.
 """
 from __future__ import annotations
@@ -15,7 +19,7 @@ from datetime import timedelta
 from pymongo import UpdateOne
 
 from common.leases import UNSET_LEASE
-from common.models import DISPATCH, LIVE, CrawlerLease, CrawlerTask, Job, utcnow
+from common.models import DISPATCH, LIVE, ApiToken, ClusterSecret, CrawlerLease, CrawlerTask, Job, WebSession, utcnow
 from master.intake import commit, reserve
 
 CHUNK = 5000
@@ -25,6 +29,8 @@ CHUNK = 5000
 class MigrationReport:
     numbered: int = 0
     sent_again: int = 0
+    secrets_moved: int = 0
+    secrets_kept: list[str] | None = None  # documents left in the source: the control database has another by that name
 
 
 def migrate() -> MigrationReport:
@@ -54,4 +60,30 @@ def migrate() -> MigrationReport:
                       "last_update_datetime": now},
              "$unset": UNSET_LEASE}).modified_count
     Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
+    report.secrets_moved, report.secrets_kept = move_secrets()
     return report
+
+
+def move_secrets() -> tuple[int, list[str]]:
+    """Move cluster_secret, api_token and web_session documents from the source database to the
+    control database: written there first (same _id), then removed from the source."""
+    from pymongo.errors import DuplicateKeyError
+
+    source = CrawlerTask._get_collection().database
+    moved, kept = 0, []
+    for model in (ClusterSecret, ApiToken, WebSession):
+        target = model._get_collection()
+        if target.database.name == source.name and target.database.client is source.client:
+            continue  # MONGO_CONTROL_URI names the source database itself: nothing to move
+        old = source[target.name]
+        for doc in old.find():
+            try:
+                target.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+            except DuplicateKeyError:  # a token of that name already lives in the control database
+                kept.append(f"{target.name} {doc.get('name', doc['_id'])}")
+                continue
+            old.delete_one({"_id": doc["_id"]})
+            moved += 1
+        if not old.estimated_document_count():
+            old.drop()
+    return moved, kept

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from sample_site import start_site  # noqa: E402
 from services import MongoServer, RedisServer, env_for  # noqa: E402
 
-TEST_DBS = ("dc_test", "dc_test_log")
+TEST_DBS = ("dc_test", "dc_test_log", "dc_test_control")  # the control database is named after the source
 
 
 @pytest.fixture(scope="session")
