@@ -196,6 +196,21 @@ generated once and kept in MongoDB (collection cluster_secret)."""
 PUBLIC_URL = ""
 """Base of absolute links (signed export URLs); empty: http:// + WEB_BIND."""
 
+DATA_RETENTION_DAYS = 0
+"""Days a page's stored data (and its task, once final: SUCCESS, FAIL for good, DEAD, CANCEL) is
+kept, by the age of the data (of the task's last change); 0 keeps them for ever (a job's
+``data_retention_days`` overrides it). ``downcluster archive`` saves them first if they matter."""
+
+LOG_RETENTION_DAYS = 90
+"""Days download logs are kept (a job's ``log_retention_days`` overrides it); 0: for ever."""
+
+EVENT_LOG_RETENTION_DAYS = 90
+"""Days dispatch logs, alert logs, registration error logs and notification delivery logs are
+kept (MongoDB TTL indexes on ``add_datetime``); 0: for ever."""
+
+NOTIFICATION_RETENTION_DAYS = 30
+"""Days a delivered or finally failed webhook or mail is kept; 0: for ever."""
+
 EXPORT_TTL = 7 * 24 * 3600
 """Seconds an export's file is kept after it succeeded; then it is removed and the export EXPIRED."""
 

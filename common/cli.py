@@ -25,6 +25,7 @@ COMMANDS = {
     "worker": "slave.cli:worker",
     "web": "master.cli:web",
     "token": "master.cli:token",
+    "archive": "master.cli:archive",
 }
 
 EXIT_INVALID = 2

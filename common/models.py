@@ -108,6 +108,8 @@ class CrawlerDownloadSetting(Document):
     host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
     host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
     obey_robots = BooleanField()                           # None: true for the built-in engine
+    data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
+    log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}
@@ -368,7 +370,7 @@ class NotificationLog(Document):
     attempt = IntField()
     error = StringField(max_length=2048)
     add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log", "collection": "notification_log", "indexes": ["add_datetime"]}
+    meta = {"db_alias": "log", "collection": "notification_log"}  # add_datetime: a TTL index (master/retention.py)
 
 
 class ClusterSecret(Document):

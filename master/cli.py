@@ -175,8 +175,8 @@ def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: 
 
 @click.command()
 def defender() -> None:
-    """Recover tasks whose queue entry was lost or whose worker died, remove data no task names
-    (runs in every dispatch too)."""
+    """Recover tasks whose queue entry was lost or whose worker died, remove data no task names,
+    tend exports and enforce retention (all of which every dispatch does too)."""
     from master.defender import recover, sweep
 
     _connect()
@@ -187,6 +187,11 @@ def defender() -> None:
     for reason in report.reasons:
         click.echo(f"  {reason}")
     click.echo(f"removed {sweep()} data documents that no task names")
+    from master.retention import enforce
+
+    kept = enforce(budget=600.0)
+    click.echo(f"retention: removed {kept.data} data documents, {kept.tasks} final tasks, {kept.download_logs} "
+               f"download logs, {kept.notifications} notifications" + ("" if kept.finished else " (more next run)"))
     tended = tend(redis_conn())
     click.echo(f"exports: {tended.recovered} recovered, {tended.overran} over their time limit, {tended.sent} sent again, "
                f"{tended.expired} expired; "
@@ -274,6 +279,25 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
             count = export(name, fmt, out, text, flt)
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
+
+
+@click.command()
+@click.argument("name")
+@click.option("--before", required=True, help="Archive what was stored before this RFC 3339 date-time (2026-01-01T00:00:00Z).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="The archive to write (default NAME-before-DATE.jsonl.gz here); never overwritten.")
+def archive(name: str, before: str, output: str | None) -> None:
+    """Save job NAME's data and download logs stored before a date to a gzip JSON Lines file, then
+    remove them from MongoDB (only once the file is complete)."""
+    from master.archive import archive as run
+    from master.exports import parse_time
+
+    _connect()
+    stamp = parse_time(before, "--before")
+    path = output or f"{name}-before-{stamp:%Y%m%dT%H%M%S}.jsonl.gz"
+    report = run(name, stamp, path)
+    click.echo(f"archived {report.data} data documents and {report.logs} download logs of {name} to {path} "
+               f"({report.bytes} bytes); removed them from MongoDB")
 
 
 # --- web, token --------------------------------------------------------------------------

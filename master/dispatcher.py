@@ -333,13 +333,17 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
 
 
 def _housekeeping(redis: Redis) -> None:
-    """Report mails, exports (recover, resend, expire, then due notifications) and the orphan
-    data sweep: after the queues are filled, and never able to break a dispatcher run."""
+    """Report mails, exports (recover, resend, expire, then due notifications), the orphan data
+    sweep and retention: after the queues are filled, and never able to break a dispatcher run."""
     from master import exports, reports
 
     steps = [reports.send_reports, lambda: exports.tend(redis)]
     if defender.sweep_due():
         steps.append(lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
+    from master import retention
+
+    if retention.due():
+        steps.append(lambda: retention.enforce(budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10))
     for step in steps:
         try:
             step()

@@ -60,12 +60,12 @@ class Requested:
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$")
 
 
-def _when(value: Any, what: str) -> datetime | None:
+def parse_time(value: Any, what: str) -> datetime | None:
     """An RFC 3339 date-time (``2026-11-01T00:00:00Z``; the API's ``format: date-time``) as naive UTC."""
     if value is None:
         return None
     if not isinstance(value, str) or not RFC3339.match(value):
-        raise ValidationError(f"filter.{what}: {str(value)[:40]!r} is not an RFC 3339 date-time "
+        raise ValidationError(f"{what}: {str(value)[:40]!r} is not an RFC 3339 date-time "
                               "(like 2026-11-01T00:00:00Z)")
     text = value.upper().replace("Z", "+00:00")
     if text[17:19] == "60":  # a leap second: the last instant of its minute
@@ -73,7 +73,7 @@ def _when(value: Any, what: str) -> datetime | None:
     try:
         stamp = datetime.fromisoformat(text)
     except ValueError:
-        raise ValidationError(f"filter.{what}: {value[:40]!r} is not a date-time") from None
+        raise ValidationError(f"{what}: {value[:40]!r} is not a date-time") from None
     if stamp.tzinfo is not None:
         stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
     return stamp
@@ -94,7 +94,7 @@ def check_filter(raw: Any) -> dict:
     if codes:
         out["status"] = sorted(set(codes))
     for key in ("since", "until"):
-        stamp = _when(raw.get(key), key)
+        stamp = parse_time(raw.get(key), f"filter.{key}")
         if stamp:
             out[key] = stamp
     if out.get("since") and out.get("until") and out["since"] >= out["until"]:

@@ -56,3 +56,83 @@ def test_migrate_moves_an_earlier_clusters_secrets_out_of_the_source(cluster):
         assert again.exit_code == 0 and "moved 0 secrets" in again.output
     finally:
         client.close()
+
+
+# --- retention and archive -------------------------------------------------------------------
+
+def _counts(job) -> dict:
+    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+
+    db = CrawlerDownloadData._get_collection().database
+    return {"data": CrawlerDownloadData.objects(job=job).count(), "tasks": CrawlerTask.objects(job=job).count(),
+            "logs": CrawlerDownloadLog.objects(job=job).count(),
+            "gridfs": db["crawler_download_data_fs.files"].count_documents({})}
+
+
+def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(cluster, tmp_path, monkeypatch):
+    from datetime import timedelta
+
+    from common.config import settings
+    from common.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
+    from master import retention
+    from tests.test_exports import _job_with_pages
+
+    monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")  # the ~2 KB pages go to GridFS
+    _job_with_pages(cluster, tmp_path, n=3, name="keep")
+    _job_with_pages(cluster, tmp_path, n=3, name="short", data_retention_days=1, log_retention_days=1)
+    keep, short = Job.objects.get(name="keep"), Job.objects.get(name="short")
+    assert CrawlerDownloadSetting.objects.get(job=short).data_retention_days == 1
+    before = {"keep": _counts(keep), "short": _counts(short)}
+    assert before["keep"]["data"] == 3 and before["keep"]["gridfs"] == 6 and before["short"]["logs"] == 3
+    done = Notification(kind="mail", target="a@example.org", event="job.report", state="SUCCESS")
+    done.save()
+    waiting = Notification(kind="mail", target="b@example.org", event="job.report")
+    waiting.save()
+
+    report = retention.enforce(now=utcnow() + timedelta(days=2))  # two days on
+    assert report.finished and report.data == 3 and report.tasks == 3 and report.download_logs == 3
+    assert _counts(short) == {"data": 0, "tasks": 0, "logs": 0, "gridfs": 3}  # the other job's 3 bodies stay
+    assert _counts(keep) == {**before["keep"], "gridfs": 3}  # DATA_RETENTION_DAYS 0: for ever; logs: 90 days
+    assert Notification.objects.count() == 2  # 30 days for delivered ones
+    report = retention.enforce(now=utcnow() + timedelta(days=91))
+    assert report.download_logs == 3 and report.notifications == 1 and _counts(keep)["data"] == 3
+    assert [n.target for n in Notification.objects] == ["b@example.org"]
+
+    for model in (CrawlerDispatchLog, NotificationLog):  # MongoDB expires these by itself
+        ttl = [ix for ix in model._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
+        assert [(list(ix["key"]), ix["expireAfterSeconds"]) for ix in ttl] == [(["add_datetime"], 90 * 86400)]
+    monkeypatch.setattr(settings, "EVENT_LOG_RETENTION_DAYS", 0)
+    retention.ensure_ttl()
+    assert not [ix for ix in NotificationLog._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
+
+
+def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp_path, monkeypatch):
+    import base64
+    import gzip
+    from datetime import timedelta
+
+    from common.models import Job, utcnow
+    from sample_site import page_body
+    from tests.test_exports import _job_with_pages
+
+    monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")
+    _job_with_pages(cluster, tmp_path, n=3, name="old")
+    job = Job.objects.get(name="old")
+    before = _counts(job)
+    later = (utcnow() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    nowhere = cli("archive", "old", "--before", later, "-o", str(tmp_path / "no" / "such" / "dir.jsonl.gz"))
+    assert nowhere.exit_code != 0 and _counts(job) == before  # no complete archive: nothing removed
+    assert cli("archive", "old", "--before", "yesterday").exit_code == 2
+    out = tmp_path / "old.jsonl.gz"
+    result = cli("archive", "old", "--before", later, "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "archived 3 data documents and 3 download logs" in result.output
+    lines = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
+    data = [r for r in lines if r["kind"] == "data"]
+    assert len(data) == 3 and len([r for r in lines if r["kind"] == "download_log"]) == 3
+    for record in data:  # the record of `data export --format jsonl`, byte-exact
+        n = int(record["url"].rsplit("/", 1)[1])
+        assert base64.b64decode(record["body_base64"]) == page_body(n) and record["task_id"]
+    assert _counts(job) == {"data": 0, "tasks": 3, "logs": 0, "gridfs": 0}
+    again = cli("archive", "old", "--before", later, "-o", str(out))
+    assert again.exit_code == 2 and "exists" in again.output  # never overwritten

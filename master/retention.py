@@ -1,0 +1,144 @@
+"""Retention: how long what a cluster writes is kept.
+
+At 2 million pages a day a cluster writes 2 million data documents and 2 million download logs
+a day; without limits nothing but expired export files would ever go. Two mechanisms:
+
+  * MongoDB TTL indexes on ``add_datetime`` where one cluster-wide age fits and the collection is
+    small: dispatch logs, alert logs, registration error logs, notification delivery logs
+    (EVENT_LOG_RETENTION_DAYS). ``ensure_ttl`` keeps the index in step with the setting.
+  * The defender's share where a job may say otherwise or where an index would cost every
+    page's write: a job's data and its final tasks (DATA_RETENTION_DAYS or the job's
+    ``data_retention_days``), its download logs (LOG_RETENTION_DAYS or ``log_retention_days``),
+    delivered or finally failed notifications (NOTIFICATION_RETENTION_DAYS). Ages are read from
+    ``_id`` (an ObjectId made when the document was written), which every collection indexes,
+    so no page pays for an extra index; removal goes in batches under a time budget.
+
+A GridFS body goes with its data document. A final task removed takes its data with it (a data
+document counts only while its task names it).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bson import ObjectId
+
+from common.config import settings
+from common.data import gridfs_of
+from common.models import (CANCEL, DEAD, FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadData,
+                           CrawlerDownloadLog, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, CrawlerTask, Job,
+                           Notification, NotificationLog, utcnow)
+
+logger = logging.getLogger(__name__)
+TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
+TTL_INDEX = "retention_add_datetime"
+BATCH = 2000
+EVERY = 600.0  # seconds between enforcements of one process (every dispatcher run would be too often)
+_last = float("-inf")
+
+
+@dataclass
+class RetentionReport:
+    data: int = 0
+    tasks: int = 0
+    download_logs: int = 0
+    notifications: int = 0
+    finished: bool = True  # False: the time budget ran out; the next run goes on
+
+
+def due() -> bool:
+    return time.monotonic() - _last >= EVERY
+
+
+def ensure_ttl() -> None:
+    """A TTL index of EVENT_LOG_RETENTION_DAYS on each event log's ``add_datetime`` (none when 0)."""
+    days = settings.EVENT_LOG_RETENTION_DAYS
+    want = int(days * 86400) if days else None
+    for model in TTL_LOGS:
+        coll = model._get_collection()
+        current = [ix for ix in coll.list_indexes() if list(ix["key"].items()) == [("add_datetime", 1)]]
+        for ix in current:
+            if ix.get("expireAfterSeconds") != want:
+                coll.drop_index(ix["name"])
+        if want and not any(ix.get("expireAfterSeconds") == want for ix in current):
+            coll.create_index("add_datetime", expireAfterSeconds=want, name=TTL_INDEX)
+
+
+def _before(days: float, now: datetime) -> ObjectId:
+    return ObjectId.from_datetime(now - timedelta(days=days))
+
+
+def _remove_data(query: dict, end: float) -> int:
+    """Remove the data documents of ``query`` (and their GridFS bodies), in batches."""
+    coll = CrawlerDownloadData._get_collection()
+    fs, removed = gridfs_of(coll.database), 0
+    while time.monotonic() < end:
+        docs = list(coll.find(query, {"_id": 1, "response_body_gridfs": 1}).limit(BATCH))
+        if not docs:
+            break
+        for doc in docs:
+            if doc.get("response_body_gridfs"):
+                fs.delete(doc["response_body_gridfs"])
+        removed += coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+    return removed
+
+
+def _remove(coll, query: dict, end: float) -> int:
+    removed = 0
+    while time.monotonic() < end:
+        ids = [d["_id"] for d in coll.find(query, {"_id": 1}).limit(BATCH)]
+        if not ids:
+            break
+        removed += coll.delete_many({"_id": {"$in": ids}}).deleted_count
+    return removed
+
+
+def job_days() -> dict:
+    """{job id: (data days, log days)} with each job's overrides applied."""
+    overrides = {d["job"]: d for d in CrawlerDownloadSetting._get_collection().find(
+        {"$or": [{"data_retention_days": {"$ne": None}}, {"log_retention_days": {"$ne": None}}]},
+        {"job": 1, "data_retention_days": 1, "log_retention_days": 1})}
+    out = {}
+    for job in Job._get_collection().find({}, {"_id": 1}):
+        own = overrides.get(job["_id"], {})
+        data = own.get("data_retention_days")
+        logs = own.get("log_retention_days")
+        out[job["_id"]] = (settings.DATA_RETENTION_DAYS if data is None else data,
+                           settings.LOG_RETENTION_DAYS if logs is None else logs)
+    return out
+
+
+def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionReport:
+    """One pass of the defender's share (and the TTL indexes' settings)."""
+    global _last
+    _last = time.monotonic()
+    end = time.monotonic() + budget
+    now = now or utcnow()
+    ensure_ttl()
+    report = RetentionReport()
+    tasks, logs = CrawlerTask._get_collection(), CrawlerDownloadLog._get_collection()
+    for job_id, (data_days, log_days) in job_days().items():
+        if data_days:
+            cutoff = now - timedelta(days=data_days)
+            report.data += _remove_data({"job": job_id, "_id": {"$lt": _before(data_days, now)}}, end)
+            final = {"job": job_id, "last_update_datetime": {"$lt": cutoff},
+                     "$or": [{"status": {"$in": [SUCCESS, DEAD, CANCEL]}}, {"status": FAIL, "retry_at": None}]}
+            while time.monotonic() < end:
+                ids = [d["_id"] for d in tasks.find(final, {"_id": 1}).limit(BATCH)]
+                if not ids:
+                    break
+                report.data += _remove_data({"task": {"$in": ids}}, end)
+                report.tasks += tasks.delete_many({"_id": {"$in": ids}, **{k: v for k, v in final.items()
+                                                                            if k != "job"}}).deleted_count
+        if log_days:
+            report.download_logs += _remove(logs, {"job": job_id, "_id": {"$lt": _before(log_days, now)}}, end)
+    if settings.NOTIFICATION_RETENTION_DAYS:
+        report.notifications = _remove(Notification._get_collection(), {
+            "state": {"$in": [SUCCESS, FAIL]}, "_id": {"$lt": _before(settings.NOTIFICATION_RETENTION_DAYS, now)}}, end)
+    report.finished = time.monotonic() < end
+    if report.data or report.tasks or report.download_logs or report.notifications:
+        logger.info("retention: removed %s data documents, %s final tasks, %s download logs, %s notifications",
+                    report.data, report.tasks, report.download_logs, report.notifications)
+    return report
