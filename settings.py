@@ -176,6 +176,14 @@ WEB_BIND = "127.0.0.1:8080"
 WEB_SESSION_TTL = 12 * 3600
 """Seconds a console sign-in lasts."""
 
+METRICS_ALLOW = "127.0.0.0/8,::1/128"
+"""Networks (comma-separated CIDRs) that may read ``GET /metrics`` without a token; others need
+any API token as ``Authorization: Bearer``."""
+
+QUEUE_STALL_ALERT = 900
+"""Seconds a queue's oldest entry may wait, with no worker taking from that queue, before the
+dispatcher writes a ``queue_stall`` alert and mails the jobs waiting in it; 0: no such alert."""
+
 API_MAX_BODY = 16 * 1024 * 1024
 """Largest request body the API reads (by Content-Length, before reading); larger -> 413."""
 

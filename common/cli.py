@@ -48,6 +48,10 @@ class LazyGroup(click.Group):
         from common.connections import unreachable
         from common.secrets import redact
 
+        from common.config import settings
+        from common.sentry import capture, init_sentry
+
+        init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process: dispatcher, defender, ...
         try:
             return super().invoke(ctx)
         except (ValidationError, ConfigError) as exc:
@@ -59,6 +63,7 @@ class LazyGroup(click.Group):
         except Exception as exc:
             line = unreachable(exc)
             if line is None:
+                capture(exc)
                 raise
             click.secho(f"error: {line}", err=True, fg="red")
             ctx.exit(1)

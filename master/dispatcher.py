@@ -36,6 +36,7 @@ from common.config import settings
 from common.connections import redis_conn
 from common.errors import ConfigError, DispatchLocked
 from common.secrets import redact
+from common.sentry import capture
 from common.leases import give_back, new_lease
 from common.models import (
     AGAIN,
@@ -320,7 +321,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
         list(pool.map(run.send, works))
     if alerts:
         CrawlerDispatchAlertLog._get_collection().insert_many([
-            {"job": w.job["_id"], "type": kind, "reason": reason, "content_bytes": 0,
+            {"job": w.job["_id"], "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
              "hostname": settings.HOSTNAME, "add_datetime": now}
             for w, kind, reason in alerts
         ])
@@ -337,7 +338,9 @@ def _housekeeping(redis: Redis) -> None:
     sweep and retention: after the queues are filled, and never able to break a dispatcher run."""
     from master import exports, reports
 
-    steps = [reports.send_reports, lambda: exports.tend(redis)]
+    from master.stalls import check_stalls
+
+    steps = [lambda: check_stalls(redis), reports.send_reports, lambda: exports.tend(redis)]
     if defender.sweep_due():
         steps.append(lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
     from master import retention
@@ -349,6 +352,7 @@ def _housekeeping(redis: Redis) -> None:
             step()
         except Exception as exc:
             logger.warning("housekeeping step failed: %s", redact(f"{type(exc).__name__}: {exc}"))
+            capture(exc)
 
 
 # --- the lock and the run ----------------------------------------------------------------

@@ -3,8 +3,8 @@
 - a summary when a job is found drained (no LIVE, DISPATCH or retryable FAIL task) with outcomes
   it has not reported yet: counts by status, success rate, the five most frequent failure
   reasons, time span; once per drain;
-- an alert when tasks of the job became DEAD or a ``queue_full`` alert was written for it, at
-  most one per job per ALERT_MAIL_INTERVAL.
+- an alert when tasks of the job became DEAD or a ``queue_full`` or ``queue_stall`` alert was
+  written for it, at most one per job per ALERT_MAIL_INTERVAL.
 
 Reasons in mails are the stored ones (already redacted); nothing else from the job's settings
 (cookie, proxy, headers) is ever put in a mail.
@@ -90,7 +90,9 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
         {"job": job["_id"], "status": DEAD, "last_update_datetime": {"$gt": since}})
     full = CrawlerDispatchAlertLog._get_collection().count_documents(
         {"job": job["_id"], "type": "queue_full", "add_datetime": {"$gt": since}})
-    if not dead and not full:
+    stalls = list(CrawlerDispatchAlertLog._get_collection().find(
+        {"job": job["_id"], "type": "queue_stall", "add_datetime": {"$gt": since}}, {"reason": 1}).limit(5))
+    if not dead and not full and not stalls:
         return 0
     if not Job._get_collection().update_one({"_id": job["_id"], "alert_mail_at": last},
                                             {"$set": {"alert_mail_at": now}}).modified_count:
@@ -101,6 +103,7 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
                      f"`downcluster task requeue {job['name']} --status DEAD` sends them again.")
     if full:
         lines.append(f"  {full} queue_full alert(s): its queue was at its cap when the dispatcher ran.")
+    lines += [f"  {s['reason']}" for s in stalls]
     lines.append(f"At most one such mail per {settings.ALERT_MAIL_INTERVAL} s per job.")
     for to in mails:
         queue_mail(to, "job.alert", f"downcluster alert: job {job['name']}", "\n".join(lines) + "\n")

@@ -1,4 +1,5 @@
-"""``downcluster stats``: queue depths and ages, task counts per job, recent success rate."""
+"""``downcluster stats``: queue depths and ages (the download queues and ``down_export``), task
+counts per job, recent success rate; each look at the queues is remembered for the console's chart."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -21,7 +22,8 @@ from common.models import (
     utcnow,
 )
 from common.hostlimits import throttled
-from common.queues import QUEUE_NAMES, base_of, cap
+from common.metrics import sample_depths
+from common.queues import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
 from common.rqbridge import oldest_enqueued_at, our_queues
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
@@ -32,12 +34,14 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     order = {name: i for i, name in enumerate(QUEUE_NAMES)}
     now = datetime.now(timezone.utc)
     rows = []
-    for name in sorted(names, key=lambda n: (order[base_of(n)], n)):
+    for name in [*sorted(names, key=lambda n: (order[base_of(n)], n)), EXPORT_QUEUE]:
         queue = Queue(name, connection=redis)
         depth = queue.count
         stamp = oldest_enqueued_at(redis, name)
         age = round((now - stamp).total_seconds(), 1) if stamp else None
-        rows.append({"queue": name, "depth": depth, "cap": cap(name), "oldest_age_s": age})
+        rows.append({"queue": name, "depth": depth, "cap": None if name == EXPORT_QUEUE else cap(name),
+                     "oldest_age_s": age})
+    sample_depths(redis, {r["queue"]: r["depth"] for r in rows})
     return rows
 
 
@@ -82,7 +86,7 @@ def render(stats: dict[str, Any]) -> str:
     lines = [f"{'queue':<28}{'depth':>8}{'cap':>8}{'oldest(s)':>12}"]
     for q in stats["queues"]:
         age = "-" if q["oldest_age_s"] is None else f"{q['oldest_age_s']:.1f}"
-        lines.append(f"{q['queue']:<28}{q['depth']:>8}{q['cap']:>8}{age:>12}")
+        lines.append(f"{q['queue']:<28}{q['depth']:>8}{'-' if q['cap'] is None else q['cap']:>8}{age:>12}")
     lines.append("")
     lines.append(f"{'job':<24}" + "".join(f"{s:>10}" for s in COLUMNS))
     for row in stats["jobs"]:

@@ -27,6 +27,8 @@ from common import leases
 from common.config import settings
 from common.data import gridfs_of
 from common.errors import DownloadError
+from common.connections import redis_conn
+from common.metrics import count_pages, reason_class
 from common.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, utcnow
 from common.secrets import redact
 from slave.engines.base import Download
@@ -222,6 +224,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
     if logs:
         with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
+        count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
+                    + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad])
 
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}

@@ -136,3 +136,98 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     assert _counts(job) == {"data": 0, "tasks": 3, "logs": 0, "gridfs": 0}
     again = cli("archive", "old", "--before", later, "-o", str(out))
     assert again.exit_code == 2 and "exists" in again.output  # never overwritten
+
+
+# --- metrics, alerts, Sentry -------------------------------------------------------------------
+
+def _samples(text: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
+    from master import exports
+    from tests.test_exports import _job_with_pages
+    from tests.web_helpers import WebServer
+
+    _job_with_pages(cluster, tmp_path, n=3)
+    exports.request(cluster.redis, "j", "csv")
+    token = tokens.create("prom", "analyst")
+    with WebServer(cluster.env) as local, WebServer(cluster.env, METRICS_ALLOW="10.0.0.0/8") as closed:
+        assert closed.call("GET", "/metrics").status_code == 401
+        seen = []
+        for web, auth in ((local, None), (closed, token)):
+            answer = web.call("GET", "/metrics", auth)
+            assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+            seen.append(_samples(answer.text))
+    ages = [{k: v for k, v in s.items() if k[0] == "downcluster_queue_oldest_age_seconds"} for s in seen]
+    steady = [{k: v for k, v in s.items() if k[0] != "downcluster_queue_oldest_age_seconds"} for s in seen]
+    assert steady[0] == steady[1] and ages[0].keys() == ages[1].keys()  # every web process: the same (Redis)
+    got = seen[0]
+    assert got[("downcluster_pages_total", (("job", "j"), ("outcome", "stored"), ("reason", "")))] == 3
+    assert got[("downcluster_tasks", (("job", "j"), ("status", "SUCCESS")))] == 3
+    assert got[("downcluster_queue_depth", (("queue", "down_export"),))] == 1
+    assert got[("downcluster_exports", (("state", "PENDING"),))] == 1
+    assert ("downcluster_workers_alive", ()) in got and ("downcluster_downloads_in_flight", ()) in got
+    assert got[("downcluster_hosts_throttled", ())] == 0
+
+
+def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_path, monkeypatch):
+    import time as clock
+
+    from common.config import settings
+    from common.models import CrawlerDispatchAlertLog
+    from common.notify import deliver_due
+    from master import reports, stats
+    from master.dispatcher import dispatch_once
+    from master.stalls import check_stalls
+    from tests.helpers import add_urls, register
+    from tests.receivers import SmtpServer
+
+    register(tmp_path, "st", report_mails="ops@example.org")
+    add_urls("st", [f"{cluster.site}/page/{i}" for i in range(3)])
+    monkeypatch.setattr(settings, "QUEUE_STALL_ALERT", 1)
+    dispatch_once(cluster.redis)  # entries wait; no worker runs
+    end = clock.monotonic() + 30
+    while clock.monotonic() < end and not any((q["oldest_age_s"] or 0) > 1 for q in stats.queue_stats(cluster.redis)):
+        clock.sleep(0.1)
+    with SmtpServer() as smtp:
+        monkeypatch.setattr(settings, "SMTP_URL", smtp.url)
+        assert check_stalls(cluster.redis) == ["down_low"]
+        assert check_stalls(cluster.redis) == []  # told once per period
+        alert = CrawlerDispatchAlertLog.objects.get(type="queue_stall")
+        assert "down_low has not drained" in alert.reason and alert.content_bytes == len(alert.reason.encode())
+        assert reports.send_reports() == 1
+        deliver_due()
+        assert [m["To"] for m in smtp.messages] == ["ops@example.org"]
+        assert "has not drained" in smtp.messages[0].get_payload(decode=True).decode()
+
+
+def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(cluster, monkeypatch):
+    import sentry_sdk
+
+    from common.sentry import init_sentry
+    from master import reports, stats
+    from master.dispatcher import dispatch_once
+    from tests.test_sentry_secrets import PROXY, Recording, _leaks
+
+    transport = Recording()
+    init_sentry("", transport=transport)
+    try:
+        def broken(*a, **kw):
+            raise RuntimeError(f"store said no via {PROXY}")
+
+        monkeypatch.setattr(reports, "send_reports", broken)
+        dispatch_once(cluster.redis)  # the run goes on; the failure is reported
+        monkeypatch.setattr(stats, "collect", broken)
+        try:
+            cli("stats")
+        except RuntimeError:
+            pass
+        sentry_sdk.flush()
+        blob = json.dumps(transport.events(), default=str)
+        assert blob.count("store said no") >= 2 and _leaks(blob) == []
+    finally:
+        sentry_sdk.init(dsn=None)

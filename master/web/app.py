@@ -24,7 +24,7 @@ from starlette.routing import Match
 from common.config import settings
 from common.connections import connect_mongo, unreachable
 from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
-from master.web import api, console, exports, files
+from master.web import api, console, exports, files, metrics
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 
@@ -103,7 +103,7 @@ def _validation_line(exc: RequestValidationError) -> str:
 def create_app() -> FastAPI:
     from common.sentry import init_sentry
 
-    init_sentry(settings.SENTRY_DSN)
+    init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)
     connect_mongo(ensure_indexes=_mongo_reachable_quickly())
     app = FastAPI(title="downcluster", version="1.0.0", openapi_url="/api/v1/openapi.json",
                   docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
@@ -153,11 +153,15 @@ def create_app() -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        from common.sentry import capture
+
+        capture(exc)
         return error(500, "internal error (logged on the server)")
 
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(exports.router, prefix="/api/v1")
     app.include_router(files.router)
+    app.include_router(metrics.router)
     app.include_router(console.router)
     origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]
     if origins:

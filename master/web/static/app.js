@@ -67,7 +67,7 @@ const views = {
         el("div", { class: "card" }, el("b", {}, String(d.queues.reduce((a, q) => a + q.depth, 0))), el("span", {}, "entries queued"))),
       el("h2", {}, "Queues"),
       table([col("queue", "queue"), col("depth", "depth", 1), col("cap", "cap", 1),
-             col("fill", (q) => el("div", { class: "bar", title: `${q.depth}/${q.cap}` }, el("i", { width: `${Math.min(100, 100 * q.depth / Math.max(1, q.cap)).toFixed(0)}%` }))),
+             col("fill", (q) => q.cap == null ? "-" : el("div", { class: "bar", title: `${q.depth}/${q.cap}` }, el("i", { width: `${Math.min(100, 100 * q.depth / Math.max(1, q.cap)).toFixed(0)}%` }))),
              col("oldest entry", (q) => age(q.oldest_age_s), 1)], d.queues, "no queues"),
       el("h2", {}, "Workers"),
       table([col("worker", "id"), col("host", "host"), col("downloads in flight", "inflight", 1),

@@ -1,0 +1,110 @@
+"""What the cluster counts over time, in Redis (so every web process reports the same numbers and
+they survive a web restart):
+
+  * ``downcluster:metrics:pages`` — a hash of counters ``<job>|<outcome>|<reason class>`` →
+    pages, incremented by the worker's writer when it stores outcomes (``stored`` or ``failed``);
+  * ``downcluster:metrics:minute:<unix minute>`` — pages ``stored`` and ``failed`` in that minute
+    (kept 26 hours: the console's 24-hour chart);
+  * ``downcluster:metrics:depth:<unix minute>`` — each queue's depth when last looked at in that
+    minute (by a dispatcher run, ``stats``, the console or a scrape; kept 26 hours).
+
+Counting never raises into its caller: a page stored is never undone because Redis blinked.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from typing import Iterable
+
+from redis import Redis
+
+PAGES = "downcluster:metrics:pages"
+MINUTE = "downcluster:metrics:minute:"
+DEPTH = "downcluster:metrics:depth:"
+KEEP = 26 * 3600
+REASON_CLASSES = ("http_4xx", "http_5xx", "timeout", "connection", "robots", "too_large", "invalid", "downloader",
+                  "other")
+_HTTP = re.compile(r"^HTTP (\d)\d\d")
+logger = logging.getLogger(__name__)
+
+
+def reason_class(reason: str | None) -> str:
+    """A failure reason's class (a small fixed set, fit for a metric label); "" for success."""
+    if not reason:
+        return ""
+    text = reason.lower()
+    http = _HTTP.match(reason)
+    if http:
+        return "http_4xx" if http.group(1) == "4" else "http_5xx" if http.group(1) == "5" else "other"
+    for klass, words in (("timeout", ("timeout", "timed out")), ("robots", ("robots.txt",)),
+                         ("too_large", ("larger than", "too large", "too big")),
+                         ("invalid", ("invalid", "unsupported", "not an http")),
+                         ("connection", ("connect", "refused", "reset", "dns", "resolve", "unreachable", "ssl")),
+                         ("downloader", ("downloader", "exit", "killed", "sandbox", "traceback"))):
+        if any(w in text for w in words):
+            return klass
+    return "other"
+
+
+def minute(at: float | None = None) -> int:
+    return int((time.time() if at is None else at) // 60)
+
+
+def count_pages(redis: Redis, outcomes: Iterable[tuple[str, str, str]]) -> None:
+    """Add (job, "stored" | "failed", reason class) outcomes to the counters. Never raises."""
+    tally = Counter(outcomes)
+    if not tally:
+        return
+    try:
+        key = f"{MINUTE}{minute()}"
+        pipe = redis.pipeline(transaction=False)
+        for (job, outcome, klass), n in tally.items():
+            pipe.hincrby(PAGES, f"{job}|{outcome}|{klass}", n)
+            pipe.hincrby(key, outcome, n)
+        pipe.expire(key, KEEP)
+        pipe.execute()
+    except Exception as exc:
+        logger.debug("page counters not updated: %s", type(exc).__name__)
+
+
+def sample_depths(redis: Redis, depths: dict[str, int]) -> None:
+    """Remember each queue's depth in this minute (for the console's chart). Never raises."""
+    if not depths:
+        return
+    try:
+        key = f"{DEPTH}{minute()}"
+        pipe = redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=depths)
+        pipe.expire(key, KEEP)
+        pipe.execute()
+    except Exception as exc:
+        logger.debug("queue depth not sampled: %s", type(exc).__name__)
+
+
+def page_counters(redis: Redis) -> list[tuple[str, str, str, int]]:
+    out = []
+    for field, n in redis.hgetall(PAGES).items():
+        job, outcome, klass = field.decode().split("|", 2)
+        out.append((job, outcome, klass, int(n)))
+    return sorted(out)
+
+
+def series(redis: Redis, hours: int = 24) -> dict:
+    """Per minute of the last ``hours``: pages stored and failed, and queue depths sampled."""
+    now = minute()
+    minutes = list(range(now - hours * 60 + 1, now + 1))
+    pipe = redis.pipeline(transaction=False)
+    for m in minutes:
+        pipe.hgetall(f"{MINUTE}{m}")
+        pipe.hgetall(f"{DEPTH}{m}")
+    got = pipe.execute()
+    pages, depths = [], []
+    for i, m in enumerate(minutes):
+        counts, depth = got[2 * i], got[2 * i + 1]
+        if counts:
+            pages.append({"minute": m * 60, "stored": int(counts.get(b"stored", 0)), "failed": int(counts.get(b"failed", 0))})
+        if depth:
+            depths.append({"minute": m * 60, **{k.decode(): int(v) for k, v in depth.items()}})
+    return {"from": minutes[0] * 60, "to": minutes[-1] * 60 + 59, "pages": pages, "depths": depths}
