@@ -26,6 +26,7 @@ COMMANDS = {
     "web": "master.cli:web",
     "token": "master.cli:token",
     "archive": "master.cli:archive",
+    "type": "master.cli:types",
 }
 
 EXIT_INVALID = 2

@@ -122,6 +122,28 @@ def task_add(name: str, source, host: str) -> None:
     click.echo(f"added {report.added}, duplicate {report.duplicate}, rejected {report.rejected}")
 
 
+@task.command("show")
+@click.argument("name")
+@click.argument("key", metavar="URL|ID")
+@click.option("--json", "as_json", is_flag=True)
+def task_show(name: str, key: str, as_json: bool) -> None:
+    """One task of job NAME, by URL or id: status, attempts, reasons, its data id, its download logs."""
+    from master.views import task_detail
+
+    _connect()
+    info = task_detail(name, key)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for k in ("id", "job", "url", "status", "attempts", "recoveries", "failed_reason", "retry_at", "host", "data_id",
+              "add_datetime", "last_update_datetime"):
+        click.echo(f"{k}: {'-' if info[k] in (None, '') else info[k]}")
+    click.echo(f"download logs ({len(info['download_logs'])}, newest first):")
+    for log in info["download_logs"]:
+        click.echo(f"  {log.get('add_datetime')}  {log.get('status'):<8}{log.get('spend_time', 0) / 1000:>9.0f} ms  "
+                   f"{log.get('downloads_hostname') or '-'}  {log.get('failed_reason') or ''}")
+
+
 @task.command("cancel")
 @click.argument("name")
 @click.option("--status", "statuses", multiple=True, default=("LIVE", "FAIL", "DISPATCH"), show_default=True,
@@ -279,6 +301,44 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
             count = export(name, fmt, out, text, flt)
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
+
+
+@click.group("type")
+def types() -> None:
+    """Downloader languages the cluster supports (seed 003's CrawlerDownloadType)."""
+
+
+@types.command("list")
+def type_list() -> None:
+    """Each downloader type, whether it is supported, and the jobs using it."""
+    from master.registry import type_rows
+
+    _connect()
+    click.echo(f"{'language':<12}{'support':<12}jobs")
+    for t in type_rows():
+        click.echo(f"{t['language']:<12}{t['is_support']:<12}{t['jobs']}")
+
+
+@types.command("enable")
+@click.argument("language")
+def type_enable(language: str) -> None:
+    """Support LANGUAGE again (python, shell or none)."""
+    from master.registry import set_type_support
+
+    _connect()
+    click.echo(f"downloader type {set_type_support(language, True)['language']} is supported")
+
+
+@types.command("disable")
+@click.argument("language")
+def type_disable(language: str) -> None:
+    """Stop supporting LANGUAGE: new jobs of it are refused, workers fail its tasks (not retried)."""
+    from master.registry import set_type_support
+
+    _connect()
+    row = set_type_support(language, False)
+    click.echo(f"downloader type {row['language']} is not supported; {row['jobs']} job(s) use it: their tasks fail "
+               "with that reason until it is enabled again")
 
 
 @click.command()

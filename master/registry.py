@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from common import jobsettings
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import NotFound, ValidationError
 from common.notify import check_mail
 from common.jobsettings import ENGINES
 from common.models import (
@@ -235,3 +235,25 @@ def set_status(name: str, status: str) -> Job:
     job.update(set__status=status, set__last_update_datetime=utcnow())
     job.reload()
     return job
+
+
+# --- downloader types (seed 003: administrators deploy which languages the platform supports) ---
+
+def type_rows() -> list[dict]:
+    """Every downloader type, whether it is supported, and how many jobs use it."""
+    ensure_download_types()
+    used: dict = {}
+    for row in CrawlerDownload._get_collection().aggregate([{"$group": {"_id": "$types", "n": {"$sum": 1}}}]):
+        used[row["_id"]] = row["n"]
+    return [{"language": t.language, "is_support": t.is_support, "jobs": used.get(t.id, 0),
+             "add_datetime": t.add_datetime} for t in CrawlerDownloadType.objects.order_by("language")]
+
+
+def set_type_support(language: str, supported: bool) -> dict:
+    """Allow or refuse a downloader language: registration refuses jobs of an unsupported one and
+    workers fail their tasks with that reason (within CONTEXT_TTL seconds)."""
+    ensure_download_types()
+    if language not in DOWNLOADER_TYPES:
+        raise NotFound(f"no downloader type {str(language)[:40]!r} (one of {', '.join(DOWNLOADER_TYPES)})")
+    CrawlerDownloadType.objects(language=language).update_one(set__is_support="support" if supported else "unsupport")
+    return next(r for r in type_rows() if r["language"] == language)

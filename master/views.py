@@ -7,6 +7,7 @@ it goes into a query, so no caller can smuggle a MongoDB operator in.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator
 
 from bson import ObjectId
@@ -35,6 +36,7 @@ from common.models import (
 )
 from master.stats import COLUMNS, collect, task_counts
 
+OBJECT_ID = re.compile(r"^[0-9a-fA-F]{24}$")
 LOGS = {
     "download": CrawlerDownloadLog,
     "dispatch": CrawlerDispatchLog,
@@ -144,6 +146,44 @@ def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = Non
     docs = list(CrawlerTask._get_collection().find(flt, TASK_FIELDS).sort("_id", -1 if newest else 1).limit(n + 1))
     page = _page(docs, n)
     return {"tasks": page["items"], "next": page["next"]}
+
+
+def task_detail(name: Any, key: Any) -> dict:
+    """One task of job ``name`` by its id or its URL: status, attempts, reasons, the data document
+    that is its page (if any) and every download log of it, newest first."""
+    job = job_named(name)
+    tasks = CrawlerTask._get_collection()
+    key = plain(key, "task")
+    found = None
+    if OBJECT_ID.match(key):
+        found = tasks.find_one({"_id": ObjectId(key), "job": job.id})
+    found = found or tasks.find_one({"job": job.id, "uri": key})
+    if found is None:
+        raise NotFound(f"job {job.name} has no task {key[:80]!r} (an id or a URL as added)")
+    return _task(found, job.name)
+
+
+def task_by_id(task_id: Any) -> dict:
+    found = CrawlerTask._get_collection().find_one({"_id": object_id(task_id, "id")})
+    if found is None:
+        raise NotFound(f"no task {str(task_id)[:40]!r}")
+    job = Job._get_collection().find_one({"_id": found["job"]}, {"name": 1}) or {"name": str(found["job"])}
+    return _task(found, job["name"])
+
+
+def _task(doc: dict, job_name: str) -> dict:
+    data = None
+    if doc.get("data_lease"):
+        data = CrawlerDownloadData._get_collection().find_one({"task": doc["_id"], "lease": doc["data_lease"]}, {"_id": 1})
+    logs = [_clean(d) for d in CrawlerDownloadLog._get_collection().find(
+        {"task": doc["_id"]}, {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
+                               "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}).sort("_id", -1).limit(100)]
+    return {"id": str(doc["_id"]), "job": job_name, "url": doc.get("uri"), "status": doc.get("status"),
+            "attempts": doc.get("download_times", 0), "recoveries": doc.get("recoveries", 0),
+            "failed_reason": doc.get("failed_reason"), "retry_at": iso(doc.get("retry_at")),
+            "host": doc.get("host_name") or "", "queue": doc.get("queue"), "data_id": str(data["_id"]) if data else None,
+            "add_datetime": iso(doc.get("add_datetime")), "last_update_datetime": iso(doc.get("last_update_datetime")),
+            "download_logs": logs}
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:

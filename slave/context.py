@@ -36,6 +36,7 @@ class JobContext:
     engine: str
     max_retry_times: int
     settings: dict[str, Any]
+    supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
@@ -53,16 +54,18 @@ def load_context(job_id: ObjectId) -> JobContext | None:
         conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
         conf = {k: conf[k] for k in SETTING_NAMES if k in conf}
         remember(conf.get("proxy"), conf.get("cookie"))
-        kind = "none"
+        kind, supported = "none", True
         if download is not None and download.get("types"):
-            t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]}, {"language": 1})
+            t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]}, {"language": 1, "is_support": 1})
             kind = t["language"] if t else "none"
+            supported = t is None or t.get("is_support", "support") == "support"
         ctx = JobContext(
             job_id=job_id, name=job["name"],
             status=OFF if download is not None and download.get("status") == OFF else job.get("status", OFF),
             download_id=download["_id"] if download else None, kind=kind,
             code=(download or {}).get("code", ""), engine=conf.get("download_engine") or ENGINES[0],
-            max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf)
+            max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
+            supported=supported)
     _contexts[job_id] = (time.monotonic(), ctx)
     return ctx
 

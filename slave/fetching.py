@@ -130,6 +130,9 @@ class Engines:
         unless the job says obey_robots = false), then an identical request's stored download,
         else a host slot and the fetch."""
         url, builtin = task["uri"], ctx.kind == "none"
+        if not ctx.supported:
+            raise DownloadError(f"downloader type {ctx.kind} is disabled on this cluster "
+                                f"(`downcluster type enable {ctx.kind}` allows it again)", retryable=False)
         parts = urlsplit(url)
         host, crawl_delay = host_of(url, parts), 0.0
         lead = plan[0] if plan is not None and plan[1] is True else None
@@ -184,7 +187,8 @@ class Engines:
                            "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings}
                 result = await loop.run_in_executor(self.blocking, sandbox.run_python, ctx.code, payload, limits)
             elif ctx.kind == "shell":
-                result = await loop.run_in_executor(self.blocking, sandbox.run_shell, ctx.code, url, limits)
+                result = await loop.run_in_executor(self.blocking, sandbox.run_shell, ctx.code, url, limits,
+                                                    ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or "")
             elif ctx.engine == "requests":
                 result = await loop.run_in_executor(self.blocking, self._requests, url, ctx)
             elif ctx.engine == "browser":

@@ -231,3 +231,81 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
         assert blob.count("store said no") >= 2 and _leaks(blob) == []
     finally:
         sentry_sdk.init(dsn=None)
+
+
+# --- administration ------------------------------------------------------------------------------
+
+def _worker(cluster):
+    import os
+    import subprocess
+
+    from tests.test_exports import BIN
+
+    done = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **cluster.env})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path):
+    from common.models import CrawlerTask
+    from master.dispatcher import dispatch_once
+    from tests.helpers import add_urls, register, write_job
+
+    code = "def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': b'ok'}\n"
+    register(tmp_path, "py", kind="python", code=code)
+    assert "python" in cli("type", "list").output
+    result = cli("type", "disable", "python")
+    assert result.exit_code == 0 and "1 job(s) use it" in result.output
+    refused = cli("job", "register", str(write_job(tmp_path, "py2", kind="python", code=code)))
+    assert refused.exit_code == 2 and "not supported" in refused.output
+    add_urls("py", [f"{cluster.site}/page/1"])
+    dispatch_once(cluster.redis)
+    _worker(cluster)
+    task = CrawlerTask.objects.get()
+    assert task.status == "FAIL" and task.retry_at is None and "python is disabled" in task.failed_reason
+    assert cli("type", "disable", "cobol").exit_code == 2
+    assert cli("type", "enable", "python").exit_code == 0
+    assert cli("job", "register", str(write_job(tmp_path, "py2", kind="python", code=code))).exit_code == 0
+
+
+def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
+    from common.models import CrawlerTask
+    from tests.test_exports import _job_with_pages
+    from tests.web_helpers import WebServer
+
+    _job_with_pages(cluster, tmp_path, n=2)
+    url = f"{cluster.site}/page/1"
+    task = CrawlerTask.objects.get(uri=url)
+    by_url = json.loads(cli("task", "show", "j", url, "--json").output)
+    by_id = json.loads(cli("task", "show", "j", str(task.id), "--json").output)
+    assert by_url == by_id and by_url["status"] == "SUCCESS" and by_url["attempts"] == 1
+    assert by_url["data_id"] and [log["status"] for log in by_url["download_logs"]] == ["SUCCESS"]
+    assert cli("task", "show", "j", "http://nowhere.example/").exit_code == 2
+    token = tokens.create("ann", "analyst")
+    with WebServer(cluster.env) as web:
+        assert web.call("GET", f"/api/v1/tasks/{task.id}", token).json() == by_id
+        assert web.call("GET", "/api/v1/jobs/j/tasks/lookup", token, params={"url": url}).json() == by_id
+        assert web.call("GET", "/api/v1/tasks/6561d2f0a1b2c3d4e5f60718", token).status_code == 404
+        assert web.call("GET", "/api/v1/types", token).json()["types"][0]["language"] == "none"
+        assert web.call("POST", "/api/v1/types/shell/disable", token).status_code == 403
+
+
+def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cluster, tmp_path, caplog):
+    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from master.dispatcher import dispatch_once
+    from tests.helpers import add_urls, register
+
+    proxy, cookie = "http://alice:hunter2pw@127.0.0.1:9", "sid=cookie-secret-123"
+    code = 'printf "%s|%s|%s|%s" "$DOWNLOAD_PROXY" "$DOWNLOAD_COOKIE" "$https_proxy" "$1"\n'
+    register(tmp_path, "sh", kind="shell", code=code, proxy=proxy, cookie=cookie)
+    failing = 'echo "proxy $DOWNLOAD_PROXY cookie $DOWNLOAD_COOKIE" >&2; exit 3\n'
+    register(tmp_path, "shfail", kind="shell", code=failing, proxy=proxy, cookie=cookie, max_retry_times=1)
+    add_urls("sh", ["http://example.invalid/a"])
+    add_urls("shfail", ["http://example.invalid/b"])
+    dispatch_once(cluster.redis)
+    _worker(cluster)
+    data = CrawlerDownloadData.objects.get()
+    assert bytes(data.response_body).decode() == f"{proxy}|{cookie}|{proxy}|http://example.invalid/a"
+    failed = CrawlerTask.objects.get(uri="http://example.invalid/b")
+    text = failed.failed_reason + CrawlerDownloadLog.objects.get(task=failed).failed_reason
+    assert failed.status == "FAIL" and "hunter2pw" not in text and "cookie-secret-123" not in text

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request, Response, Security
+from fastapi import APIRouter, Depends, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticError
@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from common.config import settings
 from common.connections import redis_conn
 from common.errors import ValidationError
-from common.models import ADMIN, ApiToken
+from common.models import ADMIN, ApiToken, iso
 from master import registry, stats, tasks, tokens, views
 from master.intake import add_tasks
 from master.web.contract import (READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
@@ -220,6 +220,43 @@ def cancel_tasks(name: JobName, body: CancelIn, _: Admin) -> dict:
 @router.post("/jobs/{name}/tasks/requeue", tags=["tasks"], responses=answers(401, 403, 404))
 def requeue_tasks(name: JobName, body: RequeueIn, _: Admin) -> dict:
     return {"requeued": tasks.requeue(name, tuple(body.status or tasks.REQUEUE_DEFAULT))}
+
+
+@router.get("/jobs/{name}/tasks/lookup", tags=["tasks"], responses=answers(401, 404))
+def find_task(name: JobName, _: Reader, url: Annotated[str, Query(min_length=1, max_length=1024,
+                                                                   description="the URL as added")]) -> dict:
+    """One task of the job by its URL (see GET /tasks/{id})."""
+    return views.task_detail(name, url)
+
+
+@router.get("/tasks/{task_id}", tags=["tasks"], responses=answers(401, 404))
+def show_task(task_id: ObjectIdPath, _: Reader) -> dict:
+    """One task: status, attempts, reasons, its data id and its download logs (newest first)."""
+    return views.task_by_id(task_id)
+
+
+# --- downloader types ---------------------------------------------------------------------
+
+Language = Literal["python", "shell", "none"]
+
+
+@router.get("/types", tags=["cluster"], responses=READ)
+def list_types(_: Reader) -> dict:
+    """The downloader languages, whether each is supported, and how many jobs use it."""
+    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in registry.type_rows()]}
+
+
+@router.post("/types/{language}/enable", tags=["cluster"], responses=answers(401, 403, 404))
+def enable_type(language: Language, _: Admin) -> dict:
+    t = registry.set_type_support(language, True)
+    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
+
+
+@router.post("/types/{language}/disable", tags=["cluster"], responses=answers(401, 403, 404))
+def disable_type(language: Language, _: Admin) -> dict:
+    """New jobs of it are refused; workers fail its tasks with that reason (not retried)."""
+    t = registry.set_type_support(language, False)
+    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
 
 
 # --- dispatch, stats ---------------------------------------------------------------------

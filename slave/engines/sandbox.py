@@ -252,14 +252,26 @@ def _redacted(error: DownloadError, extra=()) -> DownloadError:
     return DownloadError(redact(error.reason, extra), error.retryable, error.retry_after)
 
 
-def run_shell(code: str, url: str, limits: Limits) -> Download:
+def shell_environment(url: str, proxy: str = "", cookie: str = "") -> dict[str, str]:
+    """What a shell downloader finds in its environment: the URL, and the job's proxy and cookie
+    (``DOWNLOAD_PROXY``, ``DOWNLOAD_COOKIE``; the proxy also as ``http_proxy``/``https_proxy``/
+    ``ALL_PROXY``, which curl and wget honour by themselves). Secrets: never logged."""
+    env = {"DOWNLOAD_URL": url}
+    if proxy:
+        env.update(DOWNLOAD_PROXY=proxy, http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy, ALL_PROXY=proxy)
+    if cookie:
+        env["DOWNLOAD_COOKIE"] = cookie
+    return env
+
+
+def run_shell(code: str, url: str, limits: Limits, proxy: str = "", cookie: str = "") -> Download:
     """Run ``/bin/sh -c CODE sh URL`` sandboxed; stdout is the body (status 200 on exit 0)."""
-    if "\0" in url or "\0" in code:
-        raise DownloadError("URL or script contains a NUL byte", retryable=False)
+    if "\0" in url or "\0" in code or "\0" in proxy + cookie:
+        raise DownloadError("URL, script, proxy or cookie contains a NUL byte", retryable=False)
     message = {"code": code, "url": url, "limits": asdict(limits)}
-    outcome = _run_safely("shell", message, limits, {"DOWNLOAD_URL": url}, limits.maxsize)
+    outcome = _run_safely("shell", message, limits, shell_environment(url, proxy, cookie), limits.maxsize)
     if outcome.timed_out or outcome.overflow or outcome.returncode != 0:
-        raise _redacted(_process_error(outcome, limits, limits.maxsize))
+        raise _redacted(_process_error(outcome, limits, limits.maxsize), [proxy, cookie])
     body = bytes(outcome.stdout)
     return Download(status_code=200, headers={}, body=body, url=url, encoding=body_encoding({}, body))
 
