@@ -280,6 +280,16 @@ def get_stats(_: Reader) -> dict:
     return stats.collect(redis_conn())
 
 
+@router.get("/series", tags=["cluster"], responses=READ)
+def get_series(_: Reader) -> dict:
+    """The last 24 hours minute by minute: pages stored and failed, and queue depths as sampled
+    (the console's charts): {"from", "to", "pages": [{"minute", "stored", "failed"}],
+    "depths": [{"minute", queue: depth, ...}]} (minutes as UNIX seconds; quiet minutes absent)."""
+    from common.metrics import series
+
+    return series(redis_conn())
+
+
 @router.get("/overview", tags=["cluster"], responses=READ)
 def get_overview(_: Reader) -> dict:
     """Stats, workers alive (host, downloads in flight, jobs they run) and the last alerts."""

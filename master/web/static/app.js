@@ -55,9 +55,53 @@ function action(label, fn, cls) {
 }
 
 // --- views -----------------------------------------------------------------------------
+// --- charts: SVG drawn here (no library, nothing from a CDN) ------------------------------
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#2f6fde", "#d64545", "#2e9e5b", "#c98a1a", "#7b4fc4", "#1d9bb0", "#888"];
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  for (const c of children.flat(Infinity)) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+const hhmm = (t) => new Date(t * 1000).toISOString().slice(11, 16);
+
+// One line per series over [from, to]; points are {minute, <series>: value}; a minute without
+// a point counts as 0 for counters (``zeros``) and as a gap otherwise.
+function lineChart(id, title, from, to, points, names, zeros) {
+  const W = 560, H = 180, L = 44, R = 14, T = 10, B = 24;
+  const max = Math.max(1, ...points.flatMap((p) => names.map((n) => p[n] || 0)));
+  const x = (t) => L + ((t - from) / Math.max(1, to - from)) * (W - L - R);
+  const y = (v) => T + (1 - v / max) * (H - T - B);
+  const grid = [0, 0.5, 1].map((f) => [svg("line", { x1: L, x2: W - R, y1: y(max * f), y2: y(max * f), stroke: "#e3e7f0" }),
+    svg("text", { x: L - 4, y: y(max * f) + 4, "text-anchor": "end", "font-size": 10, fill: "#666" }, Number((max * f).toFixed(max < 10 ? 1 : 0)))]);
+  const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => svg("text", { x: x(from + f * (to - from)), y: H - 6, "text-anchor": "middle",
+    "font-size": 10, fill: "#666" }, hhmm(from + f * (to - from))));
+  const byMinute = new Map(points.map((p) => [p.minute, p]));
+  const lines = names.map((n, i) => {
+    let d = "", pen = false;
+    for (let t = Math.floor(from / 60) * 60; t <= to; t += 60) {
+      const p = byMinute.get(t);
+      if (!p && !zeros) { pen = false; continue; }
+      const v = p ? p[n] || 0 : 0;
+      d += `${pen ? "L" : "M"}${x(t).toFixed(1)},${y(v).toFixed(1)}`; pen = true;
+    }
+    const dots = zeros ? [] : points.filter((p) => p[n] != null).map((p) => svg("circle", { cx: x(p.minute).toFixed(1),
+      cy: y(p[n]).toFixed(1), r: 2, fill: COLORS[i % COLORS.length] }));  // a lone sample still shows
+    return [svg("path", { d: d || "M0,0", fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 1.5, "data-series": n }), dots];
+  });
+  const legend = names.map((n, i) => svg("text", { x: L + 8 + i * 86, y: T + 10, "font-size": 11, fill: COLORS[i % COLORS.length] }, n));
+  return el("figure", { class: "chart", id }, el("figcaption", {}, title),
+    svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title }, grid, ticks, lines, legend));
+}
+
 const views = {
   async overview() {
-    const d = await api("GET", "/overview");
+    const fresh = state.series && Date.now() - state.seriesAt < 30000;  // the charts move by the minute
+    const [d, s] = await Promise.all([api("GET", "/overview"), fresh ? state.series : api("GET", "/series")]);
+    if (!fresh) { state.series = s; state.seriesAt = Date.now(); }
+    const queues = [...new Set(s.depths.flatMap((p) => Object.keys(p).filter((k) => k !== "minute")))]
+      .sort((a, b) => Math.max(...s.depths.map((p) => p[b] || 0)) - Math.max(...s.depths.map((p) => p[a] || 0))).slice(0, 6);
     const rate = d.last_hour.rate == null ? "-" : (d.last_hour.rate * 100).toFixed(1) + "%";
     return [
       el("h1", {}, "Overview"),
@@ -65,6 +109,10 @@ const views = {
         el("div", { class: "card", id: "card-rate" }, el("b", {}, rate), el("span", {}, `success, last hour (${d.last_hour.success} ok, ${d.last_hour.fail} failed)`)),
         el("div", { class: "card" }, el("b", {}, String(d.workers.length)), el("span", {}, "workers alive")),
         el("div", { class: "card" }, el("b", {}, String(d.queues.reduce((a, q) => a + q.depth, 0))), el("span", {}, "entries queued"))),
+      el("h2", {}, "Last 24 hours"),
+      el("div", { class: "charts" },
+        lineChart("chart-pages", "pages per minute (UTC)", s.from, s.to, s.pages, ["stored", "failed"], true),
+        lineChart("chart-depth", "queue depth (entries, as sampled)", s.from, s.to, s.depths, queues, false)),
       el("h2", {}, "Queues"),
       table([col("queue", "queue"), col("depth", "depth", 1), col("cap", "cap", 1),
              col("fill", (q) => q.cap == null ? "-" : el("div", { class: "bar", title: `${q.depth}/${q.cap}` }, el("i", { width: `${Math.min(100, 100 * q.depth / Math.max(1, q.cap)).toFixed(0)}%` }))),
