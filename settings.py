@@ -137,7 +137,8 @@ SANDBOX_STDERR_BYTES = 4096
 """Tail of a downloader's stderr kept as its failure reason."""
 
 GRIDFS_THRESHOLD = 15 * 1024 * 1024
-"""Bodies at least this large are stored in GridFS instead of inside the data document."""
+"""A response body is stored in GridFS instead of inside the data document when it and the
+request body together are at least this large (the document must stay under 16 MiB)."""
 
 MAX_URL_LENGTH = 8192
 """Longest URL accepted by ``task add``."""

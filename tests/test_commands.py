@@ -26,6 +26,19 @@ def test_make_demo_runs_the_whole_cluster():
     for name in ("demo-python", "demo-shell", "demo-builtin"):
         lines = (ROOT / "var" / "export" / f"{name}.jsonl").read_text().splitlines()
         assert len(lines) == 201, name  # 200 pages + the URL that failed once, then succeeded
+    # what the run stored is what the README's schema says (the demo's store persists in var/mongo)
+    import pymongo
+
+    from services import MongoServer
+    from tests.test_schema import stored_fields
+
+    with MongoServer(storage=str(ROOT / "var" / "mongo")) as mongo:
+        client = pymongo.MongoClient(mongo.uri("admin"))
+        try:
+            assert stored_fields(client, {"source": "downcluster", "log": "downcluster_log",
+                                          "control": "downcluster_control"}) == []
+        finally:
+            client.close()
 
 
 def test_make_test_runs_the_suite():

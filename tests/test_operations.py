@@ -172,6 +172,13 @@ def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
     assert got[("downcluster_exports", (("state", "PENDING"),))] == 1
     assert ("downcluster_workers_alive", ()) in got and ("downcluster_downloads_in_flight", ()) in got
     assert got[("downcluster_hosts_throttled", ())] == 0
+    # the sample Grafana dashboard asks only for what a scrape holds
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"downcluster_\w+", t["expr"])}
+    assert len(used) >= 8 and used <= {name for name, _ in got}
 
 
 def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_path, monkeypatch):
@@ -309,3 +316,4 @@ def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cl
     failed = CrawlerTask.objects.get(uri="http://example.invalid/b")
     text = failed.failed_reason + CrawlerDownloadLog.objects.get(task=failed).failed_reason
     assert failed.status == "FAIL" and "hunter2pw" not in text and "cookie-secret-123" not in text
+

@@ -1,0 +1,55 @@
+"""The README's schema table is the truth: the collections and fields it lists are exactly what
+the models declare, and every field a real run stores (``make demo``, read back in
+tests/test_commands.py with ``stored_fields``) is listed."""
+from __future__ import annotations
+
+import pymongo
+
+from common.models import ALL_MODELS
+from tests.schema_doc import documented
+
+GRIDFS_SUFFIXES = (".files", ".chunks")  # GridFS buckets, described in prose beside their documents
+
+
+def declared() -> dict[str, dict[str, set[str]]]:
+    out: dict[str, dict[str, set[str]]] = {"source": {}, "log": {}, "control": {}}
+    for model in ALL_MODELS:
+        out[model._meta["db_alias"]][model._get_collection_name()] = {f.db_field for f in model._fields.values()} - {"_id"}
+    return out
+
+
+def test_readme_lists_exactly_the_collections_and_fields_the_models_declare():
+    doc, models = documented(), declared()
+    differences = []
+    for db in models:
+        for name in sorted(set(doc[db]) | set(models[db])):
+            if name not in doc[db]:
+                differences.append(f"{db}.{name}: not in the README")
+            elif name not in models[db]:
+                differences.append(f"{db}.{name}: in the README, no model")
+            else:
+                listed, have = doc[db][name] - {"_id"}, models[db][name]
+                if listed != have:
+                    differences.append(f"{db}.{name}: README only {sorted(listed - have)}, model only {sorted(have - listed)}")
+    assert differences == []
+
+
+def stored_fields(client: pymongo.MongoClient, names: dict[str, str]) -> list[str]:
+    """Differences between what the databases ``names`` ({"source": db name, ...}) hold and the
+    README: a collection it does not list, or a stored top-level field it does not list."""
+    doc, differences = documented(), []
+    for db, name in names.items():
+        database = client[name]
+        for collection in database.list_collection_names():
+            if collection.endswith(GRIDFS_SUFFIXES):
+                continue
+            if collection not in doc[db]:
+                differences.append(f"{db}.{collection}: stored, not in the README")
+                continue
+            seen: set[str] = set()
+            for row in database[collection].find({}, limit=5000):
+                seen |= set(row)
+            extra = seen - doc[db][collection] - {"_id"}
+            if extra:
+                differences.append(f"{db}.{collection}: stored fields not in the README: {sorted(extra)}")
+    return differences
