@@ -205,6 +205,12 @@ def test_sync_download_small_at_once_large_or_busy_asynchronous(cluster, tmp_pat
     assert shown["state"] == "PENDING" and shown["requested_by"] == "ann"
     full = busy.call("GET", "/api/v1/jobs/dc/export?format=csv&status=203", token)
     assert full.status_code == 202 and "slots" in full.json()["reason"]
+    from urllib.parse import quote
+
+    long_template = json.dumps({"summary": "s" * 2000, "col": [{"name": "url", "title": "Address"}]})
+    assert 1024 < len(long_template) < 8192
+    answer = one.call("GET", f"/api/v1/jobs/dc/export?format=csv&status=203&template={quote(long_template)}", token)
+    assert answer.status_code == 200 and answer.text.splitlines()[0] == "Address"  # a long template in the URL
     for bad in ("format=pdf", "status=abc", "since=yesterday", "template=%7Bnope"):
         answer = one.call("GET", f"/api/v1/jobs/dc/export?{bad}", token)
         assert answer.status_code == 422 and "\n" not in answer.json()["error"], bad

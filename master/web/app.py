@@ -30,6 +30,7 @@ from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
+LONG_QUERY = {"template": 8192}  # a synchronous download's template may be long (POST takes longer ones)
 class Guard:
     """Pure ASGI middleware: body size, query shape, security headers."""
 
@@ -77,7 +78,7 @@ class Guard:
                 return await send_error(send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only")
             if key in seen:
                 return await send_error(send, 422, f"query parameter {key!r} given twice")
-            if len(value) > 1024:
+            if len(value) > LONG_QUERY.get(key, 1024):
                 return await send_error(send, 422, f"query parameter {key!r} is too long")
             seen.add(key)
 
