@@ -62,3 +62,14 @@ def sent(name: str) -> int:
     job = Job.objects.get(name=name)
     return sum(len(doc["ids"]) for doc in CrawlerLease._get_collection().find(
         {"job": job.id, "state": {"$in": ["QUEUED", "RUNNING"]}}, {"ids": 1}))
+
+
+def burst_worker(cluster, *extra: str) -> None:
+    """Run `downcluster worker --burst EXTRA...` to the end against ``cluster`` (a subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "worker", "--burst", *extra],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **cluster.env})
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -23,7 +22,7 @@ from master import exports
 from master.dispatcher import dispatch_once
 from services import env_for
 from slave.exporter import Stopped, _Progress, run_export
-from tests.helpers import add_urls, cli, register
+from tests.helpers import add_urls, burst_worker, cli, register
 from tests.test_exports import _file, _job_with_pages
 from tests.test_web import new_token
 from tests.web_helpers import WebServer
@@ -55,11 +54,7 @@ def _pages(cluster, tmp_path, name="dc"):
     urls = [f"{cluster.site}/page/{i}" for i in range(4)] + [f"{cluster.site}/status/203?n={i}" for i in range(2)]
     add_urls(name, urls)
     assert dispatch_once(cluster.redis).total == 6
-    from tests.test_exports import BIN
-
-    worker = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, **cluster.env})
-    assert worker.returncode == 0, worker.stderr[-2000:]
+    burst_worker(cluster, "--no-exports")
     return urls
 
 

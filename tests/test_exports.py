@@ -28,7 +28,7 @@ from master import exports
 from master.dispatcher import dispatch_once
 from sample_site import page_body
 from slave.exporter import run_export
-from tests.helpers import add_urls, cli, register
+from tests.helpers import add_urls, burst_worker, cli, register
 from tests.receivers import SmtpServer, WebhookReceiver
 from tests.web_helpers import WebServer
 
@@ -136,9 +136,7 @@ def _job_with_pages(cluster, tmp_path, n=3, name="j", **kw):
     register(tmp_path, name, **kw)
     add_urls(name, [f"{cluster.site}/page/{i}" for i in range(n)])
     assert dispatch_once(cluster.redis).total == n
-    worker = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, **cluster.env})
-    assert worker.returncode == 0, worker.stderr[-2000:]
+    burst_worker(cluster, "--no-exports")
 
 
 def _file(export_id) -> bytes:

@@ -8,7 +8,7 @@ import pymongo
 
 from common.models import ApiToken, ClusterSecret, WebSession
 from master import tokens
-from tests.helpers import cli
+from tests.helpers import burst_worker, cli
 
 SECRET_COLLECTIONS = {"cluster_secret", "api_token", "web_session"}
 
@@ -242,17 +242,6 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
 
 # --- administration ------------------------------------------------------------------------------
 
-def _worker(cluster):
-    import os
-    import subprocess
-
-    from tests.test_exports import BIN
-
-    done = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **cluster.env})
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path):
     from common.models import CrawlerTask
     from master.dispatcher import dispatch_once
@@ -267,7 +256,7 @@ def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path)
     assert refused.exit_code == 2 and "not supported" in refused.output
     add_urls("py", [f"{cluster.site}/page/1"])
     dispatch_once(cluster.redis)
-    _worker(cluster)
+    burst_worker(cluster, "--no-exports")
     task = CrawlerTask.objects.get()
     assert task.status == "FAIL" and task.retry_at is None and "python is disabled" in task.failed_reason
     assert cli("type", "disable", "cobol").exit_code == 2
@@ -310,7 +299,7 @@ def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cl
     add_urls("sh", ["http://example.invalid/a"])
     add_urls("shfail", ["http://example.invalid/b"])
     dispatch_once(cluster.redis)
-    _worker(cluster)
+    burst_worker(cluster, "--no-exports")
     data = CrawlerDownloadData.objects.get()
     assert bytes(data.response_body).decode() == f"{proxy}|{cookie}|{proxy}|http://example.invalid/a"
     failed = CrawlerTask.objects.get(uri="http://example.invalid/b")
