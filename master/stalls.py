@@ -1,21 +1,39 @@
-"""Queues that stopped draining: a queue whose oldest entry has waited longer than
-QUEUE_STALL_ALERT while no worker took an entry from it in that time (a backlog that workers are
-eating is not a stall) gets a ``queue_stall`` alert in ``crawler_dispatch_alert_log`` for each
-job with entries waiting in it; the jobs' ``report_mails`` hear of it through the report mails'
-alert (at most one per job per ALERT_MAIL_INTERVAL). One alert per queue per QUEUE_STALL_ALERT,
-however many dispatcher runs see it. Run by every dispatcher run."""
+"""Queues that stopped draining: a queue whose head entry has waited longer than
+QUEUE_STALL_ALERT and has stayed its head for that long — no worker took from it (workers pop
+the head, so a backlog they are eating keeps changing its head, however deep it is) — gets a
+``queue_stall`` alert in ``crawler_dispatch_alert_log`` for each job with entries waiting in it;
+the jobs' ``report_mails`` hear of it through the report mails' alert (at most one per job per
+ALERT_MAIL_INTERVAL). One alert per queue per QUEUE_STALL_ALERT, however many dispatcher runs
+see it. Run by every dispatcher run: each run notes each queue's head and since when it has been
+seen there (``downcluster:stall:heads``)."""
 from __future__ import annotations
 
-from datetime import timedelta
+import time
 
 from redis import Redis
+from rq import Queue
 
 from common.config import settings
 from common.models import QUEUED, CrawlerDispatchAlertLog, CrawlerLease, utcnow
 from common.queues import EXPORT_QUEUE
 from master.stats import queue_stats
 
+HEADS = "downcluster:stall:heads"
 QUIET_KEY = "downcluster:stall:"
+
+
+def _unmoved_for(redis: Redis, queue: str, now: float) -> float:
+    """Seconds the queue's head has been the same entry, as seen by these checks (0: it moved)."""
+    ids = Queue(queue, connection=redis).get_job_ids(0, 1)
+    if not ids:
+        redis.hdel(HEADS, queue)
+        return 0.0
+    seen = redis.hget(HEADS, queue)
+    head, _, since = (seen or b"").decode().partition(" ")
+    if head != ids[0]:
+        redis.hset(HEADS, queue, f"{ids[0]} {now}")
+        return 0.0
+    return now - float(since)
 
 
 def check_stalls(redis: Redis) -> list[str]:
@@ -23,15 +41,15 @@ def check_stalls(redis: Redis) -> list[str]:
     limit = settings.QUEUE_STALL_ALERT
     if not limit:
         return []
-    now = utcnow()
-    since = now - timedelta(seconds=limit)
+    now, stamp = time.time(), utcnow()
     leases = CrawlerLease._get_collection()
     stalled = []
     for q in queue_stats(redis):
-        if q["queue"] == EXPORT_QUEUE or q["oldest_age_s"] is None or q["oldest_age_s"] <= limit:
+        if q["queue"] == EXPORT_QUEUE:
             continue
-        if leases.find_one({"queue": q["queue"], "started_at": {"$gte": since}}, {"_id": 1}):
-            continue  # workers are taking from it: a backlog, not a stall
+        unmoved = _unmoved_for(redis, q["queue"], now)
+        if q["oldest_age_s"] is None or q["oldest_age_s"] <= limit or unmoved < limit:
+            continue  # young, or workers are taking from it: a backlog, not a stall
         if not redis.set(QUIET_KEY + q["queue"], "1", nx=True, ex=int(limit)):
             continue  # already told within the period
         jobs = leases.distinct("job", {"queue": q["queue"], "state": QUEUED})
@@ -39,8 +57,6 @@ def check_stalls(redis: Redis) -> list[str]:
                   f"(QUEUE_STALL_ALERT {limit} s) and no worker took from it; {q['depth']} entries wait")
         CrawlerDispatchAlertLog._get_collection().insert_many([
             {"job": job, "type": "queue_stall", "reason": reason, "content_bytes": len(reason.encode()),
-             "hostname": settings.HOSTNAME, "add_datetime": now} for job in jobs] or [
-            {"job": None, "type": "queue_stall", "reason": reason, "content_bytes": len(reason.encode()),
-             "hostname": settings.HOSTNAME, "add_datetime": now}])
+             "hostname": settings.HOSTNAME, "add_datetime": stamp} for job in (jobs or [None])])
         stalled.append(q["queue"])
     return stalled

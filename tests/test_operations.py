@@ -187,7 +187,7 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
     from common.config import settings
     from common.models import CrawlerDispatchAlertLog
     from common.notify import deliver_due
-    from master import reports, stats
+    from master import reports
     from master.dispatcher import dispatch_once
     from master.stalls import check_stalls
     from tests.helpers import add_urls, register
@@ -196,13 +196,14 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
     register(tmp_path, "st", report_mails="ops@example.org")
     add_urls("st", [f"{cluster.site}/page/{i}" for i in range(3)])
     monkeypatch.setattr(settings, "QUEUE_STALL_ALERT", 1)
-    dispatch_once(cluster.redis)  # entries wait; no worker runs
-    end = clock.monotonic() + 30
-    while clock.monotonic() < end and not any((q["oldest_age_s"] or 0) > 1 for q in stats.queue_stats(cluster.redis)):
-        clock.sleep(0.1)
+    dispatch_once(cluster.redis)  # entries wait; no worker runs (the run notes each queue's head)
+    end, stalled = clock.monotonic() + 30, []
     with SmtpServer() as smtp:
         monkeypatch.setattr(settings, "SMTP_URL", smtp.url)
-        assert check_stalls(cluster.redis) == ["down_low"]
+        while clock.monotonic() < end and not stalled:  # until the head has waited, unmoved, past the limit
+            stalled = check_stalls(cluster.redis)
+            clock.sleep(0.1)
+        assert stalled == ["down_low"]
         assert check_stalls(cluster.redis) == []  # told once per period
         alert = CrawlerDispatchAlertLog.objects.get(type="queue_stall")
         assert "down_low has not drained" in alert.reason and alert.content_bytes == len(alert.reason.encode())
@@ -306,3 +307,26 @@ def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cl
     text = failed.failed_reason + CrawlerDownloadLog.objects.get(task=failed).failed_reason
     assert failed.status == "FAIL" and "hunter2pw" not in text and "cookie-secret-123" not in text
 
+
+
+def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path, monkeypatch):
+    import time as clock
+
+    from rq import Queue
+
+    from common.config import settings
+    from master import stats
+    from master.dispatcher import dispatch_once
+    from master.stalls import check_stalls
+    from tests.helpers import add_urls, register
+
+    register(tmp_path, "deep")
+    add_urls("deep", [f"{cluster.site}/page/{i}" for i in range(3)])
+    monkeypatch.setattr(settings, "QUEUE_STALL_ALERT", 1)
+    monkeypatch.setattr(settings, "DISPATCH_BATCH_SIZE", 1)
+    dispatch_once(cluster.redis)  # three entries; the run notes the head
+    end = clock.monotonic() + 30
+    while clock.monotonic() < end and not any((q["oldest_age_s"] or 0) > 1.5 for q in stats.queue_stats(cluster.redis)):
+        clock.sleep(0.1)
+    Queue("down_low", connection=cluster.redis).pop_job_id()  # a worker takes the head
+    assert check_stalls(cluster.redis) == []  # old entries, but the queue moves
