@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ValidationError
@@ -142,7 +142,11 @@ class Template:
     sheet: str = "data"
     default_width: float | None = None
     default_height: float | None = None
-    plain: bool = dataclass_field(default=True, compare=False)  # one table of columns only (fits CSV/JSONL)
+
+    @property
+    def plain(self) -> bool:
+        """One table of columns only: what CSV and JSON Lines can hold."""
+        return len(self.tables) == 1 and not self.tables[0].row
 
     @property
     def columns(self) -> list[Node]:
@@ -211,8 +215,7 @@ def from_data(data: Any) -> Template:
         tables = (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template"),)
     if sum(leaf.row_count for t in tables for leaf in t.row_leaves) > MAX_ROW_HEAD_ROWS:
         raise ValidationError(f"template: row headers hold more than {MAX_ROW_HEAD_ROWS} rows in all")
-    plain = len(tables) == 1 and not tables[0].row
-    return Template(tables, sheet, widths["default_width"], widths["default_height"], plain)
+    return Template(tables, sheet, widths["default_width"], widths["default_height"])
 
 
 def _points(value: Any, where: str) -> float | None:

@@ -375,6 +375,9 @@ def web(bind: str | None, workers: int) -> None:
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--bind must be HOST:PORT, got {bind!r}")
+    from master.web.metrics import networks
+
+    networks(settings.METRICS_ALLOW)  # a bad network is one line here, not a 500 at every scrape
     os.environ["DOWNCLUSTER_WEB_BIND"] = bind  # for this process and uvicorn's workers (links use it)
     settings.reload()
     click.echo(f"downcluster web on http://{bind}/ (API under /api/v1)", err=True)

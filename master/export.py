@@ -50,12 +50,12 @@ def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dic
         return WRITERS[fmt](checked.template, source, out)
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
     try:
-        return _whole(job_name, fmt, checked.filter, text)
+        return _whole_documents(job_name, fmt, checked.filter, text)
     finally:
         text.detach()
 
 
-def _whole(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
+def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
     count = 0
     if fmt == "csv":
         writer = csv.writer(out)

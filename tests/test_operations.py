@@ -330,3 +330,11 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
         clock.sleep(0.1)
     Queue("down_low", connection=cluster.redis).pop_job_id()  # a worker takes the head
     assert check_stalls(cluster.redis) == []  # old entries, but the queue moves
+
+
+def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, monkeypatch):
+    from common.config import settings
+
+    monkeypatch.setattr(settings, "METRICS_ALLOW", "10.0.0.0/8,nonsense")
+    result = cli("web", "--bind", "127.0.0.1:1")
+    assert result.exit_code == 2 and "METRICS_ALLOW: 'nonsense' is not a network" in result.output

@@ -36,19 +36,24 @@ SESSION = APIKeyCookie(name=COOKIE, auto_error=False, scheme_name="session",
 
 # --- who is asking -----------------------------------------------------------------------
 
+def bearer(auth: str) -> ApiToken:
+    """The token of an ``Authorization: Bearer`` header value (401 otherwise): every door's check."""
+    scheme, _, secret = auth.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(401, "the Authorization header must hold a Bearer token")
+    token = tokens.authenticate(secret.strip())
+    if token is None:
+        raise ApiError(401, "unknown or revoked token")
+    return token
+
+
 def caller(request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
            _session: Annotated[str | None, Security(SESSION)]) -> ApiToken:
     """The token behind a request: ``Authorization: Bearer`` or a console session (whose
     state-changing requests must carry the session's X-CSRF-Token)."""
     auth = request.headers.get("authorization")
     if auth is not None:
-        scheme, _, secret = auth.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            raise ApiError(401, "the Authorization header must hold a Bearer token")
-        token = tokens.authenticate(secret.strip())
-        if token is None:
-            raise ApiError(401, "unknown or revoked token")
-        return token
+        return bearer(auth)
     cookie = request.cookies.get(COOKIE)
     if cookie:
         found = tokens.session_of(cookie)

@@ -29,7 +29,7 @@ from common.models import ADMIN, Export
 from common.notify import MAIL_RE
 from common.tabular import CONTENT_TYPES, WRITERS
 from master import exports, tokens, views
-from master.web.api import COOKIE, Reader, Strict
+from master.web.api import COOKIE, Reader, Strict, bearer
 from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, answers
 from master.web.errors import ApiError
 from master.web.files import stream_file
@@ -126,24 +126,16 @@ def download_export(export_id: ObjectIdPath, token: Reader) -> StreamingResponse
 
 # --- synchronous download ----------------------------------------------------------------
 
-class Slots:
+_sync_slots: list[threading.BoundedSemaphore] = []
+_slots_lock = threading.Lock()
+
+
+def _slots() -> threading.BoundedSemaphore:
     """The synchronous downloads this web process writes at once (EXPORT_SYNC_SLOTS)."""
-
-    def __init__(self) -> None:
-        self.lock, self.size, self.sem = threading.Lock(), None, None
-
-    def take(self) -> bool:
-        with self.lock:
-            if self.size != settings.EXPORT_SYNC_SLOTS:
-                self.size, self.sem = settings.EXPORT_SYNC_SLOTS, threading.BoundedSemaphore(settings.EXPORT_SYNC_SLOTS)
-            sem = self.sem
-        return sem.acquire(blocking=False)
-
-    def give(self) -> None:
-        self.sem.release()
-
-
-SLOTS = Slots()
+    with _slots_lock:
+        if not _sync_slots:
+            _sync_slots.append(threading.BoundedSemaphore(settings.EXPORT_SYNC_SLOTS))
+        return _sync_slots[0]
 
 
 class SyncIn(Strict):
@@ -168,7 +160,8 @@ def _download(name: str, body: SyncIn, token) -> Response:
     total = export_total(checked.job.id, checked.filter, checked.template)
     reason = f"{total} rows, over EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS})" \
         if total > settings.EXPORT_SYNC_MAX_ROWS else None
-    if reason is None and not SLOTS.take():
+    slots = _slots()
+    if reason is None and not slots.acquire(blocking=False):
         reason = f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this web process are busy"
     if reason:
         got = exports.request(redis_conn(), name, body.format, body.template or "", flt,
@@ -184,7 +177,7 @@ def _download(name: str, body: SyncIn, token) -> Response:
         out.close()
         raise
     finally:
-        SLOTS.give()
+        slots.release()
     size = out.tell()
     out.seek(0)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -222,8 +215,10 @@ def _ws_token(websocket: WebSocket):
     cookie (same origin only: a page elsewhere cannot use a visitor's session)."""
     auth = websocket.headers.get("authorization")
     if auth is not None:
-        scheme, _, secret = auth.partition(" ")
-        return tokens.authenticate(secret.strip()) if scheme.lower() == "bearer" and secret.strip() else None
+        try:
+            return bearer(auth)
+        except ApiError:
+            return None
     origin, host = websocket.headers.get("origin"), websocket.headers.get("host", "")
     if origin is not None and origin.split("://", 1)[-1] != host:
         return None
