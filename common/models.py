@@ -29,6 +29,17 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+OBJECT_ID_TIMES = (datetime(1970, 1, 1), datetime(2106, 2, 7, 6, 28, 15))  # what an ObjectId's 4-byte time holds
+
+
+def id_at(when: datetime):
+    """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
+    outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
+    from bson import ObjectId
+
+    return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
+
+
 def iso(value):
     """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
     return value.isoformat() + "Z" if isinstance(value, datetime) else value

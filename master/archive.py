@@ -24,7 +24,7 @@ from bson import ObjectId
 
 from common.data import body_of, gridfs_of, text_of, visible
 from common.errors import ValidationError
-from common.models import CrawlerDownloadData, CrawlerDownloadLog, iso, job_named
+from common.models import CrawlerDownloadData, CrawlerDownloadLog, id_at, iso, job_named
 
 BATCH = 1000
 
@@ -60,7 +60,7 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
     job = job_named(job_name)
     if os.path.exists(path):
         raise ValidationError(f"{path} exists: archive to a new file")
-    cutoff = ObjectId.from_datetime(before)
+    cutoff = id_at(before)
     data = CrawlerDownloadData._get_collection()
     logs = CrawlerDownloadLog._get_collection()
     fs = gridfs_of(data.database)

@@ -29,7 +29,7 @@ from common.config import settings
 from common.data import gridfs_of
 from common.models import (CANCEL, DEAD, FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadData,
                            CrawlerDownloadLog, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, CrawlerTask, Job,
-                           Notification, NotificationLog, utcnow)
+                           Notification, NotificationLog, id_at, utcnow)
 
 logger = logging.getLogger(__name__)
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
@@ -67,7 +67,7 @@ def ensure_ttl() -> None:
 
 
 def _before(days: float, now: datetime) -> ObjectId:
-    return ObjectId.from_datetime(now - timedelta(days=days))
+    return id_at(now - timedelta(days=days))
 
 
 def _remove_data(query: dict, end: float) -> int:

@@ -338,3 +338,16 @@ def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, mon
     monkeypatch.setattr(settings, "METRICS_ALLOW", "10.0.0.0/8,nonsense")
     result = cli("web", "--bind", "127.0.0.1:1")
     assert result.exit_code == 2 and "METRICS_ALLOW: 'nonsense' is not a network" in result.output
+
+
+def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster, tmp_path):
+    from common.models import CrawlerDownloadData
+    from master import retention
+    from tests.test_exports import _job_with_pages
+
+    _job_with_pages(cluster, tmp_path, n=2, name="century", data_retention_days=36_500, log_retention_days=36_500)
+    report = retention.enforce()  # a cutoff in 1926: nothing is that old
+    assert report.finished and report.data == report.download_logs == 0 and CrawlerDownloadData.objects.count() == 2
+    result = cli("archive", "century", "--before", "9999-12-31T23:59:59Z", "-o", str(tmp_path / "all.jsonl.gz"))
+    assert result.exit_code == 0, result.output
+    assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 0

@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
-from common.connections import redis_conn
+from common.connections import REDIS_OPTIONS, redis_conn
 from common.data import export_source, export_total
 from common.exportnotes import FINAL_STATES, channel, snapshot
 from common.models import ADMIN, Export
@@ -253,7 +253,7 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
         return
     from redis.asyncio import Redis
 
-    redis = Redis.from_url(settings.REDIS_URL)
+    redis = Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)  # one connection: the subscription's own
     pubsub = redis.pubsub()
     try:
         await pubsub.subscribe(channel(export_id))
