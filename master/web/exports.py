@@ -25,7 +25,8 @@ from common.config import settings
 from common.connections import REDIS_OPTIONS, redis_conn
 from common.data import export_source, export_total
 from common.exportnotes import FINAL_STATES, channel, snapshot
-from common.models import ADMIN, Export
+from common.errors import NotFound
+from common.models import ADMIN
 from common.notify import MAIL_RE
 from common.tabular import CONTENT_TYPES, WRITERS
 from master import exports, tokens, views
@@ -228,11 +229,9 @@ def _ws_token(websocket: WebSocket):
 
 def _current(export_id: str, token) -> dict | None:
     try:
-        export = exports.get(export_id, token)
-    except Exception:
+        return snapshot(exports.get(export_id, token).to_mongo())  # one read: the same fields its events carry
+    except NotFound:
         return None
-    doc = Export._get_collection().find_one({"_id": export.id})
-    return snapshot(doc) if doc else None
 
 
 @router.websocket("/exports/{export_id}/events")
