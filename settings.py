@@ -136,6 +136,15 @@ else the system's python3 (the sandbox runs as an unprivileged uid)."""
 SANDBOX_STDERR_BYTES = 4096
 """Tail of a downloader's stderr kept as its failure reason."""
 
+SANDBOX_DENY = ""
+"""More that python and shell downloaders may not reach, besides the cluster's own services
+(Redis, MongoDB, the web, which they never reach): comma-separated CIDRs, hosts (every port)
+or host:port, e.g. the address of a web on another host or of an internal service."""
+
+SANDBOX_ALLOW = ""
+"""host:port pairs that python and shell downloaders of jobs without ``allow_private`` may
+reach although they are on this host or loopback: typically a local forward proxy."""
+
 GRIDFS_THRESHOLD = 15 * 1024 * 1024
 """A response body is stored in GridFS instead of inside the data document when it and the
 request body together are at least this large (the document must stay under 16 MiB)."""

@@ -40,6 +40,8 @@ SETTINGS: tuple[Setting, ...] = (
             doc="days this job's data and final tasks are kept (0: for ever; unset: the cluster's DATA_RETENTION_DAYS)"),
     Setting("log_retention_days", int, None, 0, 36_500,
             doc="days this job's download logs are kept (0: for ever; unset: the cluster's LOG_RETENTION_DAYS)"),
+    Setting("allow_private", bool, False,
+            doc="may download from loopback, link-local and this host's addresses (intranet crawls)"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 SETTING_NAMES = tuple(BY_NAME)

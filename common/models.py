@@ -121,6 +121,7 @@ class CrawlerDownloadSetting(Document):
     obey_robots = BooleanField()                           # None: true for the built-in engine
     data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
     log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
+    allow_private = BooleanField(default=False)             # loopback, link-local, this host: refused unless true
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}

@@ -16,17 +16,28 @@ Below rq's public API, and only here:
     with ``Job.fetch``;
   * rq's key names, read from rq's own classes (``Queue.redis_queue_namespace_prefix``,
     ``Job.key_for``, ``Queue.redis_queues_keys``), never spelled elsewhere.
+
+Nothing read from Redis is ever unpickled. rq's default serializer is pickle, so anyone who can
+write Redis could run code in whatever process reads an entry; every queue, job and worker here
+is JSON (``JsonJob``, ``rq_queue``; a plain rq worker is started with ``--serializer json``).
+An id that is not ours is never read at all, and one of ours whose hash does not parse as JSON
+or does not call what its id says is refused (``ForeignEntry``), never run.
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from enum import Enum
 
+import logging
+
 from redis import Redis
 from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job as RqJob
 from rq.job import JobStatus
+from rq.registry import FailedJobRegistry
+from rq.serializers import JSONSerializer
+from rq.utils import current_timestamp, str_to_date
 
 from common.queues import QUEUE_NAMES, base_of
 
@@ -36,6 +47,27 @@ ENTRY_PREFIX = "dc-"          # + lease id: a download entry
 EXPORT_ENTRY_PREFIX = "dcx-"  # + export id: an export entry (queue down_export)
 DOWNLOAD_FUNCTION = "slave.jobs.run_batch"
 EXPORT_FUNCTION = "slave.jobs.run_export"
+REFUSED_TTL = 7 * 24 * 3600   # seconds a refused entry's id stays in rq's failed registry
+
+logger = logging.getLogger(__name__)
+
+
+class JsonJob(RqJob):
+    """An rq job (de)serialized as JSON whatever its caller asks for: rq-scheduler, rq's
+    registries and workers create and fetch jobs through their ``job_class`` without passing
+    a serializer, and JSON cannot run code."""
+
+    def __init__(self, id: str | None = None, connection: Redis | None = None, serializer=None) -> None:
+        super().__init__(id, connection=connection, serializer=JSONSerializer)
+
+
+def rq_queue(name: str, redis: Redis) -> Queue:
+    """rq queue ``name`` with JSON entries: the only way this project makes one."""
+    return Queue(name, connection=redis, serializer=JSONSerializer, job_class=JsonJob)
+
+
+class ForeignEntry(Exception):
+    """An entry in our queues that is not one of ours: never deserialized into objects, never run."""
 
 
 # --- names ------------------------------------------------------------------------------
@@ -148,11 +180,40 @@ def wait_entry(redis: Redis, queues: list[str], timeout: int = 1) -> tuple[str, 
     return queue_name_of(got[0].decode()), got[1].decode()
 
 
+def _expected_call(entry: str) -> tuple[str, list, dict] | None:
+    """(function, args, kwargs) an entry of this id must call, or None for an id not ours."""
+    lease, export = lease_of(entry), export_of(entry)
+    if lease:
+        return DOWNLOAD_FUNCTION, [lease], {}
+    if export:
+        return EXPORT_FUNCTION, [export], {}
+    return None
+
+
 def fetch_entry(redis: Redis, entry: str) -> RqJob | None:
+    """Our entry ``entry`` read as JSON and checked to call what its id says; None if it is gone.
+    ForeignEntry for anything else: an id not ours is not even read."""
+    expected = _expected_call(entry)
+    if expected is None:
+        raise ForeignEntry(f"{entry[:80]!r} is not a downcluster entry")
     try:
-        return RqJob.fetch(entry, connection=redis)
+        job = JsonJob.fetch(entry, connection=redis)
+        call = (job.func_name, list(job.args), dict(job.kwargs))
     except NoSuchJobError:
         return None
+    except Exception as exc:  # pickle, bad JSON, a hash of another shape
+        raise ForeignEntry(f"{entry[:80]!r} is not JSON of rq's form ({type(exc).__name__})") from None
+    if call != expected:
+        raise ForeignEntry(f"{entry[:80]!r} calls {str(call[0])[:80]!r}, not {expected[0]}")
+    return job
+
+
+def refuse_entry(redis: Redis, queue_name: str, entry: str, why: str) -> None:
+    """Log a popped foreign entry once and list its id in the queue's rq failed registry (rq's
+    tools show it; a pickle worker may requeue it), without reading its hash."""
+    logger.warning("refused an entry in %s, not run: %s", queue_name, why)
+    registry = FailedJobRegistry(queue_name, connection=redis, serializer=JSONSerializer, job_class=JsonJob)
+    redis.zadd(registry.key, {entry: current_timestamp() + REFUSED_TTL})
 
 
 # --- the defender and readers -------------------------------------------------------------
@@ -163,7 +224,11 @@ def entry_exists(redis: Redis, entry: str) -> bool:
 
 def delete_entry(redis: Redis, entry: str) -> None:
     """Forget an entry: its job hash and its place in any queue or registry."""
-    job = fetch_entry(redis, entry)
+    try:
+        job = fetch_entry(redis, entry)
+    except ForeignEntry as exc:
+        logger.warning("not deleting a foreign entry: %s", exc)
+        return
     if job is not None:
         job.delete(remove_from_queue=True)
 
@@ -177,10 +242,14 @@ def entries_waiting(redis: Redis, names: list[str]) -> set[str]:
 
 
 def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:
-    """When the head of queue ``name`` was enqueued (UTC), or None if it is empty."""
-    ids = Queue(name, connection=redis).get_job_ids(0, 1)
-    job = fetch_entry(redis, ids[0]) if ids else None
-    if job is None or job.enqueued_at is None:
+    """When the head of queue ``name`` was enqueued (UTC), or None if it is empty or unreadable:
+    one field of its hash, read as text (never the entry's data)."""
+    head = redis.lindex(queue_key(name), 0)
+    raw = redis.hget(RqJob.key_for(head.decode()), "enqueued_at") if head else None
+    try:
+        stamp = str_to_date(raw) if raw else None
+    except ValueError:
         return None
-    stamp = job.enqueued_at
+    if stamp is None:
+        return None
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)

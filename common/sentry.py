@@ -24,18 +24,22 @@ def before_send(event: dict, hint: dict) -> dict:
 
 
 def init_sentry(dsn: str, transport: Any = None, **options: Any) -> bool:
-    """Initialise sentry-sdk with its RQ integration; an empty DSN switches it off."""
+    """Initialise sentry-sdk with its RQ integration; an empty DSN switches it off. Its stdlib
+    integration stays off: it patches ``subprocess.Popen`` to pass trace headers carrying the
+    DSN's public key (``SUBPROCESS_BAGGAGE``) to every child, downloaders included."""
     global _initialised
     if not dsn and transport is None:
         return False
     import sentry_sdk
     from sentry_sdk.integrations.rq import RqIntegration
+    from sentry_sdk.integrations.stdlib import StdlibIntegration
     from sentry_sdk.scrubber import DEFAULT_DENYLIST, EventScrubber
 
     sentry_sdk.init(
         dsn=dsn or None,
         transport=transport,
         integrations=[RqIntegration()],
+        disabled_integrations=[StdlibIntegration],
         event_scrubber=EventScrubber(denylist=DEFAULT_DENYLIST + list(SENSITIVE_KEYS), recursive=True),
         before_send=before_send,
         **options,

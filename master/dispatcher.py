@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from redis import Redis
-from rq import Queue
 
 from common.config import settings
 from common.connections import redis_conn
@@ -54,7 +53,7 @@ from common.models import (
     utcnow,
 )
 from common.queues import LOCK_KEY, cap, queue_for_priority, queue_name
-from common.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key
+from common.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
 from master import defender
 from master.lock import DispatchLock
 from master.selection import Picked, again_filter, fresh_cursor, select_again, select_fresh
@@ -264,7 +263,7 @@ class Run:
                 return
         pipe = self.redis.pipeline(transaction=False)
         for lease, e in zip(leases, work.entries):
-            mapping = entry_mapping(Queue(e.queue, connection=self.redis), lease, entry_timeout(),
+            mapping = entry_mapping(rq_queue(e.queue, self.redis), lease, entry_timeout(),
                                     settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
             push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
                        at_front=work.prior == 1, client=pipe)

@@ -21,7 +21,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from redis import Redis
-from rq import Queue
 
 from common.config import settings
 from common.errors import Conflict, NotFound, ValidationError
@@ -41,7 +40,7 @@ from common.models import (
     utcnow,
 )
 from common.queues import EXPORT_QUEUE
-from common.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id
+from common.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
 from common.exportnotes import publish
 from common.notify import check_callback, check_mail, deliver_due
 from common.signing import export_url
@@ -181,7 +180,7 @@ def _join(export: Export, callbacks: list[str], mails: list[str]) -> None:
 
 def push(redis: Redis, export: Export) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
-    Queue(EXPORT_QUEUE, connection=redis).enqueue_call(
+    rq_queue(EXPORT_QUEUE, redis).enqueue_call(
         EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
         failure_ttl=7 * 24 * 3600, timeout=(export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
     Export.objects(id=export.id, state=PENDING).update_one(set__queued_at=utcnow())
@@ -247,7 +246,7 @@ def cancel(redis: Redis, export_id: Any, token: ApiToken | None = None) -> Expor
         {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
     if not done.modified_count:
         raise Conflict(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
-    Queue(EXPORT_QUEUE, connection=redis).remove(export_entry_id(export.id))
+    rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
     publish(export.id)
     export.reload()
     return export

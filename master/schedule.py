@@ -13,11 +13,13 @@ import signal
 import time
 
 from redis import Redis
-from rq import Queue, SimpleWorker
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
 from rq_scheduler import Scheduler
 
 from common.config import settings
 from common.errors import DispatchLocked
+from common.rqbridge import JsonJob, rq_queue
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ def scheduled_dispatch() -> str:
 
 
 def install(redis: Redis, cron: str) -> Scheduler:
-    sched = Scheduler(queue_name=QUEUE, connection=redis, interval=10)
+    sched = Scheduler(queue_name=QUEUE, connection=redis, interval=10, job_class=JsonJob)
     if JOB_ID in sched:
         sched.cancel(JOB_ID)
     sched.cron(cron, func=scheduled_dispatch, id=JOB_ID, queue_name=QUEUE,
@@ -60,7 +62,7 @@ def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float 
                 sched.enqueue_jobs()
             finally:
                 sched.remove_lock()
-        worker = SimpleWorker([Queue(QUEUE, connection=redis)], connection=redis)
+        worker = SimpleWorker([rq_queue(QUEUE, redis)], connection=redis, serializer=JSONSerializer, job_class=JsonJob)
         worker.work(burst=True, logging_level="WARNING")
         if burst:
             return

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 from redis import Redis
-from rq import Queue
 
 from common.config import settings
 from common.models import QUEUED, CrawlerDispatchAlertLog, CrawlerLease, utcnow
 from common.queues import EXPORT_QUEUE
+from common.rqbridge import rq_queue
 from master.stats import queue_stats
 
 HEADS = "downcluster:stall:heads"
@@ -24,7 +24,7 @@ QUIET_KEY = "downcluster:stall:"
 
 def _unmoved_for(redis: Redis, queue: str, now: float) -> float:
     """Seconds the queue's head has been the same entry, as seen by these checks (0: it moved)."""
-    ids = Queue(queue, connection=redis).get_job_ids(0, 1)
+    ids = rq_queue(queue, redis).get_job_ids(0, 1)
     if not ids:
         redis.hdel(HEADS, queue)
         return 0.0

@@ -7,7 +7,6 @@ from typing import Any
 
 from bson import ObjectId
 from redis import Redis
-from rq import Queue
 
 from common.models import (
     FAIL,
@@ -24,7 +23,7 @@ from common.models import (
 from common.hostlimits import throttled
 from common.metrics import sample_depths
 from common.queues import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
-from common.rqbridge import oldest_enqueued_at, our_queues
+from common.rqbridge import oldest_enqueued_at, our_queues, rq_queue
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
 
@@ -35,7 +34,7 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     now = datetime.now(timezone.utc)
     rows = []
     for name in [*sorted(names, key=lambda n: (order[base_of(n)], n)), EXPORT_QUEUE]:
-        queue = Queue(name, connection=redis)
+        queue = rq_queue(name, redis)
         depth = queue.count
         stamp = oldest_enqueued_at(redis, name)
         age = round((now - stamp).total_seconds(), 1) if stamp else None

@@ -188,7 +188,8 @@ class Engines:
                 result = await loop.run_in_executor(self.blocking, sandbox.run_python, ctx.code, payload, limits)
             elif ctx.kind == "shell":
                 result = await loop.run_in_executor(self.blocking, sandbox.run_shell, ctx.code, url, limits,
-                                                    ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or "")
+                                                    ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or "",
+                                                    bool(ctx.settings.get("allow_private")))
             elif ctx.engine == "requests":
                 result = await loop.run_in_executor(self.blocking, self._requests, url, ctx)
             elif ctx.engine == "browser":

@@ -20,10 +20,12 @@ import threading
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
+from rq.serializers import JSONSerializer
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
 from common.errors import ConfigError
+from common.rqbridge import JsonJob
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,8 @@ class LoopWorker(BaseWorker):
 
     def __init__(self, queues: list[str], name: str, connection, beat_interval: float) -> None:
         super().__init__(queues, name=name, connection=connection, default_result_ttl=0,
-                         job_monitoring_interval=max(30, int(beat_interval * 3)))
+                         job_monitoring_interval=max(30, int(beat_interval * 3)),
+                         serializer=JSONSerializer, job_class=JsonJob)
         self._lock = threading.Lock()
         self.running: dict[str, tuple[Job, Queue, Execution]] = {}
 

@@ -25,7 +25,6 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-from rq import Queue
 
 from common import leases, rqbridge
 from common.config import settings
@@ -198,21 +197,25 @@ class Loop:
     async def _start(self, queue_name: str, entry: str) -> asyncio.Task | None:
         """Begin the rq execution of ``entry`` and run it; None if there is nothing to run."""
         loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry)
+        try:
+            job = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry)
+        except rqbridge.ForeignEntry as exc:  # never deserialized, never run
+            await loop.run_in_executor(None, rqbridge.refuse_entry, self.redis, queue_name, entry, str(exc))
+            return None
         if job is None:  # deleted while it waited (an emptied queue, say): the defender gives its tasks back
             return None
-        queue = Queue(queue_name, connection=self.redis)
+        queue = rqbridge.rq_queue(queue_name, self.redis)
         execution = await loop.run_in_executor(None, self.rq.begin, job, queue)
         lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)
         if lease is not None:
             self.runner.pending += 1
             return asyncio.create_task(self._run(execution, self.runner.run_entry(lease, pending=True), entry))
-        if export is not None and queue_name == EXPORT_QUEUE:
+        if queue_name == EXPORT_QUEUE:
             self.export_running = asyncio.create_task(self._run(
                 execution, loop.run_in_executor(self.export_pool, _export, export, self.runner.worker_id), entry))
             return None
-        why = "not a downcluster entry: requeue it for a plain `rq worker`"
-        logger.warning("%s in %s: %s", why, queue_name, entry)
+        why = "an export entry in a download queue: requeue it on down_export"
+        logger.warning("%s: %s in %s", why, entry, queue_name)
         await loop.run_in_executor(None, self.rq.failed, execution, why)
         return None
 

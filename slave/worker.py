@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 
-from rq import Queue, SimpleWorker, Worker
+from rq import SimpleWorker, Worker
+from rq.serializers import JSONSerializer
 
 from common.config import settings
 from common.connections import redis_conn
 from common.queues import worker_queue_names
+from common.rqbridge import JsonJob, rq_queue
 from common.secrets import install_logging_filter
 from common.sentry import init_sentry
 
@@ -21,9 +23,9 @@ from common.sentry import init_sentry
 def build_worker(host: str = "", simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
     """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
     redis = redis_conn()
-    queues = [Queue(n, connection=redis) for n in worker_queue_names(host, foreign)]
+    queues = [rq_queue(n, redis) for n in worker_queue_names(host, foreign)]
     cls = SimpleWorker if simple else Worker
-    return cls(queues, connection=redis, name=name)
+    return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 
 
 def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,

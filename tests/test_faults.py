@@ -163,7 +163,7 @@ def test_redis_restart_mid_download_is_not_a_death(fast, tmp_path):
     the running entry settles its tasks with their data (issue 13, item 2)."""
     slow = 'import time, urllib.request\ndef download(task):\n    time.sleep(2.5)\n' \
            '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
-    register(tmp_path, "rr", priority=1, kind="python", code=slow)
+    register(tmp_path, "rr", priority=1, kind="python", code=slow, allow_private=True)
     add_urls("rr", [f"{fast.site}/page/{i}" for i in range(4)])
     dispatch_once(fast.redis)
     worker = start_worker(fast, "--burst")
@@ -189,7 +189,7 @@ def test_mongodb_stopped_during_writes_then_restarted(fast, tmp_path, monkeypatc
         settings.reload()
         disconnect_mongo()
         connect_mongo(ensure_indexes=True)
-        register(tmp_path, "m", priority=1, kind="python", code=slow)
+        register(tmp_path, "m", priority=1, kind="python", code=slow, allow_private=True)
         add_urls("m", [f"{fast.site}/page/{i}" for i in range(20)])
         dispatch_once(fast.redis)
         worker = start_worker(fast, "--burst")

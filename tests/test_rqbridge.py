@@ -2,8 +2,12 @@
 that ``common/rqbridge.py`` writes or reads below rq's public API."""
 from __future__ import annotations
 
+import json
+import os
+import zlib
 from datetime import datetime, timezone
 
+import pytest
 import rq
 from rq import Queue
 from rq.job import Job, JobStatus
@@ -25,7 +29,7 @@ def test_key_names_are_rqs_own(cluster):
 
 def _push(cluster, queue: str, lease: str, cap: int = 10, token: str = "t", at_front: bool = False) -> int:
     cluster.redis.set(LOCK_KEY, "t")
-    mapping = rqbridge.entry_mapping(Queue(queue, connection=cluster.redis), lease, 300, 60, "job x1",
+    mapping = rqbridge.entry_mapping(rqbridge.rq_queue(queue, cluster.redis), lease, 300, 60, "job x1",
                                      datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc))
     return rqbridge.push_entry(cluster.redis, LOCK_KEY, queue, rqbridge.entry_id(lease), mapping, cap, token,
                                at_front=at_front)
@@ -36,8 +40,10 @@ def test_a_pushed_entry_is_an_rq_job_that_rq_reads(cluster):
     q = Queue("down_mid", connection=cluster.redis)
     assert q.count == 1 and q.job_ids == ["dc-abc"]
     assert "down_mid" in [x.name for x in Queue.all(connection=cluster.redis)]  # rq's set of queues
-    job = Job.fetch("dc-abc", connection=cluster.redis)
-    assert job.func_name == rqbridge.DOWNLOAD_FUNCTION and job.args == ("abc",)
+    job = Job.fetch("dc-abc", connection=cluster.redis, serializer="json")
+    assert job.func_name == rqbridge.DOWNLOAD_FUNCTION and list(job.args) == ["abc"]
+    data = cluster.redis.hget(Job.key_for("dc-abc"), "data")
+    assert json.loads(zlib.decompress(data)) == [rqbridge.DOWNLOAD_FUNCTION, None, ["abc"], {}]  # JSON, not pickle
     assert job.origin == "down_mid" and job.get_status() == JobStatus.QUEUED
     assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(tzinfo=job.enqueued_at.tzinfo)
     assert job.timeout == 300 and job.result_ttl == 0 and job.failure_ttl == 60 and job.description == "job x1"
@@ -70,3 +76,28 @@ def test_waiting_entries_and_deletion(cluster):
     assert Queue("down_low", connection=cluster.redis).count == 0
     assert rqbridge.lease_of("dc-w2") == "w2" and rqbridge.lease_of("dcx-1") is None
     assert rqbridge.export_of("dcx-1") == "1" and rqbridge.export_of("dc-1") is None
+
+
+class _Mark:
+    """A pickle payload that would leave a file behind if anything unpickled it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.parametrize("entry", ["dc-planted", "dcx-planted", "os-getcwd"])
+def test_a_planted_pickle_entry_is_refused_unread(cluster, tmp_path, entry):
+    """An entry written by someone who reached Redis, with pickled data and meta that would run
+    code: fetched as ours it is refused (ForeignEntry), nothing is unpickled."""
+    mark = tmp_path / "mark"
+    planted = rq.Queue("down_low", connection=cluster.redis).enqueue_call(
+        "os.getcwd", args=(_Mark(str(mark)),), job_id=entry, meta={"x": _Mark(str(mark))})
+    assert planted.id == entry and cluster.redis.hget(Job.key_for(entry), "meta").startswith(b"\x80")  # pickle
+    with pytest.raises(rqbridge.ForeignEntry):
+        rqbridge.fetch_entry(cluster.redis, entry)
+    assert rqbridge.oldest_enqueued_at(cluster.redis, "down_low") is not None  # read as text only
+    rqbridge.delete_entry(cluster.redis, entry)  # refuses to read it, so leaves it
+    assert not mark.exists()

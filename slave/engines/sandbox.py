@@ -1,11 +1,19 @@
-"""Running untrusted python and shell downloaders in a process of their own: clean environment,
-private temp dir, resource limits (see ``sandbox_main``), capped output and a total deadline
-after which the whole process group is killed. The worker can be neither hung nor flooded.
+"""Running untrusted python and shell downloaders in a box the kernel keeps.
+
+Each download runs ``sandbox_main`` under bubblewrap: a pid namespace (everything the downloader
+starts, ``setsid()`` and double forks included, dies with it, and the worker dying kills it:
+``--die-with-parent``), private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (size-capped tmpfs,
+gone with the task), the host's files read-only, no capabilities, ``no_new_privs``; a uid of its
+own whose sockets the network wall (``wall``) keeps away from the cluster's services; resource
+limits, capped output and a total deadline. The worker can be neither hung nor flooded nor
+reached. Where bubblewrap, nftables or root are missing, python and shell downloads fail with one
+line saying what to install: never a weaker box.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -20,6 +28,7 @@ from pathlib import Path
 
 from common.errors import DownloadError
 from common.secrets import redact
+from slave.engines import wall
 from slave.engines.base import Download, Limits
 from slave.engines.charset import body_encoding
 from slave.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
@@ -41,8 +50,14 @@ class _Outcome:
         self.overflow = False
 
 
-def _environment(home: str, extra: dict[str, str]) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "PYTHONDONTWRITEBYTECODE": "1", **extra}
+BASE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+MAIN_INSIDE = "/tmp/.downcluster/sandbox_main.py"   # where the box sees ``script()``
+
+
+def _environment(extra: dict[str, str]) -> dict[str, str]:
+    """The downloader's whole environment (sandbox_main sets exactly this; nothing of the
+    worker's, nor what a library may add to a child's environment, gets through)."""
+    return {**BASE_ENV, "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
 def readable_by_all(path: str) -> bool:
@@ -99,51 +114,88 @@ def interpreter() -> str:
     return _interpreter
 
 
-def _killpg(pgid: int) -> bool:
-    """SIGKILL the whole group; False if it has no members left."""
+def _command(mode: str, limits: Limits, status_fd: int, info_fd: int) -> list[str]:
+    """bubblewrap around ``sandbox_main``: see the module docstring."""
+    size = str(limits.max_file_mb * 1024 * 1024)
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
+            "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+            "--info-fd", str(info_fd), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for private in ("/tmp", "/var/tmp", "/dev/shm"):
+        argv += ["--perms", "1777", "--size", size, "--tmpfs", private]
+    return argv + ["--ro-bind", script(), MAIN_INSIDE, "--chdir", "/tmp", "--",
+                   interpreter(), "-I", MAIN_INSIDE, mode, str(status_fd)]
+
+
+def _box_pid(info: bytes) -> int | None:
+    """The host pid of the box's init (bubblewrap's ``--info-fd`` JSON), once it is written."""
+    found = re.search(rb'"child-pid"\s*:\s*(\d+)', info)
+    return int(found.group(1)) if found else None
+
+
+def _kill_box(proc: subprocess.Popen, info_fd: int) -> None:
+    """SIGKILL the box's init: the kernel then kills every process of its pid namespace, and
+    bubblewrap, which waits for that init, exits only once they are all gone."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """Whether the leader has exited, without reaping it (its pid keeps the group id ours)."""
+        info = os.read(info_fd, 4096)
+    except OSError:
+        info = b""
+    pid = _box_pid(info)
     try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
 
 
-def _run(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], stdout_cap: int) -> _Outcome:
-    """Start the sandbox, feed it ``message``, collect capped output until it exits or the
-    deadline passes; the process group is always killed and the temp dir removed."""
+def _wait_status(status: bytes, returncode: int) -> int:
+    """The downloader's own exit (negative: its signal) as ``sandbox_main`` reported it; bubblewrap's
+    code when the report is missing (the box was killed)."""
+    try:
+        return os.waitstatus_to_exitcode(int(status.strip()))
+    except ValueError:
+        return -signal.SIGKILL if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) else returncode
+
+
+def _run(mode: str, message: dict, limits: Limits, stdout_cap: int, allow_private: bool) -> _Outcome:
+    """Start the box, feed it ``message``, collect capped output until it exits or the deadline
+    passes; whatever is left of it is killed before this returns."""
+    wall.ensure()
     deadline = time.monotonic() + limits.timeout
     outcome = _Outcome()
-    stdin_data = json.dumps(message, default=str).encode()
-    home = tempfile.mkdtemp(prefix="downcluster-sandbox-")
+    status_r, status_w = os.pipe()
+    info_r, info_w = os.pipe()
+    os.set_blocking(info_r, False)
     proc = pidfd = None
     try:
         proc = subprocess.Popen(
-            [interpreter(), "-I", script(), mode],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=home, env=_environment(home, extra_env), start_new_session=True, close_fds=True)
+            _command(mode, limits, status_w, info_w), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=dict(BASE_ENV), start_new_session=True, pass_fds=(status_w, info_w))
+        os.close(status_w)
+        os.close(info_w)
+        status_w = info_w = None
+        message = {**message, "uid": wall.uid_for(proc.pid, allow_private)}
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
-            pidfd = None  # fall back to polling the leader
-        _pump(proc, pidfd, stdin_data, outcome, deadline, limits.stderr_bytes, stdout_cap)
+            pidfd = None  # fall back to polling
+        _pump(proc, pidfd, json.dumps(message, default=str).encode(), outcome, deadline, limits.stderr_bytes,
+              stdout_cap)
     finally:
+        for fd in (status_w, info_w):
+            if fd is not None:
+                os.close(fd)
         if proc is not None:
-            # kill the group while the unreaped leader still pins its id, reap the leader,
-            # then once more for members that were being forked during the first signal
-            _killpg(proc.pid)
+            if proc.poll() is None:
+                _kill_box(proc, info_r)
             proc.wait()
-            if _killpg(proc.pid):
-                time.sleep(0.01)
-                _killpg(proc.pid)
-            outcome.returncode = proc.returncode
+            os.set_blocking(status_r, False)
+            try:
+                status = os.read(status_r, 64)
+            except OSError:
+                status = b""
+            outcome.returncode = _wait_status(status, proc.returncode)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     pipe.close()
@@ -151,7 +203,8 @@ def _run(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], st
                     pass
         if pidfd is not None:
             os.close(pidfd)
-        shutil.rmtree(home, ignore_errors=True)
+        os.close(status_r)
+        os.close(info_r)
     return outcome
 
 
@@ -190,7 +243,7 @@ def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
                         proc.stdin.close()
                 elif _read(key.fd, key.data, sel, outcome, stderr_bytes, stdout_cap) == "overflow":
                     return
-            if pidfd is None and _exited(proc):
+            if pidfd is None and proc.poll() is not None:
                 exited = True
         for fd, kind in ((out_fd, "out"), (err_fd, "err")):
             while fd in sel.get_map():
@@ -264,12 +317,14 @@ def shell_environment(url: str, proxy: str = "", cookie: str = "") -> dict[str, 
     return env
 
 
-def run_shell(code: str, url: str, limits: Limits, proxy: str = "", cookie: str = "") -> Download:
+def run_shell(code: str, url: str, limits: Limits, proxy: str = "", cookie: str = "",
+              allow_private: bool = False) -> Download:
     """Run ``/bin/sh -c CODE sh URL`` sandboxed; stdout is the body (status 200 on exit 0)."""
     if "\0" in url or "\0" in code or "\0" in proxy + cookie:
         raise DownloadError("URL, script, proxy or cookie contains a NUL byte", retryable=False)
-    message = {"code": code, "url": url, "limits": asdict(limits)}
-    outcome = _run_safely("shell", message, limits, shell_environment(url, proxy, cookie), limits.maxsize)
+    message = {"code": code, "url": url, "limits": asdict(limits),
+               "env": _environment(shell_environment(url, proxy, cookie))}
+    outcome = _run_safely("shell", message, limits, limits.maxsize, allow_private)
     if outcome.timed_out or outcome.overflow or outcome.returncode != 0:
         raise _redacted(_process_error(outcome, limits, limits.maxsize), [proxy, cookie])
     body = bytes(outcome.stdout)
@@ -281,7 +336,8 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
     settings = task.get("settings") if isinstance(task.get("settings"), dict) else {}
     secrets = [str(settings.get(k) or "") for k in ("proxy", "cookie")]
     cap = limits.maxsize + FRAME_OVERHEAD
-    outcome = _run_safely("python", {"code": code, "task": task, "limits": asdict(limits)}, limits, {}, cap)
+    message = {"code": code, "task": task, "limits": asdict(limits), "env": _environment({})}
+    outcome = _run_safely("python", message, limits, cap, bool(settings.get("allow_private")))
     frame = None if outcome.overflow else decode_frame(bytes(outcome.stdout))
     if frame is None:
         if not (outcome.timed_out or outcome.overflow or outcome.returncode):
@@ -309,9 +365,12 @@ def _is_str_dict(value) -> bool:
                                            for k, v in value.items())
 
 
-def _run_safely(mode: str, message: dict, limits: Limits, extra_env: dict[str, str], cap: int) -> _Outcome:
-    """``_run``, with a failure to start the sandbox (no memory, pids or fds) as DownloadError."""
+def _run_safely(mode: str, message: dict, limits: Limits, cap: int, allow_private: bool) -> _Outcome:
+    """``_run``, with a failure to start the sandbox (no memory, pids or fds; no box on this
+    host) as DownloadError."""
     try:
-        return _run(mode, message, limits, extra_env, cap)
+        return _run(mode, message, limits, cap, allow_private)
+    except wall.Unavailable as exc:
+        raise DownloadError(f"sandbox unavailable on this worker: {exc}", retryable=True) from None
     except (OSError, ValueError) as exc:
         raise DownloadError(f"cannot run the sandbox: {type(exc).__name__}: {exc}", retryable=True) from None

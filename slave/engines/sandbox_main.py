@@ -9,14 +9,12 @@ Frame: ``MAGIC | u32 header length | u64 body length | u64 request-body length |
 body | request body``. The header is ``{"ok": true, status_code, headers, remote_ip,
 request_headers}`` or ``{"ok": false, "kind": "exception" | "downloader" | "size", "error"}``.
 
-When started as root it switches, for good, to a uid of its own (``SANDBOX_UID_BASE + pid``):
-RLIMIT_NPROC (counted per real uid, ignored for root) holds, and the downloader can read
-neither the worker's environment (/proc/<pid>/environ) nor any file not readable by all. The
-parent side starts it with an interpreter every user can read (see ``sandbox.interpreter``).
-
-This process stays as the group's supervisor: it forks the downloader, waits for it and exits
-as it did; it asks the kernel for SIGTERM when its parent (the worker) dies and then kills the
-whole group, so no downloader outlives its worker.
+It runs inside the box ``slave.engines.sandbox`` builds with bubblewrap, which starts it as root
+without capabilities but CAP_SETUID/CAP_SETGID: it switches at once, for good, to the uid the
+parent chose (``message["uid"]``, one per box: RLIMIT_NPROC holds per box, the network wall
+matches it), applies the limits, then forks the downloader and stays as its supervisor: it waits
+for it and reports how it ended on the status fd (``argv[2]``), which the downloader does not
+hold. Its environment is exactly ``message["env"]``.
 """
 from __future__ import annotations
 
@@ -32,7 +30,6 @@ MAGIC = b"DCSB"
 PREFIX = struct.Struct(">4sIQQ")
 MAX_HEADER = 1024 * 1024            # header JSON plus request body allowed beside the body
 FRAME_OVERHEAD = PREFIX.size + MAX_HEADER
-SANDBOX_UID_BASE = 1_500_000_000    # far above any real account; + pid makes it unique
 
 
 def write_frame(out, header: dict, body: bytes = b"", request_body: bytes = b"") -> None:
@@ -78,34 +75,23 @@ def apply_limits(limits: dict) -> None:
         resource.setrlimit(which, (value, hard))
 
 
-def drop_privileges() -> None:
-    """When root, continue for good as an unprivileged uid of our own (no way back: real,
-    effective, saved and file-system uid all change); no-op otherwise."""
-    if os.geteuid() != 0:
-        return
-    uid = SANDBOX_UID_BASE + os.getpid()
-    os.chown(".", uid, uid)  # the private temp dir is our cwd and HOME
+def drop_privileges(uid: int) -> None:
+    """Continue for good as ``uid``: real, effective, saved and file-system ids all change, and
+    with them every capability goes."""
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid):
+        raise OSError("the uid did not change")
 
 
-def supervise(parent: int) -> None:
-    """Fork: the child returns and becomes the downloader; this process waits for it, exits
-    as it did, and kills the whole group if the worker (``parent``) dies first."""
-    import ctypes
-    import signal
-
-    def kill_group(signum=None, frame=None) -> None:
-        os.killpg(0, signal.SIGKILL)
-
-    signal.signal(signal.SIGTERM, kill_group)
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (after the uid change)
-    if os.getppid() != parent:  # the worker died before we asked
-        kill_group()
+def supervise(status_fd: int) -> None:
+    """Fork: the child returns and becomes the downloader; this process waits for it and writes
+    its wait status to ``status_fd``. The box's pid namespace takes care of the rest: whatever
+    the downloader started dies when this process and the box end."""
     child = os.fork()
     if child == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.close(status_fd)
         return
     os.close(0)
     for fd in (1, 2):  # only the downloader writes to the pipes
@@ -116,12 +102,8 @@ def supervise(parent: int) -> None:
             break
         except InterruptedError:
             continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
+    os.write(status_fd, b"%d\n" % status)
+    os._exit(0)
 
 
 # --- python mode --------------------------------------------------------------------------
@@ -230,23 +212,28 @@ def run_python(message: dict, out) -> int:
 
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else ""
-    if mode not in ("python", "shell"):
-        print("usage: python -m slave.engines.sandbox_main python|shell < message.json", file=sys.stderr)
+    if mode not in ("python", "shell") or len(argv) < 3 or not argv[2].isdigit():
+        print("usage: sandbox_main.py python|shell STATUS_FD < message.json", file=sys.stderr)
         return 2
+    status_fd = int(argv[2])
     message = json.loads(sys.stdin.buffer.read())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    parent = os.getppid()
+    os.closerange(3, status_fd)
+    os.closerange(status_fd + 1, 1 << 16)  # e.g. bubblewrap's info fd
     try:
-        drop_privileges()
-    except OSError as exc:  # e.g. a user namespace without that uid mapped: refuse to run as root
+        drop_privileges(int(message["uid"]))
+    except (OSError, KeyError, ValueError) as exc:  # never run a downloader as root
         print(f"sandbox: cannot drop root: {exc}", file=sys.stderr)
         return 70
     apply_limits(message["limits"])
-    supervise(parent)
+    env = {str(k): str(v) for k, v in message["env"].items()}
+    os.environ.clear()
+    os.environ.update(env)
+    supervise(status_fd)
     if mode == "shell":
-        os.execv("/bin/sh", ["/bin/sh", "-c", message["code"], "sh", message["url"]])
+        os.execve("/bin/sh", ["/bin/sh", "-c", message["code"], "sh", message["url"]], env)
     # the frame goes to a private copy of stdout; fd 1 and sys.stdout become stderr, so the
     # downloader's prints (and its child processes' output) cannot corrupt the frame
     out = os.fdopen(os.dup(1), "wb")
