@@ -20,6 +20,13 @@ services-check:
 	  else \
 	    echo "redis-server is required: install it (e.g. 'sudo apt-get install -y redis-server') and re-run"; exit 1; \
 	  fi; }
+	@{ command -v bwrap >/dev/null 2>&1 && command -v nft >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "bubblewrap or nftables not found: installing them for the downloader sandbox (apt-get install -y bubblewrap nftables)"; \
+	    (apt-get update -q && apt-get install -y -q bubblewrap nftables) >/dev/null; \
+	  else \
+	    echo "python and shell downloaders need bubblewrap and nftables ('sudo apt-get install -y bubblewrap nftables') and a root worker"; exit 1; \
+	  fi; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "chromium not found: installing it for the browser engine (apt-get install -y chromium chromium-driver)"; \

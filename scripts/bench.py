@@ -753,8 +753,8 @@ class Bench:
         qname = f"baseline_{label}"
         tag = uuid.uuid4().hex[:6]
         names = [f"baseline-{label}-{i}-{tag}" for i in range(4)]
-        workers = [self.procs.spawn([str(BIN / "rq"), "worker", "-u", self.redis_srv.url, "-n", n, "-q", qname],
-                                    env, n) for n in names]
+        workers = [self.procs.spawn([str(BIN / "rq"), "worker", "-n", n, "-q", qname],
+                                    {**env, "RQ_REDIS_URL": self.redis_srv.url}, n) for n in names]
         client = pymongo.MongoClient(uri)
         coll = client.get_default_database()["pages"]
         queue = Queue(qname, connection=redis)

@@ -115,7 +115,8 @@ def main() -> int:
     with RedisServer() as redis, MongoServer(storage=str(VAR / "mongo")) as mongo:
         env = {**os.environ, **env_for(redis.url, mongo.uri("downcluster"), mongo.uri("downcluster_log"),
                                        HOSTNAME="demo-host", RETRY_BACKOFF_BASE="0.2", DOWNLOAD_TIMEOUT="30")}
-        print(f"services: redis {redis.url}, mongodb {mongo.uri('downcluster')}, sample site {base}\n")
+        print(f"services: redis 127.0.0.1:{redis.port} (with a password), mongodb {mongo.uri('downcluster')}, "
+              f"sample site {base}\n")
         for manifest in ("python_job.toml", "shell_job.toml", "builtin_job.toml", "browser_job.toml"):
             run(["job", "register", str(JOBS / manifest)], env)
         run(["job", "list"], env)

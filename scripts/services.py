@@ -7,6 +7,7 @@ answers PING ~20 ms after launch, SecantusDB answers ``ping`` ~1.6 s after launc
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -87,22 +88,33 @@ class _Server:
 
 
 class RedisServer(_Server):
-    """A private redis-server (no persistence: a restart starts empty) on a free port."""
+    """A private redis-server (no persistence: a restart starts empty) on a free port, with a
+    password of its own (``requirepass`` in its config file, never on its command line)."""
 
     name = "redis"
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, password: str | None = None) -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server not found on PATH: install it (apt-get install -y redis-server)")
         super().__init__(port)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = secrets.token_urlsafe(18) if password is None else password
+        self.url = self.url_at(self.port)
+
+    def url_at(self, port: int) -> str:
+        """The URL of this server's database 0 through ``port`` (a relay's, say), with its password."""
+        return f"redis://:{self.password}@127.0.0.1:{port}/0" if self.password else f"redis://127.0.0.1:{port}/0"
 
     def start(self) -> None:
+        conf = os.path.join(self.dir, "redis.conf")
+        with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(f'port {self.port}\nbind 127.0.0.1\nsave ""\nappendonly no\ndir {self.dir}\n')
+            if self.password:
+                f.write(f"requirepass {self.password}\n")
         # no retries: redis-py 8 retries a timed-out PING for ~25 s by default
-        client = redis.Redis(port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+        client = redis.Redis(port=self.port, password=self.password or None, socket_timeout=1,
+                             retry=Retry(NoBackoff(), 0))
         try:
-            self._launch(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--dir", self.dir], client.ping, 20)
+            self._launch(["redis-server", conf], client.ping, 20)
         finally:
             client.close()
 

@@ -28,12 +28,24 @@ def build_worker(host: str = "", simple: bool = False, name: str | None = None, 
     return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 
 
+def build_the_wall() -> None:
+    """The sandbox's network wall, up before the first entry; where it cannot be built, one line
+    says so and python and shell downloads fail (retryable, so another worker may take them)."""
+    from slave.engines import wall
+
+    try:
+        wall.ensure()
+    except wall.Unavailable as exc:
+        logging.getLogger(__name__).warning("python and shell downloads are refused on this worker: %s", exc)
+
+
 def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,
                logging_level: str = "INFO", max_jobs: int | None = None, foreign: bool = False,
                exports: bool = True) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME)
+    build_the_wall()
     if mode == "async":
         from slave.runner import serve
 

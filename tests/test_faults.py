@@ -38,9 +38,9 @@ def fast(cluster, monkeypatch):
 
 
 def start_worker(cluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "rq"), "worker", "-u", cluster.env["DOWNCLUSTER_REDIS_URL"], *args,
+    return subprocess.Popen([str(BIN / "rq"), "worker", "--serializer", "json", *args,
                              "down_super", "down_high", "down_mid", "down_low"],
-                            env={**os.environ, **cluster.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **cluster.env, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
 

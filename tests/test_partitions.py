@@ -143,7 +143,7 @@ def test_pause_then_resume(fast, tmp_path):
 def test_partition_then_heal(fast, tmp_path):
     start_job(fast, tmp_path, "p2")
     rr, mr = Relay(fast.redis_server.port), Relay(fast.mongo_server.port)
-    env = {**fast.env, "DOWNCLUSTER_REDIS_URL": f"redis://127.0.0.1:{rr.port}/0",
+    env = {**fast.env, "DOWNCLUSTER_REDIS_URL": fast.redis_server.url_at(rr.port),
            "DOWNCLUSTER_MONGO_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test",
            "DOWNCLUSTER_MONGO_LOG_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test_log"}
     a = worker(env, "--name", "a")
@@ -164,7 +164,7 @@ def test_partition_then_heal(fast, tmp_path):
 def test_partition_on_the_data_insert_with_old_connections_resuming_late(fast, tmp_path):
     start_job(fast, tmp_path, "p3")
     rr, mr = Relay(fast.redis_server.port), Relay(fast.mongo_server.port)
-    env = {**fast.env, "DOWNCLUSTER_REDIS_URL": f"redis://127.0.0.1:{rr.port}/0",
+    env = {**fast.env, "DOWNCLUSTER_REDIS_URL": fast.redis_server.url_at(rr.port),
            "DOWNCLUSTER_MONGO_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test",
            "DOWNCLUSTER_MONGO_LOG_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test_log"}
     mr.partition_on(b"\x02insert\x00", b"crawler_download_data")  # A's first data insert is held: the cut lands on it

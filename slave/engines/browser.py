@@ -33,6 +33,7 @@ from requests.structures import CaseInsensitiveDict
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
+from slave.engines import wall
 from slave.engines.base import Download, Limits
 from slave.engines.http import _masked, _secrets_of, classify_status
 
@@ -76,8 +77,14 @@ class Browser:
             raise DownloadError("browser engine: chromium is not installed (apt-get install chromium)", retryable=True)
         self.dir = tempfile.mkdtemp(prefix="downcluster-browser-")
         uid = None
-        if os.geteuid() == 0:  # never render untrusted pages as root
-            uid = 1_400_000_000 + os.getpid() % 1_000_000
+        if os.geteuid() == 0:  # never render untrusted pages as root, nor where the wall does not hold
+            try:
+                wall.ensure()
+            except wall.Unavailable as exc:
+                raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}", retryable=True) from None
+            # a sandbox uid of the wall's private range: pages and download_js reach no cluster service
+            # (unique while this worker lives: no sandbox has this process's pid)
+            uid = wall.uid_for(os.getpid(), allow_private=True)
             os.chown(self.dir, uid, uid)
         args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -46,7 +46,7 @@ NFT_TIMEOUT = 10
 INSTALL = "apt-get install -y bubblewrap nftables"
 
 _lock = threading.Lock()
-_installed: tuple[int, str] | None = None   # (pid, rule set) of this process's table
+_installed: tuple[int, tuple] | None = None   # (pid, _inputs()) of this process's table
 
 
 class Unavailable(Exception):
@@ -237,23 +237,32 @@ def _sweep() -> None:
                 pass  # another worker removed it first
 
 
+def _inputs() -> tuple:
+    """The settings the rule set is made of: the table is made again only when they change."""
+    from common.connections import control_uri
+
+    return (settings.REDIS_URL, settings.MONGO_URI, settings.MONGO_LOG_URI, control_uri(), settings.WEB_BIND,
+            settings.SANDBOX_DENY, settings.SANDBOX_ALLOW)
+
+
 def ensure() -> None:
-    """Install this process's table (again if the services it walls off changed); Unavailable
-    with one line when the box cannot be built here."""
+    """Install this process's table once (again if the services it walls off changed); cheap
+    when it is in place. Unavailable, with one line, when the box cannot be built here."""
     global _installed
-    why = check()
-    if why:
-        raise Unavailable(why)
-    table = f"{TABLE_PREFIX}{os.getpid()}"
-    script = ruleset(table)
+    inputs = (os.getpid(), _inputs())
+    if _installed == inputs:
+        return
     with _lock:
-        if _installed == (os.getpid(), script):
+        if _installed == inputs:
             return
+        why = check()
+        if why:
+            raise Unavailable(why)
         fresh = _installed is None or _installed[0] != os.getpid()
         if fresh:
             _sweep()
-        _nft(script)
-        _installed = (os.getpid(), script)
+        _nft(ruleset(f"{TABLE_PREFIX}{os.getpid()}"))
+        _installed = inputs
         if fresh:
             import atexit
 
