@@ -82,14 +82,22 @@ def _hosts_of(url: str) -> str:
 def unreachable(exc: BaseException) -> str | None:
     """One line naming the service ``exc`` says is unreachable and its host:port, or None when
     ``exc`` is not a connection failure."""
-    from pymongo.errors import ConnectionFailure
+    from pymongo.errors import ConnectionFailure, OperationFailure
+    from redis.exceptions import AuthenticationError, ResponseError
     from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
 
+    if isinstance(exc, OperationFailure) and exc.code in MONGO_AUTH_CODES:
+        return f"MongoDB refused the credentials at {_hosts_of(settings.MONGO_URI)}"
     if isinstance(exc, ConnectionFailure):
         return f"MongoDB unreachable at {_hosts_of(settings.MONGO_URI)}"
+    if isinstance(exc, AuthenticationError) or (isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))):
+        return f"Redis refused the credentials at {_hosts_of(settings.REDIS_URL)}"
     if isinstance(exc, (RedisConnectionError, RedisTimeout)):
         return f"Redis unreachable at {_hosts_of(settings.REDIS_URL)}"
     return None
+
+
+MONGO_AUTH_CODES = (13, 18)  # Unauthorized, AuthenticationFailed
 
 
 # redis-py 8 asks every new RESP3 connection for maintenance notifications (a Redis Enterprise

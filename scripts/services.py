@@ -124,22 +124,44 @@ class MongoServer(_Server):
 
     ``storage=":memory:"`` (the default) loses all data when the server stops, so a
     ``stop()``/``start()`` pair gives an empty server; a directory path persists across them.
+    With ``user`` and ``password`` (a directory storage only) the server requires SCRAM
+    authentication: the user is created on a first start without it, then the server restarts
+    with ``--auth``; ``uri()`` carries the credentials.
     """
 
     name = "secantus"
 
-    def __init__(self, storage: str = ":memory:", port: int | None = None) -> None:
+    def __init__(self, storage: str = ":memory:", port: int | None = None, user: str = "",
+                 password: str = "") -> None:
         super().__init__(port)
-        self.storage = storage
+        if user and storage == ":memory:":
+            raise ValueError("a MongoServer with a user needs a storage directory (the user must survive a restart)")
+        self.storage, self.user, self.password = storage, user, password
+        self._auth = False
 
     def uri(self, db: str) -> str:
+        if self.user:
+            return f"mongodb://{self.user}:{self.password}@127.0.0.1:{self.port}/{db}?authSource=admin"
         return f"mongodb://127.0.0.1:{self.port}/{db}"
 
     def start(self) -> None:
+        if self.user and not self._auth:
+            self._start()
+            client = pymongo.MongoClient(port=self.port)
+            try:
+                client.admin.command("createUser", self.user, pwd=self.password, roles=[{"role": "root", "db": "admin"}])
+            finally:
+                client.close()
+            self.stop()
+            self._auth = True
+        self._start()
+
+    def _start(self) -> None:
         client = pymongo.MongoClient(port=self.port, serverSelectionTimeoutMS=500, connect=False)
+        argv = [sys.executable, "-m", "secantus", "--port", str(self.port), "--storage-path", self.storage,
+                "--standalone", "--log-level", "WARNING"] + (["--auth"] if self._auth else [])
         try:
-            self._launch([sys.executable, "-m", "secantus", "--port", str(self.port), "--storage-path", self.storage,
-                          "--standalone", "--log-level", "WARNING"], lambda: client.admin.command("ping"), 60)
+            self._launch(argv, lambda: client.admin.command("ping"), 60)  # ping needs no authentication
         finally:
             client.close()
 
