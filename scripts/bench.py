@@ -794,6 +794,35 @@ class Bench:
 
 # --- plan, report --------------------------------------------------------------------------
 
+def bench_sandbox(runs: int) -> dict:
+    """Milliseconds (median of ``runs``) of one python and one shell download through the
+    sandbox (bubblewrap box, uid, wall), beside the floor: the same interpreter started bare,
+    so the difference is the box's own cost."""
+    import statistics
+
+    from slave.engines import sandbox
+    from slave.engines.base import Limits
+
+    limits = Limits(timeout=30)
+
+    def median_ms(fn) -> float:
+        fn()  # the wall is built and the interpreter warm before timing
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(statistics.median(times) * 1000, 1)
+
+    code = "def download(task):\n    return {'status_code': 200, 'body': 'x'}\n"
+    return {"runs": runs,
+            "python_ms": median_ms(lambda: sandbox.run_python(code, {"url": "u", "settings": {}}, limits)),
+            "shell_ms": median_ms(lambda: sandbox.run_shell("printf x", "u", limits)),
+            "bare_python_ms": median_ms(lambda: subprocess.run([sandbox.interpreter(), "-I", "-c", "pass"], check=True)),
+            "bare_shell_ms": median_ms(lambda: subprocess.run(["/bin/sh", "-c", "printf x"], check=True,
+                                                              stdout=subprocess.DEVNULL))}
+
+
 def e2e_timeout(bench: Bench, pages: int, share: float) -> float:
     """At most max(120, N/20) s, and this phase's share of what is left of the time budget."""
     overhead = pages / 1500 + 15  # inserting the tasks (~1.5k docs/s), start-up and shutdown
@@ -1033,6 +1062,12 @@ def main(argv=None) -> int:
                                                     page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
                             lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
                                                            urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
+        if not args.exports_only and not args.compare_only:
+            phase("sandbox", "python and shell downloads through the sandbox (box, uid, wall) vs a bare process",
+                  lambda: bench_sandbox(20 if args.smoke else 200))
+            if results.get("sandbox"):
+                print("  python {python_ms} ms (bare {bare_python_ms}), shell {shell_ms} ms (bare {bare_shell_ms})"
+                      .format(**results["sandbox"]), flush=True)
         if args.exports_only or (not args.skip_exports and not args.compare_only):
             phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, each on a worker",
                   lambda: bench.bench_exports(args.export_rows))

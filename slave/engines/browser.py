@@ -82,9 +82,7 @@ class Browser:
                 wall.ensure()
             except wall.Unavailable as exc:
                 raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}", retryable=True) from None
-            # a sandbox uid of the wall's private range: pages and download_js reach no cluster service
-            # (unique while this worker lives: no sandbox has this process's pid)
-            uid = wall.uid_for(os.getpid(), allow_private=True)
+            uid = wall.browser_uid()  # walled: pages and download_js reach no cluster service
             os.chown(self.dir, uid, uid)
         args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",

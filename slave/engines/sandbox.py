@@ -162,6 +162,11 @@ def _run(mode: str, message: dict, limits: Limits, stdout_cap: int, allow_privat
     """Start the box, feed it ``message``, collect capped output until it exits or the deadline
     passes; whatever is left of it is killed before this returns."""
     wall.ensure()
+    with wall.sandbox_uid(allow_private) as uid:
+        return _run_as(uid, mode, message, limits, stdout_cap)
+
+
+def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int) -> _Outcome:
     deadline = time.monotonic() + limits.timeout
     outcome = _Outcome()
     status_r, status_w = os.pipe()
@@ -175,13 +180,12 @@ def _run(mode: str, message: dict, limits: Limits, stdout_cap: int, allow_privat
         os.close(status_w)
         os.close(info_w)
         status_w = info_w = None
-        message = {**message, "uid": wall.uid_for(proc.pid, allow_private)}
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
             pidfd = None  # fall back to polling
-        _pump(proc, pidfd, json.dumps(message, default=str).encode(), outcome, deadline, limits.stderr_bytes,
-              stdout_cap)
+        _pump(proc, pidfd, json.dumps({**message, "uid": uid}, default=str).encode(), outcome, deadline,
+              limits.stderr_bytes, stdout_cap)
     finally:
         for fd in (status_w, info_w):
             if fd is not None:

@@ -1,9 +1,11 @@
 """The sandbox's network wall: nftables rules on the host that match the sandbox uids.
 
-Every python or shell downloader runs as a uid of its own (``uid_for``), and the kernel stamps
-each socket with the uid that made it, which the downloader cannot change (it has no
-capabilities). One nftables table per worker process matches those uids on the host's output
-hook and rejects, for every sandbox:
+Every python or shell downloader runs as a uid of its own, and the kernel stamps each socket
+with the uid that made it, which the downloader cannot change (it has no capabilities). Each
+worker process owns a block of uids (``Block``: one per sandbox it runs at once, ordinary jobs'
+first, then ``allow_private`` jobs', the last kept for its browsers) and one nftables table
+matching exactly that block on the host's output hook, so workers of other clusters or settings
+on the same host never meet each other's rules. The table rejects, for every sandbox:
 
   * the cluster's services: Redis, MongoDB (source, log, control), the web and metrics
     (``WEB_BIND``) — on any address of this host for services it holds, at their addresses
@@ -11,8 +13,9 @@ hook and rejects, for every sandbox:
 
 and for sandboxes of jobs without ``allow_private``:
 
-  * every address of this host, loopback, link-local (cloud metadata), multicast; except the
-    DNS servers of ``/etc/resolv.conf`` and the forward proxies listed in ``SANDBOX_ALLOW``.
+  * every address of this host and every address that is not global (loopback, private,
+    link-local such as cloud metadata, multicast, reserved); except the DNS servers of
+    ``/etc/resolv.conf`` and the proxies listed in ``SANDBOX_ALLOW``.
 
 Why this, and not a network namespace per sandbox with user-mode networking (pasta,
 slirp4netns): those start a process per download and still reach the host's other addresses
@@ -29,19 +32,28 @@ import shutil
 import socket
 import subprocess
 import threading
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from common.config import settings
 
-__all__ = ["Unavailable", "check", "ensure", "remove", "uid_for"]
+__all__ = ["Unavailable", "browser_uid", "check", "ensure", "remove", "sandbox_uid"]
 
 logger = logging.getLogger(__name__)
 
 UID_BASE = 1_500_000_000      # far above any real account
-UID_SPAN = 1 << 22            # the kernel's largest pid_max: n is a pid
-PRIVATE_BASE = UID_BASE + UID_SPAN   # sandboxes of jobs with allow_private = true
-UID_END = PRIVATE_BASE + UID_SPAN
+SLOTS = 256                   # sandboxes one worker process runs at once, per kind of job
+BLOCK = 2 * SLOTS             # a worker process's uids: ordinary jobs', then allow_private jobs'
+PID_SPAN = 1 << 22            # the kernel's largest pid_max
+UID_END = UID_BASE + PID_SPAN * BLOCK   # below 2**32 - 1
 TABLE_PREFIX = "downcluster_"
+# what ordinary jobs' downloaders may not reach: every address that is not global (IANA's
+# special-purpose registries: loopback, private, shared, link-local, documentation, benchmark,
+# multicast, reserved), as the built-in engines judge it (common/netguard.py)
+NOT_GLOBAL_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+                 "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
+                 "203.0.113.0/24", "224.0.0.0/3")
+NOT_GLOBAL_V6 = ("::/127", "100::/64", "2001:db8::/32", "fc00::/7", "fe80::/10", "ff00::/8")
 NFT_TIMEOUT = 10
 INSTALL = "apt-get install -y bubblewrap nftables"
 
@@ -53,9 +65,52 @@ class Unavailable(Exception):
     """The box cannot be built on this host; python and shell downloaders are refused."""
 
 
-def uid_for(n: int, allow_private: bool) -> int:
-    """The uid of sandbox ``n`` (the pid of its bubblewrap process, unique while it lives)."""
-    return (PRIVATE_BASE if allow_private else UID_BASE) + n % UID_SPAN
+def block_of(pid: int) -> int:
+    """The first uid of worker process ``pid``'s block (unique while it lives; its sandboxes and
+    browsers die with it)."""
+    return UID_BASE + pid % PID_SPAN * BLOCK
+
+
+class _Slots:
+    """This process's free uids, one per sandbox running at once."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.free: dict[bool, list[int]] = {}
+
+    def take(self, allow_private: bool) -> int:
+        with _lock:
+            if self.pid != os.getpid():  # a forked work-horse owns a block of its own
+                base = block_of(os.getpid())
+                self.pid = os.getpid()
+                self.free = {False: list(range(base, base + SLOTS)),
+                             True: list(range(base + SLOTS, base + BLOCK - 1))}  # the last: browsers
+            if not self.free[allow_private]:
+                raise Unavailable(f"more than {SLOTS} sandboxes at once in one worker process")
+            return self.free[allow_private].pop()
+
+    def give(self, uid: int) -> None:
+        with _lock:
+            if self.pid == os.getpid():
+                self.free[uid - block_of(self.pid) >= SLOTS].append(uid)
+
+
+_slots = _Slots()
+
+
+@contextmanager
+def sandbox_uid(allow_private: bool):
+    """A uid of this worker's block for one sandbox, free again once the sandbox is gone."""
+    uid = _slots.take(allow_private)
+    try:
+        yield uid
+    finally:
+        _slots.give(uid)
+
+
+def browser_uid() -> int:
+    """The uid of this worker's browsers (the private kind: pages of intranet jobs load)."""
+    return block_of(os.getpid()) + BLOCK - 1
 
 
 def check() -> str | None:
@@ -89,7 +144,7 @@ def _host_port(text: str, default: int | None) -> tuple[str, int | None]:
 
 def _addresses(host: str) -> set[str]:
     try:
-        return {ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        return {ai[4][0].split("%")[0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except (OSError, UnicodeError):
         logger.warning("sandbox wall: cannot resolve %s; it is not walled off by address", host)
         return set()
@@ -149,16 +204,22 @@ def _resolvers() -> set[str]:
     return found
 
 
-def ruleset(table: str) -> str:
-    """The nftables script that installs (or replaces) ``table``."""
+def _endpoint(address: str, port: int, local_ports: set[int], remote: set[tuple[str, int]]) -> None:
+    """Wall off ``address:port``; on any address of this host too when it is one of ours."""
+    remote.add((address, port))
+    if _is_local(address):
+        local_ports.add(port)
+
+
+def _targets() -> tuple[set[int], set[tuple[str, int]], set[str], set[tuple[str, int]]]:
+    """(local service ports, remote (address, port) services, denied networks, allowed
+    (address, port)) from the cluster's settings."""
     local_ports: set[int] = set()
     remote: set[tuple[str, int]] = set()
+    denied: set[str] = set()
     for host, port in service_endpoints():
         for address in _addresses(host):
-            if _is_local(address):
-                local_ports.add(port)
-            remote.add((address, port))
-    denied: set[str] = set()
+            _endpoint(address, port, local_ports, remote)
     for item in _split(settings.SANDBOX_DENY):
         try:
             denied.add(str(ipaddress.ip_network(item, strict=False)))
@@ -170,45 +231,53 @@ def ruleset(table: str) -> str:
             if port is None:
                 denied.add(address)
             else:
-                remote.add((address, port))
-                if _is_local(address):
-                    local_ports.add(port)
+                _endpoint(address, port, local_ports, remote)
     allowed: set[tuple[str, int]] = {(a, 53) for a in _resolvers()}
     for item in _split(settings.SANDBOX_ALLOW):
         host, port = _host_port(item, None)
         if port is None:
             raise Unavailable(f"SANDBOX_ALLOW: {item!r} needs a port (host:port of a proxy)")
         allowed.update((a, port) for a in _addresses(host))
+    return local_ports, remote, denied, allowed
 
-    def family(address: str) -> str:
-        return "ip6" if ipaddress.ip_network(address, strict=False).version == 6 else "ip"
 
-    def deny(match: str) -> list[str]:  # TCP gets a reset, so connect() fails at once
-        return [f"meta l4proto tcp {match} reject with tcp reset", f"{match} reject with icmpx admin-prohibited"]
+def _family(address: str) -> str:
+    return "ip6" if ipaddress.ip_network(address, strict=False).version == 6 else "ip"
 
+
+def _deny(match: str) -> list[str]:
+    """Reject what ``match`` matches; TCP with a reset, so connect() fails at once."""
+    return [f"meta l4proto tcp {match} reject with tcp reset", f"{match} reject with icmpx admin-prohibited"]
+
+
+def _pairs(items, fam: str) -> str:
+    return ", ".join(sorted(f"{a} . {p}" for a, p in items if _family(a) == fam))
+
+
+def ruleset() -> str:
+    """The nftables script that installs (or replaces) this process's table."""
+    table, first = _table(), block_of(os.getpid())
+    local_ports, remote, denied, allowed = _targets()
     rules: list[str] = []
     if local_ports:
-        rules += deny(f"fib daddr type local tcp dport {{ {', '.join(map(str, sorted(local_ports)))} }}")
+        rules += _deny(f"fib daddr type local tcp dport {{ {', '.join(map(str, sorted(local_ports)))} }}")
     for fam in ("ip", "ip6"):
-        pairs = sorted(f"{a} . {p}" for a, p in remote if family(a) == fam)
-        if pairs:
-            rules += deny(f"{fam} daddr . tcp dport {{ {', '.join(pairs)} }}")
-        nets = sorted(n for n in denied if family(n) == fam)
+        if _pairs(remote, fam):
+            rules += _deny(f"{fam} daddr . tcp dport {{ {_pairs(remote, fam)} }}")
+        nets = ", ".join(sorted(n for n in denied if _family(n) == fam))
         if nets:
-            rules += deny(f"{fam} daddr {{ {', '.join(nets)} }}")
-        pairs = sorted(f"{a} . {p}" for a, p in allowed if family(a) == fam)
-        if pairs:
-            rules.append(f"{fam} daddr . tcp dport {{ {', '.join(pairs)} }} accept")
-            rules.append(f"{fam} daddr . udp dport {{ {', '.join(pairs)} }} accept")
-    rules.append(f"meta skuid >= {PRIVATE_BASE} accept")
-    rules += deny("fib daddr type local")
-    rules += deny("ip daddr { 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/3 }")
-    rules += deny("ip6 daddr { ::/127, fe80::/10, ff00::/8 }")
+            rules += _deny(f"{fam} daddr {{ {nets} }}")
+        if _pairs(allowed, fam):
+            rules += [f"{fam} daddr . {proto} dport {{ {_pairs(allowed, fam)} }} accept" for proto in ("tcp", "udp")]
+    rules.append(f"meta skuid >= {first + SLOTS} accept")  # allow_private jobs and browsers: the rest is theirs
+    rules += _deny("fib daddr type local")
+    rules += _deny(f"ip daddr {{ {', '.join(NOT_GLOBAL_V4)} }}")
+    rules += _deny(f"ip6 daddr {{ {', '.join(NOT_GLOBAL_V6)} }}")
     body = "\n".join("    " + rule for rule in rules)
     # only packets of sandbox sockets enter chain "box" (the kernel's own replies have no socket)
     return (f"table inet {table}\ndelete table inet {table}\n"
             f"table inet {table} {{\n  chain out {{\n    type filter hook output priority filter; policy accept;\n"
-            f"    meta skuid {UID_BASE}-{UID_END - 1} jump box\n  }}\n  chain box {{\n{body}\n  }}\n}}\n")
+            f"    meta skuid {first}-{first + BLOCK - 1} jump box\n  }}\n  chain box {{\n{body}\n  }}\n}}\n")
 
 
 # --- the table's life -------------------------------------------------------------------------
@@ -237,6 +306,10 @@ def _sweep() -> None:
                 pass  # another worker removed it first
 
 
+def _table() -> str:
+    return f"{TABLE_PREFIX}{os.getpid()}"
+
+
 def _inputs() -> tuple:
     """The settings the rule set is made of: the table is made again only when they change."""
     from common.connections import control_uri
@@ -261,7 +334,7 @@ def ensure() -> None:
         fresh = _installed is None or _installed[0] != os.getpid()
         if fresh:
             _sweep()
-        _nft(ruleset(f"{TABLE_PREFIX}{os.getpid()}"))
+        _nft(ruleset())
         _installed = inputs
         if fresh:
             import atexit
@@ -276,7 +349,7 @@ def remove() -> None:
         if _installed is None or _installed[0] != os.getpid():
             return
         try:
-            _nft(None, "delete", "table", "inet", f"{TABLE_PREFIX}{os.getpid()}")
+            _nft(None, "delete", "table", "inet", _table())
         except Unavailable:
             pass
         _installed = None
