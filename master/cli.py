@@ -61,7 +61,7 @@ def job_show(name: str, as_json: bool) -> None:
     click.echo(f"type: {j['type']}\ncode: {j['code_chars']} characters")
     s = j.get("settings") or {}
     for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails", "host_concurrency",
-                "host_delay", "obey_robots"):
+                "host_delay", "obey_robots", "allow_private"):
         click.echo(f"{key}: {s.get(key)}")
     click.echo(f"prior: {s.get('prior')} ({s.get('prior_meaning')})")
     if s.get("download_js_chars"):

@@ -33,6 +33,7 @@ class _Loop:
         self.pool = browser.Pool(size=1, max_pages=50, memory_mb=256)
 
     def fetch(self, url: str, timeout: float = 20, **kw):
+        kw.setdefault("allow_private", True)  # the sample site is on loopback
         coro = browser.fetch(url, limits=Limits(timeout=timeout), pool=self.pool, idle_max=2.0, **kw)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout + 30)
 
