@@ -428,7 +428,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         error = classify_status(status, CaseInsensitiveDict(response.get("headers") or {}).get("Retry-After"))
         if error is not None:
             raise error
-        body = await _result(b, session, js)
+        body = await _answering(page, events, _result(b, session, js))
         if len(body) > limits.maxsize:
             raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         response_headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
@@ -444,6 +444,24 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             await b.call("Target.disposeBrowserContext", {"browserContextId": ctx})
         except Exception:  # noqa: BLE001 - the browser may be gone; it is restarted then
             pass
+
+
+async def _answering(page: _Page, events: asyncio.Queue, work):
+    """``work``'s result, the page's events answered meanwhile: a request the script makes waits
+    paused in Fetch until it is continued or refused."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await page.on(getter.result())
+            else:
+                getter.cancel()
+            if task.done():
+                return task.result()
+    finally:
+        task.cancel()
 
 
 async def _result(b: Browser, session: str, js: str) -> bytes:
