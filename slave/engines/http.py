@@ -185,7 +185,9 @@ class _Adapter(HTTPAdapter):
 
 
 def new_session() -> requests.Session:
-    """A session for up to 16 concurrent fetches; share one per worker thread pool."""
+    """A session for up to 16 concurrent fetches; share one per worker thread pool. Only its
+    connections judge the address they reach: a session made elsewhere checks addresses in URLs
+    alone."""
     session = requests.Session()
     session.trust_env = False
     adapter = _Adapter(pool_connections=16, pool_maxsize=32, max_retries=0)
