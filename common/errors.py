@@ -7,6 +7,7 @@
     │   └── Conflict         it exists, but its state forbids the action (cancel a finished export)
     ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
+        └── AddressRefused   the address connected to is not one the cluster may reach (not retryable)
 """
 from __future__ import annotations
 
@@ -48,3 +49,11 @@ class DownloadError(DownclusterError):
         self.reason = reason
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class AddressRefused(DownloadError):
+    """A request would reach an address the cluster refuses (loopback, private, link-local, one
+    of its own services; see ``common/netguard.py``). Not retryable: the address is the answer."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, retryable=False)

@@ -3,27 +3,32 @@
 up to WEBHOOK_MAX_ATTEMPTS; every attempt is written to ``notification_log``.
 
 A delivery never raises into its caller: dispatching and downloading go on whatever a receiver
-or an SMTP server does. Callbacks must be http(s) and, unless WEBHOOK_ALLOW_PRIVATE, resolve
-only to public addresses (checked at request time and again before each attempt).
+or an SMTP server does. A callback URL is read by one parser (``callback_target``) for the check
+and for the connection: plain http(s)://host[:port]/path, no user info, backslash, space or
+control character that other parsers read differently. Its host is resolved once per attempt,
+every address judged (``common/netguard.py``: public only unless WEBHOOK_ALLOW_PRIVATE, never a
+service of the cluster) and the POST connects to a judged address, with the name in the Host
+header and, for https, in SNI and the certificate check: no second lookup to rebind.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
 import smtplib
-import socket
 import ssl
+from dataclasses import dataclass
 from datetime import timedelta
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import requests
+import certifi
+import urllib3
 
+from common import netguard
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import AddressRefused, ValidationError
 from common.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, utcnow
 from common.retry import backoff
 from common.secrets import redact
@@ -32,6 +37,24 @@ from common.signing import webhook_signature
 logger = logging.getLogger(__name__)
 MAIL_RE = re.compile(r"^[^@\s,<>]+@[^@\s,<>]+\.[^@\s,<>]+$")
 CLAIM = timedelta(seconds=120)
+# http(s)://host[:port][/path][?query][#fragment]: a host name or an IP (v6 in brackets), nothing
+# between "//" and the host, and only printable ASCII without a backslash anywhere
+CALLBACK_RE = re.compile(r"(?P<scheme>https?)://(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+))"
+                         r"(?::(?P<port>[0-9]{1,5}))?(?P<target>[/?#][!-\[\]-~]*)?", re.ASCII | re.IGNORECASE)
+WEBHOOK_HINT = "set WEBHOOK_ALLOW_PRIVATE to allow"
+
+
+@dataclass(frozen=True)
+class CallbackTarget:
+    scheme: str
+    host: str       # a name or an IP, without brackets
+    port: int
+    target: str     # path and query, as sent in the request line
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == (443 if self.scheme == "https" else 80) else f"{host}:{self.port}"
 
 
 def check_mail(address: str) -> str:
@@ -40,28 +63,35 @@ def check_mail(address: str) -> str:
     return address
 
 
-def check_callback(url: str) -> str:
-    """``url`` if it is an http(s) URL whose host resolves to public addresses only."""
+def callback_target(url: str) -> CallbackTarget:
+    """Where a callback URL points, as the delivery will connect: the one parser of callback URLs."""
     if not isinstance(url, str) or len(url) > 2048:
         raise ValidationError("callback_url must be a URL of at most 2048 characters")
+    found = CALLBACK_RE.fullmatch(url)
+    if found is None:
+        raise ValidationError("callback_url must be http(s)://host[:port]/path in printable ASCII, "
+                              "without user info or backslashes")
+    scheme, port = found["scheme"].lower(), int(found["port"] or (443 if found["scheme"].lower() == "https" else 80))
+    host = (found["ip6"] or found["host"]).lower().rstrip(".")
+    if found["ip6"] and netguard.parse_ip(host) is None or not 0 < port < 65536 or not host:
+        raise ValidationError("callback_url has an invalid host or port")
+    target = (found["target"] or "/").split("#", 1)[0]
+    return CallbackTarget(scheme, host, port, target if target.startswith("/") else "/" + target)
+
+
+def _addresses(target: CallbackTarget) -> list[str]:
+    """The judged addresses of ``target``'s host (ValidationError with one line when refused)."""
     try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise ValidationError("callback_url is not a valid URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValidationError("callback_url must be an http:// or https:// URL with a host")
-    if settings.WEBHOOK_ALLOW_PRIVATE:
-        return url
-    try:
-        infos = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        raise ValidationError(f"callback_url: cannot resolve {parts.hostname}") from None
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not ip.is_global or ip.is_multicast:
-            raise ValidationError(f"callback_url: {parts.hostname} is a loopback or private address "
-                                  "(set WEBHOOK_ALLOW_PRIVATE to allow)")
+        return netguard.resolve(target.host, target.port, settings.WEBHOOK_ALLOW_PRIVATE, WEBHOOK_HINT)
+    except AddressRefused as exc:
+        raise ValidationError(f"callback_url {exc.reason}") from None
+    except OSError:
+        raise ValidationError(f"callback_url: cannot resolve {target.host}") from None
+
+
+def check_callback(url: str) -> str:
+    """``url`` if it is an http(s) URL whose host resolves only to addresses a webhook may reach."""
+    _addresses(callback_target(url))
     return url
 
 
@@ -132,13 +162,31 @@ def _shown(doc: dict) -> str:
 
 
 def _post(url: str, event: str, body: bytes) -> None:
-    check_callback(url)  # again: what a name resolves to may have changed since the request
-    resp = requests.post(url, data=body, timeout=10, allow_redirects=False, headers={
-        "Content-Type": "application/json", "User-Agent": "downcluster-webhook/1.0",
-        "X-Downcluster-Event": event, "X-Downcluster-Signature": webhook_signature(body)})
-    resp.close()
-    if not 200 <= resp.status_code < 300:
-        raise RuntimeError(f"receiver answered HTTP {resp.status_code}")
+    """POST to an address judged now (what a name resolves to may have changed since the request),
+    connecting to that address, never to the name again."""
+    target = callback_target(url)
+    headers = {"Host": target.host_header, "Content-Type": "application/json",
+               "User-Agent": "downcluster-webhook/1.0", "X-Downcluster-Event": event,
+               "X-Downcluster-Signature": webhook_signature(body)}
+    failure: Exception | None = None
+    for address in _addresses(target):  # the next address only when one cannot be connected to
+        if target.scheme == "https":
+            pool = urllib3.HTTPSConnectionPool(address, target.port, server_hostname=target.host,
+                                               assert_hostname=target.host, cert_reqs="CERT_REQUIRED",
+                                               ca_certs=certifi.where(), timeout=10, retries=False)
+        else:
+            pool = urllib3.HTTPConnectionPool(address, target.port, timeout=10, retries=False)
+        try:
+            with pool:
+                resp = pool.urlopen("POST", target.target, body=body, headers=headers, redirect=False,
+                                    assert_same_host=False, preload_content=True)
+        except urllib3.exceptions.NewConnectionError as exc:
+            failure = exc
+            continue
+        if not 200 <= resp.status < 300:
+            raise RuntimeError(f"receiver answered HTTP {resp.status}")
+        return
+    raise failure or RuntimeError("no address to connect to")
 
 
 def _mail(to: str, subject: str, text: str) -> None:

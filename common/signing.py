@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 
@@ -48,9 +49,13 @@ def export_url(export_id: str, ttl: int | None = None) -> str:
     return f"{public_base()}/files/exports/{export_id}?expires={expires}&sig={sig}"
 
 
+EXPIRES_RE, SIG_RE = re.compile(r"[0-9]{1,20}"), re.compile(r"[0-9a-fA-F]{64}")
+
+
 def check_export_sig(export_id: str, expires: str, sig: str) -> str | None:
-    """None when the link is good; else "tampered" or "expired"."""
-    if not expires.isdigit() or len(sig) != 64:
+    """None when the link is good; else "tampered" or "expired" (any text a client sends: an
+    ASCII-only shape first, as ``hmac.compare_digest`` raises on other strings)."""
+    if not EXPIRES_RE.fullmatch(expires) or not SIG_RE.fullmatch(sig):
         return "tampered"
     want = _mac(key("SECRET_KEY"), f"export:{export_id}:{expires}")
     if not hmac.compare_digest(want, sig.lower()):

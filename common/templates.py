@@ -182,11 +182,15 @@ def parse_template(text: str | None) -> Template:
         except json.JSONDecodeError as exc:
             raise ValidationError(f"template is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
                 from None
+        except RecursionError:  # the parser recurses once per level
+            raise ValidationError("template nests too deeply") from None
     else:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValidationError(f"template is not valid TOML: {str(exc).splitlines()[0]}") from None
+        except RecursionError:
+            raise ValidationError("template nests too deeply") from None
     return from_data(data)
 
 

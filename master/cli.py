@@ -10,6 +10,7 @@ import click
 
 from common.config import settings
 from common.connections import connect_mongo, redis_conn
+from common.errors import ValidationError
 
 
 def _connect() -> None:
@@ -61,7 +62,7 @@ def job_show(name: str, as_json: bool) -> None:
     click.echo(f"type: {j['type']}\ncode: {j['code_chars']} characters")
     s = j.get("settings") or {}
     for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails", "host_concurrency",
-                "host_delay", "obey_robots"):
+                "host_delay", "obey_robots", "allow_private"):
         click.echo(f"{key}: {s.get(key)}")
     click.echo(f"prior: {s.get('prior')} ({s.get('prior_meaning')})")
     if s.get("download_js_chars"):
@@ -297,8 +298,12 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
         with click.open_file("-", "wb") as out:
             count = export(name, fmt, out, text, flt)
     else:
-        with open(output, "wb") as out:
-            count = export(name, fmt, out, text, flt)
+        try:
+            with open(output, "wb") as out:
+                count = export(name, fmt, out, text, flt)
+        except ValidationError:  # refused before a row was written: leave no empty file behind
+            os.unlink(output)
+            raise
     if output != "-":
         click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
 

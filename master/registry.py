@@ -149,6 +149,8 @@ def parse_manifest(text: str, label: str) -> Any:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValidationError(f"manifest {label} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per level of arrays and inline tables
+        raise ValidationError(f"manifest {label} nests arrays or tables too deeply") from None
 
 
 def load_manifest(path: str | Path) -> JobSpec:

@@ -120,7 +120,7 @@ def job_detail(name: Any) -> dict:
             "proxy": "***" if s.proxy else "", "cookie": "***" if s.cookie else "",
             "download_js_chars": len(s.download_js or ""),
             "host_concurrency": s.host_concurrency or None, "host_delay": s.host_delay or 0.0,
-            "obey_robots": s.obey_robots is not False,
+            "obey_robots": s.obey_robots is not False, "allow_private": bool(s.allow_private),
         }
     row["code_chars"] = len(d.code) if d else 0
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]

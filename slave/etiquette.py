@@ -31,6 +31,7 @@ from redis import asyncio as aioredis
 
 from common.config import settings
 from common.connections import REDIS_OPTIONS
+from common.errors import AddressRefused
 from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, host_of, keys
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class Etiquette:
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the heartbeat)
         self._robots: dict[str, tuple[float, object]] = {}
-        self._robots_loading: dict[str, asyncio.Future] = {}
+        self._robots_loading: dict[tuple[str, int], asyncio.Future] = {}
 
     async def close(self) -> None:
         """Give back every slot still held (idle ones kept for a next page above all: a burst
@@ -336,16 +337,19 @@ class Etiquette:
     # --- robots.txt -------------------------------------------------------------------------
 
     async def robots_delay(self, url: str, host: str, scheme: str, session) -> float:
-        """Crawl-delay of ``url``'s ``host`` (name:port); raises Handback when the host is closed
-        and PermissionError when robots.txt disallows ``url``."""
+        """Crawl-delay of ``url``'s ``host`` (name:port); raises Handback when the host is closed,
+        PermissionError when robots.txt disallows ``url`` and AddressRefused when ``session``
+        may not reach the host."""
         origin = f"{scheme}://{host}"
         hit = self._robots.get(origin)
         if hit is None or hit[0] <= time.monotonic():
-            loading = self._robots_loading.get(origin)
-            if loading is None:  # one load per origin, whatever the pages waiting for it
-                loading = self._robots_loading[origin] = asyncio.ensure_future(
+            # one load per origin and session (the session says which addresses it may reach)
+            load_key = (origin, id(session))
+            loading = self._robots_loading.get(load_key)
+            if loading is None:
+                loading = self._robots_loading[load_key] = asyncio.ensure_future(
                     self._load_robots(origin, scheme, session))
-                loading.add_done_callback(lambda _, o=origin: self._robots_loading.pop(o, None))
+                loading.add_done_callback(lambda _, k=load_key: self._robots_loading.pop(k, None))
             hit = self._robots[origin] = await asyncio.shield(loading)
         rules = hit[1]
         if isinstance(rules, float):  # closed until then (epoch seconds)
@@ -397,6 +401,8 @@ class Etiquette:
                 status = resp.status
                 body = await resp.content.read(ROBOTS_MAX_BYTES)
                 text = body.decode("utf-8", errors="replace") if 200 <= status < 300 else ""
+        except AddressRefused:  # the page is refused too; the host is not closed for others
+            raise
         except Exception as exc:  # unreachable: the host is closed for a while
             logger.info("robots.txt of %s unreachable: %s", origin, type(exc).__name__)
         if 200 <= status < 500:
@@ -414,7 +420,8 @@ class Etiquette:
         """The coalescing key of each URL requested as ``ctx`` and ``shape`` (its request-shaping
         settings: engine, proxy, cookie, headers, user agent) say."""
         shaped = json.dumps([ctx.engine, shape.get("proxy", ""), shape.get("cookie", ""),
-                             sorted((shape.get("headers") or {}).items()), shape.get("user_agent", "")])
+                             sorted((shape.get("headers") or {}).items()), shape.get("user_agent", ""),
+                             bool(shape.get("allow_private"))])
         return [COALESCE_PREFIX + hashlib.sha256(f"{shaped}\n{normalise(url)}".encode()).hexdigest()[:40]
                 for url in urls]
 

@@ -34,9 +34,11 @@ logger = logging.getLogger(__name__)
 
 
 def _request_shape(ctx: JobContext) -> dict:
-    """The job's proxy, cookie, headers and our user agent: what every built-in engine sends."""
+    """The job's proxy, cookie, headers, our user agent and the addresses it may reach: what
+    every built-in engine is given."""
     return {"proxy": ctx.settings.get("proxy", ""), "cookie": ctx.settings.get("cookie", ""),
-            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT}
+            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT,
+            "allow_private": bool(ctx.settings.get("allow_private"))}
 
 
 def _stored_download(data_id: str) -> Download | None:
@@ -140,7 +142,8 @@ class Engines:
         try:
             if builtin and ctx.settings.get("obey_robots") is not False:
                 try:
-                    crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, self.client.session(""))
+                    session = self.client.session("", bool(ctx.settings.get("allow_private")))
+                    crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, session)
                 except PermissionError:
                     raise DownloadError("robots.txt disallows", retryable=False) from None
             conc, delay = Etiquette.limits(ctx)

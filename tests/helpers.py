@@ -15,6 +15,9 @@ def cli(*args: str, input: str | None = None):
 
 def write_job(tmp_path: Path, name: str, priority: int = 5, kind: str = "none", code: str = "",
               host: str = "", **settings) -> Path:
+    """A manifest; a built-in engine job may reach loopback (the sample site) unless ``settings`` say."""
+    if kind == "none":
+        settings.setdefault("allow_private", True)
     lines = [f'name = "{name}"', f"priority = {priority}", f'type = "{kind}"']
     if host:
         lines.append(f'host = "{host}"')

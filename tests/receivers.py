@@ -40,7 +40,7 @@ class SmtpServer:
 
 
 class WebhookReceiver:
-    """Answers each POST with the next of ``statuses`` (then 200) and records (headers, body)."""
+    """Answers each POST (or GET) with the next of ``statuses`` (then 200) and records (headers, body)."""
 
     def __init__(self, statuses: list[int] | None = None) -> None:
         self.statuses = list(statuses or [])
@@ -56,6 +56,8 @@ class WebhookReceiver:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+
+            do_GET = do_POST  # a stand-in for any HTTP service that must not be reached
 
             def log_message(self, *args):
                 pass

@@ -18,6 +18,7 @@ from common.models import CrawlerDownloadData, CrawlerTask
 from master.dispatcher import dispatch_once
 from slave.engines import browser
 from slave.engines.base import Limits
+from sample_site import page_body
 from tests.helpers import add_urls, cli, register, sent, statuses, write_job
 
 pytestmark = pytest.mark.skipif(browser.chromium_path() is None,
@@ -33,6 +34,7 @@ class _Loop:
         self.pool = browser.Pool(size=1, max_pages=50, memory_mb=256)
 
     def fetch(self, url: str, timeout: float = 20, **kw):
+        kw.setdefault("allow_private", True)  # the sample site is on loopback
         coro = browser.fetch(url, limits=Limits(timeout=timeout), pool=self.pool, idle_max=2.0, **kw)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout + 30)
 
@@ -194,3 +196,25 @@ def test_a_browser_is_restarted_after_max_pages(site):
         assert pids[0] == pids[1] != pids[2]
     finally:
         c.close()
+
+
+def test_the_browser_reaches_no_private_address_unless_allowed_and_never_the_clusters(cluster, chrome):
+    from common.config import settings
+    from tests.receivers import WebhookReceiver
+
+    site = cluster.site
+    refused = _fail(chrome.fetch, f"{site}/js/render/1", allow_private=False)
+    assert refused.reason == "refused: 127.0.0.1 is a loopback address (set allow_private = true for intranet crawls)"
+    assert not refused.retryable
+    with WebhookReceiver() as web:  # stands in for the cluster's web: it must see no request
+        bind = f"127.0.0.1:{web.server.server_address[1]}"
+        settings.override(WEB_BIND=bind)
+        redirected = _fail(chrome.fetch, f"{site}/redirect-to?url=http://{bind}/x")
+        assert redirected.reason == f"refused: {bind} is a service of this cluster" and not redirected.retryable
+        js = f"try {{ await fetch('http://{bind}/api'); return 'reached'; }} catch (e) {{ return 'blocked'; }}"
+        got = chrome.fetch(f"{site}/js/render/2", js=js)  # a page's own request to the service
+        assert got.body == b"blocked"
+        assert web.received == []
+    assert b"rendered by javascript 3" in chrome.fetch(f"{site}/js/render/3").body  # allowed: still works
+    # a script's own request that may go is answered while the script runs (it used to wait in Fetch)
+    assert chrome.fetch(f"{site}/js/render/4", js="return await (await fetch('/page/1')).text();").body == page_body(1)

@@ -161,7 +161,7 @@ def test_a_generated_client_does_a_whole_round(cluster, web, tmp_path):
         client = client_mod.AuthenticatedClient(base_url=web.base, token=token("gen", "admin"))
 
         got = api.jobs.register_job.sync_detailed(client=client, body=models.JobIn(
-            manifest='name = "gen"\npriority = 2\ntype = "none"\n'))
+            manifest='name = "gen"\npriority = 2\ntype = "none"\n[settings]\nallow_private = true\n'))
         assert got.status_code == 201 and got.parsed["name"] == "gen"
         missing = api.jobs.show_job.sync_detailed("nope", client=client)
         assert missing.status_code == 404 and isinstance(missing.parsed, models.ErrorOut)

@@ -124,7 +124,9 @@ def _free_port() -> int:
 
 
 def _get(url: str, session=None, **kwargs):
-    """engine.fetch with the Limits fields among ``kwargs`` gathered into a Limits."""
+    """engine.fetch with the Limits fields among ``kwargs`` gathered into a Limits (the sample
+    site is on loopback: allowed unless the test says otherwise)."""
+    kwargs.setdefault("allow_private", True)
     limits = Limits(**{k: kwargs.pop(k) for k in ("timeout", "maxsize", "max_redirects") if k in kwargs})
     return engine.fetch(url, limits=limits, session=session, **kwargs)
 
@@ -139,6 +141,7 @@ class _AioEngine:
         self.client = aio.Client()
 
     def __call__(self, url: str, **kwargs):
+        kwargs.setdefault("allow_private", True)
         limits = Limits(**{k: kwargs.pop(k) for k in ("timeout", "maxsize", "max_redirects") if k in kwargs})
         coro = aio.fetch(url, limits=limits, client=self.client, **kwargs)
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
@@ -185,7 +188,7 @@ def test_page_is_byte_exact_with_metadata(site, get):
 
 
 def test_fetch_without_a_session_and_binary_body(site):
-    got = engine.fetch(f"{site}/bytes/300000", limits=Limits(timeout=10))
+    got = engine.fetch(f"{site}/bytes/300000", limits=Limits(timeout=10), allow_private=True)
     assert len(got.body) == 300000 and got.encoding is None
 
 
@@ -244,7 +247,7 @@ def test_encoding_unit_cases():
 def test_sixteen_concurrent_fetches_share_one_session(site, session):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda n: engine.fetch(f"{site}/page/{n}", limits=Limits(timeout=10),
-                                                       session=session), range(48)))
+                                                       session=session, allow_private=True), range(48)))
     assert [r.body for r in results] == [page_body(n) for n in range(48)]
 
 
@@ -353,7 +356,8 @@ def test_slow_servers_end_at_the_deadline(site, trap, get, where):
 @pytest.mark.slow
 def test_deadline_holds_with_a_plain_requests_session(site):
     with requests.Session() as plain:
-        err, took = _fail(engine.fetch, f"{site}/slow", limits=Limits(timeout=2), session=plain)
+        err, took = _fail(engine.fetch, f"{site}/slow", limits=Limits(timeout=2), session=plain,
+                          allow_private=True)
     assert err.reason == "timeout after 2.0s" and took < 3.0
 
 

@@ -203,7 +203,7 @@ def test_identical_requests_are_deduplicated(cluster, tmp_path):
 def test_bad_requests_store_nothing(cluster, tmp_path):
     register(tmp_path, "j")
     for kw, why in [({"fmt": "pdf"}, "format"), ({"template": "x = ["}, "TOML"), ({"callback_url": "ftp://x/"}, "http"),
-                    ({"callback_url": "http://127.0.0.1:9/x"}, "private"), ({"mails": ["not-a-mail"]}, "e-mail"),
+                    ({"callback_url": "http://127.0.0.1:9/x"}, "loopback"), ({"mails": ["not-a-mail"]}, "e-mail"),
                     ({"flt": {"status": ["teapot"]}}, "status")]:
         args = {"fmt": "csv", **kw}
         with pytest.raises(ValidationError) as err:

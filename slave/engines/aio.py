@@ -5,17 +5,27 @@ deadline, the body counted after decompression while it streams, redirects follo
 so every hop is checked (http/https only, credentials dropped across hosts), and every failure
 a one-line, secret-free ``DownloadError`` with the same reasons. Many fetches share one event
 loop: a worker process keeps hundreds in flight for a fraction of a millisecond of CPU each.
+
+The addresses a session may reach (``common/netguard.py``) are judged where aiohttp decides
+them: its resolver judges every address a name resolves to (the connector connects to exactly
+those), and its socket factory judges the address of every socket before it connects (an IP in
+a URL skips the resolver). Through a proxy, which resolves names itself, the target is judged
+when it is an address.
 """
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 from multidict import CIMultiDict
 from yarl import URL
 
+from common import netguard
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
@@ -36,27 +46,57 @@ __all__ = ["Client", "fetch", "classify_aio"]
 ACCEPT_ENCODING = "gzip, deflate"
 
 
+class _GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, refusing a name when any address it resolves to is refused."""
+
+    def __init__(self, allow_private: bool) -> None:
+        self.allow_private = allow_private
+        self._inner = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET):
+        found = await self._inner.resolve(host, port, family)
+        for info in found:
+            netguard.judge(info["host"], info["port"], self.allow_private)
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def _guarded_socket(allow_private: bool):
+    """A socket factory that judges the address each socket is about to connect to."""
+    def make(addr_info) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        netguard.judge(address[0], address[1], allow_private)
+        return socket.socket(family, type_, proto)
+    return make
+
+
 class Client:
-    """The sessions of one event loop: one pooled session for direct and HTTP-proxy fetches,
-    one per SOCKS proxy. Close it when the loop ends."""
+    """The sessions of one event loop: one pooled session for direct fetches under each rule
+    (``allow_private`` or not), one for HTTP proxies (which may be private, never a service of
+    the cluster), one per SOCKS proxy. Close it when the loop ends."""
 
     def __init__(self, limit: int = 512) -> None:
         self.limit = limit
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._sessions: dict[tuple, aiohttp.ClientSession] = {}
 
-    def session(self, proxy: str) -> aiohttp.ClientSession:
-        key = proxy if proxy.lower().startswith("socks") else ""
+    def session(self, proxy: str, allow_private: bool = False) -> aiohttp.ClientSession:
+        socks = proxy.lower().startswith("socks")
+        key = (proxy,) if socks else ("proxy",) if proxy else ("", bool(allow_private))
         s = self._sessions.get(key)
         if s is None or s.closed:
-            if key:
+            if socks:
                 from aiohttp_socks import ProxyConnector
 
                 # socks5h: the proxy resolves names; socks5: we do
-                remote_dns = key.lower().startswith("socks5h")
-                url = "socks5" + key[len("socks5h"):] if remote_dns else key
+                remote_dns = proxy.lower().startswith("socks5h")
+                url = "socks5" + proxy[len("socks5h"):] if remote_dns else proxy
                 connector = ProxyConnector.from_url(url, limit=self.limit, rdns=remote_dns)
             else:
-                connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300)
+                allow = bool(proxy) or bool(allow_private)
+                connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
+                                                 resolver=_GuardedResolver(allow), socket_factory=_guarded_socket(allow))
             s = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                       trust_env=False, auto_decompress=True,
                                       skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -124,8 +164,9 @@ LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a 
 
 async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", cookie: str = "",
                 headers: dict | None = None, user_agent: str = "downcluster/1.0",
-                large_gate: asyncio.Semaphore | None = None) -> Download:
+                large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
+    ``allow_private``: loopback, private and link-local addresses may be reached too.
     ``large_gate`` bounds how many bodies over LARGE_BODY a worker holds at once: such a body
     keeps its slot after the fetch (``Download.release`` frees it, once it is stored)."""
     sent = CIMultiDict({"User-Agent": user_agent, "Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING})
@@ -136,7 +177,7 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
     secrets = _secrets_of(proxy, cookie, sent)
     try:
         async with asyncio.timeout(limits.timeout):
-            return await _fetch(url, limits, sent, proxy, client, large_gate)
+            return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private)
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
         if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
             error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)  # the total deadline
@@ -146,18 +187,22 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
 
 
 async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
-                 large_gate: asyncio.Semaphore | None = None) -> Download:
+                 large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
     try:
         url = check_url(url)
     except ValidationError as exc:
         raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
     if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
         raise DownloadError("invalid request: a header name or value has forbidden characters", retryable=False)
-    session = client.session(proxy)
+    if proxy:
+        netguard.judge_proxy(proxy)
+    session = client.session(proxy, allow_private)
     http_proxy = proxy if proxy and not proxy.lower().startswith("socks") else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT, limits.timeout))
     hops = 0
     while True:
+        # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
+        netguard.judge_url(url, allow_private)
         resp = await session.get(URL(url, encoded=False), headers=sent, allow_redirects=False,
                                  proxy=http_proxy, timeout=timeout, ssl=ssl_context())
         location = resp.headers.get("Location") if resp.status in REDIRECT_CODES else None

@@ -9,6 +9,12 @@ BROWSER_IDLE_MAX), evaluates the job's ``download_js`` (a function body; a retur
 awaited) and stores the script's string result, or else the final DOM, as UTF-8. The main
 document's status and headers are recorded and classified like the other engines'.
 
+Addresses (``common/netguard.py``): every paused request's host is resolved and judged before it
+may go (an address in the URL as it is; through a proxy only that), and the main document is
+refused when the address Chromium reports it came from is. Chromium resolves names itself, so
+this is not pinned as the other engines are: a name that changes its answer between the two
+lookups can still reach a subresource, never the stored main document.
+
 Each worker keeps a pool of BROWSER_POOL browsers, each in its own process group, dying with
 the worker (PR_SET_PDEATHSIG) and run as an unprivileged uid when the worker is root. A
 browser is restarted after BROWSER_MAX_PAGES pages, when it crashes, and (killed with its whole
@@ -30,7 +36,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from requests.structures import CaseInsensitiveDict
 
-from common.errors import DownloadError, ValidationError
+from common import netguard
+from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
 from slave.engines import wall
@@ -246,17 +253,25 @@ def _net_error(text: str) -> DownloadError:
 
 async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie: str = "",
                 headers: dict | None = None, js: str = "", user_agent: str = "downcluster/1.0",
-                idle_max: float = 5.0) -> Download:
-    """Render ``url`` within ``limits``; the DOM (or ``js``'s string result) as a Download."""
+                idle_max: float = 5.0, allow_private: bool = False) -> Download:
+    """Render ``url`` within ``limits``; the DOM (or ``js``'s string result) as a Download.
+    ``allow_private``: loopback, private and link-local addresses may be reached too."""
     secrets = _secrets_of(proxy, cookie, CaseInsensitiveDict(headers or {}))
     try:
         url = check_url(url)
     except ValidationError as exc:
         raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+    try:
+        netguard.judge_url(url, allow_private)
+        if proxy:
+            netguard.judge_proxy(proxy)
+    except AddressRefused as exc:
+        raise DownloadError(redact(exc.reason, secrets), retryable=False) from None
     browser = await pool.acquire()
     try:
         async with asyncio.timeout(limits.timeout):
-            return await _render(browser, url, limits, proxy, cookie, headers or {}, js, user_agent, idle_max)
+            return await _render(browser, url, limits, proxy, cookie, headers or {}, js, user_agent, idle_max,
+                                 allow_private)
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
         raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
@@ -276,9 +291,12 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
 class _Page:
     """The state of one page load, fed with the DevTools events of its session."""
 
-    def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str) -> None:
+    def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str,
+                 allow_private: bool = False, proxied: bool = False) -> None:
         self.b, self.session, self.limits = b, session, limits
         self.user, self.password = user, password
+        self.allow_private, self.proxied = allow_private, proxied
+        self.judged: dict[tuple[str, int], str | None] = {}  # (host, port): why refused, or None
         self.main_frame = self.loader = None
         self.response: dict = {}
         self.refused: list[str] = []
@@ -288,6 +306,9 @@ class _Page:
         self.idle_since: float | None = None
 
     def failed_navigation(self, text: str) -> DownloadError:
+        refused = next((why for why in self.judged.values() if why), None)
+        if refused and "ERR_ADDRESS_UNREACHABLE" in text:
+            return AddressRefused(refused)
         if self.refused:
             return DownloadError(f"redirect to unsupported scheme {self.refused[0]!r}", retryable=False)
         return _net_error(text)
@@ -299,7 +320,10 @@ class _Page:
             raise DownloadError("page crashed (out of memory?)", retryable=True)
         if method == "Fetch.requestPaused":
             scheme = urlsplit(p["request"]["url"]).scheme.lower()
-            if scheme in ("http", "https", "data", "blob"):
+            if scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
+                await b.call("Fetch.failRequest", {"requestId": p["requestId"], "errorReason": "AddressUnreachable"},
+                             session)
+            elif scheme in ("http", "https", "data", "blob"):
                 await b.call("Fetch.continueRequest", {"requestId": p["requestId"]}, session)
             else:  # file:, chrome:, ftp: ... never
                 self.refused.append(scheme)
@@ -324,12 +348,38 @@ class _Page:
         elif method == "Network.responseReceived":
             if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
                 self.response = p["response"]
+                ip = netguard.parse_ip(str(self.response.get("remoteIPAddress") or ""))
+                if ip is not None and not self.proxied:  # where the stored page really came from
+                    why = netguard.refusal(ip, int(self.response.get("remotePort") or 0), self.allow_private)
+                    if why:
+                        raise AddressRefused(why)
         elif method in ("Network.loadingFinished", "Network.loadingFailed"):
             self.inflight.discard(p["requestId"])
             if method == "Network.loadingFailed" and p["requestId"] == self.loader and not self.response:
                 raise self.failed_navigation(p.get("errorText", "failed"))
         elif method == "Page.loadEventFired":
             self.loaded_at = time.monotonic()
+
+    async def refusal(self, url: str) -> str | None:
+        """Why a request to ``url`` may not go (its host judged once per page), or None."""
+        parts = urlsplit(url)
+        try:
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme.lower() == "https" else 80)
+        except ValueError:
+            return None  # Chromium refuses it itself
+        if (host, port) not in self.judged:
+            why = None
+            try:
+                netguard.judge_literal(host, port, self.allow_private)
+                if not self.proxied and netguard.parse_ip(host) is None:
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, netguard.resolve, host, port, self.allow_private)
+            except AddressRefused as exc:
+                why = exc.reason
+            except OSError:  # does not resolve: Chromium says so
+                pass
+            self.judged[(host, port)] = why
+        return self.judged[(host, port)]
 
     def settled(self, idle_max: float) -> bool:
         """Loaded, and the network idle for IDLE_QUIET seconds (or idle_max passed since load)."""
@@ -341,7 +391,7 @@ class _Page:
 
 
 async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str, headers: dict, js: str,
-                  user_agent: str, idle_max: float) -> Download:
+                  user_agent: str, idle_max: float, allow_private: bool = False) -> Download:
     ctx_params: dict = {"disposeOnDetach": True}
     user = password = ""
     if proxy:
@@ -350,7 +400,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
     target = (await b.call("Target.createTarget", {"url": "about:blank", "browserContextId": ctx}))["targetId"]
     session = (await b.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
     events = b.listen(session)
-    page = _Page(b, session, limits, user, password)
+    page = _Page(b, session, limits, user, password, allow_private, bool(proxy))
     navigating = None
     try:
         await b.call("Browser.setDownloadBehavior", {"behavior": "deny", "browserContextId": ctx})
@@ -383,7 +433,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         error = classify_status(status, CaseInsensitiveDict(response.get("headers") or {}).get("Retry-After"))
         if error is not None:
             raise error
-        body = await _result(b, session, js)
+        body = await _answering(page, events, _result(b, session, js))
         if len(body) > limits.maxsize:
             raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         response_headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
@@ -399,6 +449,24 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             await b.call("Target.disposeBrowserContext", {"browserContextId": ctx})
         except Exception:  # noqa: BLE001 - the browser may be gone; it is restarted then
             pass
+
+
+async def _answering(page: _Page, events: asyncio.Queue, work):
+    """``work``'s result, the page's events answered meanwhile: a request the script makes waits
+    paused in Fetch until it is continued or refused."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await page.on(getter.result())
+            else:
+                getter.cancel()
+            if task.done():
+                return task.result()
+    finally:
+        task.cancel()
 
 
 async def _result(b: Browser, session: str, js: str) -> bytes:

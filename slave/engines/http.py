@@ -1,6 +1,11 @@
 """The built-in engine (downloader type "none"): one GET with requests under a total deadline,
 a body-size cap counted after decompression, and redirects followed by hand so every hop is
 checked. Everything that goes wrong comes out as a one-line, secret-free ``DownloadError``.
+
+Every connection is judged on the address it reached (``common/netguard.py``) before a byte of
+a request goes out, kept-alive ones again before each request; through a proxy, which resolves
+names itself, the target is judged when it is an address and the proxy must not be one of the
+cluster's services.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import ProxyManager
 
-from common.errors import DownloadError, ValidationError
+from common import netguard
+from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
 from slave.engines.charset import body_encoding
@@ -109,15 +115,34 @@ def _shutdown(conn) -> None:
 
 
 class _TrackedConnection:
-    """Connection mixin: registers itself with the calling thread's deadline on use."""
+    """Connection mixin: registers itself with the calling thread's deadline on use, and sends
+    nothing to an address the calling fetch may not reach."""
 
     def connect(self) -> None:
         _track(self)
         super().connect()
 
+    def _new_conn(self):
+        sock = super()._new_conn()
+        try:  # before the TLS handshake or the request: the socket's peer is what was reached
+            _judge_peer(self, sock)
+        except AddressRefused:
+            sock.close()
+            raise
+        return sock
+
     def request(self, *args, **kwargs):
         _track(self)
+        if self.sock is not None:  # kept alive, maybe for a fetch under other rules
+            _judge_peer(self, self.sock)
         return super().request(*args, **kwargs)
+
+
+def _judge_peer(conn, sock) -> None:
+    """The connection's peer against the calling fetch's rules (a proxy the job chose may be
+    private, never a service of the cluster)."""
+    ip, port = sock.getpeername()[:2]
+    netguard.judge(ip, port, bool(conn.proxy) or getattr(_local, "allow_private", False))
 
 
 def _track(conn) -> None:
@@ -160,7 +185,9 @@ class _Adapter(HTTPAdapter):
 
 
 def new_session() -> requests.Session:
-    """A session for up to 16 concurrent fetches; share one per worker thread pool."""
+    """A session for up to 16 concurrent fetches; share one per worker thread pool. Only its
+    connections judge the address they reach: a session made elsewhere checks addresses in URLs
+    alone."""
     session = requests.Session()
     session.trust_env = False
     adapter = _Adapter(pool_connections=16, pool_maxsize=32, max_retries=0)
@@ -327,8 +354,9 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
-          user_agent: str = "downcluster/1.0") -> Download:
-    """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError."""
+          user_agent: str = "downcluster/1.0", allow_private: bool = False) -> Download:
+    """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
+    ``allow_private``: loopback, private and link-local addresses may be reached too."""
     sent = CaseInsensitiveDict({"User-Agent": user_agent, "Accept": "*/*",
                                 "Accept-Encoding": requests.utils.DEFAULT_ACCEPT_ENCODING})
     sent.update(headers or {})
@@ -338,6 +366,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
     proxies = {"http": proxy, "https": proxy} if proxy else {}
     own_session = session is None
     session = session or new_session()
+    _local.allow_private = allow_private
     try:
         with _Deadline(limits.timeout) as deadline:
             try:
@@ -349,6 +378,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
                 reason = redact(error.reason, secrets)
                 raise DownloadError(reason, error.retryable, error.retry_after) from None
     finally:
+        _local.allow_private = False
         if own_session:
             session.close()
 
@@ -374,9 +404,13 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         url = check_url(url)
     except ValidationError as exc:
         raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+    if proxies:
+        netguard.judge_proxy(proxies["http"])
     hops = 0
     while True:
         deadline.check()
+        # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
+        netguard.judge_url(url, getattr(_local, "allow_private", False))
         prepared = requests.Request("GET", url, headers=dict(sent)).prepare()
         remaining = max(deadline.remaining(), 0.001)
         # adapter.send, not session.send: the latter reads a redirect's whole body unbounded
