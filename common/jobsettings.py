@@ -36,14 +36,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host_concurrency", int, 0, 0, 10_000, doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)"),
     Setting("host_delay", float, 0.0, 0, 3600, doc="seconds between requests to one host (the stricter of this and HOST_DELAY)"),
     Setting("obey_robots", bool, None, doc="built-in engine: obey robots.txt (unset: true)"),
-    Setting("allow_private", bool, False, doc="built-in engine: may reach loopback, private and link-local "
-                                              "addresses (intranet crawls); the cluster's own services never"),
+    Setting("allow_private", bool, False, doc="downloads (every engine and downloader) may reach loopback, private "
+                                              "and link-local addresses (intranet crawls); the cluster's own services never"),
     Setting("data_retention_days", int, None, 0, 36_500,
             doc="days this job's data and final tasks are kept (0: for ever; unset: the cluster's DATA_RETENTION_DAYS)"),
     Setting("log_retention_days", int, None, 0, 36_500,
             doc="days this job's download logs are kept (0: for ever; unset: the cluster's LOG_RETENTION_DAYS)"),
-    Setting("allow_private", bool, False,
-            doc="may download from loopback, link-local and this host's addresses (intranet crawls)"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 SETTING_NAMES = tuple(BY_NAME)

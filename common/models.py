@@ -119,10 +119,9 @@ class CrawlerDownloadSetting(Document):
     host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
     host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
     obey_robots = BooleanField()                           # None: true for the built-in engine
-    allow_private = BooleanField(default=False)            # built-in engine: loopback/private addresses too
+    allow_private = BooleanField(default=False)            # downloads may reach loopback/private addresses too
     data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
     log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
-    allow_private = BooleanField(default=False)             # loopback, link-local, this host: refused unless true
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}

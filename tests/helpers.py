@@ -15,9 +15,8 @@ def cli(*args: str, input: str | None = None):
 
 def write_job(tmp_path: Path, name: str, priority: int = 5, kind: str = "none", code: str = "",
               host: str = "", **settings) -> Path:
-    """A manifest; a built-in engine job may reach loopback (the sample site) unless ``settings`` say."""
-    if kind == "none":
-        settings.setdefault("allow_private", True)
+    """A manifest; the job may reach loopback (the sample site) unless ``settings`` say."""
+    settings.setdefault("allow_private", True)
     lines = [f'name = "{name}"', f"priority = {priority}", f'type = "{kind}"']
     if host:
         lines.append(f'host = "{host}"')
