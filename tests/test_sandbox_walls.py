@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -147,7 +148,6 @@ def test_shell_reaches_no_cluster_service_with_redis_cli_or_curl(walled, allow_p
 def test_the_worker_itself_still_reaches_what_the_sandbox_cannot(walled):
     cluster, web = walled
     assert cluster.redis.ping() and cluster.redis.set("mine", "1")
-    import urllib.request
     assert urllib.request.urlopen(f"http://127.0.0.1:{web.port}/metrics", timeout=5).status == 200
 
 
@@ -228,12 +228,13 @@ def remote_redis(cluster, monkeypatch, tmp_path):
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = "redis://:remote-secret-pw@198.18.0.202:6379/0"
         client = redis_lib.Redis.from_url(url, socket_timeout=2)
-        deadline = time.monotonic() + 20
-        while True:
+        deadline = time.monotonic() + 30
+        while True:  # both services answer the worker (root) before the test begins
             try:
                 client.ping()
+                urllib.request.urlopen("http://198.18.0.202:8000/index.html", timeout=2).read()
                 break
-            except redis_lib.RedisError:
+            except (redis_lib.RedisError, OSError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
