@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from typing import Any
 
 from common import leases
-from common.config import settings
+from common.config import host_name, settings
 from common.connections import redis_conn
 from common.queues import WORKER_KEY_PREFIX
 
@@ -22,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 def new_worker_id() -> str:
     """This worker's name: in rq, in its leases and in logs (host.pid.random)."""
-    return f"{settings.HOSTNAME or socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    return f"{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
 class Heartbeat(threading.Thread):
@@ -54,7 +53,7 @@ class Heartbeat(threading.Thread):
         try:
             key = WORKER_KEY_PREFIX + runner.worker_id
             pipe = redis_conn().pipeline(transaction=False)
-            pipe.hset(key, mapping={"host": settings.HOSTNAME, "inflight": runner.inflight,
+            pipe.hset(key, mapping={"host": host_name(), "inflight": runner.inflight,
                                     "peak_inflight": runner.peak_inflight, "entries": runner.entries_done})
             pipe.expire(key, max(settings.HEARTBEAT_TTL, 3 * settings.HEARTBEAT_INTERVAL))
             pipe.execute()
