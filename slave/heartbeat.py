@@ -1,7 +1,9 @@
 """The worker's heartbeat: one thread that, every HEARTBEAT_INTERVAL, tells MongoDB the worker's
-leases are alive (``beat_at``: what the defender judges deaths by, so a Redis restart never fakes
-one), renews the host slots it holds, beats rq (the worker, each execution, each job) and
-refreshes the worker's download figures for ``stats`` and the console."""
+leases are alive (``beat_at``, stamped with the store's clock: what the defender judges deaths
+by, so a Redis restart never fakes one), measures this machine's clock against the store's,
+beats rq (the worker, each execution, each job) and refreshes the worker's download figures for
+``stats`` and the console. Host slots are renewed by a thread of their own (``slave/etiquette.py``),
+never held up by MongoDB."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +16,7 @@ from typing import Any
 from common import leases
 from common.config import host_name, settings
 from common.connections import redis_conn
+from common.models import sync_store_clock
 from common.queues import WORKER_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -35,11 +38,8 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         try:
-            self.runner.engines.etiquette.renew(redis_conn())
-        except Exception as exc:  # Redis away: slots expire, other workers take them
-            logger.warning("host slots not renewed: %s", type(exc).__name__)
-        try:
             leases.beat(list(self.runner.active), self.runner.worker_id)
+            sync_store_clock()
         except Exception as exc:  # MongoDB away: the writer retries; the defender may recover us
             logger.warning("heartbeat failed: %s", type(exc).__name__)
         if self.runner.rq is not None:
