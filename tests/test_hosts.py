@@ -141,9 +141,14 @@ def test_a_worker_s_clock_changes_no_lease(hosts, tmp_path, skew):
     w = start(hosts, "worker", "--no-exports", "--burst", env=fast, prefix=skewed)
     wait_for(lambda: CrawlerLease.objects(state="RUNNING").count() == 3, 60, "the skewed worker's leases")
     judged = 0
-    while w.poll() is None:  # the defender judges all along: no lease of the healthy worker is taken
+    while True:  # the defender judges all along: no lease of the healthy worker is taken
         assert dispatch_once(hosts.redis).recovered == 0
         judged += 1
+        try:
+            w.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
     assert w.returncode == 0, w.stderr.read().decode()[-2000:]
     assert judged > 1 and statuses("j") == {"SUCCESS": 6} and CrawlerDownloadLog.objects.count() == 6
 
