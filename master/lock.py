@@ -45,24 +45,26 @@ class DispatchLock:
             raise DispatchLocked("another dispatcher is running (lock held); this run exits")
         return self
 
+    def _renew(self) -> bool | None:
+        """Push the lock's expiry (token-checked): True, False if it is no longer ours, None if Redis failed."""
+        try:
+            return bool(self.lock.reacquire())
+        except LockError:
+            return False
+        except Exception as exc:  # Redis away: try again; pushes check the token, so none goes out unlocked
+            logger.warning("dispatcher lock not renewed: %s", type(exc).__name__)
+            return None
+
     def _keep(self, halt: threading.Event) -> None:
         while not halt.wait(settings.DISPATCH_LOCK_TTL / 3):
-            try:
-                if self.lock.reacquire():
-                    continue
-            except LockError:
-                pass
-            except Exception as exc:  # Redis away: try again; pushes check the token, so none goes out unlocked
-                logger.warning("dispatcher lock not renewed: %s", type(exc).__name__)
-                continue
-            if not halt.is_set():
+            if self._renew() is False and not halt.is_set():
                 logger.warning("lost the dispatcher lock")
                 self.lost.set()
-            return
+                return
 
     def keep(self) -> None:
         """Between loop runs: DispatchLocked if the lock was lost meanwhile."""
-        if self.lost.is_set():
+        if self.lost.is_set() or self._renew() is False:
             raise DispatchLocked("lost the dispatcher lock; stopping")
 
     def release(self) -> None:
