@@ -40,6 +40,13 @@ MAX_TOTAL_DISPATCH_COUNT_ONCE = 7000
 DISPATCH_USE_POOL_TIMEOUT = 300
 """Seconds one dispatcher run may take; past it the run is killed as a whole."""
 
+DISPATCH_LOCK_TTL = 10
+"""Seconds the dispatcher lock outlives its holder: renewed every third of it while a dispatcher
+runs, so a successor of one that was killed takes over within this."""
+
+DISPATCH_STOP_GRACE = 5.0
+"""Seconds ``dispatch --loop`` may take to end after SIGTERM; past them it releases its lock and exits."""
+
 DISPATCH_POOL_SIZE = 4
 """Jobs handled in parallel by one dispatcher run."""
 

@@ -61,8 +61,7 @@ class Settings:
             if name not in values:
                 raise ConfigError(f"unknown setting {name}")
             values[name] = value
-        if not values["HOSTNAME"]:
-            values["HOSTNAME"] = socket.gethostname()
+        values["HOSTNAME"] = values["HOSTNAME"] or socket.gethostname()  # see host_name
         self._values = values
         self.__dict__.update(values)  # plain attributes: hot paths read settings per page
 
@@ -82,3 +81,10 @@ class Settings:
 
 
 settings = Settings()
+
+
+def host_name() -> str:
+    """This host's one name: in its workers' names, its host queues, its leases and its logs.
+    HOSTNAME however it was given (settings file, DOWNCLUSTER_HOSTNAME, ``worker --host``); empty
+    means the machine's hostname."""
+    return settings.HOSTNAME

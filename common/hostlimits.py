@@ -5,7 +5,8 @@ gives back slots, and by ``stats``, which shows the hosts throttled now.
 A slot is an expiring lease: a member of the host's sorted set scored with its expiry (Redis
 server time, so every host of the cluster agrees); the worker holding it renews it while the
 download runs, so a worker that dies frees its slots within HOST_SLOT_TTL. One Lua call decides
-and takes a slot atomically.
+and takes a slot atomically. A lease is never shortened (a download that cannot be stopped from
+the worker's loop holds a longer one), nor is the set's own expiry.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ if delay > 0 then
 end
 local ttl = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ttl + 1000)
+if redis.call('PTTL', KEYS[1]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[1], ttl + 1000) end
 return 0
 """ % (WAITED_MS, WAITED_MS)
 
@@ -56,7 +57,7 @@ for h = 1, #KEYS / 2 do
     redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
     got = math.max(0, math.min(conc - redis.call('ZCARD', slots), tonumber(ARGV[3 + h])))
     for i = 1, got do redis.call('ZADD', slots, now + ttl, ARGV[3] .. ':' .. h .. ':' .. i) end
-    if got > 0 then redis.call('PEXPIRE', slots, ttl + 1000) end
+    if got > 0 and redis.call('PTTL', slots) < ttl + 1000 then redis.call('PEXPIRE', slots, ttl + 1000) end
   end
   out[h] = got
 end
@@ -69,17 +70,24 @@ for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i]) end
 return #KEYS
 """
 
-# KEYS: the slot sets; ARGV: ttl ms, then one token per key. Pushes the expiry of held slots.
+# KEYS: the slot sets; ARGV: ttl ms, then one token per key. Pushes the expiry of held slots to
+# now + ttl at least; per key 1 (held until then), or 0 (gone or expired: lost, never revived).
 RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[1])
+local ttl, out = tonumber(ARGV[1]), {}
 for i = 1, #KEYS do
-  if redis.call('ZADD', KEYS[i], 'XX', 'CH', now + ttl, ARGV[i + 1]) then
-    redis.call('PEXPIRE', KEYS[i], ttl + 1000)
+  local ends = tonumber(redis.call('ZSCORE', KEYS[i], ARGV[i + 1]) or '0')
+  if ends > now then
+    if ends < now + ttl then redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1]) end
+    if redis.call('PTTL', KEYS[i]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[i], ttl + 1000) end
+    out[i] = 1
+  else
+    redis.call('ZREM', KEYS[i], ARGV[i + 1])
+    out[i] = 0
   end
 end
-return #KEYS
+return out
 """
 
 # KEYS: pause. ARGV: seconds. Pause a host until now + seconds (never shortening a longer pause).

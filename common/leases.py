@@ -82,11 +82,10 @@ def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datet
 
 def claim(lease_id: str, worker_id: str) -> dict | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
-    now = utcnow()
     return CrawlerLease._get_collection().find_one_and_update(
         {"_id": lease_id, "state": QUEUED},
-        {"$set": {"state": RUNNING, "worker": worker_id, "hostname": settings.HOSTNAME,
-                  "started_at": now, "beat_at": now}, "$unset": {"missing_at": ""}},
+        {"$set": {"state": RUNNING, "worker": worker_id, "hostname": settings.HOSTNAME},
+         "$currentDate": {"started_at": True, "beat_at": True}, "$unset": {"missing_at": ""}},
         return_document=ReturnDocument.AFTER)
 
 
@@ -100,7 +99,7 @@ def beat(lease_ids: Iterable[str], worker_id: str) -> None:
     ids = list(lease_ids)
     if ids:
         CrawlerLease._get_collection().update_many(
-            {"_id": {"$in": ids}, "worker": worker_id, "state": RUNNING}, {"$set": {"beat_at": utcnow()}})
+            {"_id": {"$in": ids}, "worker": worker_id, "state": RUNNING}, {"$currentDate": {"beat_at": True}})
 
 
 def finish(lease_ids: list[str], worker_id: str) -> None:

@@ -29,7 +29,7 @@ from redis import Redis
 from common import leases
 from common.config import settings
 from common.connections import redis_conn
-from common.models import LOST, QUEUED, RUNNING, CrawlerLease, utcnow
+from common.models import LOST, QUEUED, RUNNING, CrawlerLease, store_now
 from common.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
     if not leases_:
         return report
     waiting = entries_waiting(redis, our_queues(redis))
-    now = now or utcnow()
+    now = now or store_now()  # the clock the worker's stamps come from
     seen, missing = [], []
     for lease in leases_:
         if time.monotonic() > end:

@@ -1,7 +1,7 @@
 """The dispatcher: move due tasks of ON jobs into the rq priority queues, within every cap.
 
 One run (seed 003, ``dispatch_download``):
-  1. take the cluster-wide lock (a second dispatcher exits at once) and arm a watchdog that
+  1. take the cluster-wide lock (a second dispatcher exits at once; a ``--loop`` stands by) and arm a watchdog that
      ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
   2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);
   3. per ON job: up to ``dispatch_num`` due tasks, those that go again first, then fresh ones
@@ -50,6 +50,7 @@ from common.models import (
     CrawlerLease,
     CrawlerTask,
     Job,
+    store_now,
     utcnow,
 )
 from common.queues import LOCK_KEY, cap, queue_for_priority, queue_name
@@ -301,7 +302,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     start = time.monotonic()
     recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True) if defend \
         else defender.RecoveryReport()
-    now = utcnow()
+    now = store_now()  # the clock leases and retry times are judged by
     run = Run(redis, token, now)
     run.report.recovered = recovered.recovered + recovered.requeued
     jobs = sorted(Job._get_collection().find({"status": ON}, {"name": 1, "priority": 1, "host": 1, "seq_sent": 1,
@@ -385,28 +386,59 @@ def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> Dispatch
         return _timed_run(redis, lock, watchdog)
 
 
-def _terminate(signum, frame) -> None:
-    raise SystemExit(0)
-
-
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
     """``dispatch --loop``: keep the queues topped up, holding the lock between runs. The
     defender runs every HEARTBEAT_INTERVAL seconds (it cannot judge faster than heartbeats
-    change), not every top-up. SIGTERM (a supervisor stopping it) ends the loop cleanly and
-    releases the lock."""
+    change), not every top-up. Finding the lock held, it stands by and takes over once it is
+    free (a dead holder's lock expires within DISPATCH_LOCK_TTL). SIGTERM (a supervisor stopping
+    it) ends it within DISPATCH_STOP_GRACE, its lock released."""
     check_settings()
-    signal.signal(signal.SIGTERM, _terminate)
-    done, defended = 0, float("-inf")
-    with DispatchLock(redis) as lock:
-        while max_runs is None or done < max_runs:
-            defend = time.monotonic() - defended >= settings.HEARTBEAT_INTERVAL
-            if defend:
-                defended = time.monotonic()
-            report = _timed_run(redis, lock, True, defend)
-            done += 1
-            if on_run:
-                on_run(report)
-            if max_runs is not None and done >= max_runs:
-                break
-            time.sleep(interval)
-            lock.keep()
+    lock = DispatchLock(redis)
+    stopping = threading.Event()
+
+    def terminate(signum, frame) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        _exit_later(lock)  # even if a broad ``except`` on the way swallows the SystemExit
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    done, defended, standing_by = 0, float("-inf"), False
+    while not stopping.is_set() and (max_runs is None or done < max_runs):
+        if not lock.acquire():
+            if not standing_by:
+                logger.warning("another dispatcher holds the lock: standing by")
+                standing_by = True
+            stopping.wait(min(1.0, settings.DISPATCH_LOCK_TTL / 3))
+            continue
+        standing_by = False
+        try:
+            while not stopping.is_set():
+                defend = time.monotonic() - defended >= settings.HEARTBEAT_INTERVAL
+                if defend:
+                    defended = time.monotonic()
+                report = _timed_run(redis, lock, True, defend)
+                done += 1
+                if on_run:
+                    on_run(report)
+                if max_runs is not None and done >= max_runs:
+                    break
+                stopping.wait(interval)
+                lock.keep()
+        except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
+            logger.warning("%s; standing by", exc)
+        finally:
+            lock.release()
+
+
+def _exit_later(lock: DispatchLock) -> None:
+    def fire() -> None:
+        logger.error("dispatcher not stopped within DISPATCH_STOP_GRACE=%ss: lock released, exiting",
+                     settings.DISPATCH_STOP_GRACE)
+        lock.release()
+        os._exit(0)
+
+    timer = threading.Timer(settings.DISPATCH_STOP_GRACE, fire)
+    timer.daemon = True
+    timer.start()

@@ -37,6 +37,7 @@ from common.models import (
     SUCCESS,
     Export,
     iso,
+    store_now,
     utcnow,
 )
 from common.queues import EXPORT_QUEUE
@@ -269,7 +270,7 @@ def tend(redis: Redis) -> TendReport:
 
     report = TendReport()
     coll = Export._get_collection()
-    now = utcnow()
+    now = store_now()  # the clock the exporter stamps beat_at with
     dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
     for doc in coll.find({"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, {"file_id": 1, "recoveries": 1}):
         final = doc.get("recoveries", 0) + 1 >= settings.MAX_RECOVERIES

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import select
 import socket
 import struct
 import sys
@@ -124,6 +125,7 @@ class Traffic:
             self.starts: dict[str, list[float]] = {}
             self.active: dict[str, int] = {}
             self.peak: dict[str, int] = {}
+            self.hung_up: dict[str, int] = {}  # per Host header: /linger requests the client ended early
 
     def begin(self, host: str, path: str) -> None:
         with self.lock:
@@ -188,6 +190,14 @@ class Handler(BaseHTTPRequestHandler):
             elif head == "hold":  # answers after <ms>, for concurrency counts
                 time.sleep(int(arg) / 1000)
                 self._send(200, f"held {self.path}".encode())
+            elif head == "linger":  # like hold, but ends as soon as the client hangs up: in flight as the site sees it
+                if not select.select([self.connection], [], [], int(arg) / 1000)[0]:
+                    self._send(200, f"held {self.path}".encode())
+                else:
+                    self.close_connection = True
+                    with TRAFFIC.lock:
+                        host = self.headers.get("Host", "")
+                        TRAFFIC.hung_up[host] = TRAFFIC.hung_up.get(host, 0) + 1
             elif head == "js":
                 self._send(200, js_page(arg, int(parts[2]) if len(parts) > 2 else 0), "text/html; charset=utf-8")
             elif head == "bytes":

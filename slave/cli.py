@@ -8,8 +8,8 @@ from common.config import settings
 
 @click.command()
 @click.option("--burst", is_flag=True, help="Quit once the queues are empty.")
-@click.option("--host", default="", envvar="DOWNCLUSTER_HOSTNAME",
-              help="This host's name: its own queues are read before the shared ones.")
+@click.option("--host", default="",
+              help="This host's name (default: HOSTNAME, else the machine's): its own queues are read before the shared ones.")
 @click.option("--classic", "mode", flag_value="classic",
               help="Run rq's forking Worker (one entry at a time, a fork each) instead of the event loop.")
 @click.option("--simple", "mode", flag_value="simple",
@@ -28,5 +28,5 @@ def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: 
 
     if host:
         settings.override(HOSTNAME=host)
-    run_worker(host=host, burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
+    run_worker(burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
                max_jobs=max_jobs, foreign=foreign, exports=exports)

@@ -1,7 +1,13 @@
 """Crawl etiquette of one worker's event loop, cluster-wide through Redis:
 
-- per-host slots and delays (common.hostlimits), renewed while held, handed back when a page
-  would wait longer than HOST_WAIT_MAX (the task goes back, due after the wait, no attempt);
+- per-host slots and delays (common.hostlimits), handed back when a page would wait longer than
+  HOST_WAIT_MAX (the task goes back, due after the wait, no attempt). A slot is a lease in Redis
+  that a thread of its own (``Keeper``: Redis only, never held up by MongoDB) renews every
+  HOST_SLOT_TTL / 4 for as long as it is held. The worker trusts a slot only up to its local
+  deadline: the moment its last confirmed renewal (or its taking) was sent, plus its lease,
+  minus SLOT_MARGIN, on this machine's monotonic clock. Redis cannot expire it before then, so a
+  download still running at that deadline (Redis unreachable, or the slot found gone) is stopped
+  there (``guard``) and its task handed back: no other worker can hold the slot meanwhile;
 - robots.txt: fetched once per host for the whole cluster (a Redis lock), cached in Redis for
   ROBOTS_TTL, parsed with Protego, matched against DOWNLOAD_USER_AGENT; a 4xx allows all, a 5xx
   or an unreachable host closes it for ROBOTS_RETRY; Crawl-delay raises the host's delay;
@@ -12,7 +18,7 @@
   asks to lead all its requests in one call when it starts, and the writer publishes a whole
   batch in one call: a page that nobody else asked for costs no Redis command of its own.
 
-Nothing here blocks the event loop: Redis is used through redis.asyncio; the heartbeat thread
+Nothing here blocks the event loop: Redis is used through redis.asyncio; the keeper thread
 renews held slots and leaderships with its own client.
 """
 from __future__ import annotations
@@ -22,11 +28,13 @@ import hashlib
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from redis import Redis
 from redis import asyncio as aioredis
 
 from common.config import settings
@@ -41,6 +49,19 @@ ROBOTS_MAX_BYTES = 512 * 1024
 LOCAL_ROBOTS_S = 300  # a parsed robots.txt is re-read from Redis after this
 LINGER = 0.25  # seconds an idle slot stays with this worker for its next page of the host
 GATHER = 0.001  # seconds the loop's Redis commands are gathered into one pipeline
+SANDBOXED = ("python", "shell")  # downloaders in a process of their own, stopped only by their time limit
+
+
+def slot_margin(ttl: float) -> float:
+    """Seconds before a slot's lease can end in Redis at which the worker stops trusting it: far
+    more than stopping a download takes, and than clock rates differ over one lease."""
+    return min(5.0, max(0.5, ttl / 10))
+
+
+def long_lease() -> float:
+    """The lease of a slot for a sandboxed downloader, which the loop cannot stop mid-way: its
+    whole time limit (it is killed at the slot's local deadline), the usual lease beyond."""
+    return settings.DOWNLOAD_TIMEOUT + settings.HOST_SLOT_TTL
 
 # KEYS: key. ARGV: expected value, then "" to delete or a new value and its ttl ms.
 CAS = """
@@ -86,6 +107,10 @@ class Handback(Exception):
 
     after: float
     reason: str
+
+
+class SlotLost(Handback):
+    """The download's slot may no longer be this worker's: stopped, its task handed back."""
 
 
 def normalise(url: str, p=None) -> str:
@@ -156,6 +181,11 @@ class Batcher:
         raise RuntimeError("Redis keeps losing the etiquette scripts")
 
 
+def _ignored(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def _quiet(future: asyncio.Future) -> None:
     if not future.cancelled() and future.exception() is not None:  # Redis away: waiters time out and fetch
         logger.warning("coalesced download not published: %s", type(future.exception()).__name__)
@@ -168,16 +198,24 @@ class Etiquette:
                                                         **REDIS_OPTIONS)
         self.redis = aioredis.Redis(connection_pool=pool)
         self.batch = Batcher(self.redis)
-        self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the heartbeat)
+        self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the keeper)
+        self.until: dict[str, float] = {}    # slot token -> its local deadline (time.monotonic())
+        self._guarded: dict[str, tuple] = {}  # slot token -> (its download, how to stop it)
+        self.keeper: Keeper | None = None
         self._freed: dict[str, asyncio.Event] = {}  # host -> set when this loop releases one of its slots
         self._spare: dict[str, dict[str, float]] = {}  # host -> idle slots held (token -> given back after)
         self._pooled: set[str] = set()              # tokens that go back to _spare when released
         self._freeing: list[str] = []               # tokens to give back with the next Redis call
         self._sweeping = False
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
-        self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the heartbeat)
+        self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the keeper)
         self._robots: dict[str, tuple[float, object]] = {}
         self._robots_loading: dict[tuple[str, int], asyncio.Future] = {}
+
+    def start(self) -> None:
+        """Start renewing (from the running event loop)."""
+        self.keeper = Keeper(self, asyncio.get_running_loop())
+        self.keeper.start()
 
     async def close(self) -> None:
         """Give back every slot still held (idle ones kept for a next page above all: a burst
@@ -186,6 +224,8 @@ class Etiquette:
         try:
             await self._give_back(list(self.held))
         finally:
+            if self.keeper is not None:
+                self.keeper.halt.set()
             await self.redis.aclose()
 
     # --- per-host slots ---------------------------------------------------------------------
@@ -241,34 +281,42 @@ class Etiquette:
             return
         prefix = self._token()
         names = [k for h in hosts for k in keys(h)[0:3:2]]
+        sent = time.monotonic()
         got = await self.batch.eval(ACQUIRE_MANY, names, [settings.HOST_CONCURRENCY, settings.HOST_SLOT_TTL * 1000,
                                                           prefix, *(wanted[h] for h in hosts)])
+        until = sent + settings.HOST_SLOT_TTL - slot_margin(settings.HOST_SLOT_TTL)
         for i, (host, n) in enumerate(zip(hosts, got), 1):
             for j in range(1, int(n) + 1):
                 token = f"{prefix}:{i}:{j}"
-                self.held[token] = keys(host)[0]
+                self.held[token], self.until[token] = keys(host)[0], until
                 self._pooled.add(token)
                 self._keep(host, token)
 
-    async def slot(self, host: str, conc: int, delay: float) -> str:
+    async def slot(self, host: str, conc: int, delay: float, lease: float | None = None) -> str:
         """Take a slot of ``host`` (a token to release), waiting up to HOST_WAIT_MAX; Handback beyond.
+        ``lease``: seconds the slot is taken for (default HOST_SLOT_TTL; see ``long_lease``).
 
         Pooled limits (see ``pooled``): a spare slot of this loop is taken without a Redis call;
         it counts in Redis all along, so the cluster-wide limit holds."""
         if conc <= 0 and delay <= 0:
             return ""  # no limits: no Redis round trip
-        pooled = self.pooled(conc, delay)
+        lease = lease or settings.HOST_SLOT_TTL
+        pooled = self.pooled(conc, delay) and lease == settings.HOST_SLOT_TTL
         token, names = self._token(), keys(host)
         start, backoff = time.monotonic(), 0.02
         while True:
             spare = self._spare.get(host) if pooled else None
-            if spare:
-                return spare.popitem()[0]
+            while spare:
+                got_spare = spare.popitem()[0]
+                if self.until.get(got_spare, 0.0) > time.monotonic():
+                    return got_spare
+                self._free(got_spare)  # not renewed in time: not trusted any more
             freed = self._freed.setdefault(host, asyncio.Event())  # before asking: a release meanwhile sets it
-            got = int(await self.batch.eval(ACQUIRE, names, [token, conc, int(delay * 1000),
-                                                             settings.HOST_SLOT_TTL * 1000]))
+            sent = time.monotonic()
+            got = int(await self.batch.eval(ACQUIRE, names, [token, conc, int(delay * 1000), int(lease * 1000)]))
             if got == 0:
                 self.held[token] = names[0]
+                self.until[token] = sent + lease - slot_margin(settings.HOST_SLOT_TTL)
                 if pooled:
                     self._pooled.add(token)
                 return token
@@ -309,6 +357,7 @@ class Etiquette:
         pairs = [(self.held.pop(t), t) for t in tokens if t in self.held]
         for _, token in pairs:
             self._pooled.discard(token)
+            self.until.pop(token, None)
         if pairs:
             try:
                 await self.batch.eval(RELEASE_MANY, [k for k, _ in pairs], [t for _, t in pairs])
@@ -322,17 +371,73 @@ class Etiquette:
         except Exception as exc:
             logger.debug("pause not written: %s", type(exc).__name__)
 
-    def renew(self, redis) -> None:
-        """From the heartbeat thread: keep held slots and leaderships alive."""
+    def left(self, token: str) -> float:
+        """Seconds this worker may still trust ``token``'s slot (any thread)."""
+        return self.until.get(token, float("inf") if not token else 0.0) - time.monotonic()
+
+    async def guard(self, token: str, host: str, work, stop=None):
+        """``work``'s result, if it ends while ``token``'s slot is surely this worker's; else it is
+        cancelled at the slot's local deadline (or once Redis says the slot is gone), ``stop`` is
+        called (for work running in a thread) and SlotLost raised."""
+        if not token:
+            return await work
+        task = asyncio.ensure_future(work)
+        self._guarded[token] = (task, stop)
+        try:
+            while not task.done():
+                left = self.left(token)
+                if left <= 0:
+                    self._stop(token)
+                    break
+                await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self._guarded.pop(token, None)
+        if self.left(token) > 0 and not task.cancelled():
+            return task.result()
+        await asyncio.wait({task}, timeout=slot_margin(settings.HOST_SLOT_TTL) / 2)  # its sockets closed
+        task.add_done_callback(_ignored)  # the slot's loss is what is reported
+        raise SlotLost(1.0, f"slot of host {host} not renewed in time (Redis unreachable or the slot lost): handed back")
+
+    def _stop(self, token: str) -> None:
+        guarded = self._guarded.get(token)
+        if guarded is None:
+            return
+        task, stop = guarded
+        if stop is not None:
+            stop()
+        task.cancel()
+
+    def _renewed(self, sent: float, tokens: list[str], kept: list) -> None:
+        """On the loop: the keeper's renewal sent at ``sent`` (monotonic) kept these slots, or found them gone."""
+        until = sent + settings.HOST_SLOT_TTL - slot_margin(settings.HOST_SLOT_TTL)
+        for token, ok in zip(tokens, kept):
+            if token not in self.until:
+                continue  # given back meanwhile
+            if ok:
+                self.until[token] = max(self.until[token], until)
+            else:
+                logger.warning("host slot %s was gone from Redis: its download is stopped", token)
+                self.until[token] = 0.0
+                self._stop(token)
+
+    def renew(self, redis, loop) -> None:
+        """From the keeper thread: keep held slots and leaderships alive."""
         held, leading = list(self.held.items()), list(self.leading.items())
         if held:
-            redis.eval(RENEW, len(held), *(k for _, k in held), settings.HOST_SLOT_TTL * 1000, *(t for t, _ in held))
+            sent = time.monotonic()
+            kept = redis.eval(RENEW, len(held), *(k for _, k in held), settings.HOST_SLOT_TTL * 1000, *(t for t, _ in held))
+            loop.call_soon_threadsafe(self._renewed, sent, [t for t, _ in held], kept)
         if leading:
             renewed = redis.eval(RENEW_LEADS, len(leading), *(k for k, _ in leading), settings.HOST_SLOT_TTL * 1000,
                                *(v for _, v in leading))
             for (key, _), still in zip(leading, renewed):
                 if not still:  # published (done) or given up: no longer ours to keep alive
                     self.leading.pop(key, None)
+
+
 
     # --- robots.txt -------------------------------------------------------------------------
 
@@ -478,3 +583,23 @@ class Etiquette:
         await self.batch.eval(CAS, [key], [value, ""])
 
 
+class Keeper(threading.Thread):
+    """Renews an Etiquette's slots and leaderships every HOST_SLOT_TTL / 4, with a Redis client of
+    its own whose commands time out within that: neither MongoDB nor a hung connection holds it up."""
+
+    def __init__(self, etiquette: Etiquette, loop) -> None:
+        super().__init__(daemon=True, name="slot-keeper")
+        self.etiquette, self.loop, self.halt = etiquette, loop, threading.Event()
+        self.every = settings.HOST_SLOT_TTL / 4
+        self.redis = Redis.from_url(settings.REDIS_URL, socket_timeout=self.every, socket_connect_timeout=self.every,
+                                    **REDIS_OPTIONS)
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            try:
+                self.etiquette.renew(self.redis, self.loop)
+            except RuntimeError:  # the loop closed: the worker is ending
+                return
+            except Exception as exc:  # Redis away: the slots' local deadlines stop their downloads
+                logger.warning("host slots not renewed: %s", type(exc).__name__)
+        self.redis.close()

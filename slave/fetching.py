@@ -12,6 +12,8 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import partial
 from urllib.parse import urlsplit
 
 from bson import ObjectId
@@ -26,7 +28,7 @@ from common.sentry import capture
 from slave.context import JobContext, limits_from_settings
 from slave.engines import aio, browser, http, sandbox
 from slave.engines.base import Download
-from slave.etiquette import Etiquette, Handback
+from slave.etiquette import SANDBOXED, Etiquette, Handback, long_lease
 from slave.writer import Outcome
 
 logger = logging.getLogger(__name__)
@@ -72,11 +74,17 @@ class Engines:
         self.etiquette = Etiquette()
         self._local = threading.local()
 
-    def _requests(self, url: str, ctx: JobContext) -> Download:
+    def _requests(self, url: str, ctx: JobContext, cut: http.Cut) -> Download:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = http.new_session()
-        return http.fetch(url, limits=self.limits, session=session, **_request_shape(ctx))
+        return http.fetch(url, limits=self.limits, session=session, cut=cut, **_request_shape(ctx))
+
+    def _sandboxed(self, token: str, run) -> Download:
+        """In a download thread: ``run(limits)``, a python or shell downloader, its time limit cut
+        to what is left of its slot (it is killed then: the loop cannot stop it earlier)."""
+        left = self.etiquette.left(token)
+        return run(replace(self.limits, timeout=max(0.0, min(self.limits.timeout, left))))
 
     def coalescing(self, ctx: JobContext) -> bool:
         return ctx.kind == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
@@ -90,7 +98,7 @@ class Engines:
         if not tasks:
             return {}
         wanted: dict[str, int] = {}
-        if Etiquette.pooled(*Etiquette.limits(ctx)):
+        if ctx.kind not in SANDBOXED and Etiquette.pooled(*Etiquette.limits(ctx)):
             for t in tasks:
                 host = host_of(t["uri"])
                 wanted[host] = wanted.get(host, 0) + 1
@@ -152,8 +160,10 @@ class Engines:
                 if copied is not None:
                     return copied
                 lead = plan[0]  # the leader failed or took too long: this task downloads
-            token = await self.etiquette.slot(host, conc, max(delay, crawl_delay))
-            return await self._fetch(ctx, task), None, lead
+            token = await self.etiquette.slot(host, conc, max(delay, crawl_delay),
+                                              long_lease() if ctx.kind in SANDBOXED else None)
+            cut = http.Cut()
+            return await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut), None, lead
         except BaseException as exc:
             if lead:  # failures are not shared: a waiter leads next
                 await self.etiquette.give_up_lead(lead)
@@ -181,20 +191,23 @@ class Engines:
             await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
             found = None
 
-    async def _fetch(self, ctx: JobContext, task: dict) -> Download:
+    async def _fetch(self, ctx: JobContext, task: dict, token: str = "", cut: http.Cut | None = None) -> Download:
+        """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
         url, limits = task["uri"], self.limits
         loop = asyncio.get_running_loop()
         try:
             if ctx.kind == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
                            "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings}
-                result = await loop.run_in_executor(self.blocking, sandbox.run_python, ctx.code, payload, limits)
+                result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
+                                                    partial(sandbox.run_python, ctx.code, payload))
             elif ctx.kind == "shell":
-                result = await loop.run_in_executor(self.blocking, sandbox.run_shell, ctx.code, url, limits,
-                                                    ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or "",
-                                                    bool(ctx.settings.get("allow_private")))
+                proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
+                private = bool(ctx.settings.get("allow_private"))
+                result = await loop.run_in_executor(self.blocking, self._sandboxed, token, lambda lim: sandbox.run_shell(
+                    ctx.code, url, lim, proxy, cookie, private))
             elif ctx.engine == "requests":
-                result = await loop.run_in_executor(self.blocking, self._requests, url, ctx)
+                result = await loop.run_in_executor(self.blocking, self._requests, url, ctx, cut)
             elif ctx.engine == "browser":
                 result = await browser.fetch(url, limits=limits, pool=self.browsers, **_request_shape(ctx),
                                              js=ctx.settings.get("download_js") or "", idle_max=settings.BROWSER_IDLE_MAX)

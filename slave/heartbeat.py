@@ -1,20 +1,22 @@
 """The worker's heartbeat: one thread that, every HEARTBEAT_INTERVAL, tells MongoDB the worker's
-leases are alive (``beat_at``: what the defender judges deaths by, so a Redis restart never fakes
-one), renews the host slots it holds, beats rq (the worker, each execution, each job) and
-refreshes the worker's download figures for ``stats`` and the console."""
+leases are alive (``beat_at``, stamped with the store's clock: what the defender judges deaths
+by, so a Redis restart never fakes one), measures this machine's clock against the store's,
+beats rq (the worker, each execution, each job) and refreshes the worker's download figures for
+``stats`` and the console. Host slots are renewed by a thread of their own (``slave/etiquette.py``),
+never held up by MongoDB."""
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
 from typing import Any
 
 from common import leases
-from common.config import settings
+from common.config import host_name, settings
 from common.connections import redis_conn
+from common.models import sync_store_clock
 from common.queues import WORKER_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 def new_worker_id() -> str:
     """This worker's name: in rq, in its leases and in logs (host.pid.random)."""
-    return f"{settings.HOSTNAME or socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    return f"{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
 class Heartbeat(threading.Thread):
@@ -36,11 +38,8 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         try:
-            self.runner.engines.etiquette.renew(redis_conn())
-        except Exception as exc:  # Redis away: slots expire, other workers take them
-            logger.warning("host slots not renewed: %s", type(exc).__name__)
-        try:
             leases.beat(list(self.runner.active), self.runner.worker_id)
+            sync_store_clock()
         except Exception as exc:  # MongoDB away: the writer retries; the defender may recover us
             logger.warning("heartbeat failed: %s", type(exc).__name__)
         if self.runner.rq is not None:
@@ -54,7 +53,7 @@ class Heartbeat(threading.Thread):
         try:
             key = WORKER_KEY_PREFIX + runner.worker_id
             pipe = redis_conn().pipeline(transaction=False)
-            pipe.hset(key, mapping={"host": settings.HOSTNAME, "inflight": runner.inflight,
+            pipe.hset(key, mapping={"host": host_name(), "inflight": runner.inflight,
                                     "peak_inflight": runner.peak_inflight, "entries": runner.entries_done})
             pipe.expire(key, max(settings.HEARTBEAT_TTL, 3 * settings.HEARTBEAT_INTERVAL))
             pipe.execute()

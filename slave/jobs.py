@@ -20,10 +20,10 @@ def run_export(export_id: str) -> str:
     """Entry point for rq on ``down_export``: one attempt of an export (a plain ``rq worker
     down_export`` runs it; ``downcluster worker`` takes these entries itself)."""
     import os
-    import socket
 
+    from common.config import host_name
     from common.connections import connect_mongo
     from slave.exporter import run_export as run
 
     connect_mongo()
-    return run(export_id, f"rq-{socket.gethostname()}-{os.getpid()}")
+    return run(export_id, f"rq-{host_name()}-{os.getpid()}")

@@ -8,7 +8,8 @@ An entry (rq job ``dc-<lease>``) names a lease listing its tasks (``common/lease
   4. hand each outcome, as it completes, to the process's one writer thread
      (``slave/writer.py``), which stores the outcomes of all running entries in bulk and ends
      the lease once every outcome is stored.
-A heartbeat thread (``slave/heartbeat.py``) keeps the leases, the host slots and rq informed.
+A heartbeat thread (``slave/heartbeat.py``) keeps the leases and rq informed; a thread of the
+etiquette's keeps the host slots (``slave/etiquette.py``).
 
 ``serve`` is ``downcluster worker``: an rq worker (``slave/rqworker.py``) that takes the next
 entry, in strict queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight, and
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from common import leases, rqbridge
 from common.config import settings
 from common.connections import connect_mongo, redis_conn
-from common.models import OFF, utcnow
+from common.models import OFF, store_time
 from common.notify import deliver_due
 from common.queues import EXPORT_QUEUE
 from common.secrets import redact
@@ -85,7 +86,7 @@ class Runner:
             ctx = await self._db(load_context, lease["job"])
             if ctx is None or ctx.status == OFF:
                 back = await self._db(leases.give_back, lease["ids"], lease_id, lease["kind"],
-                                      "job disabled before download", utcnow())
+                                      "job disabled before download", store_time())
                 logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
                 await self._db(leases.finish, [lease_id], self.worker_id)
                 return {"success": 0, "fail": 0, "handed_back": back}
@@ -118,6 +119,7 @@ class Runner:
     def start(self) -> None:
         self.writer.start()
         self.heartbeat.start()
+        self.engines.etiquette.start()
 
     async def close(self) -> None:
         self.heartbeat.halt.set()
@@ -159,8 +161,8 @@ class Loop:
             got = None
             try:
                 names = (self.queues if room else []) + ([EXPORT_QUEUE] if self.exports and self._export_idle() else [])
-                if names:
-                    got = rqbridge.pop_entry(self.redis, names) if running else \
+                if names:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
+                    got = await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names) if running else \
                         await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
             except Exception as exc:  # Redis away: keep finishing what runs, try again
                 logger.warning("cannot read the queues: %s", type(exc).__name__)

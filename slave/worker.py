@@ -12,7 +12,7 @@ import logging
 from rq import SimpleWorker, Worker
 from rq.serializers import JSONSerializer
 
-from common.config import settings
+from common.config import host_name, settings
 from common.connections import redis_conn
 from common.queues import worker_queue_names
 from common.rqbridge import JsonJob, rq_queue
@@ -20,10 +20,10 @@ from common.secrets import install_logging_filter
 from common.sentry import init_sentry
 
 
-def build_worker(host: str = "", simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
+def build_worker(simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
     """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
     redis = redis_conn()
-    queues = [rq_queue(n, redis) for n in worker_queue_names(host, foreign)]
+    queues = [rq_queue(n, redis) for n in worker_queue_names(host_name(), foreign)]
     cls = SimpleWorker if simple else Worker
     return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 
@@ -39,17 +39,17 @@ def build_the_wall() -> None:
         logging.getLogger(__name__).warning("python and shell downloads are refused on this worker: %s", exc)
 
 
-def run_worker(host: str = "", burst: bool = False, mode: str = "async", name: str | None = None,
+def run_worker(burst: bool = False, mode: str = "async", name: str | None = None,
                logging_level: str = "INFO", max_jobs: int | None = None, foreign: bool = False,
                exports: bool = True) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
-    init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME)
+    init_sentry(settings.SENTRY_DSN, server_name=host_name())
     build_the_wall()
     if mode == "async":
         from slave.runner import serve
 
-        serve(worker_queue_names(host, foreign), burst=burst, max_jobs=max_jobs, exports=exports, name=name)
+        serve(worker_queue_names(host_name(), foreign), burst=burst, max_jobs=max_jobs, exports=exports, name=name)
         return True
-    worker = build_worker(host, simple=mode == "simple", name=name, foreign=foreign)
+    worker = build_worker(simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)

@@ -29,7 +29,7 @@ from common.data import gridfs_of
 from common.errors import DownloadError
 from common.connections import redis_conn
 from common.metrics import count_pages, reason_class
-from common.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, utcnow
+from common.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, store_time
 from common.secrets import redact
 from slave.engines.base import Download
 from common.retry import backoff, next_retry_at
@@ -346,7 +346,7 @@ class Writer(threading.Thread):
         parts = [Part(e.ctx, e.lease_id, e.kind, groups[e]) for e in entries]
         try:
             if parts:
-                for e, got in zip(entries, store_many(parts, utcnow())):
+                for e, got in zip(entries, store_many(parts, store_time())):
                     for name, n in got.items():
                         e.counts[name] += n
                 for e, outs in groups.items():

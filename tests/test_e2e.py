@@ -100,6 +100,28 @@ def test_host_targeted_tasks_taken_only_by_that_host(cluster, tmp_path):
     assert {d.hostname for d in CrawlerDownloadData.objects} == {"alpha"}
 
 
+@pytest.mark.parametrize("given", ["machine", "settings file"])
+def test_a_worker_reads_the_host_queues_of_the_name_it_registers_with(cluster, tmp_path, given):
+    """No DOWNCLUSTER_HOSTNAME and no --host: the name comes from the machine (or a settings file)."""
+    import socket
+
+    env = {k: v for k, v in {**os.environ, **cluster.env}.items() if k != "DOWNCLUSTER_HOSTNAME"}
+    name = socket.gethostname()
+    if given == "settings file":
+        name = "gamma"
+        (tmp_path / "local.py").write_text('HOSTNAME = "gamma"\n')
+        env["DOWNCLUSTER_SETTINGS"] = str(tmp_path / "local.py")
+    register(tmp_path, "pinned", host=name)
+    add_urls("pinned", [f"{cluster.site}/page/{i}" for i in range(3)])
+    dispatch_once(cluster.redis)
+    done = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--no-exports"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert statuses("pinned") == {"SUCCESS": 3}
+    assert {d.hostname for d in CrawlerDownloadData.objects} == {name}
+    assert {log.downloads_hostname for log in CrawlerDownloadLog.objects} == {name}
+
+
 def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
     register(tmp_path, "low", priority=5, dispatch_num=10)
     add_urls("low", [f"{cluster.site}/page/{i}" for i in range(10)])

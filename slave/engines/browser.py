@@ -275,6 +275,9 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
         raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
+    except asyncio.CancelledError:  # stopped from outside (its host slot lost): no request of its goes on
+        browser.kill()
+        raise
     except Crashed as exc:
         browser.kill()
         raise DownloadError(f"browser crashed: {exc}", retryable=True) from None

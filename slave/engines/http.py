@@ -105,6 +105,29 @@ class _Deadline:
                     _shutdown(conn)
 
 
+class Cut:
+    """Lets another thread end a fetch at once, as its deadline would (its sockets shut)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._deadline: _Deadline | None = None
+        self._cut = False
+
+    def bind(self, deadline: _Deadline) -> None:
+        with self._lock:
+            self._deadline = deadline
+            cut = self._cut
+        if cut:
+            deadline._expire()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._cut = True
+            deadline = self._deadline
+        if deadline is not None:
+            deadline._expire()
+
+
 def _shutdown(conn) -> None:
     sock = getattr(conn, "sock", None)
     if sock is not None:
@@ -354,9 +377,10 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
-          user_agent: str = "downcluster/1.0", allow_private: bool = False) -> Download:
+          user_agent: str = "downcluster/1.0", allow_private: bool = False, cut: Cut | None = None) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
-    ``allow_private``: loopback, private and link-local addresses may be reached too."""
+    ``allow_private``: loopback, private and link-local addresses may be reached too; ``cut``:
+    called from another thread, ends the fetch at once."""
     sent = CaseInsensitiveDict({"User-Agent": user_agent, "Accept": "*/*",
                                 "Accept-Encoding": requests.utils.DEFAULT_ACCEPT_ENCODING})
     sent.update(headers or {})
@@ -369,6 +393,8 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
     _local.allow_private = allow_private
     try:
         with _Deadline(limits.timeout) as deadline:
+            if cut is not None:
+                cut.bind(deadline)
             try:
                 return _fetch(url, limits, sent, proxies, session, deadline)
             except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves
