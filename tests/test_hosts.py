@@ -63,7 +63,7 @@ def start(cluster, *args: str, env: dict | None = None, prefix: tuple = ()) -> s
 def relayed(cluster, redis: Relay | None = None, mongo: Relay | None = None) -> dict:
     env = dict(cluster.env)
     if redis:
-        env["DOWNCLUSTER_REDIS_URL"] = f"redis://127.0.0.1:{redis.port}/0"
+        env["DOWNCLUSTER_REDIS_URL"] = cluster.redis_server.url_at(redis.port)
     if mongo:
         env["DOWNCLUSTER_MONGO_URI"] = f"mongodb://127.0.0.1:{mongo.port}/dc_test"
         env["DOWNCLUSTER_MONGO_LOG_URI"] = f"mongodb://127.0.0.1:{mongo.port}/dc_test_log"
