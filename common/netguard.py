@@ -2,7 +2,7 @@
 webhooks share. A request is judged on the address it connects to, never on a URL's text.
 
 - Refused always: the cluster's own services (the hosts and ports of REDIS_URL, MONGO_URI,
-  MONGO_LOG_URI, MONGO_CONTROL_URI and WEB_BIND; a service on this machine is matched on any
+  MONGO_LOG_URI, MONGO_CONTROL_URI, WEB_BIND and PUBLIC_URL; a service on this machine is matched on any
   local address of its port), and unspecified or multicast addresses.
 - Refused unless allowed (a job's ``allow_private``, WEBHOOK_ALLOW_PRIVATE): every address that
   is not globally routable: loopback, private, link-local (169.254.169.254, the cloud metadata
@@ -19,7 +19,7 @@ from common.config import settings
 from common.errors import AddressRefused
 
 DOWNLOAD_HINT = "set allow_private = true for intranet crawls"
-DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "mongodb": 27017}
+DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "mongodb": 27017, "http": 80, "https": 443}
 LOCAL = "local"  # an endpoint on this machine: its port on any local address
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -101,13 +101,14 @@ def resolve(host: str, port: int, allow_private: bool, hint: str = DOWNLOAD_HINT
 
 def _is_cluster_service(ip: Address, port: int) -> bool:
     endpoints = cluster_endpoints()
-    return (ip, port) in endpoints or ((LOCAL, port) in endpoints and _is_local(ip))
+    return (ip, port) in endpoints or ((LOCAL, port) in endpoints and is_local(ip))
 
 
 def cluster_endpoints() -> frozenset:
-    """(address or LOCAL, port) of every service of the cluster, resolved once per configuration."""
+    """(address or LOCAL, port) of every service of the cluster, resolved once per configuration:
+    Redis, MongoDB (source, log, control), the web where it listens and where it is published."""
     return _endpoints(settings.REDIS_URL, settings.MONGO_URI, settings.MONGO_LOG_URI,
-                      settings.MONGO_CONTROL_URI, settings.WEB_BIND)
+                      settings.MONGO_CONTROL_URI, settings.WEB_BIND, settings.PUBLIC_URL)
 
 
 @lru_cache(maxsize=4)
@@ -121,7 +122,7 @@ def _endpoints(*urls: str) -> frozenset:
                 continue
             for info in infos:
                 ip = parse_ip(info[4][0])
-                found.add((LOCAL if _is_local(ip) else ip, port))
+                found.add((LOCAL if is_local(ip) else ip, port))
     return frozenset(found)
 
 
@@ -142,7 +143,7 @@ def _hosts_of(url: str) -> list[tuple[str, int]]:
 
 
 @lru_cache(maxsize=4096)
-def _is_local(ip: Address) -> bool:
+def is_local(ip: Address) -> bool:
     """Whether ``ip`` reaches this machine: loopback, unspecified, or one of its own addresses
     (a socket can be bound to it)."""
     if ip.is_loopback or ip.is_unspecified:

@@ -7,9 +7,10 @@ first, then ``allow_private`` jobs', the last kept for its browsers) and one nft
 matching exactly that block on the host's output hook, so workers of other clusters or settings
 on the same host never meet each other's rules. The table rejects, for every sandbox:
 
-  * the cluster's services: Redis, MongoDB (source, log, control), the web and metrics
-    (``WEB_BIND``) — on any address of this host for services it holds, at their addresses
-    for services elsewhere — and whatever the operator lists in ``SANDBOX_DENY``;
+  * the cluster's services, as ``common.netguard`` finds them for the built-in engines: Redis,
+    MongoDB (source, log, control), the web and metrics (``WEB_BIND``, ``PUBLIC_URL``) — on any
+    address of this host for services it holds, at their addresses for services elsewhere —
+    and whatever the operator lists in ``SANDBOX_DENY``;
 
 and for sandboxes of jobs without ``allow_private``:
 
@@ -35,6 +36,7 @@ import threading
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+from common import netguard
 from common.config import settings
 
 __all__ = ["Unavailable", "browser_uid", "check", "ensure", "remove", "sandbox_uid"]
@@ -150,39 +152,6 @@ def _addresses(host: str) -> set[str]:
         return set()
 
 
-def _is_local(address: str) -> bool:
-    """Whether ``address`` is this host's (or the wildcard): a socket can bind to it."""
-    ip = ipaddress.ip_address(address)
-    if ip.is_unspecified or ip.is_loopback:
-        return True
-    with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET) as probe:
-        try:
-            probe.bind((address, 0))
-            return True
-        except OSError:
-            return False
-
-
-def service_endpoints() -> set[tuple[str, int]]:
-    """(host, port) of every cluster service this worker knows of."""
-    from pymongo.uri_parser import parse_uri
-
-    from common.connections import control_uri
-
-    found: set[tuple[str, int]] = set()
-    redis = urlsplit(settings.REDIS_URL)
-    if redis.scheme in ("redis", "rediss") and redis.hostname:
-        found.add((redis.hostname, redis.port or 6379))
-    for uri in {settings.MONGO_URI, settings.MONGO_LOG_URI, control_uri()}:
-        try:
-            found.update(parse_uri(uri)["nodelist"])
-        except Exception as exc:  # noqa: BLE001 - e.g. an SRV record that cannot be resolved here
-            logger.warning("sandbox wall: cannot read a MongoDB URI's hosts (%s)", type(exc).__name__)
-    host, port = _host_port(settings.WEB_BIND, 8080)
-    found.add((host or "0.0.0.0", port))
-    return found
-
-
 def _split(value: str) -> list[str]:
     return [item.strip() for item in (value or "").split(",") if item.strip()]
 
@@ -207,7 +176,7 @@ def _resolvers() -> set[str]:
 def _endpoint(address: str, port: int, local_ports: set[int], remote: set[tuple[str, int]]) -> None:
     """Wall off ``address:port``; on any address of this host too when it is one of ours."""
     remote.add((address, port))
-    if _is_local(address):
+    if netguard.is_local(ipaddress.ip_address(address)):
         local_ports.add(port)
 
 
@@ -217,9 +186,11 @@ def _targets() -> tuple[set[int], set[tuple[str, int]], set[str], set[tuple[str,
     local_ports: set[int] = set()
     remote: set[tuple[str, int]] = set()
     denied: set[str] = set()
-    for host, port in service_endpoints():
-        for address in _addresses(host):
-            _endpoint(address, port, local_ports, remote)
+    for address, port in netguard.cluster_endpoints():  # the same services the built-in engines refuse
+        if address == netguard.LOCAL:
+            local_ports.add(port)
+        else:
+            remote.add((str(address), port))
     for item in _split(settings.SANDBOX_DENY):
         try:
             denied.add(str(ipaddress.ip_network(item, strict=False)))
@@ -311,11 +282,8 @@ def _table() -> str:
 
 
 def _inputs() -> tuple:
-    """The settings the rule set is made of: the table is made again only when they change."""
-    from common.connections import control_uri
-
-    return (settings.REDIS_URL, settings.MONGO_URI, settings.MONGO_LOG_URI, control_uri(), settings.WEB_BIND,
-            settings.SANDBOX_DENY, settings.SANDBOX_ALLOW)
+    """What the rule set is made of: the table is made again only when it changes."""
+    return netguard.cluster_endpoints(), settings.SANDBOX_DENY, settings.SANDBOX_ALLOW
 
 
 def ensure() -> None:
