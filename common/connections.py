@@ -90,7 +90,8 @@ def unreachable(exc: BaseException) -> str | None:
         return f"MongoDB refused the credentials at {_hosts_of(settings.MONGO_URI)}"
     if isinstance(exc, ConnectionFailure):
         return f"MongoDB unreachable at {_hosts_of(settings.MONGO_URI)}"
-    if isinstance(exc, AuthenticationError) or (isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))):
+    refused = isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    if isinstance(exc, AuthenticationError) or refused:
         return f"Redis refused the credentials at {_hosts_of(settings.REDIS_URL)}"
     if isinstance(exc, (RedisConnectionError, RedisTimeout)):
         return f"Redis unreachable at {_hosts_of(settings.REDIS_URL)}"

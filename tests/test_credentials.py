@@ -57,7 +57,8 @@ def test_a_cluster_with_passwords_works_and_never_shows_them(site, tmp_path):
     redis_pw, mongo_pw = secrets.token_urlsafe(12), secrets.token_urlsafe(12)
     with RedisServer(password=redis_pw) as redis_srv, \
             MongoServer(storage=str(tmp_path / "db"), user="dc", password=mongo_pw) as mongo:
-        env = {**os.environ, **env_for(redis_srv.url, mongo.uri("creds"), mongo.uri("creds_log"), HOSTNAME="credhost")}
+        env = {**os.environ, **env_for(redis_srv.url, mongo.uri("creds"), mongo.uri("creds_log"),
+                                       HOSTNAME="credhost")}
         probe = ("import json, os, socket\n"
                  "def download(task):\n"
                  "    try:\n"
@@ -72,8 +73,8 @@ def test_a_cluster_with_passwords_works_and_never_shows_them(site, tmp_path):
         outputs = []
 
         def run(*args: str, stdin: str | None = None) -> str:
-            done = subprocess.run([str(BIN / "downcluster"), *args], env=env, input=stdin, capture_output=True,
-                                  text=True, timeout=180)
+            done = subprocess.run([str(BIN / "downcluster"), *args], env=env, input=stdin,
+                                  capture_output=True, text=True, timeout=180)
             outputs.append(done.stdout + done.stderr)
             assert done.returncode == 0, (args, done.stderr[-2000:])
             return done.stdout
@@ -93,18 +94,19 @@ def test_a_cluster_with_passwords_works_and_never_shows_them(site, tmp_path):
         assert '"mongo": "ConnectionRefusedError"' in _body_text(exported)
         for text in outputs:
             assert redis_pw not in text and mongo_pw not in text
-        assert redis_pw not in exported and mongo_pw not in exported and "DOWNCLUSTER" not in _body_text(exported)
+        assert redis_pw not in exported and mongo_pw not in exported
+        assert "DOWNCLUSTER" not in _body_text(exported)
 
         wrong = {**env, "DOWNCLUSTER_MONGO_URI": mongo.uri("creds").replace(mongo_pw, "not-the-password")}
-        done = subprocess.run([str(BIN / "downcluster"), "job", "list"], env=wrong, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([str(BIN / "downcluster"), "job", "list"], env=wrong, capture_output=True,
+                              text=True, timeout=120)
         assert done.returncode == 1 and "not-the-password" not in done.stdout + done.stderr
-        assert done.stderr.strip() == f"error: MongoDB refused the credentials at 127.0.0.1:{mongo.port}", done.stderr
+        assert done.stderr.strip() == f"error: MongoDB refused the credentials at 127.0.0.1:{mongo.port}"
         wrong = {**env, "DOWNCLUSTER_REDIS_URL": redis_srv.url.replace(redis_pw, "not-the-password")}
         done = subprocess.run([str(BIN / "downcluster"), "stats"], env=wrong, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 1 and "not-the-password" not in done.stdout + done.stderr
-        assert done.stderr.strip() == f"error: Redis refused the credentials at 127.0.0.1:{redis_srv.port}", done.stderr
+        assert done.stderr.strip() == f"error: Redis refused the credentials at 127.0.0.1:{redis_srv.port}"
 
 
 def _body_text(jsonl: str) -> str:

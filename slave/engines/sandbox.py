@@ -117,7 +117,8 @@ def interpreter() -> str:
 def _command(mode: str, limits: Limits, status_fd: int, info_fd: int) -> list[str]:
     """bubblewrap around ``sandbox_main``: see the module docstring."""
     size = str(limits.max_file_mb * 1024 * 1024)
-    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
+    argv = ["bwrap", "--die-with-parent", "--new-session",
+            "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
             "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
             "--info-fd", str(info_fd), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for private in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -315,7 +316,8 @@ def shell_environment(url: str, proxy: str = "", cookie: str = "") -> dict[str, 
     ``ALL_PROXY``, which curl and wget honour by themselves). Secrets: never logged."""
     env = {"DOWNLOAD_URL": url}
     if proxy:
-        env.update(DOWNLOAD_PROXY=proxy, http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy, ALL_PROXY=proxy)
+        env.update(DOWNLOAD_PROXY=proxy, http_proxy=proxy, https_proxy=proxy, HTTPS_PROXY=proxy,
+                   ALL_PROXY=proxy)
     if cookie:
         env["DOWNLOAD_COOKIE"] = cookie
     return env

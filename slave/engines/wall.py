@@ -120,7 +120,8 @@ def check() -> str | None:
     if os.geteuid() != 0:
         return ("python and shell downloaders need the worker to run as root (each sandbox gets a uid, "
                 "a pid namespace and firewall rules of its own)")
-    missing = [name for name, tool in (("bubblewrap", "bwrap"), ("nftables", "nft")) if not shutil.which(tool)]
+    tools = (("bubblewrap", "bwrap"), ("nftables", "nft"))
+    missing = [name for name, tool in tools if not shutil.which(tool)]
     if missing:
         return f"python and shell downloaders need {' and '.join(missing)}: {INSTALL}"
     return None
@@ -239,15 +240,17 @@ def ruleset() -> str:
         if nets:
             rules += _deny(f"{fam} daddr {{ {nets} }}")
         if _pairs(allowed, fam):
-            rules += [f"{fam} daddr . {proto} dport {{ {_pairs(allowed, fam)} }} accept" for proto in ("tcp", "udp")]
-    rules.append(f"meta skuid >= {first + SLOTS} accept")  # allow_private jobs and browsers: the rest is theirs
+            rules += [f"{fam} daddr . {proto} dport {{ {_pairs(allowed, fam)} }} accept"
+                      for proto in ("tcp", "udp")]
+    rules.append(f"meta skuid >= {first + SLOTS} accept")  # allow_private jobs, browsers: the rest is theirs
     rules += _deny("fib daddr type local")
     rules += _deny(f"ip daddr {{ {', '.join(NOT_GLOBAL_V4)} }}")
     rules += _deny(f"ip6 daddr {{ {', '.join(NOT_GLOBAL_V6)} }}")
     body = "\n".join("    " + rule for rule in rules)
     # only packets of sandbox sockets enter chain "box" (the kernel's own replies have no socket)
     return (f"table inet {table}\ndelete table inet {table}\n"
-            f"table inet {table} {{\n  chain out {{\n    type filter hook output priority filter; policy accept;\n"
+            f"table inet {table} {{\n  chain out {{\n"
+            f"    type filter hook output priority filter; policy accept;\n"
             f"    meta skuid {first}-{first + BLOCK - 1} jump box\n  }}\n  chain box {{\n{body}\n  }}\n}}\n")
 
 
