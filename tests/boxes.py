@@ -4,11 +4,13 @@ from __future__ import annotations
 import os
 import time
 
-from slave.engines.wall import UID_BASE, UID_END
+from slave.engines.wall import BLOCK, block_of
 
 
-def boxed_processes() -> set[int]:
-    """Pids of live (not zombie) processes whose real uid is a sandbox's."""
+def boxed_processes(owner: int | None = None) -> set[int]:
+    """Pids of live (not zombie) processes running as a sandbox uid of worker process ``owner``
+    (default: this process), so sandboxes of other processes on the machine do not count."""
+    first = block_of(os.getpid() if owner is None else owner)
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -19,16 +21,18 @@ def boxed_processes() -> set[int]:
         except OSError:
             continue
         uid = int(fields.get("Uid", "0").split()[0])
-        if UID_BASE <= uid < UID_END and not fields.get("State", "").strip().startswith(("Z", "X")):
+        if first <= uid < first + BLOCK and not fields.get("State", "").strip().startswith(("Z", "X")):
             found.add(int(entry))
     return found
 
 
-def eventually_no_boxed_processes(before: set[int] = frozenset(), timeout: float = 10.0) -> set[int]:
-    """The sandbox processes (not in ``before``) still alive after waiting up to ``timeout`` s."""
+def eventually_no_boxed_processes(before: set[int] = frozenset(), timeout: float = 10.0,
+                                  owner: int | None = None) -> set[int]:
+    """The sandbox processes of ``owner`` (not in ``before``) still alive after waiting up to
+    ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
-        left = boxed_processes() - set(before)
+        left = boxed_processes(owner) - set(before)
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.02)

@@ -553,7 +553,6 @@ def test_python_downloader_reads_neither_the_workers_environment_nor_its_files(t
 def test_a_hung_downloader_dies_with_its_worker(mode):
     """Kill the worker (here a process running the sandbox) and its hung downloader, with the
     children it started in new sessions, is gone within seconds."""
-    before = boxed_processes()
     call = ("run_python('import os, time\\ndef download(task):\\n    os.system(\"setsid sleep 120 &\")\\n"
             "    time.sleep(120)\\n', {}, Limits(timeout=120))"
             if mode == "python" else "run_shell('setsid sleep 120 & sleep 120', 'http://x/', Limits(timeout=120))")
@@ -563,12 +562,12 @@ def test_a_hung_downloader_dies_with_its_worker(mode):
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         deadline = time.monotonic() + 20
-        while len(boxed_processes() - before) < 3 and time.monotonic() < deadline:  # supervisor, downloader, sleeps
+        while len(boxed_processes(worker.pid)) < 3 and time.monotonic() < deadline:  # supervisor, downloader, sleeps
             time.sleep(0.05)
-        assert len(boxed_processes() - before) >= 3
+        assert len(boxed_processes(worker.pid)) >= 3
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
-        assert eventually_no_boxed_processes(before) == set(), "the downloader outlived its worker"
+        assert eventually_no_boxed_processes(owner=worker.pid) == set(), "the downloader outlived its worker"
     finally:
         worker.kill()
 
