@@ -93,25 +93,27 @@ class RedisServer(_Server):
 
     name = "redis"
 
-    def __init__(self, port: int | None = None, password: str | None = None) -> None:
+    def __init__(self, port: int | None = None, password: str | None = None, host: str = "127.0.0.1") -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server not found on PATH: install it (apt-get install -y redis-server)")
         super().__init__(port)
+        self.host = host
         self.password = secrets.token_urlsafe(18) if password is None else password
         self.url = self.url_at(self.port)
 
     def url_at(self, port: int) -> str:
         """The URL of this server's database 0 through ``port`` (a relay's, say), with its password."""
-        return f"redis://:{self.password}@127.0.0.1:{port}/0" if self.password else f"redis://127.0.0.1:{port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{port}/0"
 
     def start(self) -> None:
         conf = os.path.join(self.dir, "redis.conf")
         with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(f'port {self.port}\nbind 127.0.0.1\nsave ""\nappendonly no\ndir {self.dir}\n')
+            f.write(f'port {self.port}\nbind {self.host}\nsave ""\nappendonly no\ndir {self.dir}\n')
             if self.password:
                 f.write(f"requirepass {self.password}\n")
         # no retries: redis-py 8 retries a timed-out PING for ~25 s by default
-        client = redis.Redis(port=self.port, password=self.password or None, socket_timeout=1,
+        client = redis.Redis(host=self.host, port=self.port, password=self.password or None, socket_timeout=1,
                              retry=Retry(NoBackoff(), 0))
         try:
             self._launch(["redis-server", conf], client.ping, 20)
@@ -132,8 +134,9 @@ class MongoServer(_Server):
     name = "secantus"
 
     def __init__(self, storage: str = ":memory:", port: int | None = None, user: str = "",
-                 password: str = "") -> None:
+                 password: str = "", host: str = "127.0.0.1") -> None:
         super().__init__(port)
+        self.host = host
         if user and storage == ":memory:":
             raise ValueError("a MongoServer with a user needs a storage directory (the user must survive a restart)")
         self.storage, self.user, self.password = storage, user, password
@@ -141,13 +144,13 @@ class MongoServer(_Server):
 
     def uri(self, db: str) -> str:
         if self.user:
-            return f"mongodb://{self.user}:{self.password}@127.0.0.1:{self.port}/{db}?authSource=admin"
-        return f"mongodb://127.0.0.1:{self.port}/{db}"
+            return f"mongodb://{self.user}:{self.password}@{self.host}:{self.port}/{db}?authSource=admin"
+        return f"mongodb://{self.host}:{self.port}/{db}"
 
     def start(self) -> None:
         if self.user and not self._auth:
             self._start()
-            client = pymongo.MongoClient(port=self.port)
+            client = pymongo.MongoClient(host=self.host, port=self.port)
             try:
                 client.admin.command("createUser", self.user, pwd=self.password, roles=[{"role": "root", "db": "admin"}])
             finally:
@@ -157,8 +160,9 @@ class MongoServer(_Server):
         self._start()
 
     def _start(self) -> None:
-        client = pymongo.MongoClient(port=self.port, serverSelectionTimeoutMS=500, connect=False)
-        argv = [sys.executable, "-m", "secantus", "--port", str(self.port), "--storage-path", self.storage,
+        client = pymongo.MongoClient(host=self.host, port=self.port, serverSelectionTimeoutMS=500, connect=False)
+        argv = [sys.executable, "-m", "secantus", "--host", self.host, "--port", str(self.port),
+                "--storage-path", self.storage,
                 "--standalone", "--log-level", "WARNING"] + (["--auth"] if self._auth else [])
         try:
             self._launch(argv, lambda: client.admin.command("ping"), 60)  # ping needs no authentication
