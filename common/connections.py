@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import mongoengine
 from pymongo import MongoClient
@@ -15,6 +15,7 @@ from redis import Redis
 from redis.maint_notifications import MaintNotificationsConfig
 
 from common.config import settings
+from common.errors import ConfigError
 
 _lock = threading.Lock()
 _mongo_pid: int | None = None
@@ -107,10 +108,46 @@ MONGO_AUTH_CODES = (13, 18)  # Unauthorized, AuthenticationFailed
 REDIS_OPTIONS = {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
+SENTINEL_SCHEME = "redis+sentinel://"
+SENTINEL_SOCKET_TIMEOUT = 30.0
+
+
+def redis_client(url: str | None = None, asynchronous: bool = False, **options):
+    """A Redis client (redis.asyncio's with ``asynchronous``) for ``url``, by default REDIS_URL:
+    ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]
+    /SERVICE[/DB]`` — the master that the Sentinels name SERVICE, found again after a failover
+    (the password is the master's and the Sentinels')."""
+    url = url or settings.REDIS_URL
+    options = {**REDIS_OPTIONS, **options}
+    if not url.startswith(SENTINEL_SCHEME):
+        if asynchronous:
+            from redis.asyncio import Redis as AsyncRedis
+
+            return AsyncRedis.from_url(url, **options)
+        return Redis.from_url(url, **options)
+    parts = urlsplit(url)
+    password = unquote(parts.password) if parts.password else None
+    hosts = []
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        hosts.append((host.strip("[]") or "127.0.0.1", int(port or 26379)))
+    service, _, db = parts.path.strip("/").partition("/")
+    if not service:
+        raise ConfigError("REDIS_URL: a redis+sentinel:// URL names its service: redis+sentinel://HOST:PORT/SERVICE")
+    if asynchronous:
+        from redis.asyncio.sentinel import Sentinel
+    else:
+        from redis.sentinel import Sentinel
+    options.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)  # a failover must not leave a call hanging
+    sentinel = Sentinel(hosts, sentinel_kwargs={"password": password, "socket_timeout": 5},
+                        password=password, db=int(db or 0), **options)
+    return sentinel.master_for(service)
+
+
 def redis_conn() -> Redis:
     """One Redis client per process and URL."""
     global _redis
     url = settings.REDIS_URL
     if _redis is None or _redis[0] != os.getpid() or _redis[1] != url:
-        _redis = (os.getpid(), url, Redis.from_url(url, health_check_interval=30, **REDIS_OPTIONS))
+        _redis = (os.getpid(), url, redis_client(url, health_check_interval=30))
     return _redis[2]

@@ -32,7 +32,7 @@ from datetime import datetime
 from redis import Redis
 
 from common.config import settings
-from common.connections import redis_conn
+from common.connections import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
 from common.secrets import redact
 from common.sentry import capture
@@ -406,7 +406,15 @@ def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on
     signal.signal(signal.SIGTERM, terminate)
     done, defended, standing_by = 0, float("-inf"), False
     while not stopping.is_set() and (max_runs is None or done < max_runs):
-        if not lock.acquire():
+        try:
+            acquired = lock.acquire()
+        except Exception as exc:  # Redis away (a failover, say): try again, never exit
+            if unreachable(exc) is None:
+                raise
+            logger.warning("%s: trying again", unreachable(exc))
+            stopping.wait(1.0)
+            continue
+        if not acquired:
             if not standing_by:
                 logger.warning("another dispatcher holds the lock: standing by")
                 standing_by = True
@@ -428,8 +436,16 @@ def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on
                 lock.keep()
         except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
             logger.warning("%s; standing by", exc)
+        except Exception as exc:  # Redis away mid-run: its leases stay QUEUED for the defender; go on
+            if unreachable(exc) is None:
+                raise
+            logger.warning("%s: trying again", unreachable(exc))
+            stopping.wait(1.0)
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except Exception as exc:  # Redis away: the lock expires by itself within DISPATCH_LOCK_TTL
+                logger.warning("lock not released: %s", type(exc).__name__)
 
 
 def _exit_later(lock: DispatchLock) -> None:

@@ -34,11 +34,10 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from redis import Redis
 from redis import asyncio as aioredis
 
 from common.config import settings
-from common.connections import REDIS_OPTIONS
+from common.connections import REDIS_OPTIONS, SENTINEL_SCHEME, redis_client
 from common.errors import AddressRefused
 from common.hostlimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, host_of, keys
 
@@ -194,9 +193,12 @@ def _quiet(future: asyncio.Future) -> None:
 class Etiquette:
     def __init__(self) -> None:
         # a bounded pool that waits for a free connection (every download in flight may ask at once)
-        pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=60,
-                                                        **REDIS_OPTIONS)
-        self.redis = aioredis.Redis(connection_pool=pool)
+        if settings.REDIS_URL.startswith(SENTINEL_SCHEME):  # the master Sentinel names, found again after a failover
+            self.redis = redis_client(asynchronous=True)
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=60,
+                                                            **REDIS_OPTIONS)
+            self.redis = aioredis.Redis(connection_pool=pool)
         self.batch = Batcher(self.redis)
         self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the keeper)
         self.until: dict[str, float] = {}    # slot token -> its local deadline (time.monotonic())
@@ -591,8 +593,7 @@ class Keeper(threading.Thread):
         super().__init__(daemon=True, name="slot-keeper")
         self.etiquette, self.loop, self.halt = etiquette, loop, threading.Event()
         self.every = settings.HOST_SLOT_TTL / 4
-        self.redis = Redis.from_url(settings.REDIS_URL, socket_timeout=self.every, socket_connect_timeout=self.every,
-                                    **REDIS_OPTIONS)
+        self.redis = redis_client(socket_timeout=self.every, socket_connect_timeout=self.every)
 
     def run(self) -> None:
         while not self.halt.wait(self.every):

@@ -74,8 +74,8 @@ class Net:
             _ip("link", "set", link + "p", "netns", ns)
             _ip("link", "set", link, "master", self.bridge)
             _ip("link", "set", link, "up")
-            for cmd in (["addr", "add", f"{address}/25", "dev", link + "p"], ["link", "set", link + "p", "up"],
-                        ["link", "set", "lo", "up"]):
+            for cmd in (["addr", "add", f"{address}/25", "dev", link + "p"],
+                        ["link", "set", link + "p", "up"], ["link", "set", "lo", "up"]):
                 _ip("netns", "exec", ns, "ip", *cmd)
 
     def cut(self, name: str) -> None:
@@ -132,8 +132,8 @@ class Cluster:
         proc.wait()
 
     def cli(self, *args: str, stdin: str | None = None) -> str:
-        done = subprocess.run([str(BIN / "downcluster"), *args], env=self.env, input=stdin, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run([str(BIN / "downcluster"), *args], env=self.env, input=stdin,
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (args, done.stderr[-2000:])
         return done.stdout
 

@@ -22,7 +22,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
-from common.connections import REDIS_OPTIONS, redis_conn
+from common.connections import redis_client, redis_conn
 from common.data import export_source, export_total
 from common.exportnotes import FINAL_STATES, channel, snapshot
 from common.errors import NotFound
@@ -250,9 +250,7 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
         await websocket.send_json({"error": f"no export {export_id[:40]!r}"})
         await websocket.close(code=4404)
         return
-    from redis.asyncio import Redis
-
-    redis = Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)  # one connection: the subscription's own
+    redis = redis_client(asynchronous=True)  # one connection: the subscription's own
     pubsub = redis.pubsub()
     try:
         await pubsub.subscribe(channel(export_id))
