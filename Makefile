@@ -27,6 +27,13 @@ services-check:
 	  else \
 	    echo "python and shell downloaders need bubblewrap and nftables ('sudo apt-get install -y bubblewrap nftables') and a root worker"; exit 1; \
 	  fi; }
+	@{ command -v redis-sentinel >/dev/null 2>&1 && command -v faketime >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "redis-sentinel or faketime not found: installing them for the failover and clock tests (apt-get install -y redis-sentinel faketime)"; \
+	    (apt-get update -q && apt-get install -y -q redis-sentinel faketime) >/dev/null; \
+	  else \
+	    echo "note: the failover and clock-skew tests need 'sudo apt-get install -y redis-sentinel faketime'; they are skipped"; \
+	  fi; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "chromium not found: installing it for the browser engine (apt-get install -y chromium chromium-driver)"; \
