@@ -93,11 +93,12 @@ class RedisServer(_Server):
 
     name = "redis"
 
-    def __init__(self, port: int | None = None, password: str | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int | None = None, password: str | None = None, host: str = "127.0.0.1",
+                 conf: str = "") -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server not found on PATH: install it (apt-get install -y redis-server)")
         super().__init__(port)
-        self.host = host
+        self.host, self.conf = host, conf  # conf: more lines of its config file (secrets stay off argv)
         self.password = secrets.token_urlsafe(18) if password is None else password
         self.url = self.url_at(self.port)
 
@@ -112,6 +113,7 @@ class RedisServer(_Server):
             f.write(f'port {self.port}\nbind {self.host}\nsave ""\nappendonly no\ndir {self.dir}\n')
             if self.password:
                 f.write(f"requirepass {self.password}\n")
+            f.write(self.conf)
         # no retries: redis-py 8 retries a timed-out PING for ~25 s by default
         client = redis.Redis(host=self.host, port=self.port, password=self.password or None, socket_timeout=1,
                              retry=Retry(NoBackoff(), 0))

@@ -5,6 +5,7 @@ one data document it names, the dispatcher and the worker following the new mast
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from common.models import CrawlerDownloadData, CrawlerTask
+from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 from services import RedisServer, free_port
 from tests.helpers import add_urls, register
 
@@ -40,16 +41,25 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _role(port: int, password: str) -> str:
+def _info(port: int, password: str) -> dict:
     try:
-        return redis_lib.Redis(port=port, password=password, socket_timeout=1).info("replication")["role"]
+        return redis_lib.Redis(port=port, password=password, socket_timeout=1).info("replication")
     except redis_lib.RedisError:
-        return "down"
+        return {"role": "down"}
+
+
+def _replicas_seen(port: int, password: str) -> list[str]:
+    """The flags of each replica the Sentinel on ``port`` knows ("slave" when healthy)."""
+    try:
+        return [r["flags"] for r in redis_lib.Redis(port=port, password=password, socket_timeout=1,
+                                                    decode_responses=True).sentinel_slaves(SERVICE)]
+    except redis_lib.RedisError:
+        return []
 
 
 def test_killing_the_redis_master_mid_run_loses_and_repeats_nothing(cluster, tmp_path):
-    master = RedisServer()
-    password = master.password
+    password = secrets.token_urlsafe(18)
+    master = RedisServer(password=password, conf=f"masterauth {password}\n")
     master.start()
     replica_port, sentinel_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
@@ -65,9 +75,12 @@ def test_killing_the_redis_master_mid_run_loses_and_repeats_nothing(cluster, tmp
                          f"sentinel failover-timeout {SERVICE} 5000\n")
         procs.append(subprocess.Popen(["redis-server", str(replica)], stdout=subprocess.DEVNULL,
                                       start_new_session=True))
-        procs.append(subprocess.Popen(["redis-sentinel", str(sentinel)], stdout=subprocess.DEVNULL,
+        _wait(lambda: _info(replica_port, password).get("master_link_status") == "up", 30, "the replica in sync")
+        # started after the replica is in sync, the Sentinel learns of it from its first INFO of the master
+        # (else only at the next, 10 s later: a failover before that finds no replica to promote)
+        procs.append(subprocess.Popen(["redis-sentinel", str(sentinel)], stdout=open(tmp_path / "sentinel.log", "wb"),
                                       start_new_session=True))
-        _wait(lambda: _role(replica_port, password) == "slave", 30, "the replica")
+        _wait(lambda: _replicas_seen(sentinel_port, password) == ["slave"], 60, "the Sentinel to know the replica")
         url = f"redis+sentinel://:{password}@127.0.0.1:{sentinel_port}/{SERVICE}/0"
         env = {**os.environ, **cluster.env, "DOWNCLUSTER_REDIS_URL": url, "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
                "DOWNCLUSTER_ABSENCE_GRACE": "1", "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "5",
@@ -75,20 +88,27 @@ def test_killing_the_redis_master_mid_run_loses_and_repeats_nothing(cluster, tmp
         register(tmp_path, "ha", priority=3, obey_robots=False)
         count = 300
         add_urls("ha", [f"{cluster.site}/hold/20?{i}" for i in range(count)])
+        cluster_procs = []
         for argv in (["dispatch", "--loop"], ["worker", "--no-exports"]):
-            procs.append(subprocess.Popen([str(BIN / "downcluster"), *argv], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=open(tmp_path / f"{argv[0]}.log", "wb"), start_new_session=True))
+            cluster_procs.append(subprocess.Popen(
+                [str(BIN / "downcluster"), *argv], env=env, stdout=subprocess.DEVNULL,
+                stderr=open(tmp_path / f"{argv[0]}.log", "wb"), start_new_session=True))
+        procs.extend(cluster_procs)
         _wait(lambda: CrawlerTask.objects(status="SUCCESS").count() >= count // 4, 120, "a quarter done")
         killed = time.monotonic()
+        at_kill = CrawlerTask.objects(status="SUCCESS").count()
         master.proc.send_signal(signal.SIGKILL)
-        _wait(lambda: _role(replica_port, password) == "master", 60, "the replica promoted")
+        _wait(lambda: _info(replica_port, password)["role"] == "master", 60, "the replica promoted")
         promoted = time.monotonic() - killed
         _wait(lambda: CrawlerTask.objects(status="SUCCESS").count() == count, 300, "every task done")
         done = time.monotonic() - killed
+        assert [p.poll() for p in cluster_procs] == [None, None]  # the same dispatcher and worker, following
         for task in CrawlerTask.objects.only("id", "data_lease"):
             assert CrawlerDownloadData.objects(task=task.id, lease=task.data_lease).count() == 1
-        print(f"Sentinel failover: replica promoted {promoted:.1f} s after the master's SIGKILL; "
-              f"all {count} tasks SUCCESS, one data document each, {done:.1f} s after the kill")
+        twice = CrawlerDownloadLog.objects(status="SUCCESS").count() - count
+        print(f"Sentinel failover: master SIGKILLed with {at_kill}/{count} tasks SUCCESS; replica promoted "
+              f"{promoted:.1f} s later; all {count} SUCCESS with one visible data document each {done:.1f} s "
+              f"after the kill; pages downloaded twice (never visible): {twice}")
     finally:
         for proc in procs:
             if proc.poll() is None:
