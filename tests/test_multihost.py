@@ -262,9 +262,9 @@ def test_host_queues_and_the_shared_limit_hold_across_hosts(multi):
 def test_a_host_lost_then_a_host_partitioned_lose_and_repeat_nothing(multi):
     pages = lambda tag: [f"{u}/linger/500?{tag}{i}" for i in range(30) for u in multi.urls]  # noqa: E731
     multi.job("lost", pages("lost"), obey_robots=False, host_concurrency=8)
-    multi.worker("alpha")
-    multi.worker("beta")
+    multi.worker("alpha")  # alone first: it holds entries when it is lost
     wait_for(lambda: multi.running("alpha") > 0, 60, "alpha at work")
+    multi.worker("beta")
     multi.net.kill("alpha")  # every process of the host, at once
     killed = time.monotonic()
     wait_for(lambda: multi.running("alpha") == 0, 60, "alpha's leases to be given back")
