@@ -15,14 +15,17 @@ thread beats them; one lock keeps rq's per-worker state consistent.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 
 from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import now
-from rq.worker import BaseWorker, WorkerStatus
+from rq import worker_registration
+from rq.worker import BaseWorker, SimpleWorker, Worker, WorkerStatus
 
 from common.errors import ConfigError
 from common.rqbridge import JsonJob
@@ -30,7 +33,57 @@ from common.rqbridge import JsonJob
 logger = logging.getLogger(__name__)
 
 
-class LoopWorker(BaseWorker):
+class RedisClock:
+    """rq scores its StartedJobRegistry by the clock of the worker that writes an entry (now +
+    TTL) and cleans it by the clock of whichever worker runs maintenance, so between hosts whose
+    clocks differ by more than the TTL's margin a healthy worker's running entries are taken as
+    abandoned (``AbandonedJobError``, moved to the failed registry under it). Our workers keep
+    both sides on Redis's clock: the TTLs they score with grow by as much as this machine's clock
+    is behind Redis's, and their maintenance judges every registry at Redis's time."""
+
+    clock_behind = 0  # whole seconds this machine's clock is behind Redis's, as last measured
+
+    def redis_now(self) -> float:
+        seconds, micros = self.connection.time()
+        now = seconds + micros / 1e6
+        self.clock_behind = max(0, math.ceil(now - time.time()))
+        return now
+
+    def register_birth(self, *args, **kwargs):
+        self.redis_now()  # before the first entry is scored
+        return super().register_birth(*args, **kwargs)
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        self.redis_now()
+        return super().heartbeat(timeout, pipeline=pipeline)
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        return super().get_heartbeat_ttl(job, working_time) + self.clock_behind
+
+    def clean_registries(self) -> None:
+        """rq's ``BaseWorker.clean_registries``, judged at Redis's time."""
+        stamp = self.redis_now()
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                self.log.info("Worker %s: cleaning registries for queue: %s", self.name, queue.name)
+                for registry in (queue.finished_job_registry, queue.started_job_registry, queue.failed_job_registry,
+                                 queue.deferred_job_registry, queue.ready_job_registry):
+                    registry.cleanup(timestamp=stamp, exception_handlers=self._exc_handlers)
+                worker_registration.clean_worker_registry(queue)
+                queue.intermediate_queue.cleanup(self, queue)
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = now()
+
+
+class ClassicWorker(RedisClock, Worker):
+    """rq's Worker (``downcluster worker --classic``), on Redis's clock."""
+
+
+class ClassicSimpleWorker(RedisClock, SimpleWorker):
+    """rq's SimpleWorker (``downcluster worker --simple``), on Redis's clock."""
+
+
+class LoopWorker(RedisClock, BaseWorker):
     """An rq worker for ``downcluster worker``; see the module docstring."""
 
     def __init__(self, queues: list[str], name: str, connection, beat_interval: float) -> None:
@@ -64,7 +117,8 @@ class LoopWorker(BaseWorker):
         rq's registry maintenance when it is due (as rq's own workers do it)."""
         with self._lock:
             running = list(self.running.values())
-        ttl = self.job_monitoring_interval + 60
+        self.redis_now()
+        ttl = self.job_monitoring_interval + 60 + self.clock_behind
         with self.connection.pipeline() as pipe:
             self.heartbeat(ttl, pipeline=pipe)
             for job, queue, execution in running:

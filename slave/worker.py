@@ -3,13 +3,13 @@
 By default one process runs many entries at once on an event loop (slave/runner.py), taking
 the next entry in strict queue order whenever fewer than WORKER_INFLIGHT downloads are in
 flight; rq sees it as a worker with an execution per entry (slave/rqworker.py). ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a
-time), exactly what a plain ``rq worker down_super down_high down_mid down_low`` does.
+time; on Redis's clock, see slave/rqworker.py), exactly what a plain ``rq worker down_super down_high down_mid down_low`` does.
 """
 from __future__ import annotations
 
 import logging
 
-from rq import SimpleWorker, Worker
+from rq import Worker
 from rq.serializers import JSONSerializer
 
 from common.config import host_name, settings
@@ -18,13 +18,14 @@ from common.queues import worker_queue_names
 from common.rqbridge import JsonJob, rq_queue
 from common.secrets import install_logging_filter
 from common.sentry import init_sentry
+from slave.rqworker import ClassicSimpleWorker, ClassicWorker
 
 
 def build_worker(simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
     """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
     redis = redis_conn()
     queues = [rq_queue(n, redis) for n in worker_queue_names(host_name(), foreign)]
-    cls = SimpleWorker if simple else Worker
+    cls = ClassicSimpleWorker if simple else ClassicWorker
     return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 
 

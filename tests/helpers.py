@@ -9,6 +9,11 @@ from common.cli import main
 from common.models import CrawlerTask, Job
 
 
+def clock_skew(seconds: float) -> dict[str, str]:
+    """Environment that runs a Python process with its wall clock ``seconds`` off (tests/clockskew)."""
+    return {"PYTHONPATH": str(Path(__file__).parent / "clockskew"), "DOWNCLUSTER_TEST_CLOCK_SKEW": str(seconds)}
+
+
 def cli(*args: str, input: str | None = None):
     return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
 
