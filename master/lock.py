@@ -26,6 +26,7 @@ class DispatchLock:
         self.lock = redis.lock(LOCK_KEY, timeout=settings.DISPATCH_LOCK_TTL, blocking=False, thread_local=False)
         self.lost = threading.Event()
         self._halt = threading.Event()
+        self._missed = None  # our token, when Redis was away as we released (a failover keeps the lock)
 
     @property
     def token(self):
@@ -33,6 +34,13 @@ class DispatchLock:
 
     def acquire(self) -> bool:
         """Take the lock if it is free (and keep it alive from then on)."""
+        if self._missed is not None:  # ours still, on the master Sentinel promoted: free it first
+            self.lock.local.token = self._missed
+            try:
+                self.lock.release()
+            except LockError:  # expired or taken over meanwhile
+                pass
+            self._missed = None
         if not self.lock.acquire(blocking=False):
             return False
         self.lost.clear()
@@ -69,12 +77,13 @@ class DispatchLock:
 
     def release(self) -> None:
         self._halt.set()
+        token = self.lock.local.token
         try:
             self.lock.release()
         except LockError:  # expired or taken over already: nothing of ours to release
             pass
-        except Exception:  # Redis away: the lock expires by itself
-            pass
+        except Exception:  # Redis away: released at the next acquire, else it expires by itself
+            self._missed = token
 
     def __exit__(self, *exc) -> None:
         self.release()

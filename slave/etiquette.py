@@ -31,6 +31,7 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -71,11 +72,13 @@ return 1
 
 
 # KEYS: coalescing keys. ARGV: ttl ms, then one "run:<task>" per key. Per key: 1 (led by the
-# caller now) or the value found (another task's "run:..." or "done:...").
+# caller now, or still: a task handed back while Redis was away comes back to its own lead) or
+# the value found (another task's "run:..." or "done:...").
 LEAD_MANY = """
 local out = {}
 for i, key in ipairs(KEYS) do
   if redis.call('SET', key, ARGV[i + 1], 'NX', 'PX', ARGV[1]) then out[i] = 1
+  elseif redis.call('GET', key) == ARGV[i + 1] then redis.call('PEXPIRE', key, ARGV[1]); out[i] = 1
   else out[i] = redis.call('GET', key) or 0 end
 end
 return out
@@ -185,11 +188,6 @@ def _ignored(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _quiet(future: asyncio.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:  # Redis away: waiters time out and fetch
-        logger.warning("coalesced download not published: %s", type(future.exception()).__name__)
-
-
 class Etiquette:
     def __init__(self) -> None:
         # a bounded pool that waits for a free connection (every download in flight may ask at once)
@@ -208,6 +206,8 @@ class Etiquette:
         self._spare: dict[str, dict[str, float]] = {}  # host -> idle slots held (token -> given back after)
         self._pooled: set[str] = set()              # tokens that go back to _spare when released
         self._freeing: list[str] = []               # tokens to give back with the next Redis call
+        self._unreleased: deque = deque(maxlen=100_000)  # (slot set, token, when) given back while Redis was away
+        self._unled: deque = deque(maxlen=100_000)       # (key, "run:<task>", when) let go of while Redis was away
         self._sweeping = False
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the keeper)
@@ -363,8 +363,9 @@ class Etiquette:
         if pairs:
             try:
                 await self.batch.eval(RELEASE_MANY, [k for k, _ in pairs], [t for _, t in pairs])
-            except Exception as exc:  # Redis away: the slots expire by themselves
+            except Exception as exc:  # Redis away: the keeper gives them back once it answers again
                 logger.debug("slots not released: %s", type(exc).__name__)
+                self._unreleased.extend((key, token, time.monotonic()) for key, token in pairs)
 
     async def pause(self, host: str, seconds: float) -> None:
         """A server said Retry-After: no request to ``host`` from any job until then."""
@@ -426,7 +427,9 @@ class Etiquette:
                 self._stop(token)
 
     def renew(self, redis, loop) -> None:
-        """From the keeper thread: keep held slots and leaderships alive."""
+        """From the keeper thread: give back slots that Redis missed, keep held slots and
+        leaderships alive."""
+        self._release_missed(redis)
         held, leading = list(self.held.items()), list(self.leading.items())
         if held:
             sent = time.monotonic()
@@ -440,6 +443,23 @@ class Etiquette:
                     self.leading.pop(key, None)
 
 
+
+    def _release_missed(self, redis) -> None:
+        """Slots given back and leads let go of while Redis was away: after a Sentinel failover
+        the new master has them (replicated), and every worker would wait HOST_SLOT_TTL for them."""
+        slots, leads = _drain(self._unreleased), _drain(self._unled)
+        try:
+            if slots:
+                redis.eval(RELEASE_MANY, len(slots), *(k for k, _, _ in slots), *(t for _, t, _ in slots))
+                slots = []
+            with redis.pipeline(transaction=False) as pipe:
+                for key, value, _ in leads:
+                    pipe.eval(CAS, 1, key, value, "")
+                pipe.execute()
+        except Exception:
+            self._unreleased.extendleft(reversed(slots))
+            self._unled.extendleft(reversed(leads))
+            raise
 
     # --- robots.txt -------------------------------------------------------------------------
 
@@ -569,7 +589,11 @@ class Etiquette:
         """The leader's download failed or will not be stored: let a waiter lead."""
         mine = self.leading.pop(key, None)
         if mine:
-            await self.batch.eval(CAS, [key], [mine, ""])
+            try:
+                await self.batch.eval(CAS, [key], [mine, ""])
+            except Exception:
+                self._unled.append((key, mine, time.monotonic()))
+                raise
 
     def publish_all(self, leaders: list[tuple[str, object, object]]) -> None:
         """On the loop, once the leaders' data is stored: their waiters may copy it now and for
@@ -578,11 +602,25 @@ class Etiquette:
         for key, task_id, data_id in leaders:
             self.leading.pop(key, None)
             args += [f"run:{task_id}", f"done:{task_id}:{data_id}"]
-        done = self.batch.eval(PUBLISH_MANY, [key for key, _, _ in leaders], args)
-        asyncio.ensure_future(done).add_done_callback(_quiet)
+        done = asyncio.ensure_future(self.batch.eval(PUBLISH_MANY, [key for key, _, _ in leaders], args))
+        done.add_done_callback(lambda future: self._published(future, leaders))
+
+    def _published(self, future: asyncio.Future, leaders: list) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        logger.warning("coalesced download not published: %s", type(future.exception()).__name__)
+        self._unled.extend((key, f"run:{task_id}", time.monotonic()) for key, task_id, _ in leaders)
 
     async def forget(self, key: str, value: str) -> None:
         await self.batch.eval(CAS, [key], [value, ""])
+
+
+def _drain(missed: deque) -> list:
+    """What ``missed`` holds of the last HOST_SLOT_TTL (older entries have expired in Redis)."""
+    out, since = [], time.monotonic() - settings.HOST_SLOT_TTL
+    while missed:
+        out.append(missed.popleft())
+    return [m for m in out if m[2] > since]
 
 
 class Keeper(threading.Thread):

@@ -204,6 +204,32 @@ def test_keep_reports_a_lost_lock(cluster):
             lock.keep()
 
 
+def test_a_lock_left_behind_while_redis_was_away_is_taken_back_at_once(cluster):
+    """Released while Redis is away (a Sentinel failover, say: the promoted replica keeps the
+    key), the lock is freed by its own holder's next acquire, not left to block for its TTL."""
+    import redis as redis_lib
+
+    from tests.relay import Relay
+
+    relay = Relay(cluster.redis_server.port)
+    try:
+        mine = DispatchLock(redis_lib.Redis.from_url(cluster.redis_server.url_at(relay.port), socket_timeout=0.5))
+        assert mine.acquire()
+        relay.partition()
+        mine.release()  # times out: the key stays
+        relay.heal()
+        assert cluster.redis.exists(LOCK_KEY) and not DispatchLock(cluster.redis).acquire()
+        assert mine.acquire()  # its own left-behind token frees it first
+        mine.release()
+        other = DispatchLock(cluster.redis)
+        assert other.acquire()
+        mine._missed = b"a-token-long-expired"  # never frees another holder's lock
+        assert not mine.acquire() and cluster.redis.exists(LOCK_KEY)
+        other.release()
+    finally:
+        relay.close()
+
+
 # --- 6 and 7. one bad result, GridFS files --------------------------------------------------------
 
 def test_one_unstorable_result_fails_alone(cluster, tmp_path):
