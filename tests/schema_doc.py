@@ -1,11 +1,11 @@
-"""The README's schema tables ("Data for analysts") read back: {collection: {field, ...}} per
-database, for tests that hold the README to what the models declare and what a run stores."""
+"""The schema tables of docs/schema.md ("Data for analysts") read back: {collection: {field, ...}} per
+database, for tests that hold the docs to what the models declare and what a run stores."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SCHEMA = Path(__file__).resolve().parent.parent / "docs" / "schema.md"
 DATABASES = ("source", "log", "control")
 
 
@@ -32,9 +32,7 @@ def _fields(cell: str) -> set[str]:
 
 
 def documented() -> dict[str, dict[str, set[str]]]:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Data for analysts"):]
-    section = section[:section.index("\n## ", 10)]
+    section = SCHEMA.read_text(encoding="utf-8")
     out: dict[str, dict[str, set[str]]] = {db: {} for db in DATABASES}
     current = None
     for line in section.splitlines():

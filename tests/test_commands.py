@@ -26,7 +26,7 @@ def test_make_demo_runs_the_whole_cluster():
     for name in ("demo-python", "demo-shell", "demo-builtin"):
         lines = (ROOT / "var" / "export" / f"{name}.jsonl").read_text().splitlines()
         assert len(lines) == 201, name  # 200 pages + the URL that failed once, then succeeded
-    # what the run stored is what the README's schema says (the demo's store persists in var/mongo)
+    # what the run stored is what docs/schema.md says (the demo's store persists in var/mongo)
     import pymongo
 
     from services import MongoServer

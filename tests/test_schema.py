@@ -1,4 +1,4 @@
-"""The README's schema table is the truth: the collections and fields it lists are exactly what
+"""The schema table of docs/schema.md is the truth: the collections and fields it lists are exactly what
 the models declare, and every field a real run stores (``make demo``, read back in
 tests/test_commands.py with ``stored_fields``) is listed."""
 from __future__ import annotations
@@ -24,13 +24,13 @@ def test_readme_lists_exactly_the_collections_and_fields_the_models_declare():
     for db in models:
         for name in sorted(set(doc[db]) | set(models[db])):
             if name not in doc[db]:
-                differences.append(f"{db}.{name}: not in the README")
+                differences.append(f"{db}.{name}: not in docs/schema.md")
             elif name not in models[db]:
-                differences.append(f"{db}.{name}: in the README, no model")
+                differences.append(f"{db}.{name}: in docs/schema.md, no model")
             else:
                 listed, have = doc[db][name] - {"_id"}, models[db][name]
                 if listed != have:
-                    differences.append(f"{db}.{name}: README only {sorted(listed - have)}, model only {sorted(have - listed)}")
+                    differences.append(f"{db}.{name}: docs only {sorted(listed - have)}, model only {sorted(have - listed)}")
     assert differences == []
 
 
@@ -44,12 +44,12 @@ def stored_fields(client: pymongo.MongoClient, names: dict[str, str]) -> list[st
             if collection.endswith(GRIDFS_SUFFIXES):
                 continue
             if collection not in doc[db]:
-                differences.append(f"{db}.{collection}: stored, not in the README")
+                differences.append(f"{db}.{collection}: stored, not in docs/schema.md")
                 continue
             seen: set[str] = set()
             for row in database[collection].find({}, limit=5000):
                 seen |= set(row)
             extra = seen - doc[db][collection] - {"_id"}
             if extra:
-                differences.append(f"{db}.{collection}: stored fields not in the README: {sorted(extra)}")
+                differences.append(f"{db}.{collection}: stored fields not in docs/schema.md: {sorted(extra)}")
     return differences
