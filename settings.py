@@ -33,7 +33,7 @@ SENTRY_DSN = ""
 HOSTNAME = ""
 """This host's name in logs and host queues; empty means the machine's hostname."""
 
-# --- dispatcher (seed 003) ---------------------------------------------------------------
+# --- dispatcher ---------------------------------------------------------------
 MAX_TOTAL_DISPATCH_COUNT_ONCE = 7000
 """Tasks one dispatcher run may enqueue in all."""
 
@@ -240,7 +240,7 @@ EXPORT_TTL = 7 * 24 * 3600
 """Seconds an export's file is kept after it succeeded; then it is removed and the export EXPIRED."""
 
 EXPORT_MAX_RETRIES = 6
-"""Attempts of a failing export before it ends FAIL (seed 004: 6 tries a minute apart)."""
+"""Attempts of a failing export before it ends FAIL (6 tries a minute apart)."""
 
 EXPORT_RETRY_DELAY = 60
 """Seconds before a failed export attempt is tried again."""
@@ -259,7 +259,7 @@ EXPORT_NOTICE_URL_TTL = 24 * 3600
 """Lifetime of the signed link that an export's webhook and mail carry, in seconds."""
 
 EXPORT_MAX_EXEC_TIME = 3600
-"""Seconds an export attempt may run (seed 000's ``max_exec_time``; a request may ask for
+"""Seconds an export attempt may run (``max_exec_time``; a request may ask for
 another, up to EXPORT_MAX_EXEC_TIME_LIMIT): one RUNNING longer is stopped and retried, even if
 its worker still beats."""
 

@@ -339,7 +339,7 @@ class WebSession(Document):
     meta = {"db_alias": "control", "indexes": ["token"]}
 
 
-# export states (seed 001's state machine)
+# export states
 PENDING, EXPORT_RUNNING, CANCELLED, EXPIRED = "PENDING", "RUNNING", "CANCEL", "EXPIRED"
 EXPORT_STATES = (PENDING, EXPORT_RUNNING, SUCCESS, FAIL, CANCELLED, EXPIRED)
 EXPORT_FORMATS = ("csv", "jsonl", "xlsx")

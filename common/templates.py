@@ -1,4 +1,4 @@
-"""Export templates (seed 000's Excel templates), written in TOML or JSON, checked with one-line
+"""Export templates (Excel templates), written in TOML or JSON, checked with one-line
 errors and normalised into one structure.
 
 A template is one table or several on one sheet (``tables``). A table has a column header tree

@@ -1,6 +1,5 @@
 """``downcluster archive NAME --before DATE [-o FILE]``: save a job's old data and download logs
-to a gzip-compressed JSON Lines file, then remove them from MongoDB (seed 000's defender archives
-history).
+to a gzip-compressed JSON Lines file, then remove them from MongoDB.
 
 Each data line is what ``downcluster data export --format jsonl`` writes (``task_id``, ``url``,
 ``status_code``, ``encoding``, ``hostname``, ``remote_ip``, ``add_datetime``, ``body_base64``,

@@ -310,7 +310,7 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
 
 @click.group("type")
 def types() -> None:
-    """Downloader languages the cluster supports (seed 003's CrawlerDownloadType)."""
+    """Downloader languages the cluster supports (CrawlerDownloadType)."""
 
 
 @types.command("list")

@@ -1,6 +1,6 @@
 """The dispatcher: move due tasks of ON jobs into the rq priority queues, within every cap.
 
-One run (seed 003, ``dispatch_download``):
+One run (``dispatch_download``):
   1. take the cluster-wide lock (a second dispatcher exits at once; a ``--loop`` stands by) and arm a watchdog that
      ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
   2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);

@@ -3,7 +3,7 @@ link, cancel; and ``tend``, run by every dispatcher: recover exports whose worke
 defender's rules), send again those whose entry was lost or whose retry is due, expire old
 files, deliver due notifications.
 
-Who may see what (seed 004): an export belongs to the token that requested it; an analyst sees
+Who may see what: an export belongs to the token that requested it; an analyst sees
 its own exports and those of the jobs it is granted (``downcluster token grant``), an admin all;
 to anyone else an export does not exist (404).
 

@@ -239,7 +239,7 @@ def set_status(name: str, status: str) -> Job:
     return job
 
 
-# --- downloader types (seed 003: administrators deploy which languages the platform supports) ---
+# --- downloader types (administrators deploy which languages the platform supports) ---
 
 def type_rows() -> list[dict]:
     """Every downloader type, whether it is supported, and how many jobs use it."""

@@ -1,4 +1,4 @@
-"""Report mails of seed 003's ``report_mails`` setting, sent by dispatcher runs:
+"""Report mails of a job's ``report_mails`` setting, sent by dispatcher runs:
 
 - a summary when a job is found drained (no LIVE, DISPATCH or retryable FAIL task) with outcomes
   it has not reported yet: counts by status, success rate, the five most frequent failure

@@ -1,4 +1,4 @@
-"""Task state changes an administrator asks for: cancel and requeue (seed 001's state machine).
+"""Task state changes an administrator asks for: cancel and requeue.
 
     LIVE (fresh) --sent in an entry, no write--> SUCCESS | FAIL (retry_at set: due again) | FAIL (final)
     FAIL (due) | LIVE (retry_at set) --sent again--> DISPATCH --download--> SUCCESS | FAIL

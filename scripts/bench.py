@@ -47,7 +47,7 @@ for _p in (str(ROOT / "scripts"), str(ROOT)):
 
 BIN = Path(sys.executable).parent
 TICKS = os.sysconf("SC_CLK_TCK")
-# Exports measured: every field flat in each format, and an Excel report of seed 000's kind (a
+# Exports measured: every field flat in each format, and an Excel report (a
 # title, summary and header/footer pairs, a three-level column tree, number formats; rows in
 # task order, which costs the store a sort).
 REPORT_TEMPLATE = json.dumps({

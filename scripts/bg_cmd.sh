@@ -1,5 +1,5 @@
 #!/bin/sh
-# Cron wrapper (seed 003): run one downcluster command in the background-safe way cron needs:
+# Cron wrapper: run one downcluster command in the background-safe way cron needs:
 # from the checkout, with the virtualenv's downcluster, logging to var/log/<command>.log.
 #   */5 * * * * cd /srv/downcluster && scripts/bg_cmd.sh dispatch
 set -eu

@@ -11,7 +11,7 @@
 - robots.txt: fetched once per host for the whole cluster (a Redis lock), cached in Redis for
   ROBOTS_TTL, parsed with Protego, matched against DOWNLOAD_USER_AGENT; a 4xx allows all, a 5xx
   or an unreachable host closes it for ROBOTS_RETRY; Crawl-delay raises the host's delay;
-- coalescing (seed 002): identical requests within COALESCE_WINDOW are downloaded once; the
+- coalescing: identical requests within COALESCE_WINDOW are downloaded once; the
   first is the leader (``run:<task>``), the others wait and then copy its stored data
   (``done:<task>:<data id>``, published by the writer once the data is stored). A failed
   download is not shared: its key is removed and a waiter becomes the next leader. An entry

@@ -1,4 +1,4 @@
-"""The download center of seed 000 against the software its users run: a seed-style Excel
+"""The download center against the software its users run: an Excel
 template read back by openpyxl and converted by LibreOffice (CSV, PDF, the first page as a PNG
 under var/), the synchronous download, temporary and permanent links, who may see what, the
 time limit of an export, and the WebSocket events across two web processes."""

@@ -1,4 +1,4 @@
-"""The download center's routes under /api/v1 (seed 000): request an asynchronous export, list,
+"""The download center's routes under /api/v1: request an asynchronous export, list,
 show, cancel; a synchronous download that answers small exports at once and turns large ones
 into asynchronous exports; temporary signed links of a chosen lifetime and a permanent,
 token-checked file route; and a WebSocket that tells an export's changes as they happen.
@@ -111,7 +111,7 @@ Ttl = Annotated[int | None, Query(ge=1, le=settings.EXPORT_URL_MAX_TTL, descript
 
 @router.get("/exports/{export_id}/link", responses=answers(401, 404, 409))
 def export_link(export_id: ObjectIdPath, token: Reader, ttl: Ttl = None) -> dict:
-    """A temporary signed link to the file, for a browser (seed 000): no token needed to follow
+    """A temporary signed link to the file, for a browser: no token needed to follow
     it, it names one file and ends after ``ttl`` seconds."""
     url, ends = exports.link(export_id, ttl, token)
     return {"url": url, "expires_at": ends.isoformat() + "Z"}

@@ -201,7 +201,7 @@ function progressBar(e) {
     el("span", { class: "muted" }, `${e.rows_done} / ${e.rows_total ?? "?"} rows`));
 }
 
-// A finished export's file through a fresh temporary link (seed 000: links live 5 minutes).
+// A finished export's file through a fresh temporary link (links live 5 minutes).
 async function download(id) {
   const link = await api("GET", `/exports/${id}/link`);
   location.href = link.url;
