@@ -177,15 +177,23 @@ def data_rows(query: dict, needs_body: bool, needs_headers: bool = False, task_o
         yield row
 
 
-def export_total(job_id, flt: dict, template) -> int:
+def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
     """Rows an export of ``template`` will read: each table's matching documents (a row-headed
-    table at most the rows its headers hold). Counts documents an unfinished fence may still hide."""
+    table at most the rows its headers hold). Counts documents an unfinished fence may still hide.
+    ``upto``: stop counting there (a decision against a threshold costs no more than it, whatever
+    the job's size)."""
     coll = CrawlerDownloadData._get_collection()
     base = data_filter(job_id, flt)
     total = 0
     for table in template.tables:
-        held = sum(leaf.row_count for leaf in table.row_leaves)
-        total += coll.count_documents(restrict(base, table.status), **({"limit": held} if table.row else {}))
+        limits = [n for n in (sum(leaf.row_count for leaf in table.row_leaves) if table.row else None,
+                              None if upto is None else upto - total) if n is not None]
+        cap = min(limits) if limits else None
+        if cap == 0:  # (a count's limit 0 means none)
+            continue
+        total += coll.count_documents(restrict(base, table.status), **({"limit": cap} if cap else {}))
+        if upto is not None and total >= upto:
+            break
     return total
 
 

@@ -38,6 +38,7 @@ from typing import Iterable
 from bson import ObjectId
 from pymongo import ReturnDocument, UpdateMany, UpdateOne
 
+from common import counts
 from common.config import settings
 from common.data import gridfs_of, named
 from common.models import (
@@ -135,12 +136,14 @@ def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: da
          "$unset": UNSET_LEASE})
 
 
-def give_back(ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
+def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
-    return CrawlerTask._get_collection().update_many(
+    given = CrawlerTask._get_collection().update_many(
         {"_id": {"$in": ids}, **held_by(lease, kind)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
+    counts.move([(job_id, held_by(lease, kind)["status"], LIVE, given)])
+    return given
 
 
 # --- the verdict and release (the defender) --------------------------------------------------
@@ -209,8 +212,10 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
         recovered = tasks.update_many(flt, {
             "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
             "$inc": {"recoveries": 1}, "$unset": UNSET_LEASE}).modified_count
+        held = held_by(lease_id, lease["kind"])["status"]
+        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
     else:
-        again = give_back(ids, lease_id, lease["kind"], f"sent again: {reason}", now)
+        again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now)
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
     tombstone(lease_id, lease.get("job"), reason, now)  # before the lease ends (common.data.shown)
     drop_unsettled(lease_id, ids)

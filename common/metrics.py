@@ -91,6 +91,16 @@ def page_counters(redis: Redis) -> list[tuple[str, str, str, int]]:
     return sorted(out)
 
 
+def pages_in(redis: Redis, minutes: int) -> tuple[int, int]:
+    """(stored, failed) pages of the last ``minutes`` minutes: one round trip, whatever the store holds."""
+    now = minute()
+    pipe = redis.pipeline(transaction=False)
+    for m in range(now - minutes + 1, now + 1):
+        pipe.hmget(f"{MINUTE}{m}", "stored", "failed")
+    rows = pipe.execute()
+    return sum(int(s or 0) for s, _ in rows), sum(int(f or 0) for _, f in rows)
+
+
 def series(redis: Redis, hours: int = 24) -> dict:
     """Per minute of the last ``hours``: pages stored and failed, and queue depths sampled."""
     now = minute()

@@ -180,11 +180,27 @@ class CrawlerTask(Document):
         "db_alias": "source",
         "indexes": [
             {"fields": ("job", "uri"), "unique": True},
-            # fresh selection (job, LIVE, null, seq range), retry selection (job, FAIL, <= now),
-            # cancel/requeue/stats (job, status): one index, as every index costs each update
+            # fresh selection (job, LIVE, null, seq range), retry selection (job, FAIL, <= now)
             ("job", "status", "retry_at", "seq"),
+            # a job's tasks of one status in _id order (pages, reports, cancel/requeue, and
+            # retention: a task changed before T was made before T)
+            ("job", "status", "_id"),
+            ("job", "_id"),  # a job's tasks in _id order (pages)
         ],
     }
+
+
+class CrawlerTaskCount(Document):
+    """A job's tasks per status, kept as they change (``common/counts.py``)."""
+
+    id = ObjectIdField(primary_key=True)  # the job
+    LIVE = IntField(default=0)
+    DISPATCH = IntField(default=0)
+    SUCCESS = IntField(default=0)
+    FAIL = IntField(default=0)
+    CANCEL = IntField(default=0)
+    DEAD = IntField(default=0)
+    meta = {"db_alias": "source", "collection": "crawler_task_count"}
 
 
 QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
@@ -225,7 +241,8 @@ class LostLease(Document):
 
 
 class DefenderState(Document):
-    """Where the defender's periodic passes stopped (``data_sweep``: the last data ``_id`` swept)."""
+    """Where the defender's periodic passes stopped (``data_sweep``: the last data ``_id`` swept)
+    and when each chore is next due (``chore:<name>``: ``at``, master/chores.py)."""
 
     id = StringField(primary_key=True)
     after = ObjectIdField()
@@ -274,7 +291,7 @@ class CrawlerDownloadLog(Document):
     add_datetime = DateTimeField(default=utcnow)
     # no index on add_datetime: the _id (made when the log is written) orders and ranges by time,
     # and on this store each index costs every insert
-    meta = {"db_alias": "log", "indexes": ["task"]}
+    meta = {"db_alias": "log", "indexes": ["task", ("job", "_id")]}  # a task's logs; a job's, by time
 
 
 class CrawlerDispatchAlertLog(Document):
@@ -430,6 +447,7 @@ ALL_MODELS = (
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerTask,
+    CrawlerTaskCount,
     CrawlerLease,
     LostLease,
     DefenderState,

@@ -199,7 +199,7 @@ def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: 
 @click.command()
 def defender() -> None:
     """Recover tasks whose queue entry was lost or whose worker died, remove data no task names,
-    tend exports and enforce retention (all of which every dispatch does too)."""
+    tend exports and enforce retention: now, whether or not master/chores.py has them due."""
     from master.defender import recover, sweep
 
     _connect()
@@ -251,11 +251,18 @@ def scheduler(cron: str, burst: bool, interval: float) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def stats(as_json: bool) -> None:
+@click.option("--recount", is_flag=True,
+              help="First count every job's tasks again from the tasks (one scan; repairs the kept counts "
+                   "after a process died mid-change; best while no dispatcher or worker runs).")
+def stats(as_json: bool, recount: bool) -> None:
     """Queue depths and oldest-entry ages, task counts per job, success rate of the last hour."""
     from master.stats import collect, render
 
     _connect()
+    if recount:
+        from common.counts import recount as count_again
+
+        count_again()
     data = collect(redis_conn())
     click.echo(json.dumps(data, indent=2) if as_json else render(data))
 

@@ -95,16 +95,7 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
     return report
 
 
-SWEEP_EVERY = 60.0  # seconds between orphan sweeps of one process (``dispatch --loop`` tops up far more often)
-_last_sweep = float("-inf")
-
-
-def sweep_due() -> bool:
-    return time.monotonic() - _last_sweep >= SWEEP_EVERY
-
-
 def sweep(budget: float | None = None) -> int:
-    """The defender's periodic share: data documents that no task names (``common.leases``)."""
-    global _last_sweep
-    _last_sweep = time.monotonic()
+    """The defender's periodic share (master/chores.py): data documents that no task names
+    (``common.leases``)."""
     return leases.sweep_orphans(budget=budget if budget is not None else 30.0)

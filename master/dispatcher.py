@@ -12,7 +12,8 @@ One run (``dispatch_download``):
   5. per job: insert the entries' lease documents, mark tasks that go again DISPATCH, move the
      cursor (compare-and-set), then push each entry with a Redis script that checks the lock
      and the cap atomically; an entry refused is released at once, and a lost lock ends the run;
-  6. dispatch logs are written per job as its entries go out; alerts at the end.
+  6. dispatch logs are written per job as its entries go out; alerts at the end;
+  7. the chores that are due cluster-wide (master/chores.py), within a tenth of the run's budget.
 
 Per task the dispatcher writes nothing on the fresh path: its cost is per entry (50 tasks).
 """
@@ -31,17 +32,17 @@ from datetime import datetime
 
 from redis import Redis
 
+from common import counts
 from common.config import settings
 from common.connections import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
-from common.secrets import redact
-from common.sentry import capture
 from common.leases import give_back, new_lease
 from common.models import (
     AGAIN,
     DISPATCH,
     FAIL,
     FRESH,
+    LIVE,
     ON,
     SUCCESS,
     CrawlerDispatchAlertLog,
@@ -55,9 +56,9 @@ from common.models import (
 )
 from common.queues import LOCK_KEY, cap, queue_for_priority, queue_name
 from common.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
-from master import defender
+from master import chores, defender
 from master.lock import DispatchLock
-from master.selection import Picked, again_filter, fresh_cursor, select_again, select_fresh
+from master.selection import EPOCH, Picked, fresh_cursor, select_again, select_fresh
 
 logger = logging.getLogger(__name__)
 
@@ -218,9 +219,9 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
 
 # --- sending -----------------------------------------------------------------------------
 
-def release_entry(lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
+def release_entry(job_id, lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
-    give_back(ids, lease, kind, f"not sent: {reason}", now)
+    give_back(job_id, ids, lease, kind, f"not sent: {reason}", now)
     CrawlerLease._get_collection().delete_one({"_id": lease})
 
 
@@ -243,13 +244,17 @@ class Run:
             [new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now) for lease, e in zip(leases, work.entries)],
             ordered=False)
         tasks = CrawlerTask._get_collection()
-        again_flt = again_filter(work.job["_id"], work.max_retry_times, now)
+        moves = []
         for lease, e in zip(leases, work.entries):
-            if e.kind == AGAIN:
-                tasks.update_many(
-                    {"_id": {"$in": e.ids}, "$or": again_flt},
+            if e.kind != AGAIN:
+                continue
+            for status in (FAIL, LIVE):  # still due (select_again checked the rest); by _id and one status,
+                moved = tasks.update_many(  # as an $or makes some servers scan every task
+                    {"_id": {"$in": e.ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
                     {"$set": {"status": DISPATCH, "lease": lease, "queue": e.queue, "dispatched_at": now,
-                              "last_update_datetime": now}})
+                              "last_update_datetime": now}}).modified_count
+                moves.append((work.job["_id"], status, DISPATCH, moved))
+        counts.move(moves)
         if work.fresh:
             new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
             moved = Job._get_collection().update_one(
@@ -257,7 +262,7 @@ class Run:
             if moved.matched_count == 0:  # another dispatcher sent these fresh tasks: send nothing
                 for lease, e in zip(leases, work.entries):
                     if e.kind == AGAIN:
-                        release_entry(lease, e.kind, e.ids, "another dispatcher ran", now)
+                        release_entry(work.job["_id"], lease, e.kind, e.ids, "another dispatcher ran", now)
                     else:  # the other run owns them now
                         CrawlerLease._get_collection().delete_one({"_id": lease})
                 self.lost_lock = True
@@ -290,7 +295,7 @@ class Run:
                 self.lost_lock = True
             # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
             if res is not None:
-                release_entry(lease, e.kind, e.ids, why, now)
+                release_entry(work.job["_id"], lease, e.kind, e.ids, why, now)
             logs.append({**log, "status": FAIL, "reason": why})
             with self._mutex:
                 self.report.failed_entries += 1
@@ -309,6 +314,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
                                                               "seq_next": 1, "intake": 1}),
                   key=lambda j: order_key(j, settings.DISPATCH_ORDER))
     if not jobs:
+        chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
         return run.report
     works = _load_works(jobs, now)
     queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh)})
@@ -328,31 +334,9 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")
-    _housekeeping(redis)
+    chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
     logger.debug("dispatch run took %.3fs", time.monotonic() - start)
     return run.report
-
-
-def _housekeeping(redis: Redis) -> None:
-    """Report mails, exports (recover, resend, expire, then due notifications), the orphan data
-    sweep and retention: after the queues are filled, and never able to break a dispatcher run."""
-    from master import exports, reports
-
-    from master.stalls import check_stalls
-
-    steps = [lambda: check_stalls(redis), reports.send_reports, lambda: exports.tend(redis)]
-    if defender.sweep_due():
-        steps.append(lambda: defender.sweep(settings.DISPATCH_USE_POOL_TIMEOUT / 10))
-    from master import retention
-
-    if retention.due():
-        steps.append(lambda: retention.enforce(budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10))
-    for step in steps:
-        try:
-            step()
-        except Exception as exc:
-            logger.warning("housekeeping step failed: %s", redact(f"{type(exc).__name__}: {exc}"))
-            capture(exc)
 
 
 # --- the lock and the run ----------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 from pymongo.errors import BulkWriteError
 
+from common import counts
 from common.config import settings
 from common.errors import ValidationError
 from common.models import LIVE, CrawlerTask, Job, job_named, utcnow
@@ -67,16 +68,20 @@ def add_tasks(
                 doc["seq"] = first + i
             try:
                 result = collection.insert_many(fresh, ordered=False)
-                report.added += len(result.inserted_ids)
+                added = len(result.inserted_ids)
             except BulkWriteError as exc:
                 details = exc.details
+                added = details["nInserted"]
+                counts.move([(job.id, None, LIVE, added)])
                 dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
                 if dupes != len(details["writeErrors"]):
                     raise
-                report.added += details["nInserted"]
                 report.duplicate += dupes
+            else:
+                counts.move([(job.id, None, LIVE, added)])
             finally:
                 commit(job.id, first, len(fresh))
+            report.added += added
         if progress:
             progress(len(chunk))
         chunk.clear()

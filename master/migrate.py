@@ -7,7 +7,8 @@ dispatcher run) and sends again, at once and without counting an attempt, every 
 task whose lease has no document older than a minute (its entry can no longer be claimed).
 It also moves the cluster's secrets, token digests and console sessions out of the source
 database (which analysts read) into the control database (``MONGO_CONTROL_URI``): each document
-is written there, then removed from the source.
+is written there, then removed from the source. Last it counts each job's tasks per status
+(``common/counts.py``; run it while no dispatcher or worker runs, as after an upgrade).
 
 Idempotent: a second run finds nothing to do.
 """
@@ -18,6 +19,7 @@ from datetime import timedelta
 
 from pymongo import UpdateOne
 
+from common import counts
 from common.leases import UNSET_LEASE
 from common.models import DISPATCH, LIVE, ApiToken, ClusterSecret, CrawlerLease, CrawlerTask, Job, WebSession, utcnow
 from master.intake import commit, reserve
@@ -54,12 +56,16 @@ def migrate() -> MigrationReport:
     known = {d["_id"] for d in CrawlerLease._get_collection().find({"_id": {"$in": list(leases)}}, {"_id": 1})}
     now = utcnow()
     for lease in leases - known:
-        report.sent_again += tasks.update_many(
+        job = (tasks.find_one({"status": DISPATCH, "lease": lease}, {"job": 1}) or {}).get("job")
+        again = tasks.update_many(
             {"status": DISPATCH, "lease": lease},
             {"$set": {"status": LIVE, "retry_at": now, "failed_reason": "sent again: entry of an earlier version",
                       "last_update_datetime": now},
              "$unset": UNSET_LEASE}).modified_count
+        counts.move([(job, DISPATCH, LIVE, again)])
+        report.sent_again += again
     Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
+    counts.recount()  # tasks per job and status, kept from now on as they change
     report.secrets_moved, report.secrets_kept = move_secrets()
     return report
 

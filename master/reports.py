@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from common import counts as tallies
 from common.config import settings
 from common.models import (
     DEAD,
@@ -55,8 +56,7 @@ def _summary(job: dict, mails: list[str], now: datetime) -> int:
     if not _drained(job["_id"]):
         return 0
     tasks = CrawlerTask._get_collection()
-    counts = {r["_id"]: r["n"] for r in tasks.aggregate([
-        {"$match": {"job": job["_id"]}}, {"$group": {"_id": "$status", "n": {"$sum": 1}}}])}
+    counts = {k: n for k, n in tallies.of_jobs([job["_id"]]).get(job["_id"], {}).items() if n}
     if not counts or counts == (job.get("report_counts") or {}):
         return 0  # nothing new since the last summary
     if not Job._get_collection().update_one({"_id": job["_id"], "report_counts": job.get("report_counts")},

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from bson import ObjectId
 
+from common import counts
 from common.config import settings
 from common.data import gridfs_of
 from common.models import (CANCEL, DEAD, FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadData,
@@ -35,8 +36,7 @@ logger = logging.getLogger(__name__)
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
 TTL_INDEX = "retention_add_datetime"
 BATCH = 2000
-EVERY = 600.0  # seconds between enforcements of one process (every dispatcher run would be too often)
-_last = float("-inf")
+FINAL = ({"status": SUCCESS}, {"status": DEAD}, {"status": CANCEL}, {"status": FAIL, "retry_at": None})
 
 
 @dataclass
@@ -46,10 +46,6 @@ class RetentionReport:
     download_logs: int = 0
     notifications: int = 0
     finished: bool = True  # False: the time budget ran out; the next run goes on
-
-
-def due() -> bool:
-    return time.monotonic() - _last >= EVERY
 
 
 def ensure_ttl() -> None:
@@ -111,9 +107,7 @@ def job_days() -> dict:
 
 
 def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionReport:
-    """One pass of the defender's share (and the TTL indexes' settings)."""
-    global _last
-    _last = time.monotonic()
+    """One pass of the defender's share (and the TTL indexes' settings); master/chores.py says when."""
     end = time.monotonic() + budget
     now = now or utcnow()
     ensure_ttl()
@@ -123,15 +117,18 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
         if data_days:
             cutoff = now - timedelta(days=data_days)
             report.data += _remove_data({"job": job_id, "_id": {"$lt": _before(data_days, now)}}, end)
-            final = {"job": job_id, "last_update_datetime": {"$lt": cutoff},
-                     "$or": [{"status": {"$in": [SUCCESS, DEAD, CANCEL]}}, {"status": FAIL, "retry_at": None}]}
-            while time.monotonic() < end:
-                ids = [d["_id"] for d in tasks.find(final, {"_id": 1}).limit(BATCH)]
-                if not ids:
-                    break
-                report.data += _remove_data({"task": {"$in": ids}}, end)
-                report.tasks += tasks.delete_many({"_id": {"$in": ids}, **{k: v for k, v in final.items()
-                                                                            if k != "job"}}).deleted_count
+            for final in FINAL:  # one indexed query per final state (an $or of them scans on some servers)
+                # changed before the cutoff, so made before it: (job, status, _id) serves the query
+                flt = {"job": job_id, **final, "_id": {"$lt": id_at(cutoff)}, "last_update_datetime": {"$lt": cutoff}}
+                while time.monotonic() < end:
+                    ids = [d["_id"] for d in tasks.find(flt, {"_id": 1}).limit(BATCH)]
+                    if not ids:
+                        break
+                    report.data += _remove_data({"task": {"$in": ids}}, end)
+                    guard = {k: v for k, v in flt.items() if k not in ("job", "_id")}  # still final and old, by _id
+                    gone = tasks.delete_many({"_id": {"$in": ids}, **guard}).deleted_count
+                    counts.move([(job_id, final["status"], None, gone)])
+                    report.tasks += gone
         if log_days:
             report.download_logs += _remove(logs, {"job": job_id, "_id": {"$lt": _before(log_days, now)}}, end)
     if settings.NOTIFICATION_RETENTION_DAYS:

@@ -2,26 +2,21 @@
 counts per job, recent success rate; each look at the queues is remembered for the console's chart."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
-from bson import ObjectId
 from redis import Redis
 
 from common.models import (
-    FAIL,
     QUEUED,
     RUNNING,
-    SUCCESS,
     TASK_STATUSES,
-    CrawlerDownloadLog,
     CrawlerLease,
-    CrawlerTask,
     Job,
-    utcnow,
 )
+from common import counts as tallies
 from common.hostlimits import throttled
-from common.metrics import sample_depths
+from common.metrics import pages_in, sample_depths
 from common.queues import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
 from common.rqbridge import oldest_enqueued_at, our_queues, rq_queue
 
@@ -46,12 +41,8 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
 
 def task_counts() -> list[dict[str, Any]]:
     names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
-    counts: dict[Any, dict[str, int]] = {}
-    for row in CrawlerTask._get_collection().aggregate([
-        {"$group": {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}}},
-    ]):
-        job = row["_id"]["job"]
-        counts.setdefault(job, dict.fromkeys(COLUMNS, 0))[row["_id"]["status"]] = row["n"]
+    counts: dict[Any, dict[str, int]] = {job: {**dict.fromkeys(COLUMNS, 0), **c}
+                                         for job, c in tallies.of_jobs().items() if any(c.values())}
     # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps
     # status LIVE until it is settled; these columns say it is out)
     for row in CrawlerLease._get_collection().aggregate([
@@ -63,21 +54,17 @@ def task_counts() -> list[dict[str, Any]]:
     return [{"job": names.get(job, str(job)), **c} for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
 
 
-def success_rate(hours: float = 1.0) -> dict[str, Any]:
-    since = utcnow() - timedelta(hours=hours)
-    seen = {SUCCESS: 0, FAIL: 0}
-    for row in CrawlerDownloadLog._get_collection().aggregate([  # a log's _id is made when it is written:
-        {"$match": {"_id": {"$gte": ObjectId.from_datetime(since)}}},  # its time, through the _id index
-        {"$group": {"_id": "$status", "n": {"$sum": 1}}},
-    ]):
-        seen[row["_id"]] = row["n"]
-    total = seen[SUCCESS] + seen[FAIL]
-    return {"window_hours": hours, "success": seen[SUCCESS], "fail": seen[FAIL],
-            "rate": round(seen[SUCCESS] / total, 4) if total else None}
+def success_rate(redis: Redis, hours: float = 1.0) -> dict[str, Any]:
+    """Pages stored and failed in the last ``hours`` (the workers' per-minute counters in Redis,
+    common/metrics.py: no read of the download logs, however many the store holds)."""
+    success, fail = pages_in(redis, max(1, round(hours * 60)))
+    total = success + fail
+    return {"window_hours": hours, "success": success, "fail": fail,
+            "rate": round(success / total, 4) if total else None}
 
 
 def collect(redis: Redis) -> dict[str, Any]:
-    return {"queues": queue_stats(redis), "jobs": task_counts(), "last_hour": success_rate(),
+    return {"queues": queue_stats(redis), "jobs": task_counts(), "last_hour": success_rate(redis),
             "throttled_hosts": throttled(redis)}
 
 

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+from common import counts
 from common.errors import ValidationError
 from common.leases import UNSET_LEASE
 from common.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, job_named, utcnow
@@ -26,11 +27,13 @@ def cancel(name: str, statuses=CANCELLABLE_DEFAULT) -> int:
     bad = set(statuses) - CANCELLABLE
     if bad:
         raise ValidationError(f"cannot cancel tasks in status {sorted(bad)[0]}")
-    return CrawlerTask._get_collection().update_many(
-        {"job": _job_id(name), "status": {"$in": list(statuses)}},
-        {"$set": {"status": CANCEL, "last_update_datetime": utcnow()},
-         "$unset": UNSET_LEASE},
-    ).modified_count
+    job_id, moves = _job_id(name), []
+    for status in statuses:  # one status at a time: each change's count is its move
+        moves.append((job_id, status, CANCEL, CrawlerTask._get_collection().update_many(
+            {"job": job_id, "status": status},
+            {"$set": {"status": CANCEL, "last_update_datetime": utcnow()}, "$unset": UNSET_LEASE}).modified_count))
+    counts.move(moves)
+    return sum(n for *_, n in moves)
 
 
 def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
@@ -40,9 +43,10 @@ def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
         raise ValidationError(f"cannot requeue tasks in status {sorted(bad)[0]}")
     job_id = _job_id(name)
     coll = CrawlerTask._get_collection()
-    flt = {"job": job_id, "status": {"$in": list(statuses)}}
-    now = utcnow()
-    return coll.update_many(flt, {
-        "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
-                 "retry_at": now, "last_update_datetime": now},
-    }).modified_count
+    now, moves = utcnow(), []
+    for status in statuses:  # one status at a time: each change's count is its move
+        moves.append((job_id, status, LIVE, coll.update_many({"job": job_id, "status": status}, {
+            "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
+                     "retry_at": now, "last_update_datetime": now}}).modified_count))
+    counts.move(moves)
+    return sum(n for *_, n in moves)

@@ -23,7 +23,7 @@ from bson import BSON, Binary, ObjectId
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
-from common import leases
+from common import counts, leases
 from common.config import settings
 from common.data import gridfs_of
 from common.errors import DownloadError
@@ -243,7 +243,14 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     settled = with_retries(lambda: tasks.bulk_write(settles, ordered=False), "task settle").modified_count \
         if settles else 0
     handed = with_retries(lambda: tasks.bulk_write(backs, ordered=False), "hand back").modified_count if backs else 0
-    return _counted(parts, ok, bad, later, settled, handed, now)
+    counted = _counted(parts, ok, bad, later, settled, handed, now)
+    moves = []
+    for p, c in zip(parts, counted):
+        held = leases.held_by(p.lease, p.kind)["status"]
+        moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
+                  (p.ctx.job_id, held, LIVE, c["handed_back"])]
+    with_retries(lambda: counts.move(moves), "task counts")
+    return counted
 
 
 def _put_once(fs, body: bytes, file_id, filename: str) -> None:

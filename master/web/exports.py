@@ -158,8 +158,8 @@ SYNC_ANSWERS = {
 def _download(name: str, body: SyncIn, token) -> Response:
     flt = body.filter.model_dump() if body.filter else None
     checked = exports.check(name, body.format, body.template or "", flt)
-    total = export_total(checked.job.id, checked.filter, checked.template)
-    reason = f"{total} rows, over EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS})" \
+    total = export_total(checked.job.id, checked.filter, checked.template, upto=settings.EXPORT_SYNC_MAX_ROWS + 1)
+    reason = f"more than EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS}) rows" \
         if total > settings.EXPORT_SYNC_MAX_ROWS else None
     slots = _slots()
     if reason is None and not slots.acquire(blocking=False):

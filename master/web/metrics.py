@@ -86,7 +86,7 @@ class Cluster:
                                 value=sum(w["inflight"] for w in alive))
         yield GaugeMetricFamily("downcluster_hosts_throttled", "Hosts at their limit or paused now",
                                 value=len(stats.throttled(self.redis)))
-        rate = stats.success_rate()
+        rate = stats.success_rate(self.redis)
         yield GaugeMetricFamily("downcluster_success_rate_last_hour", "Share of downloads that succeeded (-1: none)",
                                 value=-1 if rate["rate"] is None else rate["rate"])
         by_state = dict.fromkeys(EXPORT_STATES, 0)

@@ -1,0 +1,60 @@
+"""A job's tasks per status, kept as they change: what every page and metric shows without
+reading the tasks (at ten million tasks a count over them takes seconds to minutes).
+
+One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ...}``. Every
+change of tasks' status is followed at once by its move here, with the number of tasks that
+change's own result says it moved — the modified count of a guarded update, the writer's
+read-back when a guard refused some: intake, dispatch, a worker's settles and hand-backs, the
+defender's releases, cancel and requeue, migrate, retention. Only a process that dies between a
+change and its move leaves a count off; ``recount`` rebuilds them from the tasks (one scan, for
+an operator: ``downcluster stats --recount``).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from pymongo import UpdateOne
+
+from common.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount
+
+Move = tuple  # (job id, status before or None, status after or None, how many tasks)
+
+
+def move(moves: Iterable[Move]) -> None:
+    """Apply tasks' moves between statuses (None: added or removed), in one bulk write."""
+    by_job: dict = defaultdict(Counter)
+    for job, before, after, n in moves:
+        if n and before != after:
+            if before:
+                by_job[job][before] -= n
+            if after:
+                by_job[job][after] += n
+    ops = [UpdateOne({"_id": job}, {"$inc": {k: v for k, v in c.items() if v}}, upsert=True)
+           for job, c in by_job.items() if any(c.values())]
+    if ops:
+        CrawlerTaskCount._get_collection().bulk_write(ops, ordered=False)
+
+
+def of_jobs(job_ids: Iterable | None = None) -> dict:
+    """{job id: {status: n}} (every status present, 0 where none)."""
+    flt = {} if job_ids is None else {"_id": {"$in": list(job_ids)}}
+    return {d["_id"]: {s: int(d.get(s) or 0) for s in TASK_STATUSES}
+            for d in CrawlerTaskCount._get_collection().find(flt)}
+
+
+def recount(job_id=None) -> dict:
+    """Rebuild the counts from the tasks (of one job, or all) and return them."""
+    match = [] if job_id is None else [{"$match": {"job": job_id}}]
+    counted: dict = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
+    for row in CrawlerTask._get_collection().aggregate(
+            [*match, {"$group": {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}}}]):
+        counted[row["_id"]["job"]][row["_id"]["status"]] = row["n"]
+    coll = CrawlerTaskCount._get_collection()
+    if job_id is None:
+        coll.delete_many({"_id": {"$nin": list(counted)}})
+    elif job_id not in counted:
+        coll.delete_one({"_id": job_id})
+    for job, c in counted.items():
+        coll.replace_one({"_id": job}, {"_id": job, **c}, upsert=True)
+    return dict(counted)

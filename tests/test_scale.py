@@ -1,0 +1,216 @@
+"""What keeps a store of millions of tasks fast: counts kept as tasks change (exact against a
+recount through every kind of change), chores run on a cluster-wide schedule held in the store
+(not by every cron dispatch), and an index behind every query of a hot or interactive path —
+asked of the embedded store's planner (``explain``) and of the indexes the models declare, which
+is what MongoDB's planner uses to serve a sort."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from bson import ObjectId
+
+from common import counts
+from common.config import settings
+from common.leases import claim
+from common.models import (
+    TASK_STATUSES,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerDownloadSetting,
+    CrawlerLease,
+    CrawlerTask,
+    DefenderState,
+    Job,
+    utcnow,
+)
+from master import chores, retention, tasks as task_ops
+from master.dispatcher import dispatch_once
+from tests.helpers import add_urls, burst_worker, register
+
+
+def _recounted(job_id) -> dict[str, int]:
+    got = dict.fromkeys(TASK_STATUSES, 0)
+    for row in CrawlerTask._get_collection().aggregate([{"$match": {"job": job_id}},
+                                                       {"$group": {"_id": "$status", "n": {"$sum": 1}}}]):
+        got[row["_id"]] = row["n"]
+    return got
+
+
+def _kept(job_id) -> dict[str, int]:
+    return counts.of_jobs([job_id]).get(job_id, dict.fromkeys(TASK_STATUSES, 0))
+
+
+def test_counts_kept_as_tasks_change_equal_a_recount_at_every_step(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOWNCLUSTER_RETRY_BACKOFF_BASE", "0.01")  # the worker's retries come due at once
+    settings.override(RETRY_BACKOFF_BASE=0.01, HEARTBEAT_TTL=3, ABSENCE_GRACE=0)
+    job = register(tmp_path, "c", dispatch_num=200, max_retry_times=2, obey_robots=False)
+    site = cluster.site
+    steps = []
+
+    def check(step: str) -> None:
+        steps.append(step)
+        assert _kept(job.id) == _recounted(job.id), step
+
+    add_urls("c", [f"{site}/page/{i}" for i in range(30)] + [f"{site}/status/500?{i}" for i in range(6)]
+             + [f"{site}/page/1", "ftp://refused"])  # a duplicate and a rejected line
+    check("intake")
+    dispatch_once(cluster.redis)
+    check("dispatch")
+    for _ in range(4):  # attempts, retries sent again (DISPATCH) and settled, failures made final
+        burst_worker(cluster, "--no-exports")
+        check("worker")
+        dispatch_once(cluster.redis)
+        check("dispatch again")
+    assert _recounted(job.id)["SUCCESS"] == 30 and _recounted(job.id)["FAIL"] == 6
+
+    add_urls("c", [f"{site}/page/x{i}" for i in range(8)])
+    assert task_ops.cancel("c", ["LIVE"]) == 8
+    check("cancel")
+    assert task_ops.requeue("c", ["CANCEL", "FAIL"]) == 14
+    check("requeue")
+    dispatch_once(cluster.redis)
+    lease = CrawlerLease._get_collection().find_one({"job": job.id})
+    claim(lease["_id"], "a-worker-that-dies")  # claimed, never beats: the defender recovers it
+    CrawlerLease._get_collection().update_one({"_id": lease["_id"]},
+                                              {"$set": {"beat_at": utcnow() - timedelta(seconds=60)}})
+    assert dispatch_once(cluster.redis).recovered > 0
+    check("defender")
+    burst_worker(cluster, "--no-exports")
+    check("worker after recovery")
+
+    CrawlerDownloadSetting._get_collection().update_one({"job": job.id}, {"$set": {"data_retention_days": 1}})
+    removed = retention.enforce(now=utcnow() + timedelta(days=30)).tasks
+    assert removed > 0
+    check("retention")
+    print(f"\ncounts equal to a recount after each of: {', '.join(steps)}; retention removed {removed} tasks")
+
+    CrawlerTask._get_collection().insert_one({"job": job.id, "uri": "http://x/raw", "status": "LIVE"})  # behind its back
+    assert _kept(job.id) != _recounted(job.id)
+    counts.recount()
+    assert _kept(job.id) == _recounted(job.id)  # what `downcluster stats --recount` repairs
+
+
+def test_a_cron_dispatch_runs_a_chore_only_when_it_is_due_cluster_wide(cluster, tmp_path):
+    register(tmp_path, "ch")
+    state = DefenderState._get_collection()
+
+    def next_times() -> dict:
+        return {d["_id"]: d["at"] for d in state.find({"_id": {"$regex": "^chore:"}})}
+
+    dispatch_once(cluster.redis)  # the first run anywhere takes every chore
+    first = next_times()
+    assert set(first) == {f"chore:{c.name}" for c in chores.table() if c.every}
+    dispatch_once(cluster.redis)  # as the next cron process would: none is due
+    assert next_times() == first
+    past = utcnow() - timedelta(seconds=1)
+    state.update_one({"_id": "chore:retention"}, {"$set": {"at": past}})
+    dispatch_once(cluster.redis)  # due cluster-wide: this run takes it (and only it)
+    after = next_times()
+    assert after.pop("chore:retention") > utcnow() and after == {k: v for k, v in first.items() if k != "chore:retention"}
+    assert not chores.claim("retention", 600, utcnow())  # taken: a second process finds it not due
+
+
+# --- every hot or interactive query has an index -------------------------------------------------
+
+JOB, MARK = ObjectId(), ObjectId()
+# (model, filter, sort key or None, what asks it). Sorts must be served by the index on MongoDB: the
+# declared index holds the filter's equality fields first, then the sort key (or the range field).
+QUERIES = [
+    (CrawlerTask, {"job": JOB, "status": "SUCCESS", "_id": {"$gt": MARK}}, "_id", "a job's tasks of one status (views.task_page)"),
+    (CrawlerTask, {"job": JOB, "_id": {"$gt": MARK}}, "_id", "a job's tasks (views.task_page)"),
+    (CrawlerTask, {"job": JOB, "uri": "http://x/"}, None, "a task by URL (task show, intake's duplicates)"),
+    (CrawlerTask, {"job": JOB, "status": "LIVE", "retry_at": None, "seq": {"$gt": 1, "$lte": 9}}, "seq",
+     "fresh tasks above the cursor (selection.select_fresh)"),
+    (CrawlerTask, {"job": JOB, "status": "FAIL", "retry_at": {"$lte": MARK.generation_time}}, "retry_at",
+     "tasks that go again (selection.select_again)"),
+    (CrawlerTask, {"job": JOB, "status": "SUCCESS", "_id": {"$lt": MARK}}, "_id",
+     "final tasks past retention (retention.enforce)"),
+    (CrawlerTask, {"job": JOB, "status": "DEAD"}, None, "a job drained? dead tasks (reports, cancel, requeue)"),
+    (CrawlerDownloadData, {"job": JOB, "_id": {"$gt": MARK}}, "_id", "a job's data (views.data_page, exports)"),
+    (CrawlerDownloadData, {"task": MARK, "lease": "l"}, None, "a task's data (the fence, task show)"),
+    (CrawlerDownloadLog, {"job": JOB, "_id": {"$lt": MARK}}, "_id", "a job's download logs (views.log_page, retention)"),
+    (CrawlerDownloadLog, {"task": MARK}, None, "a task's download logs (task show)"),
+    (CrawlerLease, {"state": "RUNNING", "beat_at": {"$lt": MARK.generation_time}}, "beat_at",
+     "running leases (the defender, the workers view)"),
+]
+
+
+def _declared(model) -> list[list[str]]:
+    keys = [["_id"]]
+    for spec in model._meta.get("index_specs") or []:
+        keys.append([k for k, _ in spec["fields"]])
+    return keys
+
+
+def _served(model, flt: dict, sort: str | None) -> list[str] | None:
+    """The declared index that serves ``flt`` (and ``sort``) as MongoDB's planner would: its first
+    keys are the filter's equality fields, then the sort key or the one range field."""
+    equal = {k for k, v in flt.items() if not isinstance(v, dict) or not any(op.startswith("$") for op in v)}
+    ranged = [k for k in flt if k not in equal]
+    after = sort or (ranged[0] if ranged else None)
+    for keys in _declared(model):
+        head = keys[:len(equal)]
+        if set(head) == equal and (after is None or (len(keys) > len(equal) and keys[len(equal)] == after)):
+            return keys
+    return None
+
+
+@pytest.mark.parametrize("model,flt,sort,what", QUERIES, ids=[q[3] for q in QUERIES])
+def test_every_hot_query_has_an_index(cluster, model, flt, sort, what):
+    assert _served(model, flt, sort), f"{what}: no declared index serves {sorted(flt)} sorted by {sort}"
+    coll = model._get_collection()
+    command = {"find": coll.name, "filter": flt, **({"sort": {sort: 1}} if sort else {}), "limit": 10}
+    plan = coll.database.command("explain", command)["queryPlanner"]["winningPlan"]
+    while "inputStage" in plan:
+        plan = plan["inputStage"]
+    if "_id" in flt and not isinstance(flt["_id"], dict):
+        return  # a point read by _id: the embedded store serves it outside its planner
+    assert plan["stage"] == "IXSCAN", f"{what}: the embedded store scans the collection ({plan})"
+
+
+def test_a_query_without_an_index_is_caught(cluster):
+    assert _served(CrawlerTask, {"job": JOB, "failed_reason": "x"}, "add_datetime") is None
+    assert _served(CrawlerTask, {"job": JOB, "status": "SUCCESS"}, "last_update_datetime") is None
+    coll = CrawlerTask._get_collection()
+    plan = coll.database.command("explain", {"find": coll.name, "filter": {"failed_reason": "x"}})
+    assert plan["queryPlanner"]["winningPlan"]["stage"] == "COLLSCAN"
+
+
+# --- a small store: the queries of a week of data, on 50,000 tasks --------------------------------
+
+def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
+    import time
+
+    from master import stats, views
+
+    job = register(tmp_path, "big", dispatch_num=700, max_retry_times=3)
+    now = utcnow()
+    coll, n = CrawlerTask._get_collection(), 50_000
+    docs = []
+    for i in range(1, n + 1):
+        status = "SUCCESS" if i % 10 else "FAIL"
+        docs.append({"job": job.id, "uri": f"http://example.org/{i}", "seq": i, "status": status,
+                     "download_times": 1, "recoveries": 0, "host_name": "",
+                     "retry_at": now - timedelta(seconds=1) if status == "FAIL" and i % 20 == 0 else None,
+                     "add_datetime": now, "last_update_datetime": now})
+    coll.insert_many(docs, ordered=False)
+    Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_next": n, "seq_sent": n}})
+    counts.recount()  # as `downcluster migrate` does for a store filled before counts were kept
+    add_urls("big", [f"http://example.org/new/{i}" for i in range(300)])
+
+    timings = {}
+    start = time.perf_counter()
+    counted = {row["job"]: row for row in stats.task_counts()}["big"]
+    timings["task counts"] = time.perf_counter() - start
+    assert counted["SUCCESS"] == 45_000 and counted["FAIL"] == 5_000 and counted["LIVE"] == 300
+    start = time.perf_counter()
+    page = views.task_page("big", status="FAIL", limit=50)
+    timings["FAIL page"] = time.perf_counter() - start
+    assert len(page["tasks"]) == 50 and page["next"]
+    start = time.perf_counter()
+    report = dispatch_once(cluster.redis)
+    timings["dispatch"] = time.perf_counter() - start
+    assert report.total == 700  # 2,500 retries due: 700 of them, the job's dispatch_num
+    assert _kept(job.id) == _recounted(job.id)
+    print("\n50,000 tasks: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
