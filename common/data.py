@@ -197,6 +197,22 @@ def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
     return total
 
 
+def export_fits(job_id, flt: dict, template, limit: int) -> bool:
+    """Whether an export has at most ``limit`` rows, decided at a cost that does not grow with the
+    job: its SUCCESS tasks (kept as tasks change, ``common.counts``) bound each table's rows; an
+    unfiltered table holds all of them; only a filtered export of a large job counts, and then
+    up to ``limit`` + 1."""
+    from common import counts
+
+    succeeded = counts.of_jobs([job_id]).get(job_id, {}).get("SUCCESS", 0)
+    if succeeded * len(template.tables) <= limit:
+        return True
+    if not (flt.get("status") or flt.get("since") or flt.get("until")) and not any(
+            t.status or t.row for t in template.tables):
+        return False
+    return export_total(job_id, flt, template, upto=limit + 1) <= limit
+
+
 def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):
     """The rows of each table of an export (what the writers call): the job's data kept by the
     export's filter and the table's own status codes, in task order for a spreadsheet."""

@@ -35,7 +35,6 @@ import time
 from datetime import datetime, timedelta
 from typing import Iterable
 
-from bson import ObjectId
 from pymongo import ReturnDocument, UpdateMany, UpdateOne
 
 from common import counts
@@ -54,7 +53,6 @@ from common.models import (
     CrawlerDownloadData,
     CrawlerLease,
     CrawlerTask,
-    DefenderState,
     LostLease,
     utcnow,
 )
@@ -217,7 +215,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     else:
         again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now)
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
-    tombstone(lease_id, lease.get("job"), reason, now)  # before the lease ends (common.data.shown)
+    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (common.data.shown)
     drop_unsettled(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
     return recovered, dead, again
@@ -239,11 +237,13 @@ def _drop_data(docs: list[dict]) -> int:
     return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
 
 
-def tombstone(lease: str, job_id, reason: str, now: datetime | None = None) -> None:
+def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None = None) -> None:
     """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
-    readers then check its documents one by one. Written before the lease ends."""
+    readers then check its documents one by one, and the sweep looks for orphans among the data
+    it stored for ``ids``. Written before the lease ends."""
     LostLease._get_collection().update_one(
-        {"_id": lease}, {"$setOnInsert": {"job": job_id, "reason": reason[:200], "at": now or utcnow()}}, upsert=True)
+        {"_id": lease}, {"$setOnInsert": {"job": job_id, "reason": reason[:200], "at": now or utcnow()},
+                         "$addToSet": {"ids": {"$each": list(ids)}}, "$unset": {"swept": ""}}, upsert=True)
 
 
 def settled_of(lease: str, ids: list) -> set:
@@ -267,44 +267,32 @@ def drop_unsettled(lease: str, ids: list) -> int:
     return _drop_data(docs)
 
 
-SWEEP_STATE = "data_sweep"
-
-
 def sweep_orphans(now: datetime | None = None, grace: float | None = None, budget: float = 30.0,
-                  batch: int = 200) -> int:
-    """Remove data documents that no task names, once older than ``grace`` (DATA_SWEEP_GRACE)
-    and once their lease is gone (no attempt under it can settle any more). Scans by ``_id``
-    (made by the writer when it builds the document) from where the last sweep stopped, so each
-    document is looked at once; a document whose lease still lives holds the scan there.
-    ``batch`` documents are checked with one task lookup (kept small: on the embedded store an
-    ``$in`` of 1,000 ids costs far more than five of 200)."""
+                  batch: int = 500) -> int:
+    """Remove data documents that no task names. Only a tombstoned lease can have such data (a
+    lease ends with its settles all matched, else it is tombstoned first: ``tombstone``), so the
+    sweep reads tombstones, not the data: each once, when it is older than ``grace``
+    (DATA_SWEEP_GRACE, longer than a write in flight can live) and its lease is gone, finding its
+    documents by (task, lease) for the tasks it lists. Its cost follows the tombstones (a few a
+    day), not the size of the store. Not removed: data of a worker frozen past the grace that
+    then inserts and dies before its own cleanup (no reader shows it), and of tombstones an
+    earlier version wrote without their tasks."""
     now = now or utcnow()
     grace = settings.DATA_SWEEP_GRACE if grace is None else grace
-    state = DefenderState._get_collection()
-    data = CrawlerDownloadData._get_collection()
-    upto = ObjectId.from_datetime(now - timedelta(seconds=grace))
-    mark = (state.find_one({"_id": SWEEP_STATE}) or {}).get("after")
+    tombs, data = LostLease._get_collection(), CrawlerDownloadData._get_collection()
+    due = list(tombs.find({"swept": None, "at": {"$lte": now - timedelta(seconds=grace)}}).sort("at", 1).limit(batch))
+    open_ = {x["_id"] for x in CrawlerLease._get_collection().find({"_id": {"$in": [t["_id"] for t in due]}}, {"_id": 1})}
     end, removed = time.monotonic() + budget, 0
-    while time.monotonic() < end:
-        flt = {"_id": {"$lt": upto, **({"$gt": mark} if mark is not None else {})}}
-        docs = list(data.find(flt, {"task": 1, "lease": 1, "response_body_gridfs": 1}).sort("_id", 1).limit(batch))
-        if not docs:
+    for tomb in due:
+        if time.monotonic() > end:
             break
+        if tomb["_id"] in open_:  # an attempt under it may still settle: look again next time
+            continue
+        docs = list(data.find({"task": {"$in": tomb.get("ids") or []}, "lease": tomb["_id"]},
+                              {"task": 1, "lease": 1, "response_body_gridfs": 1})) if tomb.get("ids") else []
         keep = named(docs)
-        orphans = [d for d in docs if d["_id"] not in keep]
-        live = {lease["_id"] for lease in CrawlerLease._get_collection().find(
-            {"_id": {"$in": list({d["lease"] for d in orphans if d.get("lease")})}}, {"_id": 1})} if orphans else set()
-        held = next((i for i, d in enumerate(docs) if d["_id"] not in keep and d.get("lease") in live), None)
-        if held is not None:  # an attempt under that lease may still settle: look again next time
-            docs = docs[:held]
-            before = {x["_id"] for x in docs}
-            orphans = [d for d in orphans if d["_id"] in before]
-        removed += _drop_data(orphans)
-        if docs:
-            mark = docs[-1]["_id"]
-            state.update_one({"_id": SWEEP_STATE}, {"$set": {"after": mark, "at": now}}, upsert=True)
-        if held is not None or len(docs) < batch:
-            break
+        removed += _drop_data([d for d in docs if d["_id"] not in keep])
+        tombs.update_one({"_id": tomb["_id"]}, {"$set": {"swept": now}})
     if removed:
         logger.warning("defender: removed %s data documents that no task names (orphans of lost attempts)", removed)
     return removed

@@ -231,21 +231,22 @@ class CrawlerLease(Document):
 class LostLease(Document):
     """A tombstone: a lease that was given back by the defender or had a settle refused (its data
     may have orphans), written before the lease ends and kept (a few a day). Readers check the
-    data of such leases document by document (``common.data.shown``)."""
+    data of such leases document by document (``common.data.shown``); the orphan sweep looks
+    among the data it stored for ``ids`` (``common.leases.sweep_orphans``)."""
 
     id = StringField(primary_key=True)
     job = ObjectIdField()
     reason = StringField()
     at = DateTimeField()
+    ids = ListField(ObjectIdField())
+    swept = DateTimeField()
     meta = {"db_alias": "source", "collection": "crawler_lease_lost"}
 
 
 class DefenderState(Document):
-    """Where the defender's periodic passes stopped (``data_sweep``: the last data ``_id`` swept)
-    and when each chore is next due (``chore:<name>``: ``at``, master/chores.py)."""
+    """When each chore is next due (``chore:<name>``: ``at``, master/chores.py)."""
 
     id = StringField(primary_key=True)
-    after = ObjectIdField()
     at = DateTimeField()
     meta = {"db_alias": "source", "collection": "defender_state"}
 

@@ -908,6 +908,10 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
                              f"{f['file_mb']} MB)", "", ""))
                 rows.append(("  worker peak RSS", f"{f['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
                              verdict(f["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
+    if r.get("scale"):
+        import bench_scale
+
+        rows += bench_scale.rows(r["scale"])
     s_ = r.get("store")
     if s_:
         rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
@@ -953,6 +957,9 @@ def parse_args(argv=None):
     p.add_argument("--real-pages", default="/usr/share/doc/python3.11/html",
                    help="a documentation tree served by nginx for the real-page comparison (files of 10 KB-1 MB)")
     p.add_argument("--real-copies", type=int, default=3, help="each real page crawled this many times (distinct URLs)")
+    p.add_argument("--scale", type=int, default=None,
+                   help="tasks in the scale phase's store (default 1,000,000; smoke 20,000; 0: no scale phase)")
+    p.add_argument("--scale-only", action="store_true", help="only the scale phase")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
     a = p.parse_args(argv)
@@ -962,6 +969,9 @@ def parse_args(argv=None):
     a.skip_peer = a.skip_peer or a.smoke
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)
     a.export_rows = 2000 if a.smoke else 200_000
+    a.scale = (20_000 if a.smoke else 1_000_000) if a.scale is None else a.scale
+    if a.scale_only:
+        a.exports_only, a.compare_only, a.skip_exports, a.skip_browser, a.skip_peer = False, True, True, True, True
     return a
 
 
@@ -1063,6 +1073,11 @@ def main(argv=None) -> int:
                                                     page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
                             lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
                                                            urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
+        if args.scale and not args.exports_only:
+            import bench_scale
+
+            phase("scale", f"scale: a store of {args.scale:,} tasks with their data and logs; pages, counts, "
+                  "dispatch and chores", lambda: bench_scale.run(bench, args.scale))
         if not args.exports_only and not args.compare_only:
             phase("sandbox", "python and shell downloads through the sandbox (box, uid, wall) vs a bare process",
                   lambda: bench_sandbox(20 if args.smoke else 200))

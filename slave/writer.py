@@ -185,7 +185,7 @@ def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, 
         back_ids = [o.task["_id"] for q, o in later if q is p]
         c["success"] = len(leases.settled_of(p.lease, ok_ids))
         if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
-            with_retries(lambda: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused", now), "tombstone")
+            with_retries(lambda: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now), "tombstone")
         if bad_ids:
             c["fail"] = tasks.count_documents({"_id": {"$in": bad_ids}, "status": FAIL, "last_update_datetime": now})
         if back_ids:

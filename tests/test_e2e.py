@@ -220,7 +220,7 @@ def test_worker_memory_stays_bounded_with_large_bodies(cluster, tmp_path):
                            "--logging-level", "WARNING"], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak_mb = int(proc.stdout.strip().splitlines()[-1])
-    assert statuses("big8") == {"SUCCESS": count}
+    assert statuses("big8") == {"SUCCESS": count}, [t.failed_reason for t in CrawlerTask.objects(status__ne="SUCCESS")]
     doc = CrawlerDownloadData.objects(url=f"{cluster.site}/bytes/{size + 7}").get()
     assert bytes(doc.response_body) == bytes_body(size + 7)
     assert peak_mb < 240, f"worker peak RSS {peak_mb} MB for {count * 8} MiB of bodies"

@@ -79,12 +79,24 @@ def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "alive")
     docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
     CrawlerDownloadData._get_collection().insert_many(docs)  # inserted, its settle not yet come
+    ids = [o.task["_id"] for o in outcomes]
+    leases.tombstone(lease["_id"], lease["job"], "a settle was refused", ids)  # as the writer does, then ends it
     later = utcnow() + timedelta(seconds=5)
     assert leases.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
     assert _visible_everywhere("alive") == {}
     CrawlerLease._get_collection().delete_one({"_id": lease["_id"]})  # the lease ends without settling them
-    assert leases.sweep_orphans(now=later, grace=1) == 3  # the scan held there: found again
+    assert leases.sweep_orphans(now=later, grace=1) == 3  # its tombstone is looked at again: found
     assert CrawlerDownloadData.objects.count() == 0
+    assert leases.sweep_orphans(now=later, grace=1) == 0  # each tombstone once
+
+
+def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
+    """A store of settled data costs the sweep nothing: it finds orphans by their tombstone."""
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "many")
+    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+    leases.finish([lease["_id"]], "w1")
+    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # no tombstone: nothing read
+    _one_named_document_per_success("many")
 
 
 def _two_claimed_entries(cluster, tmp_path, name: str):

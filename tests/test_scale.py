@@ -182,6 +182,8 @@ def test_a_query_without_an_index_is_caught(cluster):
 def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     import time
 
+    from common.data import export_fits
+    from common.templates import parse_template
     from master import stats, views
 
     job = register(tmp_path, "big", dispatch_num=700, max_retry_times=3)
@@ -213,4 +215,10 @@ def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     timings["dispatch"] = time.perf_counter() - start
     assert report.total == 700  # 2,500 retries due: 700 of them, the job's dispatch_num
     assert _kept(job.id) == _recounted(job.id)
+    # the synchronous download's decision: 45,000 successes, unfiltered, is too many without a count;
+    # one HTTP status asked is counted, up to the limit only
+    start = time.perf_counter()
+    assert not export_fits(job.id, {}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
+    timings["sync decision"] = time.perf_counter() - start
+    assert export_fits(job.id, {"status": [404]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
     print("\n50,000 tasks: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.connections import redis_client, redis_conn
-from common.data import export_source, export_total
+from common.data import export_fits, export_source
 from common.exportnotes import FINAL_STATES, channel, snapshot
 from common.errors import NotFound
 from common.models import ADMIN
@@ -158,9 +158,8 @@ SYNC_ANSWERS = {
 def _download(name: str, body: SyncIn, token) -> Response:
     flt = body.filter.model_dump() if body.filter else None
     checked = exports.check(name, body.format, body.template or "", flt)
-    total = export_total(checked.job.id, checked.filter, checked.template, upto=settings.EXPORT_SYNC_MAX_ROWS + 1)
-    reason = f"more than EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS}) rows" \
-        if total > settings.EXPORT_SYNC_MAX_ROWS else None
+    fits = export_fits(checked.job.id, checked.filter, checked.template, settings.EXPORT_SYNC_MAX_ROWS)
+    reason = None if fits else f"more than EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS}) rows"
     slots = _slots()
     if reason is None and not slots.acquire(blocking=False):
         reason = f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this web process are busy"

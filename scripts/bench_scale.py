@@ -1,0 +1,170 @@
+"""``make bench``'s scale phase: a store filled to N tasks of a few days' life, through the
+document shapes the pipeline writes (tasks in every status, the data and download log of each
+attempt), then every page, count and chore that must stay fast, timed against its target.
+
+Run by scripts/bench.py (``--scale N``, default 1,000,000; 20,000 with ``--smoke``) in the bench's
+own services and process: each figure calls what the command or the route calls.
+"""
+from __future__ import annotations
+
+import calendar
+import struct
+import time
+from datetime import datetime, timedelta
+
+from bson import Binary, ObjectId
+
+TARGETS = {"page_s": 1.0, "dispatch_s": 5.0, "decision_s": 0.5, "chore_per_s": 23.0 * 2}
+BODY = Binary(b"<html>" + b"x" * 1500 + b"</html>")
+CHUNK = 20_000
+
+
+def _oid(at: datetime, n: int) -> ObjectId:
+    """The ``n``-th id made at ``at`` (ids carry their time: ranges and retention read it)."""
+    return ObjectId(struct.pack(">I", calendar.timegm(at.utctimetuple())) + n.to_bytes(8, "big"))
+
+
+def _fill(job_id, tasks: int, now) -> dict:
+    """Insert ``tasks`` tasks: 75 % SUCCESS (each with its data and download log), 10 % FAIL (a
+    fifth of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
+    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+
+    t_coll, d_coll, l_coll = (m._get_collection() for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))
+    shape = {"SUCCESS": 0, "FAIL": 0, "DEAD": 0, "LIVE": 0}
+    start, since, span = time.monotonic(), now - timedelta(days=3), timedelta(days=2) / tasks
+    for first in range(1, tasks + 1, CHUNK):
+        ts, ds, ls = [], [], []
+        for seq in range(first, min(first + CHUNK, tasks + 1)):
+            r = seq % 100
+            status = "SUCCESS" if r < 75 else "FAIL" if r < 85 else "DEAD" if r == 85 else "LIVE"
+            shape[status] += 1
+            old = since + span * seq  # made and settled over two days, three to one days ago
+            tid, lease = _oid(old, seq), f"l{seq // 50}"
+            url = f"http://site{seq % 32}.example/page/{seq}"
+            task = {"_id": tid, "job": job_id, "uri": url, "seq": seq, "status": status, "host_name": "",
+                    "download_times": 0 if status == "LIVE" else 1, "recoveries": 0, "retry_at": None,
+                    "failed_reason": None, "add_datetime": old, "last_update_datetime": old}
+            if status == "FAIL":
+                task.update(failed_reason="HTTP 503", retry_at=now - timedelta(seconds=1) if r < 77 else None)
+            if status == "SUCCESS":
+                task["data_lease"] = lease
+                ds.append({"_id": _oid(old, 2 * tasks + seq), "job": job_id, "downloader": None, "task": tid, "lease": lease,
+                           "url": url, "status_code": 200, "requests_headers": {"User-Agent": "downcluster"},
+                           "response_headers": {"Content-Type": "text/html"}, "requests_body": Binary(b""),
+                           "response_body": BODY, "encoding": "utf-8", "hostname": "bench", "remote_ip": "10.0.0.1",
+                           "add_datetime": old})
+            if status != "LIVE":
+                ls.append({"_id": _oid(old, 4 * tasks + seq), "job": job_id, "task": tid, "lease": lease,
+                           "status": "SUCCESS" if status == "SUCCESS" else "FAIL", "requests_size": 0,
+                           "response_size": 1513, "failed_reason": task["failed_reason"], "downloads_hostname": "bench",
+                           "spend_time": 12000, "add_datetime": old})
+            ts.append(task)
+        t_coll.insert_many(ts, ordered=False)
+        if ds:
+            d_coll.insert_many(ds, ordered=False)
+        if ls:
+            l_coll.insert_many(ls, ordered=False)
+    return {"tasks": tasks, **{k.lower(): v for k, v in shape.items()}, "fill_s": round(time.monotonic() - start, 1)}
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return round(time.perf_counter() - start, 3)
+
+
+def run(bench, tasks: int) -> dict:
+    from common import counts
+    from common.config import settings
+    from common.data import export_fits
+    from common.leases import tombstone
+    from common.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, utcnow
+    from common.rqbridge import queue_key
+    from common.templates import parse_template
+    from master import defender, retention, stats, views
+    from master.dispatcher import dispatch_once
+
+    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
+
+    bench.fresh_store()
+    redis = bench.redis()
+    job = bench.new_job("bench-scale", 7000)
+    now = utcnow()
+    filled = _fill(job.id, tasks, now)
+    live_from = filled["success"] + filled["fail"] + filled["dead"]
+    Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_next": tasks, "seq_sent": 0}})
+    recount_s = _timed(counts.recount)  # what `downcluster migrate` does once for a store filled before counts
+    tcoll = CrawlerTask._get_collection()
+    deep = tcoll.find({"job": job.id}, {"_id": 1}).sort("_id", 1).skip(min(62_000, tasks // 2)).limit(1).next()["_id"]
+    deep_ok = tcoll.find({"job": job.id, "status": "SUCCESS"}, {"_id": 1}).sort("_id", 1).skip(
+        min(62_000, filled["success"] // 2)).limit(1).next()["_id"]
+    one = tcoll.find_one({"job": job.id, "status": "SUCCESS"}, {"uri": 1})
+    figures = {
+        "stats (= /metrics, /api/v1/overview counts)": _timed(lambda: stats.collect(redis)),
+        "/api/v1/overview": _timed(lambda: views.overview(redis)),
+        "/api/v1/jobs": _timed(views.job_rows),
+        "a job's page": _timed(lambda: views.job_detail("bench-scale")),
+        "tasks of a job, first page": _timed(lambda: views.task_page("bench-scale")),
+        "tasks of a job, deep page": _timed(lambda: views.task_page("bench-scale", after=str(deep))),
+        "SUCCESS tasks, deep page": _timed(lambda: views.task_page("bench-scale", status="SUCCESS", after=str(deep_ok))),
+        "download logs page": _timed(lambda: views.log_page("download", "bench-scale")),
+        "a job's data page": _timed(lambda: views.data_page("bench-scale")),
+        "task show": _timed(lambda: views.task_detail("bench-scale", one["uri"])),
+        "synchronous download's decision": _timed(lambda: export_fits(
+            job.id, {}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
+        "synchronous download's decision, one HTTP status asked": _timed(lambda: export_fits(
+            job.id, {"status": [200]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
+    }
+    due = tcoll.count_documents({"job": job.id, "status": "FAIL", "retry_at": {"$ne": None}})
+    start = time.perf_counter()
+    sent = dispatch_once(redis).total
+    figures["cron dispatch (retries due, then fresh)"] = round(time.perf_counter() - start, 3)
+    settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
+    figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
+    settings.override(Q_DOWN_HIGH_LEN=CAP)
+
+    # orphans as they arise: stored under leases given back meanwhile (tombstoned), whose tasks
+    # never came to name them
+    orphans, per = (5_000 if tasks >= 100_000 else 500), 50
+    gone = now - timedelta(days=1)
+    for k in range(orphans // per):
+        lease, ids = f"lost{k}", [_oid(gone, 6 * tasks + k * per + i) for i in range(per)]
+        CrawlerDownloadData._get_collection().insert_many(
+            [{"_id": _oid(gone, 7 * tasks + k * per + i), "job": job.id, "task": t, "lease": lease, "url": "http://x/",
+              "status_code": 200, "response_body": BODY, "add_datetime": gone} for i, t in enumerate(ids)])
+        tombstone(lease, job.id, "worker died while downloading", ids, gone)
+    start = time.perf_counter()
+    swept = defender.sweep(budget=60.0)
+    sweep_rate = round(swept / max(1e-6, time.perf_counter() - start), 1)
+    CrawlerDownloadSetting._get_collection().update_one({"job": job.id}, {"$set": {"data_retention_days": 1,
+                                                                                  "log_retention_days": 1}})
+    start = time.perf_counter()
+    kept = retention.enforce(budget=120.0)
+    took = time.perf_counter() - start
+    retention_rate = round(kept.tasks / max(1e-6, took), 1)
+    removed = {"tasks": kept.tasks, "data": kept.data, "download_logs": kept.download_logs,
+               "seconds": round(took, 1), "finished": kept.finished}
+    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due, "dispatched": sent,
+            "orphans_swept": swept, "sweep_docs_per_s": sweep_rate, "retention_removed": kept.tasks, "retention": removed,
+            "retention_tasks_per_s": retention_rate, "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)),
+            "live_from_seq": live_from}
+
+
+def rows(s: dict) -> list[tuple[str, str, str, str]]:
+    """The scale phase's lines of the bench table: (what, measured, target, verdict)."""
+    ok = lambda good: "ok" if good else "MISSED"  # noqa: E731
+    out = [(f"scale: a store of {s['tasks']:,} tasks ({s['success']:,} SUCCESS with data and logs)",
+            f"filled in {s['fill_s']} s; counts built in {s['recount_s']} s", "", "")]
+    for name, seconds in s["figures"].items():
+        target = TARGETS["decision_s"] if "decision" in name else TARGETS["dispatch_s"] if "dispatch" in name \
+            else TARGETS["page_s"]
+        out.append((f"  {name}", f"{seconds} s", f"<= {target:g} s", ok(seconds <= target)))
+    out.append(("  orphan sweep", f"{s['sweep_docs_per_s']:,} docs/s ({s['orphans_swept']:,})",
+                f">= {TARGETS['chore_per_s']:g}/s", ok(s["sweep_docs_per_s"] >= TARGETS["chore_per_s"])))
+    r = s.get("retention") or {}
+    out.append(("  retention of final tasks", f"{s['retention_tasks_per_s']:,} tasks/s ({s['retention_removed']:,} tasks, "
+                f"{r.get('data', 0):,} data, {r.get('download_logs', 0):,} logs in {r.get('seconds')} s"
+                f"{'' if r.get('finished', True) else ', unfinished'})",
+                f">= {TARGETS['chore_per_s']:g}/s", ok(s["retention_tasks_per_s"] >= TARGETS["chore_per_s"])))
+    out.append(("  SecantusDB peak RSS", f"{s['store_rss_mb']:,} MB", "", ""))
+    return out
