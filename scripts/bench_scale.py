@@ -67,27 +67,58 @@ def _fill(job_id, tasks: int, now) -> dict:
     return {"tasks": tasks, **{k.lower(): v for k, v in shape.items()}, "fill_s": round(time.monotonic() - start, 1)}
 
 
-def _timed(fn) -> float:
+def _timed(fn) -> float | str:
+    """Seconds ``fn`` took, or why it failed (a figure that fails is reported, not fatal)."""
     start = time.perf_counter()
-    fn()
+    try:
+        fn()
+    except Exception as exc:
+        return f"failed after {time.perf_counter() - start:.1f} s: {type(exc).__name__}: {str(exc)[:120]}"
     return round(time.perf_counter() - start, 3)
 
 
 def run(bench, tasks: int) -> dict:
+    """The phase, on a SecantusDB that keeps its data in a directory: in ``:memory:`` mode all of
+    it must fit WiredTiger's cache (1 GB by default; past it inserts fail with WT_CACHE_FULL)."""
+    import shutil
+    import tempfile
+
+    from common.connections import connect_mongo, disconnect_mongo
+
+    from bench import ROOT
+
+    disk = tempfile.mkdtemp(prefix="bench-scale-", dir=ROOT / "var")
+    disconnect_mongo()
+    bench.mongo.stop()
+    bench.mongo.storage = disk
+    bench.mongo.start()
+    connect_mongo(ensure_indexes=True)
+    try:
+        return _run(bench, tasks)
+    finally:
+        disconnect_mongo()
+        bench.mongo.stop()
+        bench.mongo.storage = ":memory:"
+        bench.mongo.start()
+        connect_mongo(ensure_indexes=True)
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def _run(bench, tasks: int) -> dict:
     from common import counts
     from common.config import settings
     from common.data import export_fits
     from common.leases import tombstone
-    from common.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, utcnow
+    from common.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
     from common.rqbridge import queue_key
     from common.templates import parse_template
-    from master import defender, retention, stats, views
+    from master import chores, defender, retention, stats, views
     from master.dispatcher import dispatch_once
 
     from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
 
-    bench.fresh_store()
     redis = bench.redis()
+    redis.flushall()
     job = bench.new_job("bench-scale", 7000)
     now = utcnow()
     filled = _fill(job.id, tasks, now)
@@ -95,9 +126,8 @@ def run(bench, tasks: int) -> dict:
     Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_next": tasks, "seq_sent": 0}})
     recount_s = _timed(counts.recount)  # what `downcluster migrate` does once for a store filled before counts
     tcoll = CrawlerTask._get_collection()
-    deep = tcoll.find({"job": job.id}, {"_id": 1}).sort("_id", 1).skip(min(62_000, tasks // 2)).limit(1).next()["_id"]
-    deep_ok = tcoll.find({"job": job.id, "status": "SUCCESS"}, {"_id": 1}).sort("_id", 1).skip(
-        min(62_000, filled["success"] // 2)).limit(1).next()["_id"]
+    deep = tcoll.find_one({"job": job.id, "seq": min(62_000, tasks // 2)}, {"_id": 1})["_id"]  # ids follow seq here
+    deep_ok = tcoll.find_one({"job": job.id, "seq": min(62_000, tasks // 2) // 100 * 100 + 1}, {"_id": 1})["_id"]
     one = tcoll.find_one({"job": job.id, "status": "SUCCESS"}, {"uri": 1})
     figures = {
         "stats (= /metrics, /api/v1/overview counts)": _timed(lambda: stats.collect(redis)),
@@ -116,9 +146,11 @@ def run(bench, tasks: int) -> dict:
             job.id, {"status": [200]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
     }
     due = tcoll.count_documents({"job": job.id, "status": "FAIL", "retry_at": {"$ne": None}})
-    start = time.perf_counter()
-    sent = dispatch_once(redis).total
-    figures["cron dispatch (retries due, then fresh)"] = round(time.perf_counter() - start, 3)
+    for chore in chores.table():  # as in a running cluster: no chore due (each is timed on its own below)
+        if chore.every:
+            chores.claim(chore.name, chore.every, store_now())
+    sent = []
+    figures["cron dispatch (retries due, then fresh)"] = _timed(lambda: sent.append(dispatch_once(redis).total))
     settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
     figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
     settings.override(Q_DOWN_HIGH_LEN=CAP)
@@ -144,7 +176,7 @@ def run(bench, tasks: int) -> dict:
     retention_rate = round(kept.tasks / max(1e-6, took), 1)
     removed = {"tasks": kept.tasks, "data": kept.data, "download_logs": kept.download_logs,
                "seconds": round(took, 1), "finished": kept.finished}
-    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due, "dispatched": sent,
+    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due, "dispatched": sent[0] if sent else 0,
             "orphans_swept": swept, "sweep_docs_per_s": sweep_rate, "retention_removed": kept.tasks, "retention": removed,
             "retention_tasks_per_s": retention_rate, "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)),
             "live_from_seq": live_from}
@@ -158,7 +190,10 @@ def rows(s: dict) -> list[tuple[str, str, str, str]]:
     for name, seconds in s["figures"].items():
         target = TARGETS["decision_s"] if "decision" in name else TARGETS["dispatch_s"] if "dispatch" in name \
             else TARGETS["page_s"]
-        out.append((f"  {name}", f"{seconds} s", f"<= {target:g} s", ok(seconds <= target)))
+        if isinstance(seconds, str):
+            out.append((f"  {name}", seconds, f"<= {target:g} s", "MISSED"))
+        else:
+            out.append((f"  {name}", f"{seconds} s", f"<= {target:g} s", ok(seconds <= target)))
     out.append(("  orphan sweep", f"{s['sweep_docs_per_s']:,} docs/s ({s['orphans_swept']:,})",
                 f">= {TARGETS['chore_per_s']:g}/s", ok(s["sweep_docs_per_s"] >= TARGETS["chore_per_s"])))
     r = s.get("retention") or {}
