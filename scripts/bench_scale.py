@@ -87,6 +87,7 @@ def run(bench, tasks: int) -> dict:
 
     from bench import ROOT
 
+    (ROOT / "var").mkdir(exist_ok=True)
     disk = tempfile.mkdtemp(prefix="bench-scale-", dir=ROOT / "var")
     disconnect_mongo()
     bench.mongo.stop()
