@@ -9,6 +9,7 @@ import hashlib
 from typing import Any, Iterable, Iterator
 
 from common.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
+from common.paging import OutOfTime, scan
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
@@ -197,11 +198,15 @@ def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
     return total
 
 
+DECIDE_WITHIN = 0.4  # seconds a filtered export's rows may take to count; beyond, a worker runs it
+
+
 def export_fits(job_id, flt: dict, template, limit: int) -> bool:
-    """Whether an export has at most ``limit`` rows, decided at a cost that does not grow with the
-    job: its SUCCESS tasks (kept as tasks change, ``common.counts``) bound each table's rows; an
-    unfiltered table holds all of them; only a filtered export of a large job counts, and then
-    up to ``limit`` + 1."""
+    """Whether an export surely has at most ``limit`` rows, decided in well under a second
+    whatever the job's size: its SUCCESS tasks (kept as tasks change, ``common.counts``) bound
+    each table's rows; an unfiltered table holds all of them; only a filtered export of a large
+    job counts its rows — up to ``limit`` + 1, for DECIDE_WITHIN at most (rows the store cannot
+    count in that time are taken as too many: the export is sent to a worker)."""
     from common import counts
 
     succeeded = counts.of_jobs([job_id]).get(job_id, {}).get("SUCCESS", 0)
@@ -210,7 +215,34 @@ def export_fits(job_id, flt: dict, template, limit: int) -> bool:
     if not (flt.get("status") or flt.get("since") or flt.get("until")) and not any(
             t.status or t.row for t in template.tables):
         return False
-    return export_total(job_id, flt, template, upto=limit + 1) <= limit
+    try:
+        return _rows_upto(job_id, flt, template, limit + 1) <= limit
+    except OutOfTime:
+        return False
+
+
+def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
+    """The export's rows, counted up to ``upto``: the job's data read window by window by its
+    (job, _id) index, each document checked here against the filter and each table's status codes
+    (another predicate in the query would make the embedded store read every document of the job)."""
+    from common import counts
+
+    codes = set(flt.get("status") or ())
+    since, until = flt.get("since"), flt.get("until")
+    caps = [sum(leaf.row_count for leaf in t.row_leaves) if t.row else None for t in template.tables]
+    rows = [0] * len(template.tables)
+    docs = scan(CrawlerDownloadData._get_collection(), {"job": job_id}, span=counts.span(job_id),
+                within=DECIDE_WITHIN, projection={"status_code": 1, "add_datetime": 1})
+    for doc in docs:
+        code, at = doc.get("status_code"), doc.get("add_datetime")
+        if (codes and code not in codes) or (since and (at is None or at < since)) or (until and (at is None or at >= until)):
+            continue
+        for i, table in enumerate(template.tables):
+            if (not table.status or code in table.status) and (caps[i] is None or rows[i] < caps[i]):
+                rows[i] += 1
+        if sum(rows) >= upto:
+            break
+    return sum(rows)
 
 
 def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):

@@ -200,6 +200,8 @@ class CrawlerTaskCount(Document):
     FAIL = IntField(default=0)
     CANCEL = IntField(default=0)
     DEAD = IntField(default=0)
+    first = ObjectIdField()  # no task, data or log of the job was made before (common.paging)
+    last = ObjectIdField()   # ... nor after
     meta = {"db_alias": "source", "collection": "crawler_task_count"}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from bson import ObjectId
 from pymongo.errors import BulkWriteError
 
 from common import counts
@@ -65,20 +66,21 @@ def add_tasks(
         if fresh:
             first = reserve(job.id, len(fresh))
             for i, doc in enumerate(fresh):
-                doc["seq"] = first + i
+                doc["seq"], doc["_id"] = first + i, ObjectId()
+            lowest = {job.id: min(d["_id"] for d in fresh)}
             try:
                 result = collection.insert_many(fresh, ordered=False)
                 added = len(result.inserted_ids)
             except BulkWriteError as exc:
                 details = exc.details
                 added = details["nInserted"]
-                counts.move([(job.id, None, LIVE, added)])
+                counts.move([(job.id, None, LIVE, added)], lowest)
                 dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
                 if dupes != len(details["writeErrors"]):
                     raise
                 report.duplicate += dupes
             else:
-                counts.move([(job.id, None, LIVE, added)])
+                counts.move([(job.id, None, LIVE, added)], lowest)
             finally:
                 commit(job.id, first, len(fresh))
             report.added += added

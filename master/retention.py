@@ -28,9 +28,10 @@ from bson import ObjectId
 from common import counts
 from common.config import settings
 from common.data import gridfs_of
-from common.models import (CANCEL, DEAD, FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadData,
-                           CrawlerDownloadLog, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, CrawlerTask, Job,
-                           Notification, NotificationLog, id_at, utcnow)
+from common.models import (CANCEL, DEAD, FAIL, SUCCESS, TASK_STATUSES, CrawlerDispatchAlertLog, CrawlerDispatchLog,
+                           CrawlerDownloadData, CrawlerDownloadLog, CrawlerDownloadSetting, CrawlerRegistrationErrorLog,
+                           CrawlerTask, Job, Notification, NotificationLog, id_at, utcnow)
+from common.paging import Span, by_id
 
 logger = logging.getLogger(__name__)
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
@@ -66,22 +67,32 @@ def _before(days: float, now: datetime) -> ObjectId:
     return id_at(now - timedelta(days=days))
 
 
-def _remove_data(query: dict, end: float) -> int:
-    """Remove the data documents of ``query`` (and their GridFS bodies), in batches."""
+def _drop_data(docs: list[dict]) -> int:
+    """Remove data documents (``_id``, ``response_body_gridfs``) and their GridFS bodies."""
     coll = CrawlerDownloadData._get_collection()
-    fs, removed = gridfs_of(coll.database), 0
+    fs = gridfs_of(coll.database)
+    for doc in docs:
+        if doc.get("response_body_gridfs"):
+            fs.delete(doc["response_body_gridfs"])
+    return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count if docs else 0
+
+
+def _remove_old(coll, job_id, before: ObjectId, span, end: float, drop=None) -> int:
+    """Remove the job's documents of ``coll`` made before ``before``, oldest first, in batches
+    read window by window (``common.paging``); ``drop`` removes a batch (default: delete)."""
+    removed, after = 0, None
     while time.monotonic() < end:
-        docs = list(coll.find(query, {"_id": 1, "response_body_gridfs": 1}).limit(BATCH))
+        docs = by_id(coll, {"job": job_id}, BATCH, span=span, after=after, before=before,
+                     projection={"_id": 1, "response_body_gridfs": 1})
         if not docs:
             break
-        for doc in docs:
-            if doc.get("response_body_gridfs"):
-                fs.delete(doc["response_body_gridfs"])
-        removed += coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+        after = docs[-1]["_id"]
+        removed += drop(docs) if drop else coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
     return removed
 
 
 def _remove(coll, query: dict, end: float) -> int:
+    """Remove what ``query`` matches in a small collection (notifications), in batches."""
     removed = 0
     while time.monotonic() < end:
         ids = [d["_id"] for d in coll.find(query, {"_id": 1}).limit(BATCH)]
@@ -89,6 +100,43 @@ def _remove(coll, query: dict, end: float) -> int:
             break
         removed += coll.delete_many({"_id": {"$in": ids}}).deleted_count
     return removed
+
+
+def _remove_final(job_id, before: datetime, span, end: float, report: RetentionReport) -> bool:
+    """Remove the job's final tasks last changed before ``before`` (and their data): per final
+    status, read window by window by (job, status, _id) — changed before it, so made before it —
+    and checked here (another predicate in the query would make the embedded store read every
+    task of the job). True when every one was reached."""
+    tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
+    for final in FINAL:
+        after = None
+        while True:
+            if time.monotonic() >= end:
+                return False
+            docs = by_id(tasks, {"job": job_id, "status": final["status"]}, BATCH, span=span, after=after,
+                         before=cutoff, projection={"_id": 1, "retry_at": 1, "last_update_datetime": 1})
+            if not docs:
+                break
+            after = docs[-1]["_id"]
+            ids = [d["_id"] for d in docs if (d.get("last_update_datetime") or before) < before
+                   and all(d.get(k) == v for k, v in final.items() if k != "status")]
+            if not ids:
+                continue
+            report.data += _drop_data(list(CrawlerDownloadData._get_collection().find(
+                {"task": {"$in": ids}}, {"_id": 1, "response_body_gridfs": 1})))
+            gone = tasks.delete_many({"_id": {"$in": ids}, **final, "last_update_datetime": {"$lt": before}}).deleted_count
+            counts.move([(job_id, final["status"], None, gone)])
+            report.tasks += gone
+    return True
+
+
+def _oldest_left(job_id, before: datetime, span: Span) -> ObjectId:
+    """The lowest ``_id`` of the job's tasks made before ``before`` that retention left (tasks
+    still to download, retried or changed since), else ``before`` itself: the job's new floor."""
+    tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
+    left = [d["_id"] for status in TASK_STATUSES
+            for d in by_id(tasks, {"job": job_id, "status": status}, 1, span=span, before=cutoff, projection={"_id": 1})]
+    return min(left, default=cutoff)
 
 
 def job_days() -> dict:
@@ -112,25 +160,17 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
     now = now or utcnow()
     ensure_ttl()
     report = RetentionReport()
-    tasks, logs = CrawlerTask._get_collection(), CrawlerDownloadLog._get_collection()
+    logs = CrawlerDownloadLog._get_collection()
     for job_id, (data_days, log_days) in job_days().items():
+        span = counts.span(job_id)
         if data_days:
-            cutoff = now - timedelta(days=data_days)
-            report.data += _remove_data({"job": job_id, "_id": {"$lt": _before(data_days, now)}}, end)
-            for final in FINAL:  # one indexed query per final state (an $or of them scans on some servers)
-                # changed before the cutoff, so made before it: (job, status, _id) serves the query
-                flt = {"job": job_id, **final, "_id": {"$lt": id_at(cutoff)}, "last_update_datetime": {"$lt": cutoff}}
-                while time.monotonic() < end:
-                    ids = [d["_id"] for d in tasks.find(flt, {"_id": 1}).limit(BATCH)]
-                    if not ids:
-                        break
-                    report.data += _remove_data({"task": {"$in": ids}}, end)
-                    guard = {k: v for k, v in flt.items() if k not in ("job", "_id")}  # still final and old, by _id
-                    gone = tasks.delete_many({"_id": {"$in": ids}, **guard}).deleted_count
-                    counts.move([(job_id, final["status"], None, gone)])
-                    report.tasks += gone
+            before = now - timedelta(days=data_days)
+            report.data += _remove_old(CrawlerDownloadData._get_collection(), job_id, id_at(before), span, end,
+                                       drop=_drop_data)
+            if _remove_final(job_id, before, span, end, report):
+                counts.raise_floor(job_id, _oldest_left(job_id, before, span))
         if log_days:
-            report.download_logs += _remove(logs, {"job": job_id, "_id": {"$lt": _before(log_days, now)}}, end)
+            report.download_logs += _remove_old(logs, job_id, _before(log_days, now), span, end)
     if settings.NOTIFICATION_RETENTION_DAYS:
         report.notifications = _remove(Notification._get_collection(), {
             "state": {"$in": [SUCCESS, FAIL]}, "_id": {"$lt": _before(settings.NOTIFICATION_RETENTION_DAYS, now)}}, end)

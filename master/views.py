@@ -14,10 +14,12 @@ from bson import ObjectId
 from bson.errors import InvalidId
 from redis import Redis
 
+from common import counts
 from common.config import settings
 from common.data import gridfs_of, shown
 from common.errors import NotFound, ValidationError
 from common.queues import WORKER_KEY_PREFIX
+from common.paging import Span, by_id
 from common.models import (
     job_named,
     RUNNING,
@@ -140,10 +142,10 @@ def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = Non
         if plain(status, "status") not in TASK_STATUSES:
             raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
         flt["status"] = status
-    if after is not None:
-        flt["_id"] = {"$lt" if newest else "$gt": object_id(after, "after")}
+    mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = list(CrawlerTask._get_collection().find(flt, TASK_FIELDS).sort("_id", -1 if newest else 1).limit(n + 1))
+    docs = by_id(CrawlerTask._get_collection(), flt, n + 1, span=counts.span(job.id), after=mark, newest=newest,
+                 projection=TASK_FIELDS)
     page = _page(docs, n)
     return {"tasks": page["items"], "next": page["next"]}
 
@@ -186,6 +188,10 @@ def _task(doc: dict, job_name: str) -> dict:
             "download_logs": logs}
 
 
+DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1, "response_body_gridfs": 1,
+               "size": {"$cond": [{"$ifNull": ["$response_body", False]}, {"$binarySize": "$response_body"}, 0]}}
+
+
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
     """A page of the job's data that its tasks name (``common.data.visible``), oldest first."""
     job = job_named(name)
@@ -193,15 +199,9 @@ def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
     mark = object_id(after, "after") if after is not None else None
     coll = CrawlerDownloadData._get_collection()
     docs: list[dict] = []
+    span = counts.span(job.id)
     while len(docs) <= n:
-        raw = list(coll.aggregate([
-            {"$match": {"job": job.id, **({"_id": {"$gt": mark}} if mark is not None else {})}},
-            {"$sort": {"_id": 1}}, {"$limit": n + 1},
-            {"$project": {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1,
-                          "response_body_gridfs": 1,
-                          "size": {"$cond": [{"$ifNull": ["$response_body", False]},
-                                             {"$binarySize": "$response_body"}, None]}}},
-        ]))
+        raw = by_id(coll, {"job": job.id}, n + 1, span=span, after=mark, projection=DATA_FIELDS, computed=True)
         keep = shown(raw)
         docs += [d for d in raw if d["_id"] in keep]
         if len(raw) <= n:
@@ -214,7 +214,6 @@ def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
         gridfs_id = item.pop("response_body_gridfs", None)
         if gridfs_id:
             item["size"] = gridfs_of(coll.database).get(ObjectId(gridfs_id)).length
-        item["size"] = item.get("size") or 0
     return {"data": page["items"], "next": page["next"]}
 
 
@@ -241,12 +240,17 @@ def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -
     if model is None:
         raise NotFound(f"no log {kind!r}: one of {', '.join(LOGS)}")
     flt: dict[str, Any] = {}
-    if job is not None:
-        flt = {"name": plain(job, "job")} if model is CrawlerRegistrationErrorLog else {"job": job_named(job).id}
-    if after is not None:
-        flt["_id"] = {"$lt": object_id(after, "after")}
+    span = Span()
+    if job is not None and model is CrawlerRegistrationErrorLog:
+        flt = {"name": plain(job, "job")}
+    elif job is not None:
+        job_id = job_named(job).id
+        flt, span = {"job": job_id}, counts.span(job_id)
+    elif model is CrawlerDownloadLog:
+        span = counts.span()
+    mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = list(model._get_collection().find(flt).sort("_id", -1).limit(n + 1))
+    docs = by_id(model._get_collection(), flt, n + 1, span=span, after=mark, newest=True)
     names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
     for d in docs:
         if "job" in d:

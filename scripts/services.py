@@ -21,6 +21,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+# An in-memory store keeps every document in WiredTiger's cache and fails writes with WT_CACHE_FULL
+# beyond it: the test session writes hundreds of MiB of bodies (1 G, the default, filled under load).
+MEMORY_CACHE = "3G"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -165,7 +169,8 @@ class MongoServer(_Server):
         client = pymongo.MongoClient(host=self.host, port=self.port, serverSelectionTimeoutMS=500, connect=False)
         argv = [sys.executable, "-m", "secantus", "--host", self.host, "--port", str(self.port),
                 "--storage-path", self.storage,
-                "--standalone", "--log-level", "WARNING"] + (["--auth"] if self._auth else [])
+                "--standalone", "--log-level", "WARNING"] + (["--auth"] if self._auth else []) \
+            + (["--cache-size", MEMORY_CACHE] if self.storage == ":memory:" else [])
         try:
             self._launch(argv, lambda: client.admin.command("ping"), 60)  # ping needs no authentication
         finally:

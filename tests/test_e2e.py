@@ -221,8 +221,9 @@ def test_worker_memory_stays_bounded_with_large_bodies(cluster, tmp_path):
                            "--logging-level", "WARNING"], env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak_mb = int(proc.stdout.strip().splitlines()[-1])
-    left = [(t.uri, t.status, t.failed_reason, t.retry_at) for t in CrawlerTask.objects(status__ne="SUCCESS")]
-    assert statuses("big8") == {"SUCCESS": count}, (left, proc.stderr[-3000:])
+    left = [(t.uri, t.status, t.failed_reason) for t in CrawlerTask.objects(status__ne="SUCCESS")]
+    noted = [line for line in proc.stderr.splitlines() if " WARNING " in line or " ERROR " in line]
+    assert statuses("big8") == {"SUCCESS": count}, (left, noted[-20:])  # the worker's own word on what it left
     doc = CrawlerDownloadData.objects(url=f"{cluster.site}/bytes/{size + 7}").get()
     assert bytes(doc.response_body) == bytes_body(size + 7)
     assert peak_mb < 240, f"worker peak RSS {peak_mb} MB for {count * 8} MiB of bodies"

@@ -92,6 +92,12 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     report = retention.enforce(now=utcnow() + timedelta(days=2))  # two days on
     assert report.finished and report.data == 3 and report.tasks == 3 and report.download_logs == 3
     assert _counts(short) == {"data": 0, "tasks": 0, "logs": 0, "gridfs": 3}  # the other job's 3 bodies stay
+    from bson import ObjectId
+
+    from common import counts
+    # nothing of "short" is left below the cutoff (a day from now): its pages begin there now
+    assert counts.span(short.id).first.generation_time.replace(tzinfo=None) > utcnow()
+    assert counts.span(keep.id).first < ObjectId()
     assert _counts(keep) == {**before["keep"], "gridfs": 3}  # DATA_RETENTION_DAYS 0: for ever; logs: 90 days
     assert Notification.objects.count() == 2  # 30 days for delivered ones
     report = retention.enforce(now=utcnow() + timedelta(days=91))

@@ -222,3 +222,46 @@ def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     timings["sync decision"] = time.perf_counter() - start
     assert export_fits(job.id, {"status": [404]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
     print("\n50,000 tasks: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+
+
+def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
+    """``common.paging.by_id`` against a plain sort: ids made years before the job's span, in
+    bursts, sparse, and by a clock a week ahead; pages of every size, both orders, any span."""
+    import random
+    from datetime import datetime, timezone
+
+    from common.paging import Span, by_id
+
+    rnd, now = random.Random(7), datetime.now(timezone.utc)
+    job, other = ObjectId(), ObjectId()
+    times = ([now - timedelta(days=900)] + [now - timedelta(hours=30, seconds=rnd.random()) for _ in range(120)]
+             + [now - timedelta(seconds=rnd.uniform(0, 86_400)) for _ in range(80)] + [now + timedelta(days=7)])
+    docs = [{"_id": ObjectId.from_datetime(t).__class__(ObjectId.from_datetime(t).binary[:4] + rnd.randbytes(8)),
+             "job": job} for t in times] + [{"job": other} for _ in range(30)]
+    coll = CrawlerDownloadLog._get_collection()
+    coll.insert_many(docs)
+    ids = sorted(d["_id"] for d in docs if d["job"] == job)
+    # the oldest id far below the span, the newest far above it; a span not known; a wrong one
+    for span in (Span(ObjectId.from_datetime(now - timedelta(hours=31)), ObjectId.from_datetime(now - timedelta(hours=2))),
+                 Span(), Span(ObjectId.from_datetime(now), ObjectId.from_datetime(now - timedelta(days=3)))):
+        for newest in (False, True):
+            order = ids[::-1] if newest else ids
+            for size in (1, 7, 500):
+                got, after = [], None
+                while True:
+                    page = by_id(coll, {"job": job}, size, span=span, after=after, newest=newest)
+                    got += [d["_id"] for d in page]
+                    if len(page) < size:
+                        break
+                    after = page[-1]["_id"]
+                assert got == order, (span, newest, size)
+        for cut in (ids[0], ids[1], ids[60], ids[150], ids[-1]):  # oldest first, below a bound
+            for size in (3, 1000):
+                got, after = [], None
+                while True:
+                    page = by_id(coll, {"job": job}, size, span=span, after=after, before=cut)
+                    got += [d["_id"] for d in page]
+                    if len(page) < size:
+                        break
+                    after = page[-1]["_id"]
+                assert got == [i for i in ids if i < cut], (span, cut, size)
