@@ -249,8 +249,11 @@ class Run:
             if e.kind != AGAIN:
                 continue
             for status in (FAIL, LIVE):  # still due (select_again checked the rest); by _id and one status,
-                moved = tasks.update_many(  # as an $or makes some servers scan every task
-                    {"_id": {"$in": e.ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
+                ids = [t.id for t in e.tasks if t.status == status]  # as an $or makes some servers scan every task
+                if not ids:
+                    continue
+                moved = tasks.update_many(
+                    {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
                     {"$set": {"status": DISPATCH, "lease": lease, "queue": e.queue, "dispatched_at": now,
                               "last_update_datetime": now}}).modified_count
                 moves.append((work.job["_id"], status, DISPATCH, moved))

@@ -32,6 +32,7 @@ class Picked:
     seq: int = 0
     uri: str = ""
     attempts: int = 0
+    status: str = LIVE  # what it was when picked (a task that goes again: FAIL or LIVE)
 
 
 def fresh_limit(job_doc: dict, now: datetime) -> int:
@@ -90,7 +91,8 @@ def select_again(coll: Collection, job_id, max_retry_times: int, need: int, now:
         indexed = {k: flt[k] for k in ("job", "status", "retry_at")}
         for d in coll.find(indexed, {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1}):
             if d.get("download_times", 0) < max_retry_times or flt["status"] == LIVE:
-                picked.append(Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], d.get("download_times", 0)))
+                picked.append(Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], d.get("download_times", 0),
+                                     flt["status"]))
                 if len(picked) >= need:
                     break
     return picked

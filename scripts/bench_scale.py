@@ -17,6 +17,8 @@ from bson import Binary, ObjectId
 TARGETS = {"page_s": 1.0, "dispatch_s": 5.0, "decision_s": 0.5, "chore_per_s": 23.0 * 2}
 BODY = Binary(b"<html>" + b"x" * 1500 + b"</html>")
 CHUNK = 20_000
+DUE_RETRIES = 210   # retries that come due in five minutes at 2 M pages a day (issue 30's case)
+BACKLOG = 7_000     # a whole dispatch of retries due (after an outage of the sites, say)
 
 
 def _oid(at: datetime, n: int) -> ObjectId:
@@ -25,8 +27,8 @@ def _oid(at: datetime, n: int) -> ObjectId:
 
 
 def _fill(job_id, tasks: int, now) -> dict:
-    """Insert ``tasks`` tasks: 75 % SUCCESS (each with its data and download log), 10 % FAIL (a
-    fifth of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
+    """Insert ``tasks`` tasks: 75 % SUCCESS (each with its data and download log), 10 % FAIL
+    (DUE_RETRIES of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
     from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 
     t_coll, d_coll, l_coll = (m._get_collection() for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))
@@ -44,8 +46,9 @@ def _fill(job_id, tasks: int, now) -> dict:
             task = {"_id": tid, "job": job_id, "uri": url, "seq": seq, "status": status, "host_name": "",
                     "download_times": 0 if status == "LIVE" else 1, "recoveries": 0, "retry_at": None,
                     "failed_reason": None, "add_datetime": old, "last_update_datetime": old}
-            if status == "FAIL":
-                task.update(failed_reason="HTTP 503", retry_at=now - timedelta(seconds=1) if r < 77 else None)
+            if status == "FAIL":  # the oldest DUE_RETRIES of them are due again now
+                task.update(failed_reason="HTTP 503",
+                            retry_at=now - timedelta(seconds=1) if shape["FAIL"] <= DUE_RETRIES else None)
             if status == "SUCCESS":
                 task["data_lease"] = lease
                 ds.append({"_id": _oid(old, 2 * tasks + seq), "job": job_id, "downloader": None, "task": tid, "lease": lease,
@@ -155,6 +158,13 @@ def _run(bench, tasks: int) -> dict:
     settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
     figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
     settings.override(Q_DOWN_HIGH_LEN=CAP)
+    backlog = [d["_id"] for d in tcoll.find({"job": job.id, "status": "FAIL", "retry_at": None}, {"_id": 1}).limit(BACKLOG)]
+    for k in range(0, len(backlog), 50):
+        tcoll.update_many({"_id": {"$in": backlog[k:k + 50]}}, {"$set": {"retry_at": now - timedelta(seconds=1)}})
+    for chore in chores.table():
+        if chore.every:
+            chores.claim(chore.name, chore.every, store_now())
+    figures[f"cron dispatch, a backlog of {len(backlog):,} retries due"] = _timed(lambda: dispatch_once(redis))
 
     # orphans as they arise: stored under leases given back meanwhile (tombstoned), whose tasks
     # never came to name them
