@@ -24,6 +24,8 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 FIRST_WINDOW = timedelta(seconds=1)
+IN_MAX = 50  # values of one $in: the embedded store matches each document against the list (50: 0.4 ms a
+             # value; 3,500 in one list: 13 ms a value)
 SKEW = timedelta(days=1)  # ids made by a host whose clock is behind (or ahead)
 
 
@@ -76,7 +78,8 @@ def by_id(coll: Collection, flt: dict, limit: int, *, span: Span, after: ObjectI
     for rng in windows(span, after, newest, before):
         query, k = _within(flt, rng), limit - len(out)
         if computed:
-            out += coll.aggregate([{"$match": query}, {"$sort": {"_id": order}}, {"$limit": k}, {"$project": projection}])
+            out += coll.aggregate([{"$match": query}, {"$sort": {"_id": order}}, {"$limit": k},
+                                   {"$project": projection}])
         else:
             out += coll.find(query, projection).sort("_id", order).limit(k)
         if len(out) >= limit:
@@ -101,3 +104,9 @@ def scan(coll: Collection, flt: dict, *, span: Span, within: float,
         docs = list(coll.find(_within(flt, rng), projection))
         last_took = time.monotonic() - sent
         yield from docs
+
+
+def in_chunks(values: list, size: int = IN_MAX) -> Iterator[list]:
+    """``values`` in lists of at most ``size``, one ``$in`` each."""
+    for k in range(0, len(values), size):
+        yield values[k:k + size]

@@ -28,10 +28,11 @@ from bson import ObjectId
 from common import counts
 from common.config import settings
 from common.data import gridfs_of
-from common.models import (CANCEL, DEAD, FAIL, SUCCESS, TASK_STATUSES, CrawlerDispatchAlertLog, CrawlerDispatchLog,
-                           CrawlerDownloadData, CrawlerDownloadLog, CrawlerDownloadSetting, CrawlerRegistrationErrorLog,
-                           CrawlerTask, Job, Notification, NotificationLog, id_at, utcnow)
-from common.paging import Span, by_id
+from common.models import (CANCEL, DEAD, FAIL, SUCCESS, TASK_STATUSES, CrawlerDispatchAlertLog,
+                           CrawlerDispatchLog, CrawlerDownloadData, CrawlerDownloadLog, CrawlerDownloadSetting,
+                           CrawlerRegistrationErrorLog, CrawlerTask, Job, Notification, NotificationLog, id_at,
+                           utcnow)
+from common.paging import Span, by_id, in_chunks
 
 logger = logging.getLogger(__name__)
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
@@ -74,7 +75,8 @@ def _drop_data(docs: list[dict]) -> int:
     for doc in docs:
         if doc.get("response_body_gridfs"):
             fs.delete(doc["response_body_gridfs"])
-    return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count if docs else 0
+    return sum(coll.delete_many({"_id": {"$in": ids}}).deleted_count
+               for ids in in_chunks([d["_id"] for d in docs]))
 
 
 def _remove_old(coll, job_id, before: ObjectId, span, end: float, drop=None) -> int:
@@ -87,7 +89,8 @@ def _remove_old(coll, job_id, before: ObjectId, span, end: float, drop=None) -> 
         if not docs:
             break
         after = docs[-1]["_id"]
-        removed += drop(docs) if drop else coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+        removed += drop(docs) if drop else sum(coll.delete_many({"_id": {"$in": ids}}).deleted_count
+                                               for ids in in_chunks([d["_id"] for d in docs]))
     return removed
 
 
@@ -122,11 +125,13 @@ def _remove_final(job_id, before: datetime, span, end: float, report: RetentionR
                    and all(d.get(k) == v for k, v in final.items() if k != "status")]
             if not ids:
                 continue
-            report.data += _drop_data(list(CrawlerDownloadData._get_collection().find(
-                {"task": {"$in": ids}}, {"_id": 1, "response_body_gridfs": 1})))
-            gone = tasks.delete_many({"_id": {"$in": ids}, **final, "last_update_datetime": {"$lt": before}}).deleted_count
-            counts.move([(job_id, final["status"], None, gone)])
-            report.tasks += gone
+            for part in in_chunks(ids):
+                report.data += _drop_data(list(CrawlerDownloadData._get_collection().find(
+                    {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))
+                gone = tasks.delete_many({"_id": {"$in": part}, **final,
+                                          "last_update_datetime": {"$lt": before}}).deleted_count
+                counts.move([(job_id, final["status"], None, gone)])
+                report.tasks += gone
     return True
 
 
@@ -135,7 +140,8 @@ def _oldest_left(job_id, before: datetime, span: Span) -> ObjectId:
     still to download, retried or changed since), else ``before`` itself: the job's new floor."""
     tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
     left = [d["_id"] for status in TASK_STATUSES
-            for d in by_id(tasks, {"job": job_id, "status": status}, 1, span=span, before=cutoff, projection={"_id": 1})]
+            for d in by_id(tasks, {"job": job_id, "status": status}, 1, span=span, before=cutoff,
+                           projection={"_id": 1})]
     return min(left, default=cutoff)
 
 
@@ -165,8 +171,8 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
         span = counts.span(job_id)
         if data_days:
             before = now - timedelta(days=data_days)
-            report.data += _remove_old(CrawlerDownloadData._get_collection(), job_id, id_at(before), span, end,
-                                       drop=_drop_data)
+            report.data += _remove_old(CrawlerDownloadData._get_collection(), job_id, id_at(before), span,
+                                       end, drop=_drop_data)
             if _remove_final(job_id, before, span, end, report):
                 counts.raise_floor(job_id, _oldest_left(job_id, before, span))
         if log_days:
