@@ -184,12 +184,12 @@ def _run(bench, tasks: int) -> dict:
     start = time.perf_counter()
     kept = retention.enforce(budget=120.0)
     took = time.perf_counter() - start
-    retention_rate = round(kept.tasks / max(1e-6, took), 1)
+    retention_rate = round((kept.tasks + kept.data + kept.download_logs) / max(1e-6, took), 1)
     removed = {"tasks": kept.tasks, "data": kept.data, "download_logs": kept.download_logs,
                "seconds": round(took, 1), "finished": kept.finished}
     return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due, "dispatched": sent[0] if sent else 0,
             "orphans_swept": swept, "sweep_docs_per_s": sweep_rate, "retention_removed": kept.tasks, "retention": removed,
-            "retention_tasks_per_s": retention_rate, "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)),
+            "retention_docs_per_s": retention_rate, "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)),
             "live_from_seq": live_from}
 
 
@@ -208,9 +208,14 @@ def rows(s: dict) -> list[tuple[str, str, str, str]]:
     out.append(("  orphan sweep", f"{s['sweep_docs_per_s']:,} docs/s ({s['orphans_swept']:,})",
                 f">= {TARGETS['chore_per_s']:g}/s", ok(s["sweep_docs_per_s"] >= TARGETS["chore_per_s"])))
     r = s.get("retention") or {}
-    out.append(("  retention of final tasks", f"{s['retention_tasks_per_s']:,} tasks/s ({s['retention_removed']:,} tasks, "
+    out.append(("  retention (final tasks, data, logs)",
+                f"{s['retention_docs_per_s']:,} docs/s ({s['retention_removed']:,} tasks, "
                 f"{r.get('data', 0):,} data, {r.get('download_logs', 0):,} logs in {r.get('seconds')} s"
                 f"{'' if r.get('finished', True) else ', unfinished'})",
-                f">= {TARGETS['chore_per_s']:g}/s", ok(s["retention_tasks_per_s"] >= TARGETS["chore_per_s"])))
+                f">= {TARGETS['chore_per_s']:g}/s", ok(s["retention_docs_per_s"] >= TARGETS["chore_per_s"])))
     out.append(("  SecantusDB peak RSS", f"{s['store_rss_mb']:,} MB", "", ""))
+    if s["tasks"] < 10_000_000:
+        hours = s["fill_s"] * 10_000_000 / s["tasks"] / 3600
+        out.append(("scale: 10,000,000 tasks not run", f"its fill alone would take about {hours:.1f} h here "
+                    "(--scale 10000000 runs it)", "", ""))
     return out
