@@ -236,32 +236,27 @@ def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
     job, other = ObjectId(), ObjectId()
     times = ([now - timedelta(days=900)] + [now - timedelta(hours=30, seconds=rnd.random()) for _ in range(120)]
              + [now - timedelta(seconds=rnd.uniform(0, 86_400)) for _ in range(80)] + [now + timedelta(days=7)])
-    docs = [{"_id": ObjectId.from_datetime(t).__class__(ObjectId.from_datetime(t).binary[:4] + rnd.randbytes(8)),
+    docs = [{"_id": ObjectId(ObjectId.from_datetime(t).binary[:4] + rnd.randbytes(8)),
              "job": job} for t in times] + [{"job": other} for _ in range(30)]
     coll = CrawlerDownloadLog._get_collection()
     coll.insert_many(docs)
     ids = sorted(d["_id"] for d in docs if d["job"] == job)
+
+    def walk(size: int, **kw) -> list:  # every page, each after the last one's final id
+        got, after = [], None
+        while True:
+            page = by_id(coll, {"job": job}, size, after=after, **kw)
+            got += [d["_id"] for d in page]
+            if len(page) < size:
+                return got
+            after = page[-1]["_id"]
+
     # the oldest id far below the span, the newest far above it; a span not known; a wrong one
     for span in (Span(ObjectId.from_datetime(now - timedelta(hours=31)), ObjectId.from_datetime(now - timedelta(hours=2))),
                  Span(), Span(ObjectId.from_datetime(now), ObjectId.from_datetime(now - timedelta(days=3)))):
         for newest in (False, True):
-            order = ids[::-1] if newest else ids
             for size in (1, 7, 500):
-                got, after = [], None
-                while True:
-                    page = by_id(coll, {"job": job}, size, span=span, after=after, newest=newest)
-                    got += [d["_id"] for d in page]
-                    if len(page) < size:
-                        break
-                    after = page[-1]["_id"]
-                assert got == order, (span, newest, size)
+                assert walk(size, span=span, newest=newest) == (ids[::-1] if newest else ids), (span, newest, size)
         for cut in (ids[0], ids[1], ids[60], ids[150], ids[-1]):  # oldest first, below a bound
             for size in (3, 1000):
-                got, after = [], None
-                while True:
-                    page = by_id(coll, {"job": job}, size, span=span, after=after, before=cut)
-                    got += [d["_id"] for d in page]
-                    if len(page) < size:
-                        break
-                    after = page[-1]["_id"]
-                assert got == [i for i in ids if i < cut], (span, cut, size)
+                assert walk(size, span=span, before=cut) == [i for i in ids if i < cut], (span, cut, size)
