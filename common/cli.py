@@ -46,7 +46,7 @@ class LazyGroup(click.Group):
         return import_attribute(COMMANDS[name]) if name in COMMANDS else None
 
     def invoke(self, ctx: click.Context):
-        from common.connections import unreachable
+        from common.store.connection import unreachable
         from common.secrets import redact
 
         from common.config import settings

@@ -29,8 +29,8 @@ import urllib3
 from common import netguard
 from common.config import settings
 from common.errors import AddressRefused, ValidationError
-from common.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, utcnow
-from common.retry import backoff
+from common.store.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, utcnow
+from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
 

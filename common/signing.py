@@ -16,7 +16,7 @@ import time
 from pymongo.errors import DuplicateKeyError
 
 from common.config import settings
-from common.models import ClusterSecret
+from common.store.models import ClusterSecret
 
 
 def key(name: str) -> bytes:

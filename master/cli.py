@@ -9,7 +9,7 @@ import time
 import click
 
 from common.config import settings
-from common.connections import connect_mongo, redis_conn
+from common.store.connection import connect_mongo, redis_conn
 from common.errors import ValidationError
 
 
@@ -151,7 +151,7 @@ def task_show(name: str, key: str, as_json: bool) -> None:
               help="Cancel tasks in these statuses.")
 def task_cancel(name: str, statuses: tuple[str, ...]) -> None:
     """Cancel NAME's unfinished tasks; a dispatched one is not stored when its download ends."""
-    from master.tasks import cancel
+    from master.ops.tasks import cancel
 
     _connect()
     click.echo(f"cancelled {cancel(name, statuses)} tasks")
@@ -163,7 +163,7 @@ def task_cancel(name: str, statuses: tuple[str, ...]) -> None:
               help="Requeue tasks in these statuses.")
 def task_requeue(name: str, statuses: tuple[str, ...]) -> None:
     """Put NAME's failed (and dead) tasks back to LIVE with their counters reset."""
-    from master.tasks import requeue
+    from master.ops.tasks import requeue
 
     _connect()
     click.echo(f"requeued {requeue(name, statuses)} tasks")
@@ -186,7 +186,7 @@ def _print_report(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One run; print its report as JSON.")
 def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: bool) -> None:
     """One dispatcher run (cron it every 5 minutes), or --loop to run continuously."""
-    from master.dispatcher import dispatch_loop, dispatch_once
+    from master.dispatch.dispatcher import dispatch_loop, dispatch_once
 
     _connect()
     if not loop:
@@ -199,18 +199,18 @@ def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: 
 @click.command()
 def defender() -> None:
     """Recover tasks whose queue entry was lost or whose worker died, remove data no task names,
-    tend exports and enforce retention: now, whether or not master/chores.py has them due."""
-    from master.defender import recover, sweep
+    tend exports and enforce retention: now, whether or not master/maintenance.py has them due."""
+    from master.dispatch.defender import recover, sweep
 
     _connect()
-    from master.exports import tend
+    from master.exports.service import tend
 
     report = recover(redis_conn())  # takes the dispatcher lock
     click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, {report.requeued} sent again (never started)")
     for reason in report.reasons:
         click.echo(f"  {reason}")
     click.echo(f"removed {sweep()} data documents that no task names")
-    from master.retention import enforce
+    from master.ops.retention import enforce
 
     kept = enforce(budget=600.0)
     click.echo(f"retention: removed {kept.data} data documents, {kept.tasks} final tasks, {kept.download_logs} "
@@ -225,7 +225,7 @@ def defender() -> None:
 def migrate() -> None:
     """Bring an earlier downcluster's data to this version (safe to run twice): number old tasks,
     send old entries again, move secrets, tokens and sessions to the control database."""
-    from master.migrate import migrate as run
+    from master.ops.migrate import migrate as run
 
     _connect()
     report = run()
@@ -241,7 +241,7 @@ def migrate() -> None:
 @click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between checks for due runs.")
 def scheduler(cron: str, burst: bool, interval: float) -> None:
     """Run the dispatcher on a cron schedule through rq-scheduler (foreground)."""
-    from master.schedule import run_scheduler
+    from master.dispatch.schedule import run_scheduler
 
     _connect()
     run_scheduler(redis_conn(), cron, burst=burst, interval=interval)
@@ -256,11 +256,11 @@ def scheduler(cron: str, burst: bool, interval: float) -> None:
                    "after a process died mid-change; best while no dispatcher or worker runs).")
 def stats(as_json: bool, recount: bool) -> None:
     """Queue depths and oldest-entry ages, task counts per job, success rate of the last hour."""
-    from master.stats import collect, render
+    from master.ops.stats import collect, render
 
     _connect()
     if recount:
-        from common.counts import recount as count_again
+        from common.store.counts import recount as count_again
 
         count_again()
     data = collect(redis_conn())
@@ -293,7 +293,7 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
 
     Without a template: every field, with the body byte-exact (base64) in JSON Lines. With one:
     what the template says, as the export center writes it (xlsx needs --output)."""
-    from master.export import export
+    from master.exports.dump import export
 
     _connect()
     started = time.monotonic()
@@ -361,8 +361,8 @@ def type_disable(language: str) -> None:
 def archive(name: str, before: str, output: str | None) -> None:
     """Save job NAME's data and download logs stored before a date to a gzip JSON Lines file, then
     remove them from MongoDB (only once the file is complete)."""
-    from master.archive import archive as run
-    from master.exports import parse_time
+    from master.ops.archive import archive as run
+    from master.exports.service import parse_time
 
     _connect()
     stamp = parse_time(before, "--before")
@@ -387,7 +387,7 @@ def web(bind: str | None, workers: int) -> None:
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--bind must be HOST:PORT, got {bind!r}")
-    from master.web.metrics import networks
+    from master.web.routes.metrics import networks
 
     networks(settings.METRICS_ALLOW)  # a bad network is one line here, not a 500 at every scrape
     os.environ["DOWNCLUSTER_WEB_BIND"] = bind  # for this process and uvicorn's workers (links use it)
@@ -472,7 +472,7 @@ def export() -> None:
               help="Seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME).")
 def export_request(name: str, fmt: str, template, codes, since, until, callback, mails, max_exec_time) -> None:
     """Request an export of job NAME's data; prints its id alone on the last line."""
-    from master.exports import request
+    from master.exports.service import request
 
     _connect()
     got = request(redis_conn(), name, fmt, template.read() if template else "",
@@ -488,7 +488,7 @@ def export_request(name: str, fmt: str, template, codes, since, until, callback,
 @click.option("--json", "as_json", is_flag=True)
 def export_show(export_id: str, as_json: bool) -> None:
     """State, progress, size, attempts, error, and a signed URL when done."""
-    from master.exports import describe, get
+    from master.exports.service import describe, get
 
     _connect()
     info = describe(get(export_id))
@@ -504,7 +504,7 @@ def export_show(export_id: str, as_json: bool) -> None:
 @click.argument("name", required=False)
 def export_list(name: str | None) -> None:
     """The latest exports (of job NAME)."""
-    from master.exports import listing
+    from master.exports.service import listing
 
     _connect()
     click.echo(f"{'id':<26}{'job':<20}{'format':<7}{'state':<9}{'rows':>10}{'bytes':>12}  created")
@@ -519,7 +519,7 @@ def export_list(name: str | None) -> None:
               help="Seconds the link is valid (default EXPORT_URL_TTL, 300; at most EXPORT_URL_MAX_TTL).")
 def export_url(export_id: str, ttl: int | None) -> None:
     """A signed, absolute link to a finished export's file, alone on the last line."""
-    from master.exports import link
+    from master.exports.service import link
 
     _connect()
     url, ends = link(export_id, ttl)
@@ -531,7 +531,7 @@ def export_url(export_id: str, ttl: int | None) -> None:
 @click.argument("export_id")
 def export_cancel(export_id: str) -> None:
     """Cancel a PENDING or RUNNING export (a running worker stops and removes its partial file)."""
-    from master.exports import cancel
+    from master.exports.service import cancel
 
     _connect()
     click.echo(f"export {cancel(redis_conn(), export_id).id} is CANCEL")

@@ -13,12 +13,12 @@ from typing import Callable, Iterable
 from bson import ObjectId
 from pymongo.errors import BulkWriteError
 
-from common import counts
+from common.store import counts
 from common.config import settings
 from common.errors import ValidationError
-from common.models import LIVE, CrawlerTask, Job, job_named, utcnow
+from common.store.models import LIVE, CrawlerTask, Job, job_named, utcnow
 from common.urls import check_url
-from master.selection import INTAKE_STALE
+from master.dispatch.selection import INTAKE_STALE
 
 CHUNK = 1000
 DUPLICATE_KEY = 11000

@@ -18,7 +18,7 @@ from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.notify import check_mail
 from common.jobsettings import ENGINES
-from common.models import (
+from common.store.models import (
     OFF,
     ON,
     CrawlerDownload,

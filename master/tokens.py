@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from common.config import settings
 from common.errors import NotFound, ValidationError
-from common.models import ROLES, ApiToken, WebSession, utcnow
+from common.store.models import ROLES, ApiToken, WebSession, utcnow
 
 TOKEN_PREFIX = "dct_"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -45,7 +45,7 @@ def listing() -> list[dict]:
 
 def grant(name: str, jobs: list[str], remove: bool = False) -> list[str]:
     """Let token NAME see every export of ``jobs`` (or no longer, with ``remove``); its grants after."""
-    from common.models import job_named
+    from common.store.models import job_named
 
     token = ApiToken.objects(name=name).first()
     if token is None:

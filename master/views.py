@@ -14,13 +14,13 @@ from bson import ObjectId
 from bson.errors import InvalidId
 from redis import Redis
 
-from common import counts
+from common.store import counts
 from common.config import settings
-from common.data import gridfs_of, shown
+from common.store.data import gridfs_of, shown
 from common.errors import NotFound, ValidationError
-from common.queues import WORKER_KEY_PREFIX
-from common.paging import Span, by_id
-from common.models import (
+from common.queue.names import WORKER_KEY_PREFIX
+from common.store.paging import Span, by_id
+from common.store.models import (
     job_named,
     RUNNING,
     TASK_STATUSES,
@@ -36,7 +36,7 @@ from common.models import (
     Job,
     iso,
 )
-from master.stats import COLUMNS, collect, task_counts
+from master.ops.stats import COLUMNS, collect, task_counts
 
 OBJECT_ID = re.compile(r"^[0-9a-fA-F]{24}$")
 LOGS = {
@@ -95,7 +95,7 @@ def _page(cursor_docs: list[dict], limit: int) -> dict:
 def job_rows() -> list[dict]:
     """Every job with its status, priority, downloader type, host and task counts."""
     kinds = {d["job"]: d["types"] for d in CrawlerDownload._get_collection().find({}, {"job": 1, "types": 1})}
-    from common.models import CrawlerDownloadType
+    from common.store.models import CrawlerDownloadType
 
     names = {t.id: t.language for t in CrawlerDownloadType.objects}
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
@@ -193,7 +193,7 @@ DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime"
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
-    """A page of the job's data that its tasks name (``common.data.visible``), oldest first."""
+    """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first."""
     job = job_named(name)
     n = clamp(limit)
     mark = object_id(after, "after") if after is not None else None

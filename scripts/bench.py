@@ -395,7 +395,7 @@ class Bench:
         os.environ.update(self.env)
         self.timer = MongoTimer()  # before the first client is made
         from common.config import settings
-        from common.connections import connect_mongo
+        from common.store.connection import connect_mongo
 
         settings.reload()
         connect_mongo(ensure_indexes=True)
@@ -410,7 +410,7 @@ class Bench:
 
     def fresh_store(self) -> None:
         """An empty SecantusDB and Redis: SecantusDB slows as its in-memory data grows."""
-        from common.connections import connect_mongo, disconnect_mongo, redis_conn
+        from common.store.connection import connect_mongo, disconnect_mongo, redis_conn
 
         disconnect_mongo()
         self.mongo.restart()
@@ -418,7 +418,7 @@ class Bench:
         redis_conn().flushall()
 
     def redis(self):
-        from common.connections import redis_conn
+        from common.store.connection import redis_conn
 
         return redis_conn()
 
@@ -438,7 +438,7 @@ class Bench:
                       urls: list[str] | None = None) -> float:
         """LIVE tasks as master/intake.py builds them (numbered from the job's counter), raw
         insert_many in chunks of 5,000; returns the seconds taken. ``urls``: these, not pages."""
-        from common.models import LIVE, CrawlerTask, utcnow
+        from common.store.models import LIVE, CrawlerTask, utcnow
         from master.intake import commit, reserve
 
         coll, now = CrawlerTask._get_collection(), utcnow()
@@ -465,7 +465,7 @@ class Bench:
     def bench_store(self) -> dict:
         from bson import Binary
 
-        from common.connections import mongo_client
+        from common.store.connection import mongo_client
 
         n = 2000 if self.args.smoke else 5000
         db = mongo_client()["bench_scratch"]
@@ -504,7 +504,7 @@ class Bench:
 
     # 2. dispatch
     def one_dispatch(self, job_name: str, tasks: int, prefix: str, base: str) -> dict:
-        from master.dispatcher import dispatch_once
+        from master.dispatch.dispatcher import dispatch_once
 
         self.fresh_store()
         redis = self.redis()
@@ -552,7 +552,7 @@ class Bench:
         ``at_once``: the first dispatcher run sends every task (as the peer's start pushes every
         URL to Redis), then the loop runs each second (retries, leases); otherwise 1,000 tasks a
         run every 0.2 s."""
-        from common.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
+        from common.store.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()
@@ -640,8 +640,8 @@ class Bench:
         RSS (bounded memory whatever the row count is the point)."""
         from bson import ObjectId
 
-        from common.models import CrawlerDownloadData, CrawlerTask, Export, utcnow
-        from master.exports import request, tend
+        from common.store.models import CrawlerDownloadData, CrawlerTask, Export, utcnow
+        from master.exports.service import request, tend
 
         self.fresh_store()
         job = self.new_job("bench-export", 100)
@@ -677,7 +677,7 @@ class Bench:
             done = Export.objects.get(id=export.id)
             if done.state != "SUCCESS":
                 raise RuntimeError(f"{fmt} export ended {done.state}: {done.error}")
-            from common.data import drop_export_file
+            from common.store.data import drop_export_file
 
             drop_export_file(done.file_id)  # the in-memory store keeps every file: ~0.4 GB each
             seconds = (done.finished_at - done.started_at).total_seconds()
@@ -801,8 +801,8 @@ def bench_sandbox(runs: int) -> dict:
     so the difference is the box's own cost."""
     import statistics
 
-    from slave.engines import sandbox
-    from slave.engines.base import Limits
+    from slave.download.engines import sandbox
+    from slave.download.engines.base import Limits
 
     limits = Limits(timeout=30)
 

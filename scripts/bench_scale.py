@@ -29,7 +29,7 @@ def _oid(at: datetime, n: int) -> ObjectId:
 def _fill(job_id, tasks: int, now) -> dict:
     """Insert ``tasks`` tasks: 75 % SUCCESS (each with its data and download log), 10 % FAIL
     (DUE_RETRIES of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
-    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 
     t_coll, d_coll, l_coll = (m._get_collection() for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))
     shape = {"SUCCESS": 0, "FAIL": 0, "DEAD": 0, "LIVE": 0}
@@ -86,7 +86,7 @@ def run(bench, tasks: int) -> dict:
     import shutil
     import tempfile
 
-    from common.connections import connect_mongo, disconnect_mongo
+    from common.store.connection import connect_mongo, disconnect_mongo
 
     from bench import ROOT
 
@@ -109,15 +109,19 @@ def run(bench, tasks: int) -> dict:
 
 
 def _run(bench, tasks: int) -> dict:
-    from common import counts
+    from common.store import counts
     from common.config import settings
-    from common.data import export_fits
-    from common.leases import tombstone
-    from common.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
-    from common.rqbridge import queue_key
-    from common.templates import parse_template
-    from master import chores, defender, retention, stats, views
-    from master.dispatcher import dispatch_once
+    from common.store.data import export_fits
+    from common.store.leases import tombstone
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
+    from common.queue.rqbridge import queue_key
+    from common.exports.templates import parse_template
+    from master import views
+    from master import maintenance as chores
+    from master.dispatch import defender
+    from master.ops import retention
+    from master.ops import stats
+    from master.dispatch.dispatcher import dispatch_once
 
     from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
 

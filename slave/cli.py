@@ -24,7 +24,7 @@ from common.config import settings
 def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: bool, max_jobs: int | None,
            exports: bool, logging_level: str) -> None:
     """Drain down_super > down_high > down_mid > down_low (host queues first), many entries at once."""
-    from slave.worker import run_worker
+    from slave.worker.loop import run_worker
 
     if host:
         settings.override(HOSTNAME=host)

@@ -8,7 +8,7 @@ partial file is removed. The file id is written before the upload starts, so wha
 worker left (chunks without a files document) is found and removed by the defender.
 
 ``downcluster worker`` runs ``down_export`` entries one at a time in a thread of their own
-(``slave/runner.py``): downloads keep their event loop and in-flight budget, exports their thread.
+(``slave/worker/runner.py``): downloads keep their event loop and in-flight budget, exports their thread.
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from pymongo import ReturnDocument
 
 from common.config import settings
 from common.errors import ValidationError
-from common.data import EXPORT_BUCKET, Upload, drop_export_file, export_source, export_total
-from common.exportnotes import announce, publish
-from common.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, store_now, utcnow
+from common.store.data import EXPORT_BUCKET, Upload, drop_export_file, export_source, export_total
+from common.exports.events import announce, publish
+from common.store.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, store_now, utcnow
 from common.secrets import redact
 from common.sentry import capture
-from common.tabular import CONTENT_TYPES, WRITERS, check_fits
-from common.templates import parse_template
+from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits
+from common.exports.templates import parse_template
 
 logger = logging.getLogger(__name__)
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0

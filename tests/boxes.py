@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 
-from slave.engines.wall import BLOCK, block_of
+from slave.download.engines.wall import BLOCK, block_of
 
 
 def boxed_processes(owner: int | None = None) -> set[int]:

@@ -64,7 +64,7 @@ def cluster(redis_server, mongo_server, site, monkeypatch):
     """Settings from DOWNCLUSTER_* pointing at the session services, an empty Redis, empty
     test databases with their indexes, and a fresh mongoengine connection."""
     from common.config import settings
-    from common.connections import connect_mongo, disconnect_mongo
+    from common.store.connection import connect_mongo, disconnect_mongo
 
     env = env_for(redis_server.url, mongo_server.uri(TEST_DBS[0]), mongo_server.uri(TEST_DBS[1]),
                   HOSTNAME="testhost")

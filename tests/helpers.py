@@ -6,7 +6,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from common.cli import main
-from common.models import CrawlerTask, Job
+from common.store.models import CrawlerTask, Job
 
 
 def clock_skew(seconds: float) -> dict[str, str]:
@@ -64,7 +64,7 @@ def statuses(name: str) -> dict[str, int]:
 def sent(name: str) -> int:
     """Tasks of job ``name`` out in queue entries (waiting or running): a fresh task keeps
     status LIVE while it is out, and its entry's lease lists it."""
-    from common.models import CrawlerLease
+    from common.store.models import CrawlerLease
 
     job = Job.objects.get(name=name)
     return sum(len(doc["ids"]) for doc in CrawlerLease._get_collection().find(

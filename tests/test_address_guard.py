@@ -10,10 +10,10 @@ import pytest
 
 from common.config import settings
 from common.errors import ValidationError
-from common.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
+from common.store.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
 from common.notify import check_callback, deliver_due, queue_webhook
-from master import exports
-from master.dispatcher import dispatch_once
+from master.exports import service as exports
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, burst_worker, register
 from tests.receivers import WebhookReceiver
 

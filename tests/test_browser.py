@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from common.errors import DownloadError
-from common.models import CrawlerDownloadData, CrawlerTask
-from master.dispatcher import dispatch_once
-from slave.engines import browser
-from slave.engines.base import Limits
+from common.store.models import CrawlerDownloadData, CrawlerTask
+from master.dispatch.dispatcher import dispatch_once
+from slave.download.engines import browser
+from slave.download.engines.base import Limits
 from sample_site import page_body
 from tests.helpers import add_urls, cli, register, sent, statuses, write_job
 

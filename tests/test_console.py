@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from common.counts import recount
-from common.models import CrawlerTask, Job
-from master.dispatcher import dispatch_once
+from common.store.counts import recount
+from common.store.models import CrawlerTask, Job
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, cli, register, statuses
 from tests.web_helpers import WebServer
 
@@ -139,7 +139,7 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         browser.find_element(By.ID, "export-status").send_keys("200")
         click(browser, "//button[text()='Request export']")
         wait_text(browser, "#status", "export ")
-        from common.models import Export
+        from common.store.models import Export
 
         export = Export.objects.get()
         assert export.job_name == "site" and export.format == "xlsx" and export.filter == {"status": [200]}

@@ -98,8 +98,8 @@ def _seed(cluster, tmp_path) -> dict:
     add_urls("news", [f"{cluster.site}/page/{i}" for i in range(3)])
     assert cli("dispatch").exit_code == 0
     burst(cluster)
-    from common.models import CrawlerDownloadData
-    from master.exports import request
+    from common.store.models import CrawlerDownloadData
+    from master.exports.service import request
 
     data_id = str(CrawlerDownloadData.objects.first().id)
     export_id = str(request(cluster.redis, "news", "csv", "", None, None, []).export.id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from services import MongoServer, RedisServer, env_for
-from slave.engines import wall
+from slave.download.engines import wall
 from tests.helpers import write_job
 
 BIN = Path(sys.executable).parent

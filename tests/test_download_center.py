@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.models import Export, utcnow
-from master import exports
-from master.dispatcher import dispatch_once
+from common.store.models import Export, utcnow
+from master.exports import service as exports
+from master.dispatch.dispatcher import dispatch_once
 from services import env_for
 from slave.exporter import Stopped, _Progress, run_export
 from tests.helpers import add_urls, burst_worker, cli, register

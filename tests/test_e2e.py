@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
-from master.dispatcher import dispatch_once
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
+from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from tests.helpers import add_urls, register, sent, statuses
 
@@ -151,7 +151,7 @@ def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
     env = {**os.environ, **cluster.env, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]}
     worker = subprocess.Popen([str(BIN / "rq"), "worker", "--serializer", "json", "--burst", *QUEUES],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    from common.models import CrawlerLease
+    from common.store.models import CrawlerLease
     deadline = time.monotonic() + 20  # the entry is claimed: its three downloads sleep 1.5 s
     while not CrawlerLease.objects(state="RUNNING").count() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -168,7 +168,7 @@ def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
 def test_body_over_16_mib_goes_to_gridfs_byte_exact(cluster, tmp_path):
     from sample_site import bytes_body
 
-    from master.export import rows
+    from master.exports.dump import rows
 
     size = 17 * 1024 * 1024
     register(tmp_path, "big", priority=0)

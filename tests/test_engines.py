@@ -1,5 +1,5 @@
 """The three downloader engines against real local servers and real sandbox processes (no mocks):
-the built-in requests engine (slave.engines.http) and the python/shell sandbox."""
+the built-in requests engine (slave.download.engines.http) and the python/shell sandbox."""
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +23,13 @@ import pytest
 import requests
 
 from common.errors import DownloadError
-from slave.engines import aio
-from slave.engines import http as engine
-from slave.engines.base import Limits
-from slave.engines.sandbox import run_python, run_shell
+from slave.download.engines import aio
+from slave.download.engines import http as engine
+from slave.download.engines.base import Limits
+from slave.download.engines.sandbox import run_python, run_shell
 from tests.boxes import boxed_processes, eventually_no_boxed_processes
 
-from common.data import text_of
+from common.store.data import text_of
 from sample_site import CHARSET_ROUTES, CHARSET_TEXT, INVALID_UTF8_BODY, LATIN1_BODY, PDF_BODY, SHIFT_JIS_BODY, page_body
 
 MiB = 1024 * 1024
@@ -235,7 +235,7 @@ def test_the_sandbox_engines_store_the_encoding_a_browser_would_use(site):
 
 
 def test_encoding_unit_cases():
-    from slave.engines.charset import body_encoding
+    from slave.download.engines.charset import body_encoding
 
     assert body_encoding({"Content-Type": "text/html"}, b"<p>plain ascii</p>") == "utf-8"
     assert body_encoding({"content-type": "text/plain; charset=UTF-16"}, "hi".encode("utf-16-be")) == "utf-16-be"
@@ -557,8 +557,8 @@ def test_a_hung_downloader_dies_with_its_worker(mode):
             "    time.sleep(120)\\n', {}, Limits(timeout=120))"
             if mode == "python" else "run_shell('setsid sleep 120 & sleep 120', 'http://x/', Limits(timeout=120))")
     worker = subprocess.Popen([sys.executable, "-c",
-                               "from slave.engines.sandbox import run_python, run_shell\n"
-                               "from slave.engines.base import Limits\n" + call],
+                               "from slave.download.engines.sandbox import run_python, run_shell\n"
+                               "from slave.download.engines.base import Limits\n" + call],
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         deadline = time.monotonic() + 20

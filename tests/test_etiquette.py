@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.hostlimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, host_of, keys, throttled
-from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
-from master.dispatcher import dispatch_once
+from common.sitelimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, host_of, keys, throttled
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+from master.dispatch.dispatcher import dispatch_once
 from sample_site import ROBOTS, TRAFFIC, page_body
 from tests.helpers import add_urls, cli, register, statuses
 

@@ -22,10 +22,10 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import ValidationError
-from common.models import (CrawlerDownloadData, CrawlerTask, Export, Job, Notification, NotificationLog, utcnow)
-from common.templates import parse_template, place
-from master import exports
-from master.dispatcher import dispatch_once
+from common.store.models import (CrawlerDownloadData, CrawlerTask, Export, Job, Notification, NotificationLog, utcnow)
+from common.exports.templates import parse_template, place
+from master.exports import service as exports
+from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from slave.exporter import run_export
 from tests.helpers import add_urls, burst_worker, cli, register
@@ -423,7 +423,9 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
 def test_xlsx_continues_on_a_new_sheet_past_the_row_limit_and_caps_cells(monkeypatch):
     import openpyxl
 
-    from common import sheets, tabular
+    from common.exports import sheets
+
+    from common.exports import tabular
 
     monkeypatch.setattr(sheets, "EXCEL_MAX_ROWS", 5)  # 2 header rows + 3 data rows a sheet
     template = parse_template(TEMPLATE.replace('field = "response_size"', 'field = "body_text"'))

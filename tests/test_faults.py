@@ -14,10 +14,10 @@ import pytest
 from rq import Queue
 
 from common.config import settings
-from common.connections import connect_mongo, disconnect_mongo
-from common.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
-from common.queues import QUEUE_NAMES, cap
-from master.dispatcher import dispatch_once
+from common.store.connection import connect_mongo, disconnect_mongo
+from common.store.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
+from common.queue.names import QUEUE_NAMES, cap
+from master.dispatch.dispatcher import dispatch_once
 import sample_site
 from services import MongoServer
 from tests.helpers import add_urls, register, statuses

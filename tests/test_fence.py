@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from common import leases, rqbridge
+from common.store import leases
+
+from common.queue import rqbridge
 from common.config import settings
-from common.data import data_filter, data_rows
+from common.store.data import data_filter, data_rows
 from common.errors import DownloadError, NotFound
-from common.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
-from master import defender, tasks, views
-from master.dispatcher import dispatch_once
-from master.export import rows as export_rows
-from slave import context, writer
-from slave.engines.base import Download
+from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from master import views
+from master.dispatch import defender
+from master.ops import tasks
+from master.dispatch.dispatcher import dispatch_once
+from master.exports.dump import rows as export_rows
+from slave.worker import context
+from slave.worker import writer
+from slave.download.engines.base import Download
 from tests.helpers import add_urls, register, statuses
 from tests.test_races import _claimed_entry, _stale
 

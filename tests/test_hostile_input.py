@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from common.models import CrawlerRegistrationErrorLog, Export, Job
+from common.store.models import CrawlerRegistrationErrorLog, Export, Job
 from services import env_for
 from tests.helpers import cli, register
 from tests.test_web import new_token

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from common.config import settings
-from common.models import CrawlerDownloadLog, CrawlerLease, CrawlerTask
-from master.dispatcher import dispatch_once
+from common.store.models import CrawlerDownloadLog, CrawlerLease, CrawlerTask
+from master.dispatch.dispatcher import dispatch_once
 from sample_site import TRAFFIC
 from tests.helpers import add_urls, clock_skew, register, statuses
 from tests.relay import Relay

@@ -12,7 +12,7 @@ import pytest
 from mongoengine.errors import NotUniqueError
 
 from common.config import settings
-from common.models import CrawlerDispatchAlertLog, Job
+from common.store.models import CrawlerDispatchAlertLog, Job
 from sample_site import INVALID_UTF8_BODY, PDF_BODY, SHIFT_JIS_BODY, bytes_body, page_body
 
 

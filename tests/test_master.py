@@ -7,7 +7,7 @@ import pytest
 from rq import Queue
 
 from common.config import settings
-from common.models import (
+from common.store.models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownload,
@@ -17,8 +17,8 @@ from common.models import (
     CrawlerTask,
     Job,
 )
-from common.queues import LOCK_KEY
-from master.dispatcher import dispatch_once
+from common.queue.names import LOCK_KEY
+from master.dispatch.dispatcher import dispatch_once
 from common.errors import DispatchLocked
 from tests.helpers import add_urls, cli, register, sent, statuses
 
@@ -223,7 +223,7 @@ def test_cancel_and_requeue(cluster, tmp_path):
 def test_scheduler_installs_cron_and_dispatches(cluster, tmp_path):
     from rq_scheduler import Scheduler
 
-    from master.schedule import JOB_ID, QUEUE
+    from master.dispatch.schedule import JOB_ID, QUEUE
 
     register(tmp_path, "sch")
     add_urls("sch", ["http://127.0.0.1:1/x"])
@@ -231,7 +231,7 @@ def test_scheduler_installs_cron_and_dispatches(cluster, tmp_path):
     assert result.exit_code == 0, result.output
     assert JOB_ID in Scheduler(queue_name=QUEUE, connection=cluster.redis)
     # the first cron run is in the future; run the scheduled function as rq would
-    from master.schedule import scheduled_dispatch
+    from master.dispatch.schedule import scheduled_dispatch
     assert scheduled_dispatch() == "dispatched 1 tasks"
     assert sent("sch") == 1
 
@@ -254,7 +254,7 @@ def test_scheduler_in_the_foreground_dispatches_when_due(cluster, tmp_path):
     import time
     from pathlib import Path
 
-    from master.schedule import JOB_ID
+    from master.dispatch.schedule import JOB_ID
 
     register(tmp_path, "fg")
     add_urls("fg", ["http://127.0.0.1:1/x"])

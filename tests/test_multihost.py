@@ -292,7 +292,7 @@ def test_a_host_lost_then_a_host_partitioned_lose_and_repeat_nothing(multi):
 @pytest.mark.parametrize("skew", [-120, 120])
 def test_a_worker_whose_clock_is_off_keeps_its_leases(multi, skew):
     """alpha's clock is two minutes off, beta's is right. Leases are judged by the store's clock
-    and rq's registries by Redis's (slave/rqworker.py): the worker started second cleans rq's
+    and rq's registries by Redis's (slave/worker/rqworker.py): the worker started second cleans rq's
     registries at its start while the first one's entries run, and none of them is taken as
     abandoned (behind: alpha's entries scored early; ahead: alpha judging beta's late ones)."""
     multi.job("skew", [f"{u}/linger/1500?{i}" for i in range(30) for u in multi.urls], obey_robots=False,

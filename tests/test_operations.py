@@ -6,7 +6,7 @@ import json
 
 import pymongo
 
-from common.models import ApiToken, ClusterSecret, WebSession
+from common.store.models import ApiToken, ClusterSecret, WebSession
 from master import tokens
 from tests.helpers import burst_worker, cli
 
@@ -61,7 +61,7 @@ def test_migrate_moves_an_earlier_clusters_secrets_out_of_the_source(cluster):
 # --- retention and archive -------------------------------------------------------------------
 
 def _counts(job) -> dict:
-    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 
     db = CrawlerDownloadData._get_collection().database
     return {"data": CrawlerDownloadData.objects(job=job).count(), "tasks": CrawlerTask.objects(job=job).count(),
@@ -73,8 +73,8 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     from datetime import timedelta
 
     from common.config import settings
-    from common.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
-    from master import retention
+    from common.store.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
+    from master.ops import retention
     from tests.test_exports import _job_with_pages
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")  # the ~2 KB pages go to GridFS
@@ -94,7 +94,7 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     assert _counts(short) == {"data": 0, "tasks": 0, "logs": 0, "gridfs": 3}  # the other job's 3 bodies stay
     from bson import ObjectId
 
-    from common import counts
+    from common.store import counts
     # nothing of "short" is left below the cutoff (a day from now): its pages begin there now
     assert counts.span(short.id).first.generation_time.replace(tzinfo=None) > utcnow()
     assert counts.span(keep.id).first < ObjectId()
@@ -117,7 +117,7 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     import gzip
     from datetime import timedelta
 
-    from common.models import Job, utcnow
+    from common.store.models import Job, utcnow
     from sample_site import page_body
     from tests.test_exports import _job_with_pages
 
@@ -154,7 +154,7 @@ def _samples(text: str) -> dict:
 
 
 def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
-    from master import exports
+    from master.exports import service as exports
     from tests.test_exports import _job_with_pages
     from tests.web_helpers import WebServer
 
@@ -191,11 +191,11 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
     import time as clock
 
     from common.config import settings
-    from common.models import CrawlerDispatchAlertLog
+    from common.store.models import CrawlerDispatchAlertLog
     from common.notify import deliver_due
-    from master import reports
-    from master.dispatcher import dispatch_once
-    from master.stalls import check_stalls
+    from master.ops import reports
+    from master.dispatch.dispatcher import dispatch_once
+    from master.ops.stalls import check_stalls
     from tests.helpers import add_urls, register
     from tests.receivers import SmtpServer
 
@@ -223,8 +223,9 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
     import sentry_sdk
 
     from common.sentry import init_sentry
-    from master import reports, stats
-    from master.dispatcher import dispatch_once
+    from master.ops import reports
+    from master.ops import stats
+    from master.dispatch.dispatcher import dispatch_once
     from tests.test_sentry_secrets import PROXY, Recording, _leaks
 
     transport = Recording()
@@ -250,8 +251,8 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
 # --- administration ------------------------------------------------------------------------------
 
 def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path):
-    from common.models import CrawlerTask
-    from master.dispatcher import dispatch_once
+    from common.store.models import CrawlerTask
+    from master.dispatch.dispatcher import dispatch_once
     from tests.helpers import add_urls, register, write_job
 
     code = "def download(task):\n    return {'status_code': 200, 'headers': {}, 'body': b'ok'}\n"
@@ -272,7 +273,7 @@ def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path)
 
 
 def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
-    from common.models import CrawlerTask
+    from common.store.models import CrawlerTask
     from tests.test_exports import _job_with_pages
     from tests.web_helpers import WebServer
 
@@ -294,8 +295,8 @@ def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
 
 
 def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cluster, tmp_path, caplog):
-    from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
-    from master.dispatcher import dispatch_once
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from master.dispatch.dispatcher import dispatch_once
     from tests.helpers import add_urls, register
 
     proxy, cookie = "http://alice:hunter2pw@127.0.0.1:9", "sid=cookie-secret-123"
@@ -321,9 +322,9 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
     from rq import Queue
 
     from common.config import settings
-    from master import stats
-    from master.dispatcher import dispatch_once
-    from master.stalls import check_stalls
+    from master.ops import stats
+    from master.dispatch.dispatcher import dispatch_once
+    from master.ops.stalls import check_stalls
     from tests.helpers import add_urls, register
 
     register(tmp_path, "deep")
@@ -347,8 +348,8 @@ def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, mon
 
 
 def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster, tmp_path):
-    from common.models import CrawlerDownloadData
-    from master import retention
+    from common.store.models import CrawlerDownloadData
+    from master.ops import retention
     from tests.test_exports import _job_with_pages
 
     _job_with_pages(cluster, tmp_path, n=2, name="century", data_retention_days=36_500, log_retention_days=36_500)

@@ -18,12 +18,12 @@ import pytest
 from rq import Queue
 
 import sample_site
-from common import leases
+from common.store import leases
 from common.config import settings
-from common.data import data_filter, data_rows
-from common.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
-from common.queues import QUEUE_NAMES, cap
-from master.dispatcher import dispatch_once
+from common.store.data import data_filter, data_rows
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from common.queue.names import QUEUE_NAMES, cap
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 from tests.relay import Relay
 

@@ -10,7 +10,7 @@ from rq import Queue
 
 from common.config import settings
 from common.errors import DispatchLocked, DownloadError
-from common.models import (
+from common.store.models import (
     FRESH,
     LIVE,
     CrawlerDownloadData,
@@ -20,13 +20,17 @@ from common.models import (
     Job,
     utcnow,
 )
-from common.queues import LOCK_KEY
-from master import defender, dispatcher, intake, selection
-from master.dispatcher import dispatch_once
-from master.lock import DispatchLock
-from common import leases
-from slave import context, writer
-from slave.engines.base import Download
+from common.queue.names import LOCK_KEY
+from master import intake
+from master.dispatch import defender
+from master.dispatch import dispatcher
+from master.dispatch import selection
+from master.dispatch.dispatcher import dispatch_once
+from master.dispatch.lock import DispatchLock
+from common.store import leases
+from slave.worker import context
+from slave.worker import writer
+from slave.download.engines.base import Download
 from tests.helpers import add_urls, register, sent, statuses
 
 
@@ -243,7 +247,7 @@ def test_one_unstorable_result_fails_alone(cluster, tmp_path):
 
 
 def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypatch):
-    from common.data import gridfs_of
+    from common.store.data import gridfs_of
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "16")
     settings.reload()
@@ -257,7 +261,7 @@ def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypa
 
 
 def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_path, monkeypatch):
-    from common.data import gridfs_of
+    from common.store.data import gridfs_of
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "16")
     settings.reload()
@@ -293,7 +297,7 @@ def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
     register(tmp_path, "wd")
     add_urls("wd", ["http://127.0.0.1:1/x"])
     script = ("import time\n"
-              "from common.connections import connect_mongo\n"
+              "from common.store.connection import connect_mongo\n"
               "from master import dispatcher\n"
               "connect_mongo()\n"
               "dispatcher._load_works = lambda jobs, now: time.sleep(30)\n"

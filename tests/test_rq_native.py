@@ -20,9 +20,9 @@ from rq import Queue, Worker
 from rq.job import Job as RqJob
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from common.models import CrawlerLease
-from common.queues import worker_queue_names
-from master.dispatcher import dispatch_once
+from common.store.models import CrawlerLease
+from common.queue.names import worker_queue_names
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
         for entry in entries:
             job = RqJob.fetch(entry, connection=redis, serializer="json")
             assert job.get_status() == "started" and job.worker_name == worker.name and job.started_at is not None
-            assert job.origin == "down_low" and job.func_name == "slave.jobs.run_batch"
+            assert job.origin == "down_low" and job.func_name == "slave.worker.entries.run_batch"
 
         # rq info, as an operator runs it
         info = subprocess.run([str(BIN / "rq"), "info", "--serializer", "json"], capture_output=True, text=True,
@@ -121,7 +121,7 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
         # rq's API as a JSON-aware tool calls it: the worker's current work (rq-dashboard 0.9's
         # workers page calls Worker.all without a serializer, unpickles, and fails: not used here)
         current = Worker.all(connection=redis, serializer="json")[0].get_current_job()
-        assert current is not None and current.id in entries and current.func_name == "slave.jobs.run_batch"
+        assert current is not None and current.id in entries and current.func_name == "slave.worker.entries.run_batch"
         # rq-dashboard (--json): each running entry's page and the started registry
         for entry in entries:
             page = get_json(dashboard + f"/0/data/job/{entry}.json")

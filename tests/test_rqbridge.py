@@ -1,5 +1,5 @@
 """The rq adapter is pinned to the rq it was written for: these fail when rq changes a format
-that ``common/rqbridge.py`` writes or reads below rq's public API."""
+that ``common/queue/rqbridge.py`` writes or reads below rq's public API."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ import rq
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from common import rqbridge
-from common.queues import LOCK_KEY
+from common.queue import rqbridge
+from common.queue.names import LOCK_KEY
 
 
 def test_the_rq_version_is_the_one_the_adapter_matches():

@@ -26,9 +26,9 @@ import redis as redis_lib
 
 from common.config import settings
 from common.errors import DownloadError
-from slave.engines import wall
-from slave.engines.base import Limits
-from slave.engines.sandbox import run_python, run_shell
+from slave.download.engines import wall
+from slave.download.engines.base import Limits
+from slave.download.engines.sandbox import run_python, run_shell
 from tests.boxes import boxed_processes, eventually_no_boxed_processes
 
 pytestmark = pytest.mark.skipif(wall.check() is not None, reason=f"no sandbox here: {wall.check()}")
@@ -353,8 +353,8 @@ def test_the_sentry_dsn_reaches_no_downloader(tmp_path):
     every child it sees started), the downloader's environment holds no part of the DSN."""
     script = ("import json, sentry_sdk\n"
               "from common.sentry import init_sentry\n"
-              "from slave.engines.base import Limits\n"
-              "from slave.engines.sandbox import run_python\n"
+              "from slave.download.engines.base import Limits\n"
+              "from slave.download.engines.sandbox import run_python\n"
               "init_sentry('https://publickey0123456789@127.0.0.1:9/1', traces_sample_rate=1.0)\n"
               "code = 'import json, os\\ndef download(task):\\n    return {\"status_code\": 200, "
               "\"body\": json.dumps(dict(os.environ))}\\n'\n"
@@ -414,7 +414,7 @@ def test_a_page_in_the_browser_engine_reaches_no_cluster_service(walled):
     """The browser engine runs as a sandbox uid too: a page's resources load from an ordinary
     site on this host but not from the web on WEB_BIND. (``download_js`` runs after the load,
     when the engine lets no request out at all.)"""
-    from slave.engines import browser
+    from slave.download.engines import browser
 
     if browser.chromium_path() is None:
         pytest.skip("chromium is not installed (make test installs it as root)")

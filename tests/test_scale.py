@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from bson import ObjectId
 
-from common import counts
+from common.store import counts
 from common.config import settings
-from common.leases import claim
-from common.models import (
+from common.store.leases import claim
+from common.store.models import (
     TASK_STATUSES,
     CrawlerDownloadData,
     CrawlerDownloadLog,
@@ -24,8 +24,10 @@ from common.models import (
     Job,
     utcnow,
 )
-from master import chores, retention, tasks as task_ops
-from master.dispatcher import dispatch_once
+from master import maintenance as chores
+from master.ops import retention
+from master.ops import tasks as task_ops
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, burst_worker, register
 
 
@@ -182,9 +184,10 @@ def test_a_query_without_an_index_is_caught(cluster):
 def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     import time
 
-    from common.data import export_fits
-    from common.templates import parse_template
-    from master import stats, views
+    from common.store.data import export_fits
+    from common.exports.templates import parse_template
+    from master import views
+    from master.ops import stats
 
     job = register(tmp_path, "big", dispatch_num=700, max_retry_times=3)
     now = utcnow()
@@ -225,12 +228,12 @@ def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
 
 
 def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
-    """``common.paging.by_id`` against a plain sort: ids made years before the job's span, in
+    """``common.store.paging.by_id`` against a plain sort: ids made years before the job's span, in
     bursts, sparse, and by a clock a week ahead; pages of every size, both orders, any span."""
     import random
     from datetime import datetime, timezone
 
-    from common.paging import Span, by_id
+    from common.store.paging import Span, by_id
 
     rnd, now = random.Random(7), datetime.now(timezone.utc)
     job, other = ObjectId(), ObjectId()

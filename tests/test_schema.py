@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pymongo
 
-from common.models import ALL_MODELS
+from common.store.models import ALL_MODELS
 from tests.schema_doc import documented
 
 GRIDFS_SUFFIXES = (".files", ".chunks")  # GridFS buckets, described in prose beside their documents

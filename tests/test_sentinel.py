@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from common.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 from services import RedisServer, free_port
 from tests.helpers import add_urls, register
 

@@ -9,10 +9,10 @@ import sentry_sdk
 from rq import Queue, SimpleWorker
 from sentry_sdk.transport import Transport
 
-from common.models import CrawlerDownloadLog, CrawlerTask
+from common.store.models import CrawlerDownloadLog, CrawlerTask
 from common.secrets import install_logging_filter, remember
 from common.sentry import init_sentry
-from master.dispatcher import dispatch_once
+from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register
 
 PROXY = "http://alice:hunter2pw@127.0.0.1:9"
@@ -70,7 +70,7 @@ def test_failed_reason_and_logs_hide_proxy_credentials(cluster, tmp_path, caplog
 
 def test_a_failing_entry_reaches_sentry_once(cluster, tmp_path, monkeypatch):
     """Issue 13, item 15: the job function does not capture what rq's integration captures."""
-    from slave import runner
+    from slave.worker import runner
     from tests.helpers import register as register_job
 
     def broken(lease):

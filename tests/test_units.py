@@ -10,15 +10,15 @@ import pytest
 
 from common.config import Settings
 from common.errors import ConfigError, DownloadError, ValidationError
-from common.queues import cap, queue_for_priority, queue_name, worker_queue_names
+from common.queue.names import cap, queue_for_priority, queue_name, worker_queue_names
 from common.secrets import redact, remember
 from common.urls import check_url, strip_credentials
-from common.leases import lease_verdict
-from common.models import AGAIN, FRESH
-from master.dispatcher import JobWork, order_key, plan
-from master.selection import Picked, fresh_cursor, fresh_limit
+from common.store.leases import lease_verdict
+from common.store.models import AGAIN, FRESH
+from master.dispatch.dispatcher import JobWork, order_key, plan
+from master.dispatch.selection import Picked, fresh_cursor, fresh_limit
 from master.registry import check_python, validate_manifest, validate_settings
-from common.retry import next_retry_at
+from common.queue.retry import next_retry_at
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
@@ -207,7 +207,7 @@ def test_manifest_validation(tmp_path: Path):
 
 
 def test_foreign_queues_sit_between_host_and_shared_queues():
-    from common.queues import base_of, queue_name
+    from common.queue.names import base_of, queue_name
 
     assert queue_name("down_mid", foreign=True) == "down_mid#foreign" and base_of("down_mid#foreign") == "down_mid"
     assert queue_name("down_mid", "h1", foreign=True) == "down_mid@h1"  # a host is more specific
@@ -220,7 +220,7 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
     from mongoengine import BooleanField, DictField, FloatField, IntField, StringField
 
     from common.jobsettings import SETTINGS
-    from common.models import CrawlerDownloadSetting
+    from common.store.models import CrawlerDownloadSetting
 
     kinds = {int: IntField, float: FloatField, bool: BooleanField, str: StringField, dict: DictField}
     fields = CrawlerDownloadSetting._fields

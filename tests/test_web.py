@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.models import ApiToken, CrawlerRegistrationErrorLog, CrawlerTask, Job, WebSession
+from common.store.models import ApiToken, CrawlerRegistrationErrorLog, CrawlerTask, Job, WebSession
 from services import env_for, free_port
 from tests.helpers import add_urls, cli, register, statuses
 from tests.web_helpers import WebServer
@@ -190,7 +190,7 @@ def test_oversized_bodies_are_413_before_they_are_read(cluster, web, tokens, tmp
 
 
 def test_dispatch_stats_data_body_and_logs(cluster, web, tokens, tmp_path):
-    from master.lock import DispatchLock
+    from master.dispatch.lock import DispatchLock
     from sample_site import bytes_body, page_body
 
     admin = tokens["admin"]
@@ -222,7 +222,7 @@ def test_dispatch_stats_data_body_and_logs(cluster, web, tokens, tmp_path):
         got = web.call("GET", f"/api/v1/data/{item['id']}/body", tokens["analyst"])
         assert got.status_code == 200 and got.content == want and item["size"] == len(want)
         assert got.headers["content-type"] == "application/octet-stream" and "attachment" in got.headers["content-disposition"]
-    from common.models import CrawlerDownloadData
+    from common.store.models import CrawlerDownloadData
 
     assert CrawlerDownloadData.objects(response_body_gridfs__ne=None).count() == 1  # the large one is in GridFS
     logs = web.call("GET", "/api/v1/logs/download?job=j&limit=2", tokens["analyst"]).json()

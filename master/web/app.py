@@ -22,9 +22,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.connections import connect_mongo, unreachable
+from common.store.connection import connect_mongo, unreachable
 from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
-from master.web import api, console, exports, files, metrics
+from master.web.routes import api
+from master.web.routes import console
+from master.web.routes import exports
+from master.web.routes import files
+from master.web.routes import metrics
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
 

@@ -10,7 +10,7 @@ from fastapi import Path, Query
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
-from common.models import TASK_STATUSES
+from common.store.models import TASK_STATUSES
 from master.registry import NAME_RE
 
 OBJECT_ID = r"^[0-9a-fA-F]{24}$"

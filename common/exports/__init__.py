@@ -1,0 +1,1 @@
+"""What exports are made of, shared by master and slave: templates, sheets, CSV/JSON Lines, events."""

@@ -1,0 +1,60 @@
+"""What an export's changes tell the outside: every change of state or progress is published on
+Redis (``downcluster:export:<id>``, read by the WebSocket route of any web process), and its end
+sends a signed webhook to its callbacks and a mail to its addresses (queued as notifications,
+delivered at once when possible, retried otherwise). Neither carries more than the export's link."""
+from __future__ import annotations
+
+import json
+import logging
+
+from common.config import settings
+from common.store.models import SUCCESS, Export, iso
+from common.notify import deliver_due, queue_mail, queue_webhook
+from common.signing import export_url
+
+FINAL_STATES = ("SUCCESS", "FAIL", "CANCEL", "EXPIRED")
+EVENT_FIELDS = ("state", "rows_done", "rows_total", "bytes", "attempts", "error", "finished_at")
+
+
+def channel(export_id) -> str:
+    return f"downcluster:export:{export_id}"
+
+
+def snapshot(doc: dict) -> dict:
+    """The public part of an export document that its events carry (no link: links are asked for)."""
+    return {"id": str(doc["_id"]), **{k: iso(doc.get(k)) for k in EVENT_FIELDS}}
+
+
+def publish(export_id) -> None:
+    """Publish the export's current state and progress to whoever listens. Never raises: an
+    event lost is made good by the listener's own periodic reading."""
+    from common.store.connection import redis_conn
+
+    try:
+        doc = Export._get_collection().find_one({"_id": export_id}, {k: 1 for k in EVENT_FIELDS})
+        if doc is not None:
+            redis_conn().publish(channel(export_id), json.dumps(snapshot(doc)))
+    except Exception as exc:
+        logging.getLogger(__name__).debug("export %s: event not published: %s", export_id, type(exc).__name__)
+
+
+def announce(export: Export, callbacks: list[str] | None = None, mails: list[str] | None = None) -> None:
+    """Queue and try to deliver the end-of-export notifications (to ``callbacks``/``mails``, by
+    default the export's own). Never raises."""
+    try:
+        ok = export.state == SUCCESS
+        url = export_url(str(export.id), settings.EXPORT_NOTICE_URL_TTL) if ok else None
+        event = "export.succeeded" if ok else "export.failed"
+        payload = {"event": event, "id": str(export.id), "job": export.job_name, "state": export.state,
+                   "rows": export.rows_done, "url": url}
+        for target in export.callback_urls if callbacks is None else callbacks:
+            queue_webhook(target, event, payload)
+        subject = f"downcluster export {export.id} of {export.job_name}: {export.state}"
+        lines = [f"Export {export.id} of job {export.job_name} ({export.format}) ended {export.state}.",
+                 f"Rows: {export.rows_done}", f"Bytes: {export.bytes}"]
+        lines.append(f"Download (signed link): {url}" if ok else f"Error: {export.error or '-'}")
+        for address in export.mails if mails is None else mails:
+            queue_mail(address, event, subject, "\n".join(lines) + "\n")
+        deliver_due()
+    except Exception as exc:  # notifications must never break the export's own outcome
+        logging.getLogger(__name__).warning("export %s: notifications not queued: %s", export.id, type(exc).__name__)

@@ -1,0 +1,65 @@
+"""Export files: CSV and JSON Lines writers that stream into a binary file object with bounded
+memory, whatever the row count, and the Excel writer (``common/exports/sheets.py``). Templates are
+``common/exports/templates.py``; CSV and JSON Lines take one table of columns (its leaves, by their
+titles), Excel takes everything a template can say.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import IO, Any, Callable, Iterable
+
+from common.errors import ValidationError
+from common.store.models import iso
+from common.exports.sheets import cell_text, write_xlsx
+from common.exports.templates import Table, Template
+
+
+def check_fits(template: Template, fmt: str) -> None:
+    """Row headers and several tables need a spreadsheet."""
+    if fmt != "xlsx" and not template.plain:
+        raise ValidationError(f"template: row headers and several tables need format xlsx, not {fmt}")
+
+
+def _rows(source: Iterable[dict] | Callable[[Table], Any], template: Template) -> Iterable[dict]:
+    return source(template.tables[0]) if callable(source) else source
+
+
+def write_csv(template: Template, source: Iterable[dict] | Callable[[Table], Any], out: IO[bytes]) -> int:
+    """One header row (the column titles), then a row per record; cells capped as in Excel."""
+    check_fits(template, "csv")
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+
+    def flush() -> None:
+        out.write(buf.getvalue().encode("utf-8"))
+        buf.seek(0)
+        buf.truncate()
+
+    columns = template.columns
+    writer.writerow([c.title for c in columns])
+    n = 0
+    for row in _rows(source, template):
+        writer.writerow([iso(cell_text(row.get(c.name))) for c in columns])
+        n += 1
+        if buf.tell() >= 256 * 1024:
+            flush()
+    flush()
+    return n
+
+
+def write_jsonl(template: Template, source: Iterable[dict] | Callable[[Table], Any], out: IO[bytes]) -> int:
+    """A JSON object a line, keyed by the column titles (response headers stay an object)."""
+    check_fits(template, "jsonl")
+    columns, n = template.columns, 0
+    for row in _rows(source, template):
+        record = {c.title: iso(row.get(c.name)) for c in columns}
+        out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+        n += 1
+    return n
+
+
+WRITERS = {"csv": write_csv, "jsonl": write_jsonl, "xlsx": write_xlsx}
+CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson",
+                 "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}

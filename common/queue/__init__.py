@@ -1,0 +1,1 @@
+"""The queues: names and priorities, the rq adapter, the retry policy."""

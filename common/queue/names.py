@@ -1,0 +1,53 @@
+"""Priorities, the four rq queues, host queues and the worker's queue order (names only: how an
+entry is an rq job is ``common/queue/rqbridge.py``)."""
+from __future__ import annotations
+
+from common.config import settings
+
+QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
+PRIORITIES = range(-1, 6)
+LOCK_KEY = "downcluster:dispatch:lock"
+EXPORT_QUEUE = "down_export"      # export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time
+WORKER_KEY_PREFIX = "downcluster:worker:"  # + rq worker name: its download figures (in flight, peak), for stats
+
+
+def queue_for_priority(priority: int) -> str:
+    """-1 -> down_super, 0..1 -> down_high, 2..3 -> down_mid, 4..5 -> down_low."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be in -1..5, got {priority!r}")
+    if priority == -1:
+        return "down_super"
+    return QUEUE_NAMES[1 + priority // 2]
+
+
+FOREIGN = "#foreign"  # suffix of the queues of jobs with prior = 2 (hosts with an exit abroad)
+
+
+def queue_name(base: str, host: str = "", foreign: bool = False) -> str:
+    """The shared queue ``base``, host ``host``'s own queue of that level, or (``foreign``) the
+    level's foreign queue, read only by ``downcluster worker --foreign``."""
+    if host:
+        return f"{base}@{host}"
+    return base + FOREIGN if foreign else base
+
+
+def base_of(name: str) -> str:
+    return name.split("@", 1)[0].split("#", 1)[0]
+
+
+def cap(name: str) -> int:
+    """Cap on entries of a queue (a host queue has the cap of its level)."""
+    return int(getattr(settings, "Q_" + base_of(name).upper() + "_LEN"))
+
+
+def worker_queue_names(host: str = "", foreign: bool = False) -> list[str]:
+    """Strict order for a worker: at each level its host queue, then (``foreign``) the foreign
+    queue, then the shared one."""
+    names: list[str] = []
+    for base in QUEUE_NAMES:
+        if host:
+            names.append(queue_name(base, host))
+        if foreign:
+            names.append(queue_name(base, foreign=True))
+        names.append(base)
+    return names

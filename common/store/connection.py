@@ -1,0 +1,153 @@
+"""Connections to MongoDB (aliases "source", "log" and "control") and Redis, made lazily per process.
+
+rq's forking worker runs each job in a fresh child; a pymongo client must not cross a fork,
+so ``connect_mongo`` reconnects when it finds itself in a new process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import unquote, urlsplit
+
+import mongoengine
+from pymongo import MongoClient
+from redis import Redis
+from redis.maint_notifications import MaintNotificationsConfig
+
+from common.config import settings
+from common.errors import ConfigError
+
+_lock = threading.Lock()
+_mongo_pid: int | None = None
+_redis: tuple[int, str, Redis] | None = None
+
+
+def control_uri() -> str:
+    """MONGO_CONTROL_URI, or the source URI with its database named ``<source>_control``."""
+    if settings.MONGO_CONTROL_URI:
+        return settings.MONGO_CONTROL_URI
+    parts = urlsplit(settings.MONGO_URI)
+    name = parts.path.strip("/") or "downcluster"
+    return parts._replace(path=f"/{name}_control").geturl()
+
+
+ALIASES = ("source", "log", "control")
+
+
+def connect_mongo(ensure_indexes: bool = False) -> None:
+    """Register the "source", "log" and "control" aliases (idempotent within one process)."""
+    global _mongo_pid
+    with _lock:
+        if _mongo_pid == os.getpid():
+            return
+        if _mongo_pid is not None:
+            disconnect_mongo_unlocked()
+        opts = dict(serverSelectionTimeoutMS=int(settings.MONGO_TIMEOUT * 1000), connect=False,
+                    uuidRepresentation="standard")
+        if settings.MONGO_SOCKET_TIMEOUT:
+            opts["socketTimeoutMS"] = int(settings.MONGO_SOCKET_TIMEOUT * 1000)
+        mongoengine.connect(alias="source", host=settings.MONGO_URI, **opts)
+        mongoengine.connect(alias="log", host=settings.MONGO_LOG_URI, **opts)
+        mongoengine.connect(alias="control", host=control_uri(), **opts)
+        _mongo_pid = os.getpid()
+    if ensure_indexes:
+        from common.store.models import ALL_MODELS
+
+        for model in ALL_MODELS:
+            model.ensure_indexes()
+
+
+def disconnect_mongo_unlocked() -> None:
+    global _mongo_pid
+    for alias in ALIASES:
+        mongoengine.disconnect(alias)
+    _mongo_pid = None
+
+
+def disconnect_mongo() -> None:
+    with _lock:
+        disconnect_mongo_unlocked()
+
+
+def mongo_client(alias: str = "source") -> MongoClient:
+    connect_mongo()
+    return mongoengine.get_connection(alias)
+
+
+def _hosts_of(url: str) -> str:
+    """host:port[,host:port] of a mongodb:// or redis:// URL, never its credentials."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    return netloc or "?"
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """One line naming the service ``exc`` says is unreachable and its host:port, or None when
+    ``exc`` is not a connection failure."""
+    from pymongo.errors import ConnectionFailure, OperationFailure
+    from redis.exceptions import AuthenticationError, ResponseError
+    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
+
+    if isinstance(exc, OperationFailure) and exc.code in MONGO_AUTH_CODES:
+        return f"MongoDB refused the credentials at {_hosts_of(settings.MONGO_URI)}"
+    if isinstance(exc, ConnectionFailure):
+        return f"MongoDB unreachable at {_hosts_of(settings.MONGO_URI)}"
+    refused = isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    if isinstance(exc, AuthenticationError) or refused:
+        return f"Redis refused the credentials at {_hosts_of(settings.REDIS_URL)}"
+    if isinstance(exc, (RedisConnectionError, RedisTimeout)):
+        return f"Redis unreachable at {_hosts_of(settings.REDIS_URL)}"
+    return None
+
+
+MONGO_AUTH_CODES = (13, 18)  # Unauthorized, AuthenticationFailed
+
+
+# redis-py 8 asks every new RESP3 connection for maintenance notifications (a Redis Enterprise
+# feature): on Redis 7 that is a failed command per connection, whose swallowed error held the
+# caller's asyncio task (and its downloaded body) in a reference cycle until the next GC.
+REDIS_OPTIONS = {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+SENTINEL_SCHEME = "redis+sentinel://"
+SENTINEL_SOCKET_TIMEOUT = 30.0
+
+
+def redis_client(url: str | None = None, asynchronous: bool = False, **options):
+    """A Redis client (redis.asyncio's with ``asynchronous``) for ``url``, by default REDIS_URL:
+    ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]
+    /SERVICE[/DB]`` — the master that the Sentinels name SERVICE, found again after a failover
+    (the password is the master's and the Sentinels')."""
+    url = url or settings.REDIS_URL
+    options = {**REDIS_OPTIONS, **options}
+    if not url.startswith(SENTINEL_SCHEME):
+        if asynchronous:
+            from redis.asyncio import Redis as AsyncRedis
+
+            return AsyncRedis.from_url(url, **options)
+        return Redis.from_url(url, **options)
+    parts = urlsplit(url)
+    password = unquote(parts.password) if parts.password else None
+    hosts = []
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        hosts.append((host.strip("[]") or "127.0.0.1", int(port or 26379)))
+    service, _, db = parts.path.strip("/").partition("/")
+    if not service:
+        raise ConfigError("REDIS_URL: a redis+sentinel:// URL names its service: redis+sentinel://HOST:PORT/SERVICE")
+    if asynchronous:
+        from redis.asyncio.sentinel import Sentinel
+    else:
+        from redis.sentinel import Sentinel
+    options.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)  # a failover must not leave a call hanging
+    sentinel = Sentinel(hosts, sentinel_kwargs={"password": password, "socket_timeout": 5},
+                        password=password, db=int(db or 0), **options)
+    return sentinel.master_for(service)
+
+
+def redis_conn() -> Redis:
+    """One Redis client per process and URL."""
+    global _redis
+    url = settings.REDIS_URL
+    if _redis is None or _redis[0] != os.getpid() or _redis[1] != url:
+        _redis = (os.getpid(), url, redis_client(url, health_check_interval=30))
+    return _redis[2]

@@ -1,0 +1,91 @@
+"""A job's tasks per status, kept as they change: what every page and metric shows without
+reading the tasks (at ten million tasks a count over them takes seconds to minutes).
+
+One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ..., first, last}``
+(no task, data or log of the job was made before ``first`` or after ``last``, give or take a host's
+clock: where its pages begin, ``common.store.paging``). Every
+change of tasks' status is followed at once by its move here, with the number of tasks that
+change's own result says it moved — the modified count of a guarded update, the writer's
+read-back when a guard refused some: intake, dispatch, a worker's settles and hand-backs, the
+defender's releases, cancel and requeue, migrate, retention. Only a process that dies between a
+change and its move leaves a count off; ``recount`` rebuilds them from the tasks (one scan, for
+an operator: ``downcluster stats --recount``).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from bson import ObjectId
+from pymongo import UpdateOne
+
+from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount
+from common.store.paging import Span
+
+Move = tuple  # (job id, status before or None, status after or None, how many tasks)
+
+
+def move(moves: Iterable[Move], first: dict | None = None) -> None:
+    """Apply tasks' moves between statuses (None: added or removed), in one bulk write;
+    ``first``: {job id: the lowest ``_id`` among tasks it adds}."""
+    by_job: dict = defaultdict(Counter)
+    for job, before, after, n in moves:
+        if n and before != after:
+            if before:
+                by_job[job][before] -= n
+            if after:
+                by_job[job][after] += n
+    first = first or {}
+    made = ObjectId()  # after whatever this move follows was written (by this process's clock)
+    ops = [UpdateOne({"_id": job}, {"$inc": {k: v for k, v in c.items() if v}, "$max": {"last": made},
+                                    **({"$min": {"first": first[job]}} if job in first else {})}, upsert=True)
+           for job, c in by_job.items() if any(c.values())]
+    if ops:
+        CrawlerTaskCount._get_collection().bulk_write(ops, ordered=False)
+
+
+def of_jobs(job_ids: Iterable | None = None) -> dict:
+    """{job id: {status: n}} (every status present, 0 where none)."""
+    flt = {} if job_ids is None else {"_id": {"$in": list(job_ids)}}
+    return {d["_id"]: {s: int(d.get(s) or 0) for s in TASK_STATUSES}
+            for d in CrawlerTaskCount._get_collection().find(flt)}
+
+
+def span(job_id=None) -> Span:
+    """Where the ``_id``s of the job's tasks, data and logs lie (of every job when None); the
+    job's own ``_id`` (made when it was registered) when its counts were never rebuilt since."""
+    flt = {} if job_id is None else {"_id": job_id}
+    docs = list(CrawlerTaskCount._get_collection().find(flt, {"first": 1, "last": 1}))
+    firsts = [d["first"] for d in docs if d.get("first")]
+    lasts = [d["last"] for d in docs if d.get("last")]
+    first = min(firsts) if firsts else (job_id if isinstance(job_id, ObjectId) else None)
+    return Span(first, max(lasts) if lasts and len(lasts) == len(docs) else None)
+
+
+def raise_floor(job_id, first: ObjectId) -> None:
+    """Retention removed every task of the job below ``first``: its pages begin there."""
+    CrawlerTaskCount._get_collection().update_one({"_id": job_id}, {"$max": {"first": first}})
+
+
+def recount(job_id=None) -> dict:
+    """Rebuild the counts from the tasks (of one job, or all) and return them."""
+    match = [] if job_id is None else [{"$match": {"job": job_id}}]
+    counted: dict = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
+    firsts: dict = {}
+    lasts: dict = {}
+    group = {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}, "first": {"$min": "$_id"},
+             "last": {"$max": "$_id"}, "changed": {"$max": "$last_update_datetime"}}
+    for row in CrawlerTask._get_collection().aggregate([*match, {"$group": group}]):
+        job = row["_id"]["job"]
+        counted[job][row["_id"]["status"]] = row["n"]
+        firsts[job] = min(firsts.get(job, row["first"]), row["first"])
+        last = max(row["last"], ObjectId.from_datetime(row["changed"])) if row.get("changed") else row["last"]
+        lasts[job] = max(lasts.get(job, last), last)
+    coll = CrawlerTaskCount._get_collection()
+    if job_id is None:
+        coll.delete_many({"_id": {"$nin": list(counted)}})
+    elif job_id not in counted:
+        coll.delete_one({"_id": job_id})
+    for job, c in counted.items():
+        coll.replace_one({"_id": job}, {"_id": job, **c, "first": firsts[job], "last": lasts[job]}, upsert=True)
+    return dict(counted)

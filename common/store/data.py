@@ -1,0 +1,257 @@
+"""Reading stored data (bodies byte-exact from the document or GridFS, the export rows) and
+writing export files to GridFS. Data is read through ``visible``: only documents that their
+task names (the fence, ``common/store/leases.py``)."""
+from __future__ import annotations
+
+import gridfs
+
+import hashlib
+from typing import Any, Iterable, Iterator
+
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
+from common.store.paging import OutOfTime, scan
+
+GRIDFS_BUCKET = "crawler_download_data_fs"
+EXPORT_BUCKET = "export_fs"
+
+
+def gridfs_of(database) -> gridfs.GridFS:
+    return gridfs.GridFS(database, collection=GRIDFS_BUCKET)
+
+
+class Upload:
+    """A GridFS file written as it streams (the GridFS layout, readable by any GridFS reader):
+    chunks go to MongoDB every 1 MiB, so at most that much waits in memory (pymongo's own GridIn
+    keeps up to 48 MiB before its first insert). The files document is written by ``close``;
+    chunks without one are what a dead writer leaves, removed by ``drop_export_file``."""
+
+    CHUNK = 255 * 1024
+    BATCH = 4
+
+    def __init__(self, database, bucket: str, file_id, filename: str, metadata: dict) -> None:
+        self.files, self.chunks = database[bucket + ".files"], database[bucket + ".chunks"]
+        self.file_id, self.filename, self.metadata = file_id, filename, metadata
+        self.buffer, self.pending, self.n, self.length = bytearray(), [], 0, 0
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.length += len(data)
+        while len(self.buffer) >= self.CHUNK:
+            self.pending.append({"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer[:self.CHUNK])})
+            del self.buffer[:self.CHUNK]
+            self.n += 1
+            if len(self.pending) >= self.BATCH:
+                self._send()
+
+    def _send(self) -> None:
+        if self.pending:
+            self.chunks.insert_many(self.pending, ordered=True)
+            self.pending = []
+
+    def close(self) -> None:
+        from datetime import datetime, timezone
+
+        if self.buffer:
+            self.pending.append({"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer)})
+            self.buffer = bytearray()
+        self._send()
+        self.files.insert_one({"_id": self.file_id, "length": self.length, "chunkSize": self.CHUNK,
+                               "uploadDate": datetime.now(timezone.utc), "filename": self.filename,
+                               "metadata": self.metadata})
+
+
+def drop_export_file(file_id) -> None:
+    """Remove an export's file from GridFS, complete or partial (chunks without a files document
+    are what an upload cut off leaves)."""
+    if file_id is None:
+        return
+    db = CrawlerDownloadData._get_collection().database
+    db[EXPORT_BUCKET + ".files"].delete_one({"_id": file_id})
+    db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
+
+
+def named(docs: list[dict]) -> set:
+    """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task
+    names: the exact check, one task lookup per document."""
+    if not docs:
+        return set()
+    owner = {t["_id"]: t.get("data_lease") for t in CrawlerTask._get_collection().find(
+        {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1})}
+    return {d["_id"] for d in docs if d.get("lease") is not None and owner.get(d["task"]) == d["lease"]}
+
+
+def shown(docs: list[dict]) -> set:
+    """Ids of the documents among ``docs`` that readers show: those their task names.
+
+    The exact check costs a task lookup per document, so it is made only where an orphan can
+    be: a document whose lease is still open (``crawler_lease``: its settle may not have come)
+    or was ever refused or given back (``crawler_lease_lost``, written before the lease ends).
+    The lease of any other document ended with every one of its settles matched, and a settled
+    task never names other data. Leases are read first, then tombstones: a lease that ends in
+    between was tombstoned before it ended, so it is found in one or the other."""
+    if not docs:
+        return set()
+    leases = list({d.get("lease") for d in docs})
+    open_ = {x["_id"] for x in CrawlerLease._get_collection().find({"_id": {"$in": leases}}, {"_id": 1})}
+    lost = {x["_id"] for x in LostLease._get_collection().find({"_id": {"$in": leases}}, {"_id": 1})}
+    doubtful = [d for d in docs if d.get("lease") in open_ or d.get("lease") in lost]
+    doubtful_ids, keep = {d["_id"] for d in doubtful}, named(doubtful)
+    return {d["_id"] for d in docs if d.get("lease") is not None and (d["_id"] not in doubtful_ids or d["_id"] in keep)}
+
+
+def visible(cursor: Iterable[dict], batch: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> Iterator[dict]:
+    """The data documents of ``cursor`` (projected with ``task`` and ``lease``) that their task
+    names, in cursor order: looked up ``batch`` documents (or ``max_bytes`` of bodies) at a time."""
+    chunk: list[dict] = []
+    size = 0
+    for doc in cursor:
+        chunk.append(doc)
+        size += len(doc.get("response_body") or b"")
+        if len(chunk) >= batch or size >= max_bytes:
+            keep = shown(chunk)
+            yield from (d for d in chunk if d["_id"] in keep)
+            chunk, size = [], 0
+    keep = shown(chunk)
+    yield from (d for d in chunk if d["_id"] in keep)
+
+
+def data_filter(job_id, flt: dict) -> dict:
+    """The MongoDB filter of an export's rows: the job's data documents, by HTTP status code
+    and stored time (``flt`` was checked when the export was requested)."""
+    query: dict[str, Any] = {"job": job_id}
+    if flt.get("status"):
+        query["status_code"] = {"$in": [int(s) for s in flt["status"]]}
+    if flt.get("since") or flt.get("until"):
+        query["add_datetime"] = {**({"$gte": flt["since"]} if flt.get("since") else {}),
+                                 **({"$lt": flt["until"]} if flt.get("until") else {})}
+    return query
+
+
+def text_of(body: bytes, encoding: str | None) -> str:
+    try:
+        return body.decode(encoding or "utf-8", errors="replace")
+    except LookupError:  # an unknown charset name from the server
+        return body.decode("utf-8", errors="replace")
+
+
+def body_of(doc: dict, fs) -> bytes:
+    """A data document's response body, byte-exact, from the document or its GridFS file."""
+    if doc.get("response_body_gridfs"):
+        return fs.get(doc["response_body_gridfs"]).read()
+    return bytes(doc.get("response_body") or b"")
+
+
+def restrict(query: dict, status: tuple[int, ...]) -> dict:
+    """``query`` kept to the HTTP status codes ``status`` too (a table's own filter)."""
+    if not status:
+        return query
+    codes = set(status)
+    if "status_code" in query:
+        codes &= set(query["status_code"]["$in"])
+    return {**query, "status_code": {"$in": sorted(codes)}}
+
+
+def data_rows(query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False) -> Iterator[dict]:
+    """The export fields of each data document matching ``query``, one at a time (a small cursor
+    batch; a GridFS body is read only when a body field is asked for): in the order they were
+    stored, or with ``task_order`` in the order their URLs were added (what a printed sheet
+    wants; it costs the store a sort, about twice the reading time on SecantusDB)."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    projection = {"requests_body": 0, "requests_headers": 0}
+    if not needs_headers:
+        projection["response_headers"] = 0
+    if not needs_body:
+        projection["response_body"] = 0
+    order = [("task", 1), ("_id", 1)] if task_order else [("_id", 1)]
+    cursor = coll.find(query, projection, allow_disk_use=task_order).sort(order)
+    for doc in visible(cursor.batch_size(100 if needs_body else 1000)):
+        row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
+               "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
+               "add_datetime": doc.get("add_datetime")}
+        if needs_headers:
+            row["response_headers"] = doc.get("response_headers") or {}
+        if needs_body:
+            body = body_of(doc, fs)
+            row.update(response_size=len(body), body_sha256=hashlib.sha256(body).hexdigest(),
+                       body_text=text_of(body, doc.get("encoding")))
+        yield row
+
+
+def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
+    """Rows an export of ``template`` will read: each table's matching documents (a row-headed
+    table at most the rows its headers hold). Counts documents an unfinished fence may still hide.
+    ``upto``: stop counting there (a decision against a threshold costs no more than it, whatever
+    the job's size)."""
+    coll = CrawlerDownloadData._get_collection()
+    base = data_filter(job_id, flt)
+    total = 0
+    for table in template.tables:
+        limits = [n for n in (sum(leaf.row_count for leaf in table.row_leaves) if table.row else None,
+                              None if upto is None else upto - total) if n is not None]
+        cap = min(limits) if limits else None
+        if cap == 0:  # (a count's limit 0 means none)
+            continue
+        total += coll.count_documents(restrict(base, table.status), **({"limit": cap} if cap else {}))
+        if upto is not None and total >= upto:
+            break
+    return total
+
+
+DECIDE_WITHIN = 0.4  # seconds a filtered export's rows may take to count; beyond, a worker runs it
+
+
+def export_fits(job_id, flt: dict, template, limit: int) -> bool:
+    """Whether an export surely has at most ``limit`` rows, decided in well under a second
+    whatever the job's size: its SUCCESS tasks (kept as tasks change, ``common.store.counts``) bound
+    each table's rows; an unfiltered table holds all of them; only a filtered export of a large
+    job counts its rows — up to ``limit`` + 1, for DECIDE_WITHIN at most (rows the store cannot
+    count in that time are taken as too many: the export is sent to a worker)."""
+    from common.store import counts
+
+    succeeded = counts.of_jobs([job_id]).get(job_id, {}).get("SUCCESS", 0)
+    if succeeded * len(template.tables) <= limit:
+        return True
+    if not (flt.get("status") or flt.get("since") or flt.get("until")) and not any(
+            t.status or t.row for t in template.tables):
+        return False
+    try:
+        return _rows_upto(job_id, flt, template, limit + 1) <= limit
+    except OutOfTime:
+        return False
+
+
+def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
+    """The export's rows, counted up to ``upto``: the job's data read window by window by its
+    (job, _id) index, each document checked here against the filter and each table's status codes
+    (another predicate in the query would make the embedded store read every document of the job)."""
+    from common.store import counts
+
+    codes = set(flt.get("status") or ())
+    since, until = flt.get("since"), flt.get("until")
+    caps = [sum(leaf.row_count for leaf in t.row_leaves) if t.row else None for t in template.tables]
+    rows = [0] * len(template.tables)
+    docs = scan(CrawlerDownloadData._get_collection(), {"job": job_id}, span=counts.span(job_id),
+                within=DECIDE_WITHIN, projection={"status_code": 1, "add_datetime": 1})
+    for doc in docs:
+        code, at = doc.get("status_code"), doc.get("add_datetime")
+        if (codes and code not in codes) or (since and (at is None or at < since)) or (until and (at is None or at >= until)):
+            continue
+        for i, table in enumerate(template.tables):
+            if (not table.status or code in table.status) and (caps[i] is None or rows[i] < caps[i]):
+                rows[i] += 1
+        if sum(rows) >= upto:
+            break
+    return sum(rows)
+
+
+def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):
+    """The rows of each table of an export (what the writers call): the job's data kept by the
+    export's filter and the table's own status codes, in task order for a spreadsheet."""
+    base = data_filter(job_id, flt)
+
+    def rows_for(table) -> Iterator[dict]:
+        return wrap(data_rows(restrict(base, table.status), template.needs_body, template.needs_headers,
+                              task_order=fmt == "xlsx"))
+
+    return rows_for

@@ -1,0 +1,298 @@
+"""The lease: a queue entry's hold on its tasks, from dispatch to settle, and the fence that
+keeps a worker whose lease was given back from changing anything a reader sees.
+
+One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
+
+    create  (dispatcher)  QUEUED; fresh tasks stay LIVE, tasks sent again become DISPATCH
+    claim   (worker)      QUEUED -> RUNNING, compare-and-set: at most one worker runs an entry
+    beat    (worker)      RUNNING: ``beat_at`` refreshed every HEARTBEAT_INTERVAL
+    settle  (worker)      each task SUCCESS (naming its data), FAIL, or handed back, under ``held_by``
+    finish  (worker)      the lease is deleted once every outcome is stored
+    verdict (defender)    QUEUED and in no queue (seen so twice, ABSENCE_GRACE apart), or
+                          RUNNING without a beat for HEARTBEAT_TTL, or older than LEASE_TIMEOUT
+    release (defender)    LOST (compare-and-set), its tasks given back under the same guard, deleted
+
+Invariant: every change to a task sent in an entry is guarded by ``held_by(lease, kind)``, so
+each task ends settled by the worker or released by the defender, never both.
+
+The fence (why a returning worker changes nothing a reader sees). A task names its data: on
+SUCCESS its ``data_lease`` is the lease whose attempt stored it, and an entry stores at most one
+outcome per task, so (task, data_lease) names exactly one ``crawler_download_data`` document.
+Data is inserted before the settle (a settle must never name data that is not stored), so an
+insert is not itself guarded: a stale worker's insert, or one retried or delivered late over a
+connection that a partition held, may land after its lease was given back. Such a document is
+an orphan that no task names. Readers read data only through ``common.store.data.visible`` (the data export, the
+export center, the API and console), so an orphan is never read, whatever the interleaving (the
+check is made document by document only for leases still open or tombstoned, ``tombstone``); the
+writer removes its own refused data at once, and ``sweep_orphans`` (the defender's share)
+removes whatever is left once its lease is gone and DATA_SWEEP_GRACE has passed, longer than an
+in-flight write can live.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+from typing import Iterable
+
+from pymongo import ReturnDocument, UpdateMany, UpdateOne
+
+from common.store import counts
+from common.config import settings
+from common.store.data import gridfs_of, named
+from common.store.models import (
+    DISPATCH,
+    FAIL,
+    FRESH,
+    LIVE,
+    LOST,
+    QUEUED,
+    RUNNING,
+    SUCCESS,
+    DEAD,
+    CrawlerDownloadData,
+    CrawlerLease,
+    CrawlerTask,
+    LostLease,
+    utcnow,
+)
+
+logger = logging.getLogger(__name__)
+
+UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields while it is DISPATCH
+
+
+# --- the guard --------------------------------------------------------------------------
+
+def held_by(lease: str, kind: str) -> dict:
+    """What a task must still look like to belong to the entry ``lease``: the one guard of
+    every change that settles or gives back an entry's tasks (worker, defender, dispatcher)."""
+    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
+
+
+# --- create, claim, beat, finish ------------------------------------------------------------
+
+def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datetime) -> dict:
+    """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
+    return {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
+            "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
+            "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
+
+
+def claim(lease_id: str, worker_id: str) -> dict | None:
+    """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
+    return CrawlerLease._get_collection().find_one_and_update(
+        {"_id": lease_id, "state": QUEUED},
+        {"$set": {"state": RUNNING, "worker": worker_id, "hostname": settings.HOSTNAME},
+         "$currentDate": {"started_at": True, "beat_at": True}, "$unset": {"missing_at": ""}},
+        return_document=ReturnDocument.AFTER)
+
+
+def lease_tasks(lease: dict) -> list[dict]:
+    """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
+    one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
+    return [{"_id": i, "uri": u, "download_times": n} for i, u, n in zip(lease["ids"], lease["uris"], lease["attempts"])]
+
+
+def beat(lease_ids: Iterable[str], worker_id: str) -> None:
+    ids = list(lease_ids)
+    if ids:
+        CrawlerLease._get_collection().update_many(
+            {"_id": {"$in": ids}, "worker": worker_id, "state": RUNNING}, {"$currentDate": {"beat_at": True}})
+
+
+def finish(lease_ids: list[str], worker_id: str) -> None:
+    """The entries' outcomes are all stored: their leases end."""
+    CrawlerLease._get_collection().delete_many({"_id": {"$in": lease_ids}, "worker": worker_id})
+
+
+# --- settle (the worker) and give back ------------------------------------------------------
+
+def settle_success(ids: list, lease: str, kind: str, now: datetime) -> UpdateMany:
+    """The successes of one entry: each names its data (``data_lease``)."""
+    return UpdateMany(
+        {"_id": {"$in": ids}, **held_by(lease, kind)},
+        {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
+                  "last_update_datetime": now},
+         "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
+
+
+def settle_failure(task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime) -> UpdateOne:
+    """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
+    return UpdateOne(
+        {"_id": task_id, **held_by(lease, kind)},
+        {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": reason[:10240], "last_update_datetime": now},
+         "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
+
+
+def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime) -> UpdateOne:
+    """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
+    return UpdateOne(
+        {"_id": task_id, **held_by(lease, kind)},
+        {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=after), "last_update_datetime": now,
+                  "failed_reason": reason[:10240]},
+         "$unset": UNSET_LEASE})
+
+
+def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
+    """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
+    given = CrawlerTask._get_collection().update_many(
+        {"_id": {"$in": ids}, **held_by(lease, kind)},
+        {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
+         "$unset": UNSET_LEASE}).modified_count
+    counts.move([(job_id, held_by(lease, kind)["status"], LIVE, given)])
+    return given
+
+
+# --- the verdict and release (the defender) --------------------------------------------------
+
+def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: float, lease_timeout: float,
+                  absence_grace: float) -> tuple[str, bool] | None:
+    """(reason, counts as an attempt) when the lease can no longer settle its tasks, else None.
+
+    A QUEUED lease whose entry is in no queue is lost only when it was already seen missing
+    (``missing_at``) at least ``absence_grace`` seconds ago: a worker may have just popped the
+    entry and not yet claimed it (see ``mark_missing``)."""
+    state = lease.get("state")
+    if state == LOST:
+        return lease.get("lost_reason") or "lost", bool(lease.get("started_at"))
+    if state == QUEUED:
+        missing = lease.get("missing_at")
+        if present or missing is None or now - missing < timedelta(seconds=absence_grace):
+            return None
+        return "queue entry lost before it started (Redis flushed or restarted)", False
+    if state == RUNNING:
+        started, beat_at = lease.get("started_at"), lease.get("beat_at") or lease.get("started_at")
+        if started and now - started > timedelta(seconds=lease_timeout):
+            return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
+        if beat_at and now - beat_at > timedelta(seconds=heartbeat_ttl):
+            return f"worker died while downloading ({lease.get('worker') or '?'}: no heartbeat for {heartbeat_ttl:g}s)", True
+    return None
+
+
+def mark_missing(lease_ids: list[str], now: datetime) -> None:
+    """QUEUED leases whose entry the defender did not find: judged on a later look."""
+    if lease_ids:
+        CrawlerLease._get_collection().update_many(
+            {"_id": {"$in": lease_ids}, "state": QUEUED, "missing_at": None}, {"$set": {"missing_at": now}})
+
+
+def unmark_missing(lease_ids: list[str]) -> None:
+    if lease_ids:
+        CrawlerLease._get_collection().update_many({"_id": {"$in": lease_ids}}, {"$unset": {"missing_at": ""}})
+
+
+def mark_lost(lease: dict, reason: str) -> bool:
+    """Compare-and-set to LOST; False if the lease was claimed, beat or ended meanwhile."""
+    guard = {"_id": lease["_id"], "state": lease["state"]}
+    if lease["state"] == RUNNING:
+        guard["beat_at"] = lease.get("beat_at")
+    return CrawlerLease._get_collection().update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}}).modified_count == 1
+
+
+def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[int, int, int]:
+    """Give a LOST lease's unsettled tasks back (they go again at once), then forget the lease.
+    Returns (recovered, dead, sent again without an attempt)."""
+    lease = CrawlerLease._get_collection().find_one({"_id": lease_id})
+    if lease is None:
+        return 0, 0, 0
+    ids = lease.get("ids") or []
+    tasks = CrawlerTask._get_collection()
+    flt = {"_id": {"$in": ids}, **held_by(lease_id, lease["kind"])}
+    recovered = dead = again = 0
+    if attempt:
+        dead = tasks.update_many(
+            {**flt, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
+            {"$set": {"status": DEAD, "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
+                      "retry_at": None, "last_update_datetime": now}, "$inc": {"recoveries": 1},
+             "$unset": UNSET_LEASE},
+        ).modified_count
+        recovered = tasks.update_many(flt, {
+            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
+            "$inc": {"recoveries": 1}, "$unset": UNSET_LEASE}).modified_count
+        held = held_by(lease_id, lease["kind"])["status"]
+        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
+    else:
+        again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now)
+    # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
+    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (common.store.data.shown)
+    drop_unsettled(lease_id, ids)
+    CrawlerLease._get_collection().delete_one({"_id": lease_id})
+    return recovered, dead, again
+
+
+# --- data: what readers see, and the orphans --------------------------------------------------
+
+def _drop_data(docs: list[dict]) -> int:
+    """Delete data documents (GridFS bodies first: a body is never left without its document
+    unless this is cut short, and then the sweep finds the document again)."""
+    if not docs:
+        return 0
+    coll = CrawlerDownloadData._get_collection()
+    fs = None
+    for d in docs:
+        if d.get("response_body_gridfs"):
+            fs = fs or gridfs_of(coll.database)
+            fs.delete(d["response_body_gridfs"])
+    return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+
+
+def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None = None) -> None:
+    """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
+    readers then check its documents one by one, and the sweep looks for orphans among the data
+    it stored for ``ids``. Written before the lease ends."""
+    LostLease._get_collection().update_one(
+        {"_id": lease}, {"$setOnInsert": {"job": job_id, "reason": reason[:200], "at": now or utcnow()},
+                         "$addToSet": {"ids": {"$each": list(ids)}}, "$unset": {"swept": ""}}, upsert=True)
+
+
+def settled_of(lease: str, ids: list) -> set:
+    """The tasks among ``ids`` that name data of ``lease`` (a success settled under it)."""
+    if not ids:
+        return set()
+    return {d["_id"] for d in CrawlerTask._get_collection().find({"_id": {"$in": ids}, "data_lease": lease}, {"_id": 1})}
+
+
+def drop_unsettled(lease: str, ids: list) -> int:
+    """Delete data that ``lease`` stored for tasks among ``ids`` that do not name it (prompt
+    cleanup by the writer and the defender; readers never see such data either way)."""
+    if not ids:
+        return 0
+    settled = settled_of(lease, ids)
+    orphans = [i for i in ids if i not in settled]
+    if not orphans:
+        return 0
+    docs = list(CrawlerDownloadData._get_collection().find(
+        {"task": {"$in": orphans}, "lease": lease}, {"response_body_gridfs": 1}))
+    return _drop_data(docs)
+
+
+def sweep_orphans(now: datetime | None = None, grace: float | None = None, budget: float = 30.0,
+                  batch: int = 500) -> int:
+    """Remove data documents that no task names. Only a tombstoned lease can have such data (a
+    lease ends with its settles all matched, else it is tombstoned first: ``tombstone``), so the
+    sweep reads tombstones, not the data: each once, when it is older than ``grace``
+    (DATA_SWEEP_GRACE, longer than a write in flight can live) and its lease is gone, finding its
+    documents by (task, lease) for the tasks it lists. Its cost follows the tombstones (a few a
+    day), not the size of the store. Not removed: data of a worker frozen past the grace that
+    then inserts and dies before its own cleanup (no reader shows it), and of tombstones an
+    earlier version wrote without their tasks."""
+    now = now or utcnow()
+    grace = settings.DATA_SWEEP_GRACE if grace is None else grace
+    tombs, data = LostLease._get_collection(), CrawlerDownloadData._get_collection()
+    due = list(tombs.find({"swept": None, "at": {"$lte": now - timedelta(seconds=grace)}}).sort("at", 1).limit(batch))
+    open_ = {x["_id"] for x in CrawlerLease._get_collection().find({"_id": {"$in": [t["_id"] for t in due]}}, {"_id": 1})}
+    end, removed = time.monotonic() + budget, 0
+    for tomb in due:
+        if time.monotonic() > end:
+            break
+        if tomb["_id"] in open_:  # an attempt under it may still settle: look again next time
+            continue
+        docs = list(data.find({"task": {"$in": tomb.get("ids") or []}, "lease": tomb["_id"]},
+                              {"task": 1, "lease": 1, "response_body_gridfs": 1})) if tomb.get("ids") else []
+        keep = named(docs)
+        removed += _drop_data([d for d in docs if d["_id"] not in keep])
+        tombs.update_one({"_id": tomb["_id"]}, {"$set": {"swept": now}})
+    if removed:
+        logger.warning("defender: removed %s data documents that no task names (orphans of lost attempts)", removed)
+    return removed

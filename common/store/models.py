@@ -1,0 +1,462 @@
+"""MongoDB documents (mongoengine), two aliases as in the seed: "source" and "log".
+
+Collection names are mongoengine's defaults for the seed's class names; analysts query them
+directly, so field names and status strings are part of the interface (README "Schema").
+Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
+and the indexes.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from mongoengine import (
+    BinaryField,
+    BooleanField,
+    DateTimeField,
+    DictField,
+    FloatField,
+    Document,
+    IntField,
+    ListField,
+    ObjectIdField,
+    ReferenceField,
+    StringField,
+)
+
+
+def utcnow() -> datetime:
+    """Naive UTC, as BSON stores it."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def store_now() -> datetime:
+    """The source store's clock (naive UTC): the one clock leases and exports are stamped with
+    (``$currentDate`` by workers) and judged by (the defender), whatever each machine's clock says."""
+    return CrawlerLease._get_collection().database.command("hello")["localTime"]
+
+
+_store_offset = timedelta(0)  # the store's clock minus this machine's, as last measured
+
+
+def sync_store_clock() -> None:
+    """Measure this machine's clock against the store's (to within half a round trip); the
+    worker's heartbeat does so every beat."""
+    global _store_offset
+    before = utcnow()
+    store = store_now()
+    after = utcnow()
+    _store_offset = store - (before + (after - before) / 2)
+
+
+def store_time() -> datetime:
+    """Now by the store's clock without asking it (this machine's, corrected by the last
+    ``sync_store_clock``): the due times and stamps a worker writes."""
+    return utcnow() + _store_offset
+
+
+OBJECT_ID_TIMES = (datetime(1970, 1, 1), datetime(2106, 2, 7, 6, 28, 15))  # what an ObjectId's 4-byte time holds
+
+
+def id_at(when: datetime):
+    """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
+    outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
+    from bson import ObjectId
+
+    return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
+
+
+def iso(value):
+    """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
+    return value.isoformat() + "Z" if isinstance(value, datetime) else value
+
+
+ON, OFF = "ON", "OFF"
+
+# task statuses
+LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD = "LIVE", "DISPATCH", "SUCCESS", "FAIL", "CANCEL", "DEAD"
+TASK_STATUSES = (LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD)
+
+
+class Job(Document):
+    name = StringField(required=True, unique=True, max_length=128)
+    status = StringField(choices=(ON, OFF), default=ON)
+    priority = IntField(min_value=-1, max_value=5, default=5)
+    host = StringField(default="")
+    # The fresh-task cursor (see master/dispatch/selection.py): intake numbers a job's tasks 1, 2, ...
+    # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
+    seq_next = IntField(default=0)   # highest seq handed out by intake
+    seq_sent = IntField(default=0)   # highest seq the dispatcher sent out
+    intake = ListField(DictField())  # reservations still being inserted: {"seq": first, "at": time}
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    report_at = DateTimeField()       # report_mails: when the last drain summary went out
+    report_counts = DictField()       # report_mails: task counts the last summary reported
+    alert_mail_at = DateTimeField()   # report_mails: when the last alert mail went out
+    meta = {"db_alias": "source", "indexes": [("status", "priority")]}
+
+
+def job_named(name) -> "Job":
+    """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
+    from common.errors import NotFound, ValidationError
+
+    if not isinstance(name, str):
+        raise ValidationError("job must be a string")
+    job = Job.objects(name=name).first()
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return job
+
+
+class CrawlerDownloadType(Document):
+    language = StringField(required=True, unique=True)
+    is_support = StringField(choices=("support", "unsupport"), default="support")
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+class CrawlerDownload(Document):
+    job = ReferenceField(Job, required=True, unique=True)
+    code = StringField(default="")
+    types = ReferenceField(CrawlerDownloadType, required=True)
+    status = StringField(choices=(ON, OFF), default=ON)
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+from common.jobsettings import ENGINES  # noqa: E402  (re-exported: built-in engines, the first the default)
+
+
+class CrawlerDownloadSetting(Document):
+    """A job's settings: the fields of ``common.jobsettings.SETTINGS`` (a test holds them equal)."""
+
+    PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
+    job = ReferenceField(Job, required=True, unique=True)
+    dispatch_num = IntField(min_value=1, max_value=100_000, default=100)
+    max_retry_times = IntField(min_value=0, max_value=100, default=5)
+    proxy = StringField(default="")
+    cookie = StringField(default="")
+    headers = DictField()
+    download_engine = StringField(max_length=16, default=ENGINES[0])
+    download_js = StringField(default="")
+    prior = IntField(min_value=0, max_value=2, default=0)
+    report_mails = StringField(max_length=256, default="")
+    host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
+    host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
+    obey_robots = BooleanField()                           # None: true for the built-in engine
+    allow_private = BooleanField(default=False)            # downloads may reach loopback/private addresses too
+    data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
+    log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
+    last_update_datetime = DateTimeField(default=utcnow)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source"}
+
+
+class CrawlerTask(Document):
+    """One URL of one job, numbered ``seq`` within its job by intake.
+
+    A fresh task (``retry_at`` null) goes out once, in a queue entry, without a write of its
+    own: it stays LIVE until the worker settles it, and the entry's lease (``crawler_lease``)
+    says where it is. A task that goes again (a retry, a recovery, a requeue; ``retry_at`` set)
+    is marked DISPATCH with the ``lease`` of its entry. ``retry_at`` is when a FAIL or requeued
+    task may go again (null on a FAIL: never)."""
+
+    job = ReferenceField(Job, required=True)
+    uri = StringField(required=True)
+    seq = IntField()
+    status = StringField(choices=TASK_STATUSES, default=LIVE)
+    download_times = IntField(default=0)
+    recoveries = IntField(default=0)
+    host_name = StringField(default="")
+    lease = StringField()
+    queue = StringField()
+    dispatched_at = DateTimeField()
+    retry_at = DateTimeField()
+    failed_reason = StringField()
+    data_lease = StringField()  # on SUCCESS: the lease of its crawler_download_data document
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {
+        "db_alias": "source",
+        "indexes": [
+            {"fields": ("job", "uri"), "unique": True},
+            # fresh selection (job, LIVE, null, seq range), retry selection (job, FAIL, <= now)
+            ("job", "status", "retry_at", "seq"),
+            # a job's tasks of one status in _id order (pages, reports, cancel/requeue, and
+            # retention: a task changed before T was made before T)
+            ("job", "status", "_id"),
+            ("job", "_id"),  # a job's tasks in _id order (pages)
+        ],
+    }
+
+
+class CrawlerTaskCount(Document):
+    """A job's tasks per status, kept as they change (``common/store/counts.py``)."""
+
+    id = ObjectIdField(primary_key=True)  # the job
+    LIVE = IntField(default=0)
+    DISPATCH = IntField(default=0)
+    SUCCESS = IntField(default=0)
+    FAIL = IntField(default=0)
+    CANCEL = IntField(default=0)
+    DEAD = IntField(default=0)
+    first = ObjectIdField()  # no task, data or log of the job was made before (common.store.paging)
+    last = ObjectIdField()   # ... nor after
+    meta = {"db_alias": "source", "collection": "crawler_task_count"}
+
+
+QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
+FRESH, AGAIN = "FRESH", "AGAIN"  # an entry of fresh tasks (still LIVE) or of tasks sent again (DISPATCH)
+
+class CrawlerLease(Document):
+    """The lease of one queue entry (rq job ``dc-<_id>``): the tasks it carries, from enqueue
+    to settle. Its whole life, and the fence, is ``common/store/leases.py``."""
+
+    id = StringField(primary_key=True)
+    job = ReferenceField(Job, required=True)
+    queue = StringField(required=True)
+    kind = StringField(choices=(FRESH, AGAIN), required=True)
+    ids = ListField(ObjectIdField())
+    uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
+    attempts = ListField(IntField())  # their download_times when sent
+    state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
+    worker = StringField()
+    hostname = StringField()
+    created_at = DateTimeField(default=utcnow)
+    started_at = DateTimeField()
+    beat_at = DateTimeField()
+    lost_reason = StringField()
+    missing_at = DateTimeField()      # QUEUED: when the defender first found its entry in no queue
+    meta = {"db_alias": "source", "indexes": [("state", "beat_at")]}
+
+
+class LostLease(Document):
+    """A tombstone: a lease that was given back by the defender or had a settle refused (its data
+    may have orphans), written before the lease ends and kept (a few a day). Readers check the
+    data of such leases document by document (``common.store.data.shown``); the orphan sweep looks
+    among the data it stored for ``ids`` (``common.store.leases.sweep_orphans``)."""
+
+    id = StringField(primary_key=True)
+    job = ObjectIdField()
+    reason = StringField()
+    at = DateTimeField()
+    ids = ListField(ObjectIdField())
+    swept = DateTimeField()
+    meta = {"db_alias": "source", "collection": "crawler_lease_lost"}
+
+
+class DefenderState(Document):
+    """When each chore is next due (``chore:<name>``: ``at``, master/maintenance.py)."""
+
+    id = StringField(primary_key=True)
+    at = DateTimeField()
+    meta = {"db_alias": "source", "collection": "defender_state"}
+
+
+class CrawlerDownloadData(Document):
+    """A successful attempt's response. It counts only while its task names it (task
+    ``data_lease`` = ``lease``); see the fence in ``common/store/leases.py``."""
+
+    job = ReferenceField(Job, required=True)
+    downloader = ReferenceField(CrawlerDownload)
+    task = ReferenceField(CrawlerTask, required=True)
+    lease = StringField(required=True)
+    url = StringField()
+    status_code = IntField()
+    requests_headers = DictField()
+    response_headers = DictField()
+    requests_body = BinaryField()
+    response_body = BinaryField()
+    response_body_gridfs = ObjectIdField()
+    encoding = StringField()
+    hostname = StringField()
+    remote_ip = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {
+        "db_alias": "source",
+        # not unique: each document gets its _id from the writer, so a retried insert is refused
+        # by _id; (task, lease) finds an attempt's data
+        "indexes": [("task", "lease"), ("job", "_id")],
+    }
+
+
+class CrawlerDownloadLog(Document):
+    job = ReferenceField(Job)
+    task = ReferenceField(CrawlerTask)
+    lease = StringField()
+    status = StringField(choices=(SUCCESS, FAIL))
+    requests_size = IntField(default=0)
+    response_size = IntField(default=0)
+    failed_reason = StringField(max_length=10240)
+    downloads_hostname = StringField()
+    spend_time = IntField(default=0)  # microseconds
+    coalesced_from = ReferenceField("CrawlerTask")  # the task whose download this one reused
+    add_datetime = DateTimeField(default=utcnow)
+    # no index on add_datetime: the _id (made when the log is written) orders and ranges by time,
+    # and on this store each index costs every insert
+    meta = {"db_alias": "log", "indexes": ["task", ("job", "_id")]}  # a task's logs; a job's, by time
+
+
+class CrawlerDispatchAlertLog(Document):
+    job = ReferenceField(Job)
+    type = StringField(max_length=128)
+    reason = StringField(max_length=10240, required=True)
+    content_bytes = IntField(default=0)
+    hostname = StringField(required=True)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+class CrawlerDispatchLog(Document):
+    """One record per queue entry a dispatcher run wrote (or failed to write)."""
+
+    job = ReferenceField(Job)
+    status = StringField(choices=(SUCCESS, FAIL))
+    queue = StringField()
+    lease = StringField()
+    count = IntField(default=0)
+    reason = StringField(max_length=10240)
+    hostname = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+class CrawlerRegistrationErrorLog(Document):
+    """A rejected ``job register``: nothing else was stored."""
+
+    name = StringField()
+    manifest = StringField()
+    reason = StringField(max_length=10240, required=True)
+    hostname = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log"}
+
+
+ADMIN, ANALYST = "admin", "analyst"
+ROLES = (ADMIN, ANALYST)
+
+
+class ApiToken(Document):
+    """A token of the HTTP API and console: only its SHA-256 is stored (shown once at creation)."""
+
+    name = StringField(required=True, unique=True, max_length=64)
+    role = StringField(choices=ROLES, required=True)
+    digest = StringField(required=True, unique=True)  # hex SHA-256 of the token
+    jobs = ListField(StringField())  # an analyst's grants: it sees every export of these jobs
+    add_datetime = DateTimeField(default=utcnow)
+    last_used_at = DateTimeField()
+    meta = {"db_alias": "control"}
+
+
+class WebSession(Document):
+    """A console sign-in: the cookie holds a random secret whose SHA-256 is ``_id``; kept in
+    MongoDB so that any web process behind a load balancer knows it and signing out ends it."""
+
+    id = StringField(primary_key=True)
+    token = StringField(required=True)  # ApiToken.digest: revoking the token ends its sessions
+    csrf = StringField(required=True)
+    expires_at = DateTimeField(required=True)
+    meta = {"db_alias": "control", "indexes": ["token"]}
+
+
+# export states
+PENDING, EXPORT_RUNNING, CANCELLED, EXPIRED = "PENDING", "RUNNING", "CANCEL", "EXPIRED"
+EXPORT_STATES = (PENDING, EXPORT_RUNNING, SUCCESS, FAIL, CANCELLED, EXPIRED)
+EXPORT_FORMATS = ("csv", "jsonl", "xlsx")
+
+
+class Export(Document):
+    """An asynchronous export of a job's data: PENDING -> RUNNING -> SUCCESS | FAIL | CANCEL,
+    and EXPIRED once its file (GridFS bucket ``export_fs``, id ``file_id``) is removed."""
+
+    job = ReferenceField(Job, required=True)
+    job_name = StringField(required=True)
+    format = StringField(choices=EXPORT_FORMATS, required=True)
+    template = StringField(default="")           # TOML text as requested ("" = every field, flat)
+    filter = DictField()                         # {"status": [codes], "since": datetime, "until": datetime}
+    digest = StringField(required=True)          # MD5 of the canonical (job, format, template, filter)
+    callback_urls = ListField(StringField())
+    mails = ListField(StringField())
+    requested_by = StringField(default="")
+    state = StringField(choices=EXPORT_STATES, default=PENDING)
+    rows_done = IntField(default=0)
+    rows_total = IntField()
+    bytes = IntField(default=0)
+    attempts = IntField(default=0)               # attempts that ran (failed ones are retried)
+    recoveries = IntField(default=0)             # attempts whose worker died
+    error = StringField()
+    retry_at = DateTimeField()                   # PENDING: not before then
+    queued_at = DateTimeField()                  # PENDING: when its down_export entry was pushed
+    file_id = ObjectIdField()                    # the GridFS file being or been written
+    worker = StringField()
+    beat_at = DateTimeField()
+    max_exec_time = IntField()                   # seconds an attempt may run (None: EXPORT_MAX_EXEC_TIME)
+    deadline_at = DateTimeField()                # RUNNING: stopped and retried after then
+    created_at = DateTimeField(default=utcnow)
+    started_at = DateTimeField()
+    finished_at = DateTimeField()
+    expires_at = DateTimeField()
+    meta = {"db_alias": "source", "indexes": [("digest", "created_at"), ("state", "retry_at"), ("job_name", "-created_at"),
+                                              ("requested_by", "-created_at")]}
+
+
+class Notification(Document):
+    """A webhook or mail to deliver; retried with backoff until delivered or out of attempts."""
+
+    kind = StringField(choices=("webhook", "mail"), required=True)
+    target = StringField(required=True)          # URL or address
+    event = StringField(required=True)           # export.succeeded, export.failed, job.report, job.alert
+    subject = StringField(default="")
+    body = StringField(default="")               # JSON text (webhook) or message text (mail)
+    state = StringField(choices=(PENDING, SUCCESS, FAIL), default=PENDING)
+    attempts = IntField(default=0)
+    next_at = DateTimeField(default=utcnow)
+    claimed_until = DateTimeField()
+    last_error = StringField()
+    created_at = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source", "indexes": [("state", "next_at")]}
+
+
+class NotificationLog(Document):
+    """One delivery attempt of a webhook or mail."""
+
+    target = StringField()
+    kind = StringField()
+    event = StringField()
+    status = StringField()                       # SENT or FAIL
+    attempt = IntField()
+    error = StringField(max_length=2048)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log", "collection": "notification_log"}  # add_datetime: a TTL index (master/ops/retention.py)
+
+
+class ClusterSecret(Document):
+    """Random keys generated once for the cluster when SECRET_KEY / WEBHOOK_SECRET are unset."""
+
+    id = StringField(primary_key=True)
+    value = StringField(required=True)
+    meta = {"db_alias": "control"}
+
+
+ALL_MODELS = (
+    Export,
+    Notification,
+    NotificationLog,
+    ClusterSecret,
+    ApiToken,
+    WebSession,
+    Job,
+    CrawlerDownloadType,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerTask,
+    CrawlerTaskCount,
+    CrawlerLease,
+    LostLease,
+    DefenderState,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerRegistrationErrorLog,
+)

@@ -1,0 +1,1 @@
+"""Dispatching: the seq cursor and retries (selection), the run (dispatcher), its lock, the defender."""

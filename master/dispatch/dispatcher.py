@@ -1,0 +1,448 @@
+"""The dispatcher: move due tasks of ON jobs into the rq priority queues, within every cap.
+
+One run (``dispatch_download``):
+  1. take the cluster-wide lock (a second dispatcher exits at once; a ``--loop`` stands by) and arm a watchdog that
+     ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
+  2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);
+  3. per ON job: up to ``dispatch_num`` due tasks, those that go again first, then fresh ones
+     above the job's seq cursor (master/dispatch/selection.py);
+  4. plan entries of DISPATCH_BATCH_SIZE tasks per target queue, in job order (priority, host
+     or both), against each queue's free room and the run's total cap; fresh tasks are taken
+     in seq order and stop at the first that does not fit, so the cursor never skips one;
+  5. per job: insert the entries' lease documents, mark tasks that go again DISPATCH, move the
+     cursor (compare-and-set), then push each entry with a Redis script that checks the lock
+     and the cap atomically; an entry refused is released at once, and a lost lock ends the run;
+  6. dispatch logs are written per job as its entries go out; alerts at the end;
+  7. the chores that are due cluster-wide (master/maintenance.py), within a tenth of the run's budget.
+
+Per task the dispatcher writes nothing on the fresh path: its cost is per entry (50 tasks).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from redis import Redis
+
+from common.store import counts
+from common.config import settings
+from common.store.connection import redis_conn, unreachable
+from common.errors import ConfigError, DispatchLocked
+from common.store.leases import give_back, new_lease
+from common.store.models import (
+    AGAIN,
+    DISPATCH,
+    FAIL,
+    FRESH,
+    LIVE,
+    ON,
+    SUCCESS,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadSetting,
+    CrawlerLease,
+    CrawlerTask,
+    Job,
+    store_now,
+    utcnow,
+)
+from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
+from master import maintenance as chores
+from master.dispatch import defender
+from master.dispatch.lock import DispatchLock
+from master.dispatch.selection import EPOCH, Picked, fresh_cursor, select_again, select_fresh
+
+logger = logging.getLogger(__name__)
+
+ORDERS = ("priority", "host", "priority,host", "host,priority")
+
+
+@dataclass
+class Entry:
+    kind: str
+    queue: str
+    tasks: list[Picked] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list:
+        return [t.id for t in self.tasks]
+
+
+@dataclass
+class JobWork:
+    job: dict
+    dispatch_num: int
+    max_retry_times: int
+    prior: int = 0
+    again: list[Picked] = field(default_factory=list)
+    fresh: list[Picked] = field(default_factory=list)
+    read_to: int = 0
+    entries: list[Entry] = field(default_factory=list)
+    fresh_taken: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.job["name"]
+
+    def queue_of(self, picked: Picked) -> str:
+        """The job's level; a host's own queue when the task or job names one, else the
+        foreign queue for ``prior = 2``, else the shared queue."""
+        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "",
+                          foreign=self.prior == 2)
+
+
+@dataclass
+class DispatchReport:
+    tasks: Counter = field(default_factory=Counter)    # per queue
+    entries: Counter = field(default_factory=Counter)  # per queue
+    alerts: list[str] = field(default_factory=list)
+    recovered: int = 0
+    failed_entries: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.tasks.values())
+
+    def as_dict(self) -> dict:
+        return {"tasks": dict(self.tasks), "entries": dict(self.entries), "total": self.total,
+                "recovered": self.recovered, "failed_entries": self.failed_entries, "alerts": list(self.alerts)}
+
+
+# --- pure parts --------------------------------------------------------------------------
+
+def order_key(job, order: str = "priority") -> tuple:
+    """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
+    get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
+    host, priority, name = get("host", "") or "", get("priority", 5), get("name", "")
+    host_key = (0 if host else 1, host)
+    if order == "host":
+        return (*host_key, priority, name)
+    if order in ("priority,host", "host,priority"):
+        return (priority, *host_key, name)
+    return (priority, name)
+
+
+def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
+         batch_size: int) -> tuple[list[Entry], int, str | None]:
+    """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
+    and ``total`` tasks. FRESH tasks stop at the first that does not fit, so the cursor can
+    follow. Returns (entries, tasks taken, why some were left or None)."""
+    prefix = kind == FRESH
+    entries: list[Entry] = []
+    open_: dict[str, Entry] = {}
+    taken, why = 0, None
+    for t in tasks:
+        if total - taken <= 0:
+            why = "total_cap"
+            break
+        q = queue_of(t)
+        cur = open_.get(q)
+        if cur is None or len(cur.tasks) >= batch_size:
+            if free.get(q, 0) <= 0:
+                why = why or f"queue_full:{q}"
+                if prefix:
+                    break
+                continue
+            free[q] = free.get(q, 0) - 1
+            cur = open_[q] = Entry(kind, q)
+            entries.append(cur)
+        cur.tasks.append(t)
+        taken += 1
+    return entries, taken, why
+
+
+def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int) -> list[tuple[JobWork, str, str]]:
+    """Give each work its entries in job order; return alerts as (work, type, reason)."""
+    alerts = []
+    for work in works:
+        for kind, tasks in ((AGAIN, work.again), (FRESH, work.fresh)):
+            entries, taken, why = pack(kind, tasks, work.queue_of, free, total, batch_size)
+            work.entries += entries
+            total -= taken
+            if kind == FRESH:
+                work.fresh_taken = taken
+            if taken < len(tasks):
+                left = f"{len(tasks) - taken} of {len(tasks)} {'fresh' if kind == FRESH else 'retry'} tasks stay for a later run"
+                if why and why.startswith("queue_full:"):
+                    q = why.split(":", 1)[1]
+                    alerts.append((work, "queue_full", f"queue {q} is full (cap {cap(q)} entries): {left}"))
+                else:
+                    alerts.append((work, "total_cap", f"MAX_TOTAL_DISPATCH_COUNT_ONCE reached: {left}"))
+    return alerts
+
+
+def entry_timeout() -> int:
+    """rq's limit for one entry when run by a plain ``rq worker``: its downloads run at once
+    (up to DOWNLOAD_CONCURRENCY), each within DOWNLOAD_TIMEOUT, then the store."""
+    rounds = -(-settings.DISPATCH_BATCH_SIZE // max(1, settings.DOWNLOAD_CONCURRENCY))
+    return int(settings.DOWNLOAD_TIMEOUT * rounds + 120)
+
+
+def check_settings() -> None:
+    """Refuse settings that would break the run's guarantees (one line each)."""
+    if settings.DISPATCH_ORDER not in ORDERS:
+        raise ConfigError(f"DISPATCH_ORDER must be one of {', '.join(ORDERS)}; got {settings.DISPATCH_ORDER!r}")
+    if settings.LEASE_TIMEOUT <= entry_timeout():
+        raise ConfigError(f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed an entry's longest run "
+                          f"({entry_timeout()}s from DOWNLOAD_TIMEOUT, DISPATCH_BATCH_SIZE, DOWNLOAD_CONCURRENCY)")
+    if settings.DISPATCH_BATCH_SIZE < 1:
+        raise ConfigError("DISPATCH_BATCH_SIZE must be at least 1")
+
+
+# --- selection ---------------------------------------------------------------------------
+
+def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
+    conf = {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
+        {"job": {"$in": [j["_id"] for j in jobs]}}, {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1})}
+    coll = CrawlerTask._get_collection()
+
+    def load(job: dict) -> JobWork:
+        c = conf.get(job["_id"], {})
+        work = JobWork(job=job, dispatch_num=c.get("dispatch_num", settings.DEFAULT_DISPATCH_NUM),
+                       max_retry_times=c.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES),
+                       prior=c.get("prior", 0))
+        work.again = select_again(coll, job["_id"], work.max_retry_times, work.dispatch_num, now)
+        work.fresh, work.read_to = select_fresh(coll, job, work.dispatch_num - len(work.again), now)
+        return work
+
+    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
+        return [w for w in pool.map(load, jobs) if w.again or w.fresh]
+
+
+# --- sending -----------------------------------------------------------------------------
+
+def release_entry(job_id, lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
+    """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
+    give_back(job_id, ids, lease, kind, f"not sent: {reason}", now)
+    CrawlerLease._get_collection().delete_one({"_id": lease})
+
+
+class Run:
+    """One dispatcher run's shared state (report, lock token, stop flag)."""
+
+    def __init__(self, redis: Redis, token: bytes | str, now: datetime) -> None:
+        self.redis, self.token, self.now = redis, token, now
+        self.report = DispatchReport()
+        self.lost_lock = False
+        self._mutex = threading.Lock()
+
+    def send(self, work: JobWork) -> None:
+        """Send one job's planned entries (see the module docstring, step 5)."""
+        if not work.entries or self.lost_lock:
+            return
+        now = self.now
+        leases = [uuid.uuid4().hex for _ in work.entries]
+        CrawlerLease._get_collection().insert_many(
+            [new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now) for lease, e in zip(leases, work.entries)],
+            ordered=False)
+        tasks = CrawlerTask._get_collection()
+        moves = []
+        for lease, e in zip(leases, work.entries):
+            if e.kind != AGAIN:
+                continue
+            for status in (FAIL, LIVE):  # still due (select_again checked the rest); by _id and one status,
+                ids = [t.id for t in e.tasks if t.status == status]  # as an $or makes some servers scan every task
+                if not ids:
+                    continue
+                moved = tasks.update_many(
+                    {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
+                    {"$set": {"status": DISPATCH, "lease": lease, "queue": e.queue, "dispatched_at": now,
+                              "last_update_datetime": now}}).modified_count
+                moves.append((work.job["_id"], status, DISPATCH, moved))
+        counts.move(moves)
+        if work.fresh:
+            new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
+            moved = Job._get_collection().update_one(
+                {"_id": work.job["_id"], "seq_sent": work.job.get("seq_sent", 0)}, {"$set": {"seq_sent": new}})
+            if moved.matched_count == 0:  # another dispatcher sent these fresh tasks: send nothing
+                for lease, e in zip(leases, work.entries):
+                    if e.kind == AGAIN:
+                        release_entry(work.job["_id"], lease, e.kind, e.ids, "another dispatcher ran", now)
+                    else:  # the other run owns them now
+                        CrawlerLease._get_collection().delete_one({"_id": lease})
+                self.lost_lock = True
+                return
+        pipe = self.redis.pipeline(transaction=False)
+        for lease, e in zip(leases, work.entries):
+            mapping = entry_mapping(rq_queue(e.queue, self.redis), lease, entry_timeout(),
+                                    settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
+            push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
+                       at_front=work.prior == 1, client=pipe)
+        try:
+            results = pipe.execute()
+        except Exception as exc:  # Redis down: unknown which entries got in; their leases stay QUEUED and
+            # the defender gives back those that are in no queue
+            logger.warning("dispatch of job %s: Redis failed: %s", work.name, exc)
+            results = [None] * len(leases)
+        logs = []
+        for lease, e, res in zip(leases, work.entries, results):
+            log = {"job": work.job["_id"], "queue": e.queue, "lease": lease, "count": len(e.tasks),
+                   "hostname": settings.HOSTNAME, "add_datetime": now}
+            if res == PUSHED:
+                logs.append({**log, "status": SUCCESS})
+                with self._mutex:
+                    self.report.tasks[e.queue] += len(e.tasks)
+                    self.report.entries[e.queue] += 1
+                continue
+            why = {FULL: f"queue {e.queue} reached its cap", NOT_OWNER: "dispatcher lock lost"}.get(
+                res, "Redis unavailable" if res is None else f"push failed: {res!r}")
+            if res == NOT_OWNER:
+                self.lost_lock = True
+            # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
+            if res is not None:
+                release_entry(work.job["_id"], lease, e.kind, e.ids, why, now)
+            logs.append({**log, "status": FAIL, "reason": why})
+            with self._mutex:
+                self.report.failed_entries += 1
+        if logs:
+            CrawlerDispatchLog._get_collection().insert_many(logs, ordered=False)
+
+
+def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
+    start = time.monotonic()
+    recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True) if defend \
+        else defender.RecoveryReport()
+    now = store_now()  # the clock leases and retry times are judged by
+    run = Run(redis, token, now)
+    run.report.recovered = recovered.recovered + recovered.requeued
+    jobs = sorted(Job._get_collection().find({"status": ON}, {"name": 1, "priority": 1, "host": 1, "seq_sent": 1,
+                                                              "seq_next": 1, "intake": 1}),
+                  key=lambda j: order_key(j, settings.DISPATCH_ORDER))
+    if not jobs:
+        chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
+        return run.report
+    works = _load_works(jobs, now)
+    queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh)})
+    pipe = redis.pipeline(transaction=False)
+    for name in queues:
+        pipe.llen(queue_key(name))
+    free = {name: max(0, cap(name) - n) for name, n in zip(queues, pipe.execute())}
+    alerts = plan(works, free, settings.MAX_TOTAL_DISPATCH_COUNT_ONCE, settings.DISPATCH_BATCH_SIZE)
+    with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
+        list(pool.map(run.send, works))
+    if alerts:
+        CrawlerDispatchAlertLog._get_collection().insert_many([
+            {"job": w.job["_id"], "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
+             "hostname": settings.HOSTNAME, "add_datetime": now}
+            for w, kind, reason in alerts
+        ])
+        run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
+    if run.lost_lock:
+        raise DispatchLocked("lost the dispatcher lock during the run; stopped")
+    chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
+    logger.debug("dispatch run took %.3fs", time.monotonic() - start)
+    return run.report
+
+
+# --- the lock and the run ----------------------------------------------------------------
+
+def _watchdog(lock: DispatchLock) -> threading.Timer:
+    def fire() -> None:
+        logger.error("dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: stopped", settings.DISPATCH_USE_POOL_TIMEOUT)
+        lock.release()
+        os._exit(3)
+
+    timer = threading.Timer(settings.DISPATCH_USE_POOL_TIMEOUT, fire)
+    timer.daemon = True
+    return timer
+
+
+def _timed_run(redis: Redis, lock: DispatchLock, watchdog: bool, defend: bool = True) -> DispatchReport:
+    timer = _watchdog(lock)
+    if watchdog:
+        timer.start()
+    try:
+        return _run(redis, lock.token, defend)
+    finally:
+        timer.cancel()
+
+
+def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> DispatchReport:
+    """One dispatcher run under the cluster lock (raises DispatchLocked if it is held)."""
+    check_settings()
+    redis = redis or redis_conn()
+    with DispatchLock(redis) as lock:
+        return _timed_run(redis, lock, watchdog)
+
+
+def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
+    """``dispatch --loop``: keep the queues topped up, holding the lock between runs. The
+    defender runs every HEARTBEAT_INTERVAL seconds (it cannot judge faster than heartbeats
+    change), not every top-up. Finding the lock held, it stands by and takes over once it is
+    free (a dead holder's lock expires within DISPATCH_LOCK_TTL). SIGTERM (a supervisor stopping
+    it) ends it within DISPATCH_STOP_GRACE, its lock released."""
+    check_settings()
+    lock = DispatchLock(redis)
+    stopping = threading.Event()
+
+    def terminate(signum, frame) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        _exit_later(lock)  # even if a broad ``except`` on the way swallows the SystemExit
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, terminate)
+    done, defended, standing_by = 0, float("-inf"), False
+    while not stopping.is_set() and (max_runs is None or done < max_runs):
+        try:
+            acquired = lock.acquire()
+        except Exception as exc:  # Redis away (a failover, say): try again, never exit
+            if unreachable(exc) is None:
+                raise
+            logger.warning("%s: trying again", unreachable(exc))
+            stopping.wait(1.0)
+            continue
+        if not acquired:
+            if not standing_by:
+                logger.warning("another dispatcher holds the lock: standing by")
+                standing_by = True
+            stopping.wait(min(1.0, settings.DISPATCH_LOCK_TTL / 3))
+            continue
+        standing_by = False
+        try:
+            while not stopping.is_set():
+                defend = time.monotonic() - defended >= settings.HEARTBEAT_INTERVAL
+                if defend:
+                    defended = time.monotonic()
+                report = _timed_run(redis, lock, True, defend)
+                done += 1
+                if on_run:
+                    on_run(report)
+                if max_runs is not None and done >= max_runs:
+                    break
+                stopping.wait(interval)
+                lock.keep()
+        except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
+            logger.warning("%s; standing by", exc)
+        except Exception as exc:  # Redis away mid-run: its leases stay QUEUED for the defender; go on
+            if unreachable(exc) is None:
+                raise
+            logger.warning("%s: trying again", unreachable(exc))
+            stopping.wait(1.0)
+        finally:
+            try:
+                lock.release()
+            except Exception as exc:  # Redis away: the lock expires by itself within DISPATCH_LOCK_TTL
+                logger.warning("lock not released: %s", type(exc).__name__)
+
+
+def _exit_later(lock: DispatchLock) -> None:
+    def fire() -> None:
+        logger.error("dispatcher not stopped within DISPATCH_STOP_GRACE=%ss: lock released, exiting",
+                     settings.DISPATCH_STOP_GRACE)
+        lock.release()
+        os._exit(0)
+
+    timer = threading.Timer(settings.DISPATCH_STOP_GRACE, fire)
+    timer.daemon = True
+    timer.start()

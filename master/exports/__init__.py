@@ -1,0 +1,1 @@
+"""The download center: export requests, their recovery, and the CLI dump."""

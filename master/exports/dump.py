@@ -1,0 +1,74 @@
+"""``downcluster data export``: stream a job's stored data as CSV, JSON Lines or Excel.
+
+Without a template, CSV and JSON Lines carry every document whole (JSON Lines keeps the body
+byte-exact, base64); with a template, or as Excel, the file is what the export center writes
+(``common/exports/tabular.py``) for the same template and filter.
+
+Documents that their task names (``common.store.data.visible``) are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
+bounded whatever the job's size. JSONL keeps the body byte-exact (base64) next to a decoded
+text; CSV carries the decoded text.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+from typing import IO, Iterator
+
+from common.store.data import body_of, data_filter, export_source, gridfs_of, text_of, visible
+from common.errors import ValidationError
+from common.store.models import CrawlerDownloadData, job_named
+from common.exports.tabular import WRITERS
+
+FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
+
+
+def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
+    job = job_named(job_name)
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    query = data_filter(job.id, flt or {})
+    cursor = coll.find(query, {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
+    for doc in visible(cursor):
+        body = body_of(doc, fs)
+        meta = {
+            "task_id": str(doc["task"]), "url": doc.get("url"), "status_code": doc.get("status_code"),
+            "encoding": doc.get("encoding"), "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
+            "add_datetime": doc["add_datetime"].isoformat() if doc.get("add_datetime") else None,
+        }
+        yield meta, body
+
+
+def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dict | None = None) -> int:
+    """Write the job's data to the binary ``out``; return the number of documents written."""
+    from master.exports.service import check
+
+    checked = check(job_name, fmt, template, flt)
+    if template or fmt == "xlsx":
+        source = export_source(checked.job.id, checked.filter, checked.template, fmt)
+        return WRITERS[fmt](checked.template, source, out)
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+    try:
+        return _whole_documents(job_name, fmt, checked.filter, text)
+    finally:
+        text.detach()
+
+
+def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
+    count = 0
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow([*FIELDS, "body"])
+        for meta, body in rows(job_name, flt):
+            writer.writerow([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])])
+            count += 1
+    elif fmt == "jsonl":
+        for meta, body in rows(job_name, flt):
+            record = {**meta, "body_base64": base64.b64encode(body).decode("ascii"),
+                      "body_text": text_of(body, meta["encoding"])}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    else:
+        raise ValidationError(f"format must be csv, jsonl or xlsx, got {fmt!r}")
+    return count

@@ -1,0 +1,317 @@
+"""The export center: request (checked, de-duplicated, queued on ``down_export``), show, list,
+link, cancel; and ``tend``, run by every dispatcher: recover exports whose worker died (the
+defender's rules), send again those whose entry was lost or whose retry is due, expire old
+files, deliver due notifications.
+
+Who may see what: an export belongs to the token that requested it; an analyst sees
+its own exports and those of the jobs it is granted (``downcluster token grant``), an admin all;
+to anyone else an export does not exist (404).
+
+De-duplication (seeds 001, 004): the MD5 of the canonical (job, format, template, filter) finds
+an earlier export that is PENDING, RUNNING, or SUCCESS and younger than EXPORT_DEDUP_WINDOW;
+that one is returned (``deduplicated``) and the new request's callback and mails join it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from redis import Redis
+
+from common.config import settings
+from common.errors import Conflict, NotFound, ValidationError
+from common.store.models import (
+    ADMIN,
+    ApiToken,
+    job_named,
+    CANCELLED,
+    EXPIRED,
+    EXPORT_FORMATS,
+    EXPORT_RUNNING,
+    FAIL,
+    PENDING,
+    SUCCESS,
+    Export,
+    iso,
+    store_now,
+    utcnow,
+)
+from common.queue.names import EXPORT_QUEUE
+from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
+from common.exports.events import publish
+from common.notify import check_callback, check_mail, deliver_due
+from common.signing import export_url
+from common.exports.tabular import check_fits
+from common.exports.templates import parse_template
+from master.views import object_id
+
+
+
+@dataclass
+class Requested:
+    export: Export
+    deduplicated: bool
+
+
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$")
+
+
+def parse_time(value: Any, what: str) -> datetime | None:
+    """An RFC 3339 date-time (``2026-11-01T00:00:00Z``; the API's ``format: date-time``) as naive UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not RFC3339.match(value):
+        raise ValidationError(f"{what}: {str(value)[:40]!r} is not an RFC 3339 date-time "
+                              "(like 2026-11-01T00:00:00Z)")
+    text = value.upper().replace("Z", "+00:00")
+    if text[17:19] == "60":  # a leap second: the last instant of its minute
+        text = text[:17] + "59.999999" + text[19:].lstrip(".0123456789")
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError(f"{what}: {value[:40]!r} is not a date-time") from None
+    if stamp.tzinfo is not None:
+        stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+    return stamp
+
+
+def check_filter(raw: Any) -> dict:
+    """{"status": [HTTP status codes], "since", "until"} -> the stored form (codes as ints, naive UTC)."""
+    raw = raw or {}
+    if not isinstance(raw, dict) or set(raw) - {"status", "since", "until"}:
+        raise ValidationError("filter takes only status, since and until")
+    codes = []
+    for code in raw.get("status") or []:
+        text = str(code) if isinstance(code, (int, str)) and not isinstance(code, bool) else ""
+        if not text.isdigit() or not 100 <= int(text) <= 599:
+            raise ValidationError(f"filter.status: {str(code)[:20]!r} is not an HTTP status code")
+        codes.append(int(text))
+    out: dict[str, Any] = {}
+    if codes:
+        out["status"] = sorted(set(codes))
+    for key in ("since", "until"):
+        stamp = parse_time(raw.get(key), f"filter.{key}")
+        if stamp:
+            out[key] = stamp
+    if out.get("since") and out.get("until") and out["since"] >= out["until"]:
+        raise ValidationError("filter: since must be before until")
+    return out
+
+
+def digest(job: str, fmt: str, template_canonical: dict, flt: dict) -> str:
+    canonical = json.dumps({"job": job, "format": fmt, "template": template_canonical,
+                            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()}},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.md5(canonical.encode()).hexdigest()
+
+
+@dataclass
+class Checked:
+    """An export request checked (what a synchronous download writes at once)."""
+    job: Any
+    format: str
+    template: Any
+    filter: dict
+
+
+def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None) -> Checked:
+    if not isinstance(job_name, str):
+        raise ValidationError("job must be a string")
+    job = job_named(job_name)
+    if fmt not in EXPORT_FORMATS:
+        raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
+    if template is not None and not isinstance(template, str):
+        raise ValidationError("template must be TOML or JSON text")
+    parsed = parse_template(template)
+    check_fits(parsed, fmt)
+    return Checked(job, fmt, parsed, check_filter(flt))
+
+
+def check_exec_time(value: Any) -> int | None:
+    if value is None:
+        return None
+    limit = settings.EXPORT_MAX_EXEC_TIME_LIMIT
+    if isinstance(value, bool) or not isinstance(value, int) or not 10 <= value <= limit:
+        raise ValidationError(f"max_exec_time must be whole seconds from 10 to {limit}")
+    return value
+
+
+def request(redis: Redis, job_name: Any, fmt: Any, template: Any = "", flt: Any = None, callback_url: Any = None,
+            mails: Any = (), requested_by: str = "", max_exec_time: Any = None) -> Requested:
+    """Check and queue an export (or return the identical one already underway or fresh)."""
+    checked = check(job_name, fmt, template, flt)
+    job, parsed, cleaned = checked.job, checked.template, checked.filter
+    max_exec_time = check_exec_time(max_exec_time)
+    callbacks = [check_callback(callback_url)] if callback_url else []
+    if isinstance(mails, str) or not isinstance(mails, (list, tuple)) or len(mails) > 20:
+        raise ValidationError("mails must be a list of at most 20 addresses")
+    mails = [check_mail(m) for m in mails]
+    key = digest(job.name, fmt, parsed.canonical(), cleaned)
+    with redis.lock(f"downcluster:export:dedup:{key}", timeout=30, blocking_timeout=30):
+        now = utcnow()
+        earlier = Export.objects(digest=key).filter(
+            __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
+                             {"state": SUCCESS, "created_at": {"$gte": now - timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)}}]}
+        ).order_by("-created_at").first()
+        if earlier is not None:
+            _join(earlier, callbacks, mails)
+            return Requested(earlier, True)
+        export = Export(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned, digest=key,
+                        callback_urls=callbacks, mails=mails, requested_by=requested_by, created_at=now, retry_at=now,
+                        max_exec_time=max_exec_time)
+        export.save(force_insert=True)
+    push(redis, export)
+    return Requested(export, False)
+
+
+def _join(export: Export, callbacks: list[str], mails: list[str]) -> None:
+    """Add a de-duplicated request's targets; if the export already ended, tell them now."""
+    if not callbacks and not mails:
+        return
+    Export.objects(id=export.id).update_one(add_to_set__callback_urls=callbacks, add_to_set__mails=mails)
+    if export.state == SUCCESS:
+        from common.exports.events import announce
+
+        announce(export, callbacks, mails)
+
+
+def push(redis: Redis, export: Export) -> None:
+    """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
+    rq_queue(EXPORT_QUEUE, redis).enqueue_call(
+        EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
+        failure_ttl=7 * 24 * 3600, timeout=(export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
+    Export.objects(id=export.id, state=PENDING).update_one(set__queued_at=utcnow())
+
+
+def may_see(token: ApiToken | None, export: Export) -> bool:
+    """None is the operator at the command line, who sees everything."""
+    return token is None or token.role == ADMIN or export.requested_by == token.name or export.job_name in token.jobs
+
+
+def get(export_id: Any, token: ApiToken | None = None) -> Export:
+    try:
+        export = Export.objects(id=object_id(export_id)).first()
+    except ValidationError:  # not an id: no such export
+        export = None
+    if export is None or not may_see(token, export):
+        raise NotFound(f"no export {str(export_id)[:40]!r}")
+    return export
+
+
+def describe(export: Export, ttl: int | None = None) -> dict:
+    return {"id": str(export.id), "job": export.job_name, "format": export.format, "state": export.state,
+            "rows_done": export.rows_done, "rows_total": export.rows_total, "bytes": export.bytes,
+            "attempts": export.attempts, "error": export.error,
+            "url": export_url(str(export.id), ttl) if export.state == SUCCESS else None,
+            "requested_by": export.requested_by, "max_exec_time": export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME,
+            "created_at": iso(export.created_at), "finished_at": iso(export.finished_at),
+            "expires_at": iso(export.expires_at)}
+
+
+def listing(job_name: str | None = None, limit: int = 50, token: ApiToken | None = None) -> list[Export]:
+    query = Export.objects(job_name=job_name) if job_name else Export.objects
+    if token is not None and token.role != ADMIN:
+        query = query.filter(__raw__={"$or": [{"requested_by": token.name}, {"job_name": {"$in": list(token.jobs)}}]})
+    return list(query.order_by("-created_at").limit(limit))
+
+
+def check_ttl(ttl: Any) -> int:
+    limit = settings.EXPORT_URL_MAX_TTL
+    if ttl is None:
+        return settings.EXPORT_URL_TTL
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= limit:
+        raise ValidationError(f"ttl must be whole seconds from 1 to {limit} (EXPORT_URL_MAX_TTL)")
+    return ttl
+
+
+def link(export_id: Any, ttl: int | None = None, token: ApiToken | None = None) -> tuple[str, datetime]:
+    """A signed link to a finished export's file and when it ends (``ttl`` seconds, default
+    EXPORT_URL_TTL, at most EXPORT_URL_MAX_TTL)."""
+    export = get(export_id, token)
+    seconds = check_ttl(ttl)
+    if export.state != SUCCESS:
+        raise Conflict(f"export {export_id} is {export.state}: only a SUCCESS export has a file")
+    return export_url(str(export.id), seconds), utcnow() + timedelta(seconds=seconds)
+
+
+def cancel(redis: Redis, export_id: Any, token: ApiToken | None = None) -> Export:
+    """PENDING or RUNNING -> CANCEL (a running worker sees it at its next progress write, stops
+    and removes its partial file)."""
+    export = get(export_id, token)
+    done = Export._get_collection().update_one(
+        {"_id": export.id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
+        {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
+    if not done.modified_count:
+        raise Conflict(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
+    rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
+    publish(export.id)
+    export.reload()
+    return export
+
+
+# --- tending (every dispatcher run) ------------------------------------------------------
+
+@dataclass
+class TendReport:
+    recovered: int = 0
+    overran: int = 0
+    sent: int = 0
+    expired: int = 0
+    notified: int = 0
+
+
+def tend(redis: Redis) -> TendReport:
+    """Recover, resend, expire, notify. Each part is independent; none raises into the dispatcher."""
+    from common.store.data import drop_export_file
+
+    report = TendReport()
+    coll = Export._get_collection()
+    now = store_now()  # the clock the exporter stamps beat_at with
+    dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
+    for doc in coll.find({"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, {"file_id": 1, "recoveries": 1}):
+        final = doc.get("recoveries", 0) + 1 >= settings.MAX_RECOVERIES
+        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
+                           "error": "its worker died" + (f" {settings.MAX_RECOVERIES} times" if final else ""),
+                           **({"finished_at": now} if final else {})},
+                  "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
+        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, update).modified_count:
+            drop_export_file(doc.get("file_id"))
+            report.recovered += 1
+            publish(doc["_id"])
+            if final:
+                from common.exports.events import announce
+
+                announce(Export.objects.get(id=doc["_id"]))
+    for doc in coll.find({"state": EXPORT_RUNNING, "deadline_at": {"$lt": now}}, {"file_id": 1, "attempts": 1, "max_exec_time": 1}):
+        # over its time limit: stopped and retried even if its worker still beats (it finds the
+        # export no longer its own at its next progress write and stops)
+        limit = doc.get("max_exec_time") or settings.EXPORT_MAX_EXEC_TIME
+        final = doc.get("attempts", 0) >= settings.EXPORT_MAX_RETRIES
+        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
+                           "error": f"ran over its time limit of {limit} s (max_exec_time)",
+                           **({"finished_at": now} if final else {})}, "$unset": {"queued_at": 1}}
+        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "deadline_at": {"$lt": now}}, update).modified_count:
+            drop_export_file(doc.get("file_id"))
+            report.overran += 1
+            publish(doc["_id"])
+            if final:
+                from common.exports.events import announce
+
+                announce(Export.objects.get(id=doc["_id"]))
+    for doc in coll.find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1}):
+        if doc.get("queued_at") and entry_exists(redis, export_entry_id(doc["_id"])):
+            continue  # its entry waits in the queue
+        push(redis, Export.objects.get(id=doc["_id"]))
+        report.sent += 1
+    for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
+        if coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}}).modified_count:
+            drop_export_file(doc.get("file_id"))
+            report.expired += 1
+            publish(doc["_id"])
+    report.notified = deliver_due()
+    return report
+

@@ -1,0 +1,76 @@
+"""The maintenance table: each chore, how often it runs cluster-wide, and what runs it.
+
+A chore with an interval is due when its next time, kept in the store (``defender_state``,
+``_id`` ``chore:<name>``, ``at`` by the store's clock), has come; the process that takes it by
+compare-and-set runs it and every other skips it, so a cron ``dispatch`` does only dispatching
+unless a chore is due cluster-wide, however many dispatchers run and however often. Chores
+without an interval are cheap checks each dispatcher run makes (each reads what its own state
+says is due). Every dispatcher run calls ``run_due`` after filling the queues;
+``downcluster defender`` runs them all at once, due or not.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable
+
+from pymongo.errors import DuplicateKeyError
+from redis import Redis
+
+from common.store.models import DefenderState, store_now
+from common.secrets import redact
+from common.sentry import capture
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Chore:
+    name: str
+    every: float  # seconds between runs cluster-wide; 0: every dispatcher run
+    run: Callable[[Redis, float], object]  # (redis, time budget in seconds) -> its report
+
+
+def table() -> tuple[Chore, ...]:
+    from master.dispatch import defender
+    from master.exports import service as exports
+    from master.ops import reports
+    from master.ops import retention
+    from master.ops.stalls import check_stalls
+
+    return (
+        Chore("stalls", 0, lambda redis, budget: check_stalls(redis)),
+        Chore("reports", 0, lambda redis, budget: reports.send_reports()),
+        Chore("exports", 0, lambda redis, budget: exports.tend(redis)),
+        Chore("orphan_sweep", 60, lambda redis, budget: defender.sweep(budget)),
+        Chore("retention", 600, lambda redis, budget: retention.enforce(budget=budget)),
+    )
+
+
+def claim(name: str, every: float, now: datetime) -> bool:
+    """Take chore ``name`` if it is due (its next time set ``every`` seconds on); False if
+    another process has it or it is not due."""
+    state, key, after = DefenderState._get_collection(), f"chore:{name}", now + timedelta(seconds=every)
+    if state.update_one({"_id": key, "at": {"$lte": now}}, {"$set": {"at": after}}).modified_count:
+        return True
+    try:
+        state.insert_one({"_id": key, "at": after})  # never run before
+        return True
+    except DuplicateKeyError:
+        return False
+
+
+def run_due(redis: Redis, budget: float, force: bool = False) -> dict[str, object]:
+    """Run the chores that are due (all of them with ``force``); one failing never stops the
+    others nor its caller. Returns {name: report} of those run."""
+    now, ran = store_now(), {}
+    for chore in table():
+        if chore.every and not force and not claim(chore.name, chore.every, now):
+            continue
+        try:
+            ran[chore.name] = chore.run(redis, budget)
+        except Exception as exc:
+            logger.warning("chore %s failed: %s", chore.name, redact(f"{type(exc).__name__}: {exc}"))
+            capture(exc)
+    return ran

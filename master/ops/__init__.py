@@ -1,0 +1,1 @@
+"""Operations: stats, stall alerts, reports, retention, archive, migrate, cancel and requeue."""

@@ -1,0 +1,109 @@
+"""``downcluster archive NAME --before DATE [-o FILE]``: save a job's old data and download logs
+to a gzip-compressed JSON Lines file, then remove them from MongoDB.
+
+Each data line is what ``downcluster data export --format jsonl`` writes (``task_id``, ``url``,
+``status_code``, ``encoding``, ``hostname``, ``remote_ip``, ``add_datetime``, ``body_base64``,
+``body_text``) plus ``"kind": "data"``; each log line is the download log's fields plus
+``"kind": "download_log"``; so any reader of ``data export`` reads the archive (through gzip).
+Nothing is removed until the file is complete and closed: the ids written are kept in a temporary
+file (bounded memory) and removed afterwards, each GridFS body with its document. A data
+document no task names is not archived (the defender removes such orphans anyway).
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+
+from bson import ObjectId
+
+from common.store.data import body_of, gridfs_of, text_of, visible
+from common.errors import ValidationError
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, id_at, iso, job_named
+
+BATCH = 1000
+
+
+@dataclass
+class ArchiveReport:
+    data: int = 0
+    logs: int = 0
+    bytes: int = 0
+
+
+class _Ids:
+    """ObjectIds kept in a temporary file, 12 bytes each, read back in batches."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+
+    def add(self, oid: ObjectId) -> None:
+        self.file.write(oid.binary)
+
+    def batches(self):
+        self.file.seek(0)
+        while chunk := self.file.read(12 * BATCH):
+            yield [ObjectId(chunk[i:i + 12]) for i in range(0, len(chunk), 12)]
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
+    """Write the job's data and download logs stored before ``before`` (naive UTC) to ``path``,
+    then remove them. An existing file is never overwritten."""
+    job = job_named(job_name)
+    if os.path.exists(path):
+        raise ValidationError(f"{path} exists: archive to a new file")
+    cutoff = id_at(before)
+    data = CrawlerDownloadData._get_collection()
+    logs = CrawlerDownloadLog._get_collection()
+    fs = gridfs_of(data.database)
+    report, data_ids, log_ids = ArchiveReport(), _Ids(), _Ids()
+    partial = path + ".partial"
+    try:
+        with open(partial, "xb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
+            cursor = data.find({"job": job.id, "_id": {"$lt": cutoff}}, {"requests_body": 0}).sort("_id", 1)
+            for doc in visible(cursor.batch_size(200)):
+                body = body_of(doc, fs)
+                record = {"kind": "data", "task_id": str(doc["task"]), "url": doc.get("url"),
+                          "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
+                          "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
+                          "add_datetime": iso(doc.get("add_datetime")), "response_headers": doc.get("response_headers"),
+                          "body_base64": base64.b64encode(body).decode("ascii"), "body_text": text_of(body, doc.get("encoding"))}
+                out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+                data_ids.add(doc["_id"])
+                report.data += 1
+            for doc in logs.find({"job": job.id, "_id": {"$lt": cutoff}}).sort("_id", 1).batch_size(1000):
+                record = {"kind": "download_log", **{k: (str(v) if isinstance(v, ObjectId) else iso(v))
+                                                     for k, v in doc.items()}}
+                out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+                log_ids.add(doc["_id"])
+                report.logs += 1
+            out.flush()
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(partial, path)  # complete: only now is anything removed
+        report.bytes = os.path.getsize(path)
+        for ids in data_ids.batches():
+            for doc in data.find({"_id": {"$in": ids}, "response_body_gridfs": {"$ne": None}}, {"response_body_gridfs": 1}):
+                fs.delete(doc["response_body_gridfs"])
+            data.delete_many({"_id": {"$in": ids}})
+        for ids in log_ids.batches():
+            logs.delete_many({"_id": {"$in": ids}})
+    except OSError as exc:  # the file could not be written: nothing was removed
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise ValidationError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+    finally:
+        data_ids.close()
+        log_ids.close()
+    return report

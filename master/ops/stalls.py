@@ -1,0 +1,62 @@
+"""Queues that stopped draining: a queue whose head entry has waited longer than
+QUEUE_STALL_ALERT and has stayed its head for that long — no worker took from it (workers pop
+the head, so a backlog they are eating keeps changing its head, however deep it is) — gets a
+``queue_stall`` alert in ``crawler_dispatch_alert_log`` for each job with entries waiting in it;
+the jobs' ``report_mails`` hear of it through the report mails' alert (at most one per job per
+ALERT_MAIL_INTERVAL). One alert per queue per QUEUE_STALL_ALERT, however many dispatcher runs
+see it. Run by every dispatcher run: each run notes each queue's head and since when it has been
+seen there (``downcluster:stall:heads``)."""
+from __future__ import annotations
+
+import time
+
+from redis import Redis
+
+from common.config import settings
+from common.store.models import QUEUED, CrawlerDispatchAlertLog, CrawlerLease, utcnow
+from common.queue.names import EXPORT_QUEUE
+from common.queue.rqbridge import rq_queue
+from master.ops.stats import queue_stats
+
+HEADS = "downcluster:stall:heads"
+QUIET_KEY = "downcluster:stall:"
+
+
+def _unmoved_for(redis: Redis, queue: str, now: float) -> float:
+    """Seconds the queue's head has been the same entry, as seen by these checks (0: it moved)."""
+    ids = rq_queue(queue, redis).get_job_ids(0, 1)
+    if not ids:
+        redis.hdel(HEADS, queue)
+        return 0.0
+    seen = redis.hget(HEADS, queue)
+    head, _, since = (seen or b"").decode().partition(" ")
+    if head != ids[0]:
+        redis.hset(HEADS, queue, f"{ids[0]} {now}")
+        return 0.0
+    return now - float(since)
+
+
+def check_stalls(redis: Redis) -> list[str]:
+    """The queues found stalled now (alerts written for them)."""
+    limit = settings.QUEUE_STALL_ALERT
+    if not limit:
+        return []
+    now, stamp = time.time(), utcnow()
+    leases = CrawlerLease._get_collection()
+    stalled = []
+    for q in queue_stats(redis):
+        if q["queue"] == EXPORT_QUEUE:
+            continue
+        unmoved = _unmoved_for(redis, q["queue"], now)
+        if q["oldest_age_s"] is None or q["oldest_age_s"] <= limit or unmoved < limit:
+            continue  # young, or workers are taking from it: a backlog, not a stall
+        if not redis.set(QUIET_KEY + q["queue"], "1", nx=True, ex=int(limit)):
+            continue  # already told within the period
+        jobs = leases.distinct("job", {"queue": q["queue"], "state": QUEUED})
+        reason = (f"queue {q['queue']} has not drained: its oldest entry waited {q['oldest_age_s']:.0f} s "
+                  f"(QUEUE_STALL_ALERT {limit} s) and no worker took from it; {q['depth']} entries wait")
+        CrawlerDispatchAlertLog._get_collection().insert_many([
+            {"job": job, "type": "queue_stall", "reason": reason, "content_bytes": len(reason.encode()),
+             "hostname": settings.HOSTNAME, "add_datetime": stamp} for job in (jobs or [None])])
+        stalled.append(q["queue"])
+    return stalled

@@ -1,0 +1,52 @@
+"""Task state changes an administrator asks for: cancel and requeue.
+
+    LIVE (fresh) --sent in an entry, no write--> SUCCESS | FAIL (retry_at set: due again) | FAIL (final)
+    FAIL (due) | LIVE (retry_at set) --sent again--> DISPATCH --download--> SUCCESS | FAIL
+    an entry whose attempt died --> LIVE with retry_at (recoveries + 1) | DEAD (recovery cap)
+    LIVE | FAIL | DISPATCH --cancel--> CANCEL          FAIL | DEAD | CANCEL --requeue--> LIVE (retry_at: now)
+"""
+from __future__ import annotations
+
+from common.store import counts
+from common.errors import ValidationError
+from common.store.leases import UNSET_LEASE
+from common.store.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, job_named, utcnow
+
+CANCELLABLE = {LIVE, FAIL, DISPATCH}
+REQUEUEABLE = {FAIL, DEAD, CANCEL}
+CANCELLABLE_DEFAULT = (LIVE, FAIL, DISPATCH)
+REQUEUE_DEFAULT = (FAIL, DEAD)
+
+
+def _job_id(name: str):
+    return job_named(name).id
+
+
+def cancel(name: str, statuses=CANCELLABLE_DEFAULT) -> int:
+    """Cancel the job's tasks in ``statuses``; a worker holding one will not store its data."""
+    bad = set(statuses) - CANCELLABLE
+    if bad:
+        raise ValidationError(f"cannot cancel tasks in status {sorted(bad)[0]}")
+    job_id, moves = _job_id(name), []
+    for status in statuses:  # one status at a time: each change's count is its move
+        moves.append((job_id, status, CANCEL, CrawlerTask._get_collection().update_many(
+            {"job": job_id, "status": status},
+            {"$set": {"status": CANCEL, "last_update_datetime": utcnow()}, "$unset": UNSET_LEASE}).modified_count))
+    counts.move(moves)
+    return sum(n for *_, n in moves)
+
+
+def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
+    """Put the job's tasks in ``statuses`` back to LIVE with fresh counters, due at once."""
+    bad = set(statuses) - REQUEUEABLE
+    if bad:
+        raise ValidationError(f"cannot requeue tasks in status {sorted(bad)[0]}")
+    job_id = _job_id(name)
+    coll = CrawlerTask._get_collection()
+    now, moves = utcnow(), []
+    for status in statuses:  # one status at a time: each change's count is its move
+        moves.append((job_id, status, LIVE, coll.update_many({"job": job_id, "status": status}, {
+            "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
+                     "retry_at": now, "last_update_datetime": now}}).modified_count))
+    counts.move(moves)
+    return sum(n for *_, n in moves)

@@ -1,0 +1,1 @@
+"""The web's routes: /api/v1, the download center, signed files, /metrics, the console."""

@@ -1,0 +1,327 @@
+"""The /api/v1 routes. Each is a thin door onto the function the CLI calls for the same action
+(master.registry, master.intake, master.ops.tasks, master.views, master.ops.stats, the dispatcher)."""
+from __future__ import annotations
+
+import hmac
+import json
+import subprocess
+import sys
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response, Security
+from fastapi.responses import StreamingResponse
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticError
+from starlette.concurrency import run_in_threadpool
+
+from common.config import settings
+from common.store.connection import redis_conn
+from common.errors import ValidationError
+from common.store.models import ADMIN, ApiToken, iso
+from master import registry, tokens, views
+from master.ops import stats
+from master.ops import tasks
+from master.intake import add_tasks
+from master.web.contract import (READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
+                                 answers)
+from master.web.errors import ApiError
+
+router = APIRouter()
+COOKIE = "dc_session"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Declared for the description (the schemes a client may use); ``caller`` reads the headers itself
+# so that every refusal is the API's one-line 401.
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="a token from `downcluster token create`")
+SESSION = APIKeyCookie(name=COOKIE, auto_error=False, scheme_name="session",
+                       description="the console's session (POST /session); state changes need X-CSRF-Token")
+
+
+# --- who is asking -----------------------------------------------------------------------
+
+def bearer(auth: str) -> ApiToken:
+    """The token of an ``Authorization: Bearer`` header value (401 otherwise): every door's check."""
+    scheme, _, secret = auth.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(401, "the Authorization header must hold a Bearer token")
+    token = tokens.authenticate(secret.strip())
+    if token is None:
+        raise ApiError(401, "unknown or revoked token")
+    return token
+
+
+def caller(request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
+           _session: Annotated[str | None, Security(SESSION)]) -> ApiToken:
+    """The token behind a request: ``Authorization: Bearer`` or a console session (whose
+    state-changing requests must carry the session's X-CSRF-Token)."""
+    auth = request.headers.get("authorization")
+    if auth is not None:
+        return bearer(auth)
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        found = tokens.session_of(cookie)
+        if found is None:
+            raise ApiError(401, "session ended: sign in again")
+        token, csrf = found
+        if request.method not in SAFE_METHODS and not hmac.compare_digest(
+                request.headers.get("x-csrf-token", "").encode(), csrf.encode()):
+            raise ApiError(403, "missing or wrong X-CSRF-Token for a console session")
+        return token
+    raise ApiError(401, "missing token: send it as a Bearer token in the Authorization header")
+
+
+def admin(token: Annotated[ApiToken, Depends(caller)]) -> ApiToken:
+    if token.role != ADMIN:
+        raise ApiError(403, f"role {token.role} may not change anything: an admin token is needed")
+    return token
+
+
+Reader = Annotated[ApiToken, Depends(caller)]
+Admin = Annotated[ApiToken, Depends(admin)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --- session (console sign-in) -----------------------------------------------------------
+
+class SignIn(Strict):
+    token: str = Field(min_length=1, max_length=256)
+    model_config = ConfigDict(json_schema_extra={"examples": [{"token": "dct_..."}]})
+
+
+@router.post("/session", tags=["session"], responses=answers(401))
+def sign_in(body: SignIn, request: Request, response: Response) -> dict:
+    """Exchange a token for an HttpOnly, SameSite=Strict session cookie (the console's sign-in)."""
+    token = tokens.authenticate(body.token)
+    if token is None:
+        raise ApiError(401, "unknown or revoked token")
+    secret, csrf = tokens.start_session(token)
+    response.set_cookie(COOKIE, secret, max_age=settings.WEB_SESSION_TTL, httponly=True, samesite="strict",
+                        secure=settings.WEB_COOKIE_SECURE or request.url.scheme == "https", path="/")
+    return {"name": token.name, "role": token.role, "csrf": csrf}
+
+
+@router.get("/session", tags=["session"], responses=READ)
+def whoami(request: Request, token: Reader) -> dict:
+    found = tokens.session_of(request.cookies.get(COOKIE))
+    return {"name": token.name, "role": token.role, "csrf": found[1] if found else None}
+
+
+@router.post("/session/end", tags=["session"], responses=answers())
+def sign_out(request: Request, response: Response) -> dict:
+    tokens.end_session(request.cookies.get(COOKIE))
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return {"signed_out": True}
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+class JobIn(Strict):
+    manifest: str = Field(min_length=1, description="the TOML manifest")
+    code: str | None = Field(None, description="the downloader's code, for a python or shell job")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"manifest": 'name = "news"\npriority = 5\ntype = "none"\n'},
+        {"manifest": 'name = "shop"\npriority = 3\ntype = "python"\ncode = "shop.py"\n',
+         "code": "import urllib.request\n\n\ndef download(task):\n"
+                 "    with urllib.request.urlopen(task['url'], timeout=30) as resp:\n"
+                 "        return {'status_code': resp.status, 'headers': dict(resp.headers), 'body': resp.read()}\n"}]})
+
+
+INVALID_MANIFEST = "the manifest or code does not validate (the error says where)"
+
+
+@router.get("/jobs", tags=["jobs"], responses=READ)
+def list_jobs(_: Reader) -> dict:
+    return {"jobs": views.job_rows()}
+
+
+@router.post("/jobs", tags=["jobs"], status_code=201, responses={
+    200: {"description": "an existing job was updated"}, **answers(401, 403, invalid=INVALID_MANIFEST)})
+def register_job(body: JobIn, response: Response, _: Admin) -> dict:
+    """Validate and store a job, as ``downcluster job register`` does (nothing stored when invalid)."""
+    job, created = registry.register_text(body.manifest, body.code)
+    response.status_code = 201 if created else 200
+    return {"name": job.name}
+
+
+@router.get("/jobs/{name}", tags=["jobs"], responses=answers(401, 404))
+def show_job(name: JobName, _: Reader) -> dict:
+    return views.job_detail(name)
+
+
+@router.post("/jobs/{name}/enable", tags=["jobs"], responses=answers(401, 403, 404))
+def enable_job(name: JobName, _: Admin) -> dict:
+    return {"name": name, "status": registry.set_status(name, "ON").status}
+
+
+@router.post("/jobs/{name}/disable", tags=["jobs"], responses=answers(401, 403, 404))
+def disable_job(name: JobName, _: Admin) -> dict:
+    return {"name": name, "status": registry.set_status(name, "OFF").status}
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+class UrlsIn(Strict):
+    urls: list[Annotated[str, Field(pattern=r"^[^\r\n]*$")]] = Field(
+        description="one URL each (no line breaks); ones that are not http(s) URLs are reported in `rejected`")
+    host: str = Field("", max_length=255, description="run these tasks on this host only (empty: any host)")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"urls": ["https://example.org/a"], "host": ""}]})
+
+
+class CancelIn(Strict):
+    status: list[Literal[tuple(sorted(tasks.CANCELLABLE))]] | None = Field(  # type: ignore[misc]
+        None, description=f"the statuses to cancel (default: {', '.join(tasks.CANCELLABLE_DEFAULT)})")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["LIVE", "FAIL"]}]})
+
+
+class RequeueIn(Strict):
+    status: list[Literal[tuple(sorted(tasks.REQUEUEABLE))]] | None = Field(  # type: ignore[misc]
+        None, description=f"the statuses to requeue (default: {', '.join(tasks.REQUEUE_DEFAULT)})")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["FAIL", "DEAD"]}]})
+
+
+def _intake(name: str, lines: list[str], host: str) -> dict:
+    report = add_tasks(name, lines, host=host)
+    return {"added": report.added, "duplicate": report.duplicate,
+            "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
+
+
+@router.post("/jobs/{name}/tasks", tags=["tasks"], responses=answers(401, 403, 404, 415), openapi_extra={
+    "requestBody": {"required": True, "content": {
+        "text/plain": {"schema": {"type": "string", "description": "one URL a line"},
+                       "example": "https://example.org/a\nhttps://example.org/b\n"},
+        "application/json": {"schema": UrlsIn.model_json_schema()}}}})
+async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
+    """Add URLs: a text/plain body (one a line) or JSON {"urls": [...], "host": "..."}."""
+    raw = await request.body()
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            body = UrlsIn.model_validate_json(raw)
+        except PydanticError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+            raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
+        lines, host = body.urls, body.host
+    elif kind == "text/plain" or (kind == "" and raw):
+        lines, host = raw.decode("utf-8", errors="replace").splitlines(), ""
+    elif kind == "":
+        raise ValidationError("a request body is required: text/plain (one URL a line) or application/json")
+    else:
+        raise ApiError(415, "send text/plain (one URL a line) or application/json")
+    return await run_in_threadpool(_intake, name, lines, host)
+
+
+@router.get("/jobs/{name}/tasks", tags=["tasks"], responses=answers(401, 404))
+def list_tasks(name: JobName, _: Reader, status: TaskStatus | None = None, limit: Limit = None,
+               after: After = None) -> dict:
+    return views.task_page(name, status, limit, after)
+
+
+@router.post("/jobs/{name}/tasks/cancel", tags=["tasks"], responses=answers(401, 403, 404))
+def cancel_tasks(name: JobName, body: CancelIn, _: Admin) -> dict:
+    return {"cancelled": tasks.cancel(name, tuple(body.status or tasks.CANCELLABLE_DEFAULT))}
+
+
+@router.post("/jobs/{name}/tasks/requeue", tags=["tasks"], responses=answers(401, 403, 404))
+def requeue_tasks(name: JobName, body: RequeueIn, _: Admin) -> dict:
+    return {"requeued": tasks.requeue(name, tuple(body.status or tasks.REQUEUE_DEFAULT))}
+
+
+@router.get("/jobs/{name}/tasks/lookup", tags=["tasks"], responses=answers(401, 404))
+def find_task(name: JobName, _: Reader, url: Annotated[str, Query(min_length=1, max_length=1024,
+                                                                   description="the URL as added")]) -> dict:
+    """One task of the job by its URL (see GET /tasks/{id})."""
+    return views.task_detail(name, url)
+
+
+@router.get("/tasks/{task_id}", tags=["tasks"], responses=answers(401, 404))
+def show_task(task_id: ObjectIdPath, _: Reader) -> dict:
+    """One task: status, attempts, reasons, its data id and its download logs (newest first)."""
+    return views.task_by_id(task_id)
+
+
+# --- downloader types ---------------------------------------------------------------------
+
+Language = Literal["python", "shell", "none"]
+
+
+@router.get("/types", tags=["cluster"], responses=READ)
+def list_types(_: Reader) -> dict:
+    """The downloader languages, whether each is supported, and how many jobs use it."""
+    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in registry.type_rows()]}
+
+
+@router.post("/types/{language}/enable", tags=["cluster"], responses=answers(401, 403, 404))
+def enable_type(language: Language, _: Admin) -> dict:
+    t = registry.set_type_support(language, True)
+    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
+
+
+@router.post("/types/{language}/disable", tags=["cluster"], responses=answers(401, 403, 404))
+def disable_type(language: Language, _: Admin) -> dict:
+    """New jobs of it are refused; workers fail its tasks with that reason (not retried)."""
+    t = registry.set_type_support(language, False)
+    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
+
+
+# --- dispatch, stats ---------------------------------------------------------------------
+
+@router.post("/dispatch", tags=["cluster"], responses=answers(401, 403, 409))
+def dispatch(_: Admin) -> dict:
+    """One dispatcher run, as ``downcluster dispatch`` (in a child process, so its watchdog
+    can stop a run that overstays without stopping this server)."""
+    proc = subprocess.run([sys.executable, "-m", "common.cli", "dispatch", "--json"], capture_output=True,
+                          text=True, timeout=settings.DISPATCH_USE_POOL_TIMEOUT + 60)
+    line = (proc.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    status = {75: 409, 2: 422, 1: 503 if "unreachable" in line else 500}.get(proc.returncode, 500)
+    raise ApiError(status, line or f"dispatcher exited with {proc.returncode}")
+
+
+@router.get("/stats", tags=["cluster"], responses=READ)
+def get_stats(_: Reader) -> dict:
+    """The same object as ``downcluster stats --json``."""
+    return stats.collect(redis_conn())
+
+
+@router.get("/series", tags=["cluster"], responses=READ)
+def get_series(_: Reader) -> dict:
+    """The last 24 hours minute by minute: pages stored and failed, and queue depths as sampled
+    (the console's charts): {"from", "to", "pages": [{"minute", "stored", "failed"}],
+    "depths": [{"minute", queue: depth, ...}]} (minutes as UNIX seconds; quiet minutes absent)."""
+    from common.metrics import series
+
+    return series(redis_conn())
+
+
+@router.get("/overview", tags=["cluster"], responses=READ)
+def get_overview(_: Reader) -> dict:
+    """Stats, workers alive (host, downloads in flight, jobs they run) and the last alerts."""
+    return views.overview(redis_conn())
+
+
+# --- data, logs --------------------------------------------------------------------------
+
+@router.get("/jobs/{name}/data", tags=["data"], responses=answers(401, 404))
+def list_data(name: JobName, _: Reader, limit: Limit = None, after: After = None) -> dict:
+    return views.data_page(name, limit, after)
+
+
+@router.get("/data/{data_id}/body", tags=["data"], response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}, **answers(401, 404)})
+def get_body(data_id: ObjectIdPath, _: Reader) -> StreamingResponse:
+    """The stored response body, byte-exact, as an attachment (never rendered on this origin)."""
+    length, chunks = views.body(data_id)
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers={
+        "Content-Length": str(length), "Content-Disposition": f'attachment; filename="{data_id}.body"',
+        "Content-Security-Policy": "sandbox", "Cache-Control": "private, no-store"})
+
+
+@router.get("/logs/{kind}", tags=["logs"], responses=answers(401, 404))
+def list_logs(kind: Literal["download", "dispatch", "alert", "registration"], _: Reader, job: JobFilter = None,
+              limit: Limit = None, after: After = None) -> dict[str, Any]:
+    """One log, newest first: download, dispatch, alert or registration."""
+    return views.log_page(kind, job, limit, after)

@@ -1,0 +1,1 @@
+"""One download: the engines and the etiquette around them (site slots, robots.txt, coalescing)."""

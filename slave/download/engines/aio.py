@@ -1,0 +1,273 @@
+"""The built-in engine on asyncio and aiohttp (``download_engine = "aiohttp"``, the default).
+
+Same contract and limits as the requests engine (slave/download/engines/http.py): one GET under a total
+deadline, the body counted after decompression while it streams, redirects followed by hand
+so every hop is checked (http/https only, credentials dropped across hosts), and every failure
+a one-line, secret-free ``DownloadError`` with the same reasons. Many fetches share one event
+loop: a worker process keeps hundreds in flight for a fraction of a millisecond of CPU each.
+
+The addresses a session may reach (``common/netguard.py``) are judged where aiohttp decides
+them: its resolver judges every address a name resolves to (the connector connects to exactly
+those), and its socket factory judges the address of every socket before it connects (an IP in
+a URL skips the resolver). Through a proxy, which resolves names itself, the target is judged
+when it is an address.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
+from multidict import CIMultiDict
+from yarl import URL
+
+from common import netguard
+from common.errors import DownloadError, ValidationError
+from common.secrets import redact
+from common.urls import check_url
+from slave.download.engines.base import Download, Limits
+from slave.download.engines.charset import body_encoding
+from slave.download.engines.http import (
+    CONNECT_TIMEOUT,
+    REDIRECT_CODES,
+    _masked,
+    _one_line,
+    _secrets_of,
+    classify_status,
+    redirect_target,
+)
+
+__all__ = ["Client", "fetch", "classify_aio"]
+
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+class _GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, refusing a name when any address it resolves to is refused."""
+
+    def __init__(self, allow_private: bool) -> None:
+        self.allow_private = allow_private
+        self._inner = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET):
+        found = await self._inner.resolve(host, port, family)
+        for info in found:
+            netguard.judge(info["host"], info["port"], self.allow_private)
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def _guarded_socket(allow_private: bool):
+    """A socket factory that judges the address each socket is about to connect to."""
+    def make(addr_info) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        netguard.judge(address[0], address[1], allow_private)
+        return socket.socket(family, type_, proto)
+    return make
+
+
+class Client:
+    """The sessions of one event loop: one pooled session for direct fetches under each rule
+    (``allow_private`` or not), one for HTTP proxies (which may be private, never a service of
+    the cluster), one per SOCKS proxy. Close it when the loop ends."""
+
+    def __init__(self, limit: int = 512) -> None:
+        self.limit = limit
+        self._sessions: dict[tuple, aiohttp.ClientSession] = {}
+
+    def session(self, proxy: str, allow_private: bool = False) -> aiohttp.ClientSession:
+        socks = proxy.lower().startswith("socks")
+        key = (proxy,) if socks else ("proxy",) if proxy else ("", bool(allow_private))
+        s = self._sessions.get(key)
+        if s is None or s.closed:
+            if socks:
+                from aiohttp_socks import ProxyConnector
+
+                # socks5h: the proxy resolves names; socks5: we do
+                remote_dns = proxy.lower().startswith("socks5h")
+                url = "socks5" + proxy[len("socks5h"):] if remote_dns else proxy
+                connector = ProxyConnector.from_url(url, limit=self.limit, rdns=remote_dns)
+            else:
+                allow = bool(proxy) or bool(allow_private)
+                connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
+                                                 resolver=_GuardedResolver(allow), socket_factory=_guarded_socket(allow))
+            s = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                      trust_env=False, auto_decompress=True,
+                                      skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                                      timeout=aiohttp.ClientTimeout(total=None))
+            self._sessions[key] = s
+        return s
+
+    async def close(self) -> None:
+        for s in self._sessions.values():
+            await s.close()
+        self._sessions.clear()
+
+
+def classify_aio(exc: BaseException) -> DownloadError:
+    """The DownloadError for an exception raised by aiohttp or the socket layer."""
+    def fail(reason: str, retryable: bool) -> DownloadError:
+        return DownloadError(redact(_one_line(reason)), retryable=retryable)
+
+    if isinstance(exc, DownloadError):
+        return exc
+    if isinstance(exc, (aiohttp.InvalidURL, ValidationError)):
+        return fail(f"invalid URL: {exc}", False)
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        cert = exc.certificate_error
+        detail = getattr(cert, "verify_message", "") or "verification failed"
+        return fail(f"TLS certificate error: {detail}", False)
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return fail(f"TLS error: {exc}", True)
+    if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in ("ProxyError", "ProxyConnectionError", "ProxyTimeoutError"):
+        return fail("proxy error", True)
+    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())):
+        return fail(f"DNS lookup failed: {exc.os_error}", True)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        err = exc.os_error
+        if isinstance(err, ConnectionRefusedError):
+            return fail("connection refused", True)
+        if isinstance(err, OSError) and err.errno in (-2, -3, -5):
+            return fail(f"DNS lookup failed: {err}", True)
+        return fail(f"connection error: {type(err).__name__}: {err}", True)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return fail("connect timeout", True)
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return fail("read timeout", True)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        text = str(exc)
+        if "decode" in text.lower() or "compress" in text.lower():
+            return fail("content decoding failed", True)
+        return fail(f"connection error: ClientPayloadError: {text}", True)
+    if isinstance(exc, ConnectionResetError) or (isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
+        return fail("connection reset", True)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientResponseError,
+                        aiohttp.ClientError, OSError)):
+        return fail(f"connection error: {type(exc).__name__}: {exc}", True)
+    if isinstance(exc, (ValueError, UnicodeError)):
+        return fail(f"invalid request: {type(exc).__name__}: {exc}", False)
+    return fail(f"{type(exc).__name__}: {exc}", True)
+
+
+def _header_ok(value: str) -> bool:
+    return not any(c in value for c in "\r\n\0")
+
+
+LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a ``large_gate`` slot
+
+
+async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", cookie: str = "",
+                headers: dict | None = None, user_agent: str = "downcluster/1.0",
+                large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
+    """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
+    ``allow_private``: loopback, private and link-local addresses may be reached too.
+    ``large_gate`` bounds how many bodies over LARGE_BODY a worker holds at once: such a body
+    keeps its slot after the fetch (``Download.release`` frees it, once it is stored)."""
+    sent = CIMultiDict({"User-Agent": user_agent, "Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING})
+    for k, v in (headers or {}).items():
+        sent[str(k)] = str(v)
+    if cookie:
+        sent["Cookie"] = cookie
+    secrets = _secrets_of(proxy, cookie, sent)
+    try:
+        async with asyncio.timeout(limits.timeout):
+            return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private)
+    except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
+        if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
+            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)  # the total deadline
+        else:
+            error = classify_aio(exc)  # a DownloadError passes through
+        raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
+
+
+async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
+                 large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
+    try:
+        url = check_url(url)
+    except ValidationError as exc:
+        raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+    if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
+        raise DownloadError("invalid request: a header name or value has forbidden characters", retryable=False)
+    if proxy:
+        netguard.judge_proxy(proxy)
+    session = client.session(proxy, allow_private)
+    http_proxy = proxy if proxy and not proxy.lower().startswith("socks") else None
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT, limits.timeout))
+    hops = 0
+    while True:
+        # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
+        netguard.judge_url(url, allow_private)
+        resp = await session.get(URL(url, encoded=False), headers=sent, allow_redirects=False,
+                                 proxy=http_proxy, timeout=timeout, ssl=ssl_context())
+        location = resp.headers.get("Location") if resp.status in REDIRECT_CODES else None
+        if not location:
+            break
+        resp.close()  # the redirect's body is never read
+        hops += 1
+        target = redirect_target(url, location, hops, limits.max_redirects)
+        if urlsplit(target).hostname != urlsplit(url).hostname:
+            for name in ("Authorization", "Cookie"):
+                sent.popall(name, None)
+        url = target
+    try:
+        error = classify_status(resp.status, resp.headers.get("Retry-After"))
+        if error is not None:
+            raise error
+        peer = _peer(resp)
+        too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
+        length = resp.headers.get("Content-Length", "")
+        if length.strip().isdigit() and int(length) > limits.maxsize:
+            raise too_big
+        chunks, total, gated = [], 0, False
+        try:
+            async for chunk in resp.content.iter_any():
+                total += len(chunk)
+                if total > limits.maxsize:
+                    raise too_big
+                chunks.append(chunk)
+                if large_gate is not None and not gated and total > LARGE_BODY:
+                    await large_gate.acquire()
+                    gated = True
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            del chunks
+            response_headers = {str(k): str(v) for k, v in resp.headers.items()}
+            got = Download(status_code=resp.status, headers=response_headers, body=bytes(body), url=str(resp.url),
+                           remote_ip=peer[0] if peer else "", request_headers=_masked(resp.request_info.headers),
+                           encoding=body_encoding(response_headers, body),
+                           release=large_gate.release if gated else None)
+            gated = False  # the slot now travels with the body
+            return got
+        finally:
+            if gated:
+                large_gate.release()
+    finally:
+        resp.close()
+
+
+def _peer(resp: aiohttp.ClientResponse):
+    """(ip, port) of the server, best effort: a small body may have released the connection
+    already, but its protocol still holds the transport."""
+    for holder in (resp.connection, getattr(resp.content, "_protocol", None)):
+        transport = getattr(holder, "transport", None)
+        if transport is not None:
+            peer = transport.get_extra_info("peername")
+            if peer:
+                return peer
+    return None
+
+
+_ssl: ssl.SSLContext | None = None
+
+
+def ssl_context() -> ssl.SSLContext:
+    """Certificate-verifying context, made once (creating one per request costs milliseconds)."""
+    global _ssl
+    if _ssl is None:
+        _ssl = ssl.create_default_context()
+    return _ssl

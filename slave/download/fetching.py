@@ -1,0 +1,234 @@
+"""Downloading: run a job's downloader on one task, within the cluster's etiquette.
+
+``Engines`` holds what one event loop downloads with (the aiohttp client, a browser pool, a
+thread pool for the requests engine and the python/shell sandboxes) and the etiquette (robots.txt,
+per-host slots, coalescing of identical requests, in ``slave/download/etiquette.py``). Every failure of a
+download becomes an ``Outcome``; nothing it does can crash the worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from functools import partial
+from urllib.parse import urlsplit
+
+from bson import ObjectId
+
+from common.config import settings
+from common.store.data import body_of, gridfs_of
+from common.errors import DownloadError
+from common.sitelimits import host_of
+from common.store.models import CrawlerDownloadData
+from common.secrets import redact
+from common.sentry import capture
+from slave.worker.context import JobContext, limits_from_settings
+from slave.download.engines import aio
+from slave.download.engines import browser
+from slave.download.engines import http
+from slave.download.engines import sandbox
+from slave.download.engines.base import Download
+from slave.download.etiquette import SANDBOXED, Etiquette, Handback, long_lease
+from slave.worker.writer import Outcome
+
+logger = logging.getLogger(__name__)
+
+
+
+def _request_shape(ctx: JobContext) -> dict:
+    """The job's proxy, cookie, headers, our user agent and the addresses it may reach: what
+    every built-in engine is given."""
+    return {"proxy": ctx.settings.get("proxy", ""), "cookie": ctx.settings.get("cookie", ""),
+            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT,
+            "allow_private": bool(ctx.settings.get("allow_private"))}
+
+
+def _stored_download(data_id: str) -> Download | None:
+    """The download an identical request stored (to copy for a coalesced task), or None if gone."""
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": ObjectId(data_id)})
+    if doc is None:
+        return None
+    body = body_of(doc, gridfs_of(coll.database))
+    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {}, body=body,
+                    url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
+                    request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
+
+
+def _etiquette_unavailable(task: dict, exc: Exception) -> Outcome:
+    """The task is handed back (due again in 5 s, no attempt counted): the etiquette's checks failed."""
+    logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
+    return Outcome(task=task, download=None, deferred=5.0, spend_us=0,
+                          error=DownloadError(f"etiquette unavailable ({type(exc).__name__}): handed back"))
+
+
+class Engines:
+    """What one event loop downloads with."""
+
+    def __init__(self) -> None:
+        self.client = aio.Client()
+        self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
+        self.browsers = browser.Pool(settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB)
+        self.blocking = ThreadPoolExecutor(max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download")
+        self.limits = limits_from_settings()
+        self.etiquette = Etiquette()
+        self._local = threading.local()
+
+    def _requests(self, url: str, ctx: JobContext, cut: http.Cut) -> Download:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = http.new_session()
+        return http.fetch(url, limits=self.limits, session=session, cut=cut, **_request_shape(ctx))
+
+    def _sandboxed(self, token: str, run) -> Download:
+        """In a download thread: ``run(limits)``, a python or shell downloader, its time limit cut
+        to what is left of its slot (it is killed then: the loop cannot stop it earlier)."""
+        left = self.etiquette.left(token)
+        return run(replace(self.limits, timeout=max(0.0, min(self.limits.timeout, left))))
+
+    def coalescing(self, ctx: JobContext) -> bool:
+        return ctx.kind == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
+
+    async def prepare(self, ctx: JobContext, tasks: list[dict]) -> dict:
+        """What an entry asks of Redis once, before its pages start: the host slots its pages
+        will take (pooled limits, see Etiquette.pooled) and whether each task leads its request
+        (coalescing). Returns task id -> (coalescing key, True when it leads else the value
+        found); {} when the job does not coalesce; Redis failing: every task maps to the error
+        and is handed back."""
+        if not tasks:
+            return {}
+        wanted: dict[str, int] = {}
+        if ctx.kind not in SANDBOXED and Etiquette.pooled(*Etiquette.limits(ctx)):
+            for t in tasks:
+                host = host_of(t["uri"])
+                wanted[host] = wanted.get(host, 0) + 1
+        keys_ = []
+        if self.coalescing(ctx):
+            keys_ = Etiquette.coalesce_keys([t["uri"] for t in tasks], ctx, _request_shape(ctx))
+        reserved, led = await asyncio.gather(self.etiquette.reserve(wanted),
+                                             self.etiquette.lead_many(keys_, [str(t["_id"]) for t in tasks]),
+                                             return_exceptions=True)
+        if isinstance(reserved, Exception):  # each page asks for its own slot
+            logger.debug("slots not reserved: %s", type(reserved).__name__)
+        if isinstance(led, Exception):
+            return {t["_id"]: led for t in tasks}
+        return {t["_id"]: plan for t, plan in zip(tasks, zip(keys_, led))}
+
+    async def download(self, ctx: JobContext, task: dict, plan=None) -> Outcome:
+        """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
+        per-host slots, coalescing as ``plan`` from ``prepare`` says); every failure becomes an Outcome."""
+        start = time.monotonic()
+        url, lead = task["uri"], None
+        if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
+            return _etiquette_unavailable(task, plan)
+        try:
+            result, copied_from, lead = await self._polite(ctx, task, plan)
+            error = None
+        except Handback as back:
+            return Outcome(task=task, download=None, error=DownloadError(back.reason), deferred=back.after,
+                                  spend_us=int((time.monotonic() - start) * 1_000_000))
+        except DownloadError as exc:
+            result, copied_from, error = None, None, exc
+        except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
+            return _etiquette_unavailable(task, exc)
+        request_size = len(url) + (len(result.request_body) if result else 0)
+        return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
+                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
+
+    async def _polite(self, ctx: JobContext, task: dict, plan) -> tuple[Download, object, str | None]:
+        """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
+        unless the job says obey_robots = false), then an identical request's stored download,
+        else a host slot and the fetch."""
+        url, builtin = task["uri"], ctx.kind == "none"
+        if not ctx.supported:
+            raise DownloadError(f"downloader type {ctx.kind} is disabled on this cluster "
+                                f"(`downcluster type enable {ctx.kind}` allows it again)", retryable=False)
+        parts = urlsplit(url)
+        host, crawl_delay = host_of(url, parts), 0.0
+        lead = plan[0] if plan is not None and plan[1] is True else None
+        token = ""
+        try:
+            if builtin and ctx.settings.get("obey_robots") is not False:
+                try:
+                    session = self.client.session("", bool(ctx.settings.get("allow_private")))
+                    crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, session)
+                except PermissionError:
+                    raise DownloadError("robots.txt disallows", retryable=False) from None
+            conc, delay = Etiquette.limits(ctx)
+            if plan is not None and lead is None:
+                copied = await self._follow(plan[0], plan[1], str(task["_id"]))
+                if copied is not None:
+                    return copied
+                lead = plan[0]  # the leader failed or took too long: this task downloads
+            token = await self.etiquette.slot(host, conc, max(delay, crawl_delay),
+                                              long_lease() if ctx.kind in SANDBOXED else None)
+            cut = http.Cut()
+            return await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut), None, lead
+        except BaseException as exc:
+            if lead:  # failures are not shared: a waiter leads next
+                await self.etiquette.give_up_lead(lead)
+            if isinstance(exc, DownloadError) and exc.retry_after and exc.reason.startswith(("HTTP 429", "HTTP 503")):
+                await self.etiquette.pause(host, exc.retry_after)
+            raise
+        finally:
+            if token:
+                self.etiquette.release(token, host)
+
+    async def _follow(self, key: str, value, task_id: str):
+        """Another task leads this request: (its stored download, its task id, None) once it is
+        published, or None when this task is to download it (the leader failed, or waited for
+        longer than a download may take)."""
+        deadline = time.monotonic() + settings.DOWNLOAD_TIMEOUT + 30
+        found = Etiquette.done_of(value)
+        while True:
+            if found is None:
+                found = await self.etiquette.lead_or_wait(key, task_id, deadline)
+                if found is None:
+                    return None
+            copy = await asyncio.get_running_loop().run_in_executor(None, _stored_download, found[1])
+            if copy is not None:
+                return copy, ObjectId(found[0]), None
+            await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
+            found = None
+
+    async def _fetch(self, ctx: JobContext, task: dict, token: str = "", cut: http.Cut | None = None) -> Download:
+        """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
+        url, limits = task["uri"], self.limits
+        loop = asyncio.get_running_loop()
+        try:
+            if ctx.kind == "python":
+                payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
+                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings}
+                result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
+                                                    partial(sandbox.run_python, ctx.code, payload))
+            elif ctx.kind == "shell":
+                proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
+                private = bool(ctx.settings.get("allow_private"))
+                result = await loop.run_in_executor(self.blocking, self._sandboxed, token, lambda lim: sandbox.run_shell(
+                    ctx.code, url, lim, proxy, cookie, private))
+            elif ctx.engine == "requests":
+                result = await loop.run_in_executor(self.blocking, self._requests, url, ctx, cut)
+            elif ctx.engine == "browser":
+                result = await browser.fetch(url, limits=limits, pool=self.browsers, **_request_shape(ctx),
+                                             js=ctx.settings.get("download_js") or "", idle_max=settings.BROWSER_IDLE_MAX)
+            else:
+                result = await aio.fetch(url, limits=limits, client=self.client, **_request_shape(ctx),
+                                         large_gate=self.large_gate)
+            if len(result.body) > limits.maxsize:
+                raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
+            return result
+        except DownloadError:
+            raise
+        except Exception as exc:  # an engine bug fails the task, not the entry
+            logger.exception("downloader crashed on task %s of job %s", task["_id"], ctx.name)
+            capture(exc)
+            raise DownloadError(redact(f"{type(exc).__name__}: {exc}"), retryable=True) from None
+
+    async def close(self) -> None:
+        await self.etiquette.close()
+        await self.client.close()
+        await self.browsers.close()
+        self.blocking.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,80 @@
+"""What an entry needs to know of its job: the job, its downloader and settings (cached a few
+seconds, so a busy worker reads them once per CONTEXT_TTL, not once per entry), and the limits
+every download runs under."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bson import ObjectId
+
+from common.config import settings
+from common.jobsettings import SETTING_NAMES
+from common.store.models import (
+    ENGINES,
+    OFF,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerDownloadType,
+    Job,
+)
+from common.secrets import remember
+from slave.download.engines.base import Limits
+
+CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
+
+
+@dataclass
+class JobContext:
+    job_id: ObjectId
+    name: str
+    status: str
+    download_id: ObjectId | None
+    kind: str
+    code: str
+    engine: str
+    max_retry_times: int
+    settings: dict[str, Any]
+    supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
+
+
+_contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
+
+
+def load_context(job_id: ObjectId) -> JobContext | None:
+    """The job, its downloader and settings (None if the job is gone), cached CONTEXT_TTL s."""
+    hit = _contexts.get(job_id)
+    if hit and time.monotonic() - hit[0] < CONTEXT_TTL:
+        return hit[1]
+    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1})
+    ctx = None
+    if job is not None:
+        download = CrawlerDownload._get_collection().find_one({"job": job_id})
+        conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
+        conf = {k: conf[k] for k in SETTING_NAMES if k in conf}
+        remember(conf.get("proxy"), conf.get("cookie"))
+        kind, supported = "none", True
+        if download is not None and download.get("types"):
+            t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]}, {"language": 1, "is_support": 1})
+            kind = t["language"] if t else "none"
+            supported = t is None or t.get("is_support", "support") == "support"
+        ctx = JobContext(
+            job_id=job_id, name=job["name"],
+            status=OFF if download is not None and download.get("status") == OFF else job.get("status", OFF),
+            download_id=download["_id"] if download else None, kind=kind,
+            code=(download or {}).get("code", ""), engine=conf.get("download_engine") or ENGINES[0],
+            max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
+            supported=supported)
+    _contexts[job_id] = (time.monotonic(), ctx)
+    return ctx
+
+
+def limits_from_settings() -> Limits:
+    return Limits(
+        timeout=float(settings.DOWNLOAD_TIMEOUT), maxsize=settings.DOWNLOAD_MAXSIZE,
+        max_redirects=settings.DOWNLOAD_MAX_REDIRECTS, memory_mb=settings.SANDBOX_MEMORY_MB,
+        cpu_seconds=settings.SANDBOX_CPU_SECONDS, max_processes=settings.SANDBOX_MAX_PROCESSES,
+        max_open_files=settings.SANDBOX_MAX_OPEN_FILES, max_file_mb=settings.SANDBOX_MAX_FILE_MB,
+        stderr_bytes=settings.SANDBOX_STDERR_BYTES,
+    )

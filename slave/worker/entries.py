@@ -1,0 +1,29 @@
+"""The rq job function: one queue entry, run by any rq worker.
+
+``run_batch(lease)`` claims the entry's lease, downloads its tasks and stores the results
+(slave/worker/runner.py). A plain ``rq worker -u REDIS_URL down_super down_high down_mid down_low``
+runs it with connections from the DOWNCLUSTER_* environment; ``downcluster worker`` runs the
+same steps for many entries at once. A failure reaches rq (and Sentry through its RQ
+integration) once.
+"""
+from __future__ import annotations
+
+from slave.worker.runner import run_one
+
+
+def run_batch(lease: str, *_legacy) -> dict[str, int]:
+    """Entry point for rq. Returns counts for the rq result (kept 0 s by default)."""
+    return run_one(lease) or {"success": 0, "fail": 0}
+
+
+def run_export(export_id: str) -> str:
+    """Entry point for rq on ``down_export``: one attempt of an export (a plain ``rq worker
+    down_export`` runs it; ``downcluster worker`` takes these entries itself)."""
+    import os
+
+    from common.config import host_name
+    from common.store.connection import connect_mongo
+    from slave.exporter import run_export as run
+
+    connect_mongo()
+    return run(export_id, f"rq-{host_name()}-{os.getpid()}")

@@ -1,0 +1,306 @@
+"""Running queue entries: claim, download, store; many at once in one process.
+
+An entry (rq job ``dc-<lease>``) names a lease listing its tasks (``common/store/leases.py``). Running it:
+  1. claim the lease (compare-and-set QUEUED -> RUNNING): an entry is never run twice;
+  2. load the job (``slave/worker/context.py``, cached a few seconds); a disabled job gives the tasks
+     back untouched;
+  3. download them all at once (``slave/download/fetching.py``), each within its limits and etiquette;
+  4. hand each outcome, as it completes, to the process's one writer thread
+     (``slave/worker/writer.py``), which stores the outcomes of all running entries in bulk and ends
+     the lease once every outcome is stored.
+A heartbeat thread (``slave/worker/heartbeat.py``) keeps the leases and rq informed; a thread of the
+etiquette's keeps the host slots (``slave/download/etiquette.py``).
+
+``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) that takes the next
+entry, in strict queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight, and
+export entries from down_export one at a time in a thread of their own, so neither waits for
+the other. ``run_one`` runs a single entry: the job function of a plain ``rq worker``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+
+from common.store import leases
+
+
+from common.queue import rqbridge
+from common.config import settings
+from common.store.connection import connect_mongo, redis_conn
+from common.store.models import OFF, store_time
+from common.notify import deliver_due
+from common.queue.names import EXPORT_QUEUE
+from common.secrets import redact
+from common.sentry import capture
+from slave.worker.context import load_context
+from slave.download.fetching import Engines
+from slave.worker.heartbeat import Heartbeat, new_worker_id
+from slave.worker.rqworker import LoopWorker
+from slave.worker.writer import Entry, Writer
+
+logger = logging.getLogger(__name__)
+NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
+
+
+class Runner:
+    """Runs entries on one event loop; ``store_pool`` is one thread for the lease's reads."""
+
+    def __init__(self, worker_id: str | None = None) -> None:
+        self.worker_id = worker_id or new_worker_id()
+        self.engines = Engines()
+        self.store_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self.writer = Writer(self.worker_id)
+        self.heartbeat = Heartbeat(self)
+        self.rq: LoopWorker | None = None  # set by serve: rq's view of this worker
+        self.active: set[str] = set()  # leases being run (and beaten for)
+        self.peak_inflight = 0
+        self.inflight = 0   # downloads running
+        self.pending = 0    # entries taken from a queue whose tasks are not loaded yet
+        self.entries_done = 0
+
+    async def _db(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.store_pool, fn, *args)
+
+    async def run_entry(self, lease_id: str, pending: bool = False) -> dict[str, int] | None:
+        """Claim, download, store and finish one entry; None if it was not ours to run.
+        ``pending``: the entry counts in ``self.pending`` until its tasks are loaded."""
+        def loaded() -> None:
+            nonlocal pending
+            if pending:
+                self.pending, pending = self.pending - 1, False
+
+        try:
+            lease = await self._db(leases.claim, lease_id, self.worker_id)
+        except BaseException:
+            loaded()
+            raise
+        if lease is None:
+            loaded()
+            logger.info("entry %s was recovered or taken before it started: skipped", lease_id)
+            return None
+        self.active.add(lease_id)
+        try:
+            ctx = await self._db(load_context, lease["job"])
+            if ctx is None or ctx.status == OFF:
+                back = await self._db(leases.give_back, lease["ids"], lease_id, lease["kind"],
+                                      "job disabled before download", store_time())
+                logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
+                await self._db(leases.finish, [lease_id], self.worker_id)
+                return {"success": 0, "fail": 0, "handed_back": back}
+            tasks = leases.lease_tasks(lease)
+            entry = Entry(lease, ctx, tasks, asyncio.get_running_loop())
+            entry.etiquette = self.engines.etiquette
+            self.inflight += len(tasks)
+            self.peak_inflight = max(self.peak_inflight, self.inflight)
+            loaded()
+            left = len(tasks)
+            try:
+                if not tasks:
+                    self.writer.submit(entry, None)
+                plans = await self.engines.prepare(ctx, tasks)
+                downloads = [self.engines.download(ctx, t, plans.get(t["_id"])) for t in tasks]
+                for next_done in asyncio.as_completed(downloads):
+                    outcome = await next_done
+                    self.inflight, left = self.inflight - 1, left - 1
+                    self.writer.submit(entry, outcome)
+                counts = await entry.done
+            finally:
+                self.inflight -= left
+            logger.debug("job %s entry %s: %s", ctx.name, lease_id, counts)
+            return counts
+        finally:
+            loaded()
+            self.active.discard(lease_id)
+            self.entries_done += 1
+
+    def start(self) -> None:
+        self.writer.start()
+        self.heartbeat.start()
+        self.engines.etiquette.start()
+
+    async def close(self) -> None:
+        self.heartbeat.halt.set()
+        self.writer.stop()
+        await self.engines.close()
+        self.store_pool.shutdown(wait=True)
+        self.writer.join(timeout=60)
+        self.heartbeat.forget()
+
+
+class Loop:
+    """``downcluster worker``'s main loop: take entries while there is room, run each as an
+    rq execution, until stopped (or, in burst mode, until the queues are empty)."""
+
+    def __init__(self, runner: Runner, worker: LoopWorker, queues: list[str], exports: bool) -> None:
+        self.runner, self.rq, self.queues, self.exports = runner, worker, queues, exports
+        self.redis = redis_conn()
+        self.export_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exports") if exports else None
+        self.export_running: asyncio.Task | None = None
+        self.last_notify = 0.0
+
+    def _room(self, running: set) -> bool:
+        r = self.runner
+        return (r.inflight + settings.DISPATCH_BATCH_SIZE * r.pending < settings.WORKER_INFLIGHT
+                and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not running
+
+    def _export_idle(self) -> bool:
+        return self.export_running is None or self.export_running.done()
+
+    async def serve(self, burst: bool = False, max_jobs: int | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _on_signal, stop)
+        running: set[asyncio.Task] = set()
+        taken = 0
+        while not stop.is_set() and (max_jobs is None or taken < max_jobs):
+            room = self._room(running)
+            got = None
+            try:
+                names = (self.queues if room else []) + ([EXPORT_QUEUE] if self.exports and self._export_idle() else [])
+                if names:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
+                    got = await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names) if running else \
+                        await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
+            except Exception as exc:  # Redis away: keep finishing what runs, try again
+                logger.warning("cannot read the queues: %s", type(exc).__name__)
+                await asyncio.sleep(1.0)
+            if got:
+                try:
+                    task = await self._start(*got)
+                except Exception as exc:  # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+                    logger.warning("entry %s not started: %s", got[1], redact(f"{type(exc).__name__}: {exc}"))
+                    continue
+                if task is not None:
+                    taken += 1
+                    running.add(task)
+                continue
+            if not running:
+                if self._export_idle():  # (an export running: the blocking wait above paces the loop)
+                    if burst:
+                        break
+                    self._notify_when_idle(loop)
+                continue
+            done, _ = await asyncio.wait(running, timeout=0.05 if room else None, return_when=asyncio.FIRST_COMPLETED)
+            running -= done
+        pending = running | ({self.export_running} if self.export_running else set())
+        if pending:
+            await asyncio.wait(pending)
+        if self.export_pool:
+            self.export_pool.shutdown(wait=True)
+
+    def _notify_when_idle(self, loop) -> None:
+        if self.exports and self._export_idle() and time.monotonic() - self.last_notify >= NOTIFY_EVERY:
+            self.last_notify = time.monotonic()
+            self.export_running = asyncio.ensure_future(loop.run_in_executor(self.export_pool, _deliver))
+
+    async def _start(self, queue_name: str, entry: str) -> asyncio.Task | None:
+        """Begin the rq execution of ``entry`` and run it; None if there is nothing to run."""
+        loop = asyncio.get_running_loop()
+        try:
+            job = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry)
+        except rqbridge.ForeignEntry as exc:  # never deserialized, never run
+            await loop.run_in_executor(None, rqbridge.refuse_entry, self.redis, queue_name, entry, str(exc))
+            return None
+        if job is None:  # deleted while it waited (an emptied queue, say): the defender gives its tasks back
+            return None
+        queue = rqbridge.rq_queue(queue_name, self.redis)
+        execution = await loop.run_in_executor(None, self.rq.begin, job, queue)
+        lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)
+        if lease is not None:
+            self.runner.pending += 1
+            return asyncio.create_task(self._run(execution, self.runner.run_entry(lease, pending=True), entry))
+        if queue_name == EXPORT_QUEUE:
+            self.export_running = asyncio.create_task(self._run(
+                execution, loop.run_in_executor(self.export_pool, _export, export, self.runner.worker_id), entry))
+            return None
+        why = "an export entry in a download queue: requeue it on down_export"
+        logger.warning("%s: %s in %s", why, entry, queue_name)
+        await loop.run_in_executor(None, self.rq.failed, execution, why)
+        return None
+
+    async def _run(self, execution, work, entry: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await work
+        except Exception as exc:  # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
+            reason = redact(f"{type(exc).__name__}: {exc}")
+            logger.error("entry %s failed: %s", entry, reason)
+            capture(exc)
+            tb = redact("".join(traceback.format_exception(exc)))
+            await loop.run_in_executor(None, _quietly, self.rq.failed, execution, tb)
+            return
+        await loop.run_in_executor(None, _quietly, self.rq.succeeded, execution)
+
+
+def _quietly(fn, *args) -> None:
+    """rq's bookkeeping of an ended entry; Redis away loses only that (rq cleans it up later)."""
+    try:
+        fn(*args)
+    except Exception as exc:
+        logger.warning("rq bookkeeping failed: %s", type(exc).__name__)
+
+
+def _export(export_id: str, worker_id: str) -> str:
+    from slave.exporter import run_export
+
+    outcome = run_export(export_id, worker_id)
+    logger.info("export %s: %s", export_id, outcome)
+    return outcome
+
+
+def _deliver() -> None:
+    try:
+        deliver_due()
+    except Exception as exc:  # MongoDB away: the next idle moment tries again
+        logger.warning("notification delivery failed: %s", type(exc).__name__)
+
+
+def _on_signal(stop: asyncio.Event) -> None:
+    if stop.is_set():
+        logger.warning("second signal: exiting now; the defender recovers unfinished entries")
+        os._exit(1)
+    logger.info("stopping after the running entries (signal again to exit at once)")
+    stop.set()
+
+
+def run_one(lease_id: str) -> dict[str, int] | None:
+    """Run one entry to the end in a fresh event loop (a plain rq worker's job)."""
+    connect_mongo()
+
+    async def main():
+        runner = Runner()
+        runner.start()
+        try:
+            return await runner.run_entry(lease_id)
+        finally:
+            await runner.close()
+
+    return asyncio.run(main())
+
+
+def serve(queues: list[str], burst: bool = False, max_jobs: int | None = None, exports: bool = True,
+          name: str | None = None) -> None:
+    """``downcluster worker``: an rq worker on ``queues`` (and down_export) running many entries at once."""
+    connect_mongo()
+
+    async def main():
+        runner = Runner(name)
+        names = queues + ([EXPORT_QUEUE] if exports else [])
+        runner.rq = LoopWorker(names, runner.worker_id, redis_conn(), settings.HEARTBEAT_INTERVAL)
+        runner.rq.born()
+        runner.start()
+        logger.info("worker %s on %s (up to %s downloads in flight)", runner.worker_id, ", ".join(names),
+                    settings.WORKER_INFLIGHT)
+        try:
+            await Loop(runner, runner.rq, queues, exports).serve(burst=burst, max_jobs=max_jobs)
+        finally:
+            await runner.close()
+            runner.rq.died()
+
+    asyncio.run(main())

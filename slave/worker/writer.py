@@ -1,0 +1,375 @@
+"""The store side of a worker: one thread per process that writes what downloads produced, for
+every running entry, in bulk: data documents (and GridFS files of large bodies), download logs,
+then the settle of the tasks — on the happy path one insert of data, one of logs and one update.
+
+Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
+stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
+the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
+(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep. A result
+MongoDB cannot store fails that task alone. MongoDB hiccups are retried with backoff; if it stays
+away the entry raises and the defender recovers it. The counts returned are what was settled.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+from bson import BSON, Binary, ObjectId
+from bson.errors import InvalidDocument
+from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
+
+from common.store import counts
+
+from common.store import leases
+from common.config import settings
+from common.store.data import gridfs_of
+from common.errors import DownloadError
+from common.store.connection import redis_conn
+from common.metrics import count_pages, reason_class
+from common.store.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, store_time
+from common.secrets import redact
+from slave.download.engines.base import Download
+from common.queue.retry import backoff, next_retry_at
+
+if TYPE_CHECKING:
+    from slave.worker.context import JobContext
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+DUPLICATE_KEY = 11000
+MAX_BSON = 16 * 1024 * 1024
+WRITE_BATCH = 256   # outcomes per bulk write at most
+LINGER = 0.002      # seconds the writer waits for more outcomes before a write
+
+
+@dataclass
+class Outcome:
+    task: dict
+    download: Download | None
+    error: DownloadError | None
+    spend_us: int
+    request_size: int = 0
+    deferred: float | None = None        # handed back (busy or closed host): due again in this many s, no attempt
+    coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
+    coalesced_from: object = None        # the task whose stored download this one copied
+    data_id: object = None               # set by store_many: the data document written
+
+
+def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
+    """Call ``fn`` until it stops failing on a lost connection, for up to ``deadline`` seconds."""
+    end, attempt = time.monotonic() + deadline, 0
+    while True:
+        try:
+            return fn()
+        except (ConnectionFailure, OperationFailure) as exc:
+            if isinstance(exc, OperationFailure) and not exc.has_error_label("RetryableWriteError") \
+                    and exc.code not in (91, 189, 11600, 11602, 10107, 13435, 13436):
+                raise
+            attempt += 1
+            delay = backoff(attempt, base=0.2, cap=5.0, jitter=False)
+            if time.monotonic() + delay > end:
+                raise
+            logger.warning("MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay)
+            time.sleep(delay)
+
+
+def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
+    if not docs:
+        return
+    try:
+        coll.insert_many(docs, ordered=False)
+    except BulkWriteError as exc:
+        if any(e["code"] != DUPLICATE_KEY for e in exc.details["writeErrors"]):
+            raise
+
+
+def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
+    d = outcome.download
+    doc = {
+        "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
+        "job": ctx.job_id, "downloader": ctx.download_id, "task": outcome.task["_id"], "lease": lease,
+        "url": outcome.task["uri"], "status_code": d.status_code,
+        "requests_headers": d.request_headers, "response_headers": d.headers,
+        "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
+        "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
+    }
+    if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
+        doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
+        doc["response_body"] = None
+    else:
+        doc["response_body"] = Binary(d.body)
+    return doc
+
+
+def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
+    return {
+        "_id": ObjectId(), "job": ctx.job_id, "task": outcome.task["_id"], "lease": lease,
+        "status": SUCCESS if outcome.error is None else FAIL,
+        "requests_size": outcome.request_size,
+        "response_size": len(outcome.download.body) if outcome.download else 0,
+        "failed_reason": redact(outcome.error.reason)[:10240] if outcome.error else None,
+        "downloads_hostname": settings.HOSTNAME, "spend_time": outcome.spend_us, "add_datetime": now,
+        **({"coalesced_from": outcome.coalesced_from} if outcome.coalesced_from is not None else {}),
+    }
+
+
+def _unstorable(outcome: Outcome, doc: dict) -> str | None:
+    """Why one data document cannot be stored (None if it can)."""
+    try:
+        size = len(BSON.encode(doc))
+    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
+        return f"response not storable: {type(exc).__name__}: {exc}"
+    if size > MAX_BSON:
+        return f"response not storable: document of {size} bytes exceeds MongoDB's 16 MiB limit"
+    return None
+
+
+def _insert_data(data_coll, outcomes: list[Outcome], docs: list[dict]) -> None:
+    """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
+    failure instead of failing the others."""
+    try:
+        with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+        return
+    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:
+        if isinstance(exc, BulkWriteError) and all(e["code"] == DUPLICATE_KEY for e in exc.details["writeErrors"]):
+            return
+        logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
+    keep_o, keep_d = [], []
+    for o, d in zip(outcomes, docs):
+        why = _unstorable(o, d)
+        if why:
+            o.download, o.error = None, DownloadError(why, retryable=False)
+        else:
+            keep_o.append(o)
+            keep_d.append(d)
+    outcomes[:] = keep_o
+    docs[:] = keep_d
+    with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+
+
+@dataclass
+class Part:
+    """Outcomes of one entry in one write."""
+
+    ctx: object
+    lease: str
+    kind: str
+    outcomes: list[Outcome]
+
+
+def store(ctx, lease: str, kind: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
+    """Store outcomes of one entry (see ``store_many``)."""
+    return store_many([Part(ctx, lease, kind, outcomes)], now)[0]
+
+
+def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, backs: int,
+             now: datetime) -> list[dict[str, int]]:
+    """What each part settled. When every guarded update matched (the usual case) that is every
+    outcome; otherwise some tasks were released or cancelled meanwhile: the successes that
+    settled are those whose task names their data, the rest is read back."""
+    counts = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
+    index = {id(p): i for i, p in enumerate(parts)}
+    if settled == len(ok) + len(bad) and backs == len(later):
+        for name, group in (("success", ok), ("fail", bad), ("handed_back", later)):
+            for p, _ in group:
+                counts[index[id(p)]][name] += 1
+        return counts
+    tasks = CrawlerTask._get_collection()
+    for p in parts:
+        c = counts[index[id(p)]]
+        ok_ids = [o.task["_id"] for q, o in ok if q is p]
+        bad_ids = [o.task["_id"] for q, o in bad if q is p]
+        back_ids = [o.task["_id"] for q, o in later if q is p]
+        c["success"] = len(leases.settled_of(p.lease, ok_ids))
+        if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
+            with_retries(lambda: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now), "tombstone")
+        if bad_ids:
+            c["fail"] = tasks.count_documents({"_id": {"$in": bad_ids}, "status": FAIL, "last_update_datetime": now})
+        if back_ids:
+            c["handed_back"] = tasks.count_documents({"_id": {"$in": back_ids}, "status": LIVE,
+                                                      "last_update_datetime": now})
+        dropped = with_retries(lambda: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
+        if dropped:
+            logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
+    return counts
+
+
+def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
+    """Store outcomes of one or more entries, in bulk: one insert of data (then GridFS files of
+    large bodies), one insert of logs, one bulk of settles (an UpdateMany of the successes of
+    each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
+    says exactly whether every guarded settle matched. Returns each part's settled counts."""
+    data_coll = CrawlerDownloadData._get_collection()
+    tasks = CrawlerTask._get_collection()
+    ok = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
+    data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
+    for (_, o), d in zip(ok, data_docs):
+        o.data_id = d["_id"]
+    if data_docs:
+        outs = [o for _, o in ok]
+        _insert_data(data_coll, outs, data_docs)
+        kept = {id(o) for o in outs}
+        ok = [(p, o) for p, o in ok if id(o) in kept]
+        big = [(o, d) for o, d in zip(outs, data_docs) if d.get("response_body_gridfs")]
+        if big:
+            fs = gridfs_of(data_coll.database)
+            for o, d in big:
+                with_retries(lambda: _put_once(fs, o.download.body, d["response_body_gridfs"],
+                                               f"{o.task['_id']}-{d['lease']}"), "GridFS put")
+    bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
+    later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
+    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
+    if logs:
+        with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
+        count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
+                    + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad])
+
+    settles: list = []
+    ok_by_part: dict[int, tuple[Part, list]] = {}
+    for p, o in ok:
+        ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
+    for p, ids in ok_by_part.values():
+        settles.append(leases.settle_success(ids, p.lease, p.kind, now))
+    for p, o in bad:
+        times = o.task.get("download_times", 0) + 1
+        retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
+                                 settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
+        settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
+    backs = [leases.hand_back(o.task["_id"], p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
+                              o.deferred, now) for p, o in later]
+    settled = with_retries(lambda: tasks.bulk_write(settles, ordered=False), "task settle").modified_count \
+        if settles else 0
+    handed = with_retries(lambda: tasks.bulk_write(backs, ordered=False), "hand back").modified_count if backs else 0
+    counted = _counted(parts, ok, bad, later, settled, handed, now)
+    moves = []
+    for p, c in zip(parts, counted):
+        held = leases.held_by(p.lease, p.kind)["status"]
+        moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
+                  (p.ctx.job_id, held, LIVE, c["handed_back"])]
+    with_retries(lambda: counts.move(moves), "task counts")
+    return counted
+
+
+def _put_once(fs, body: bytes, file_id, filename: str) -> None:
+    """Write a GridFS file under the id its data document names (a retry finds it there)."""
+    if fs.exists(file_id):
+        return
+    fs.put(body, _id=file_id, filename=filename)
+
+
+# --- the writer thread ----------------------------------------------------------------------
+
+class Entry:
+    """One running entry: its lease, job, tasks, and what the writer has stored of it."""
+
+    def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
+        self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
+        self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
+        self.etiquette = None  # set by the runner: publishes its coalesced leaders
+        self.done = loop.create_future()
+        self.loop = loop
+
+    def _settle(self, result=None, error: BaseException | None = None) -> None:
+        if self.done.done():
+            return
+        self.done.set_exception(error) if error else self.done.set_result(result)
+
+    def resolve(self, error: BaseException | None = None) -> None:
+        """From the writer thread: the entry is stored (or its store failed)."""
+        self.loop.call_soon_threadsafe(self._settle, self.counts, error)
+
+
+class Writer(threading.Thread):
+    """The one thread of a worker process that writes to MongoDB what downloads produced:
+    outcomes of all running entries are gathered into bulk writes (up to WRITE_BATCH, or
+    STORE_FLUSH_BYTES of bodies), so the store sees few, large commands from one connection."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(daemon=True, name="writer")
+        self.worker_id = worker_id
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.submitted = self.written = 0
+
+    def submit(self, entry: Entry, outcome: Outcome | None) -> None:
+        """Queue one outcome (None: the entry had no task left to download)."""
+        self.submitted += 1
+        self.q.put((entry, outcome))
+
+    def backlog(self) -> int:
+        """Outcomes waiting to be written (the worker takes no new entry while many wait)."""
+        return self.submitted - self.written
+
+    def stop(self) -> None:
+        self.q.put(None)
+
+    def run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            batch, size, end = [item], _size(item[1]), time.monotonic() + LINGER
+            while len(batch) < WRITE_BATCH and size < settings.STORE_FLUSH_BYTES:
+                try:
+                    item = self.q.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.q.put(None)
+                    break
+                batch.append(item)
+                size += _size(item[1])
+            # taken first: the write may turn an unstorable download into a failure and drop it
+            slots = [(e.loop, o.download.release) for e, o in batch
+                     if o is not None and o.download is not None and o.download.release]
+            try:
+                self._write(batch)
+            finally:
+                for _, outcome in batch:  # stored (or given up): the body goes now, whoever still holds the outcome
+                    if outcome is not None:
+                        outcome.download = None
+                self.written += len(batch)
+                for loop, release in slots:  # the bodies are stored (or given up): free their slots
+                    loop.call_soon_threadsafe(release)
+
+    def _publish(self, groups: dict) -> None:
+        """Leaders of identical requests whose data is now stored: their waiters may copy it
+        (handed to each entry's event loop, which sends it with its other Redis commands)."""
+        for entry, outs in groups.items():
+            leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
+                       if o.coalesce_key and o.error is None and o.data_id is not None]
+            if leaders and entry.etiquette is not None:
+                entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
+
+    def _write(self, batch: list) -> None:
+        groups: dict[Entry, list[Outcome]] = {}
+        for entry, outcome in batch:
+            groups.setdefault(entry, [])
+            if outcome is not None:
+                groups[entry].append(outcome)
+        entries = [e for e, outs in groups.items() if outs]
+        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e]) for e in entries]
+        try:
+            if parts:
+                for e, got in zip(entries, store_many(parts, store_time())):
+                    for name, n in got.items():
+                        e.counts[name] += n
+                for e, outs in groups.items():
+                    e.written += len(outs)
+                self._publish(groups)
+            finished = [e for e in groups if e.written >= e.total]
+            if finished:
+                with_retries(lambda: leases.finish([e.lease_id for e in finished], self.worker_id), "lease finish")
+            for e in finished:
+                e.resolve()
+        except Exception as exc:  # MongoDB gone past the retries: these entries are given up
+            for e in groups:
+                e.resolve(exc)
+
+
+def _size(outcome) -> int:
+    return len(outcome.download.body) if outcome is not None and outcome.download is not None else 0
