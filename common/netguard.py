@@ -70,7 +70,9 @@ def judge_literal(host: str | None, port: int, allow_private: bool, hint: str = 
 def judge_url(url: str, allow_private: bool) -> None:
     """``judge_literal`` on a checked http(s) URL's host and port."""
     parts = urlsplit(url)
-    judge_literal(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80), allow_private)
+    default_port = 443 if parts.scheme.lower() == "https" else 80
+    judge_literal(parts.hostname, parts.port or default_port, allow_private)
+
 
 
 def judge_proxy(proxy: str) -> None:

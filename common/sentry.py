@@ -12,7 +12,9 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {k: ("[Filtered]" if str(k).lower() in SENSITIVE_KEYS else _scrub(v)) for k, v in value.items()}
+        return {k: "[Filtered]" if str(k).lower() in SENSITIVE_KEYS else _scrub(v)
+                for k, v in value.items()}
+
     if isinstance(value, (list, tuple)):
         return type(value)(_scrub(v) for v in value)
     return value

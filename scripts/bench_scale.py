@@ -86,9 +86,9 @@ def run(bench, tasks: int) -> dict:
     import shutil
     import tempfile
 
-    from common.store.connection import connect_mongo, disconnect_mongo
-
     from bench import ROOT
+
+    from common.store.connection import connect_mongo, disconnect_mongo
 
     (ROOT / "var").mkdir(exist_ok=True)
     disk = tempfile.mkdtemp(prefix="bench-scale-", dir=ROOT / "var")
@@ -109,21 +109,27 @@ def run(bench, tasks: int) -> dict:
 
 
 def _run(bench, tasks: int) -> dict:
-    from common.store import counts
+    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
+
     from common.config import settings
+    from common.exports.templates import parse_template
+    from common.queue.rqbridge import queue_key
+    from common.store import counts
     from common.store.data import export_fits
     from common.store.leases import tombstone
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
-    from common.queue.rqbridge import queue_key
-    from common.exports.templates import parse_template
-    from master import views
+    from common.store.models import (
+        CrawlerDownloadData,
+        CrawlerDownloadSetting,
+        CrawlerTask,
+        Job,
+        store_now,
+        utcnow,
+    )
     from master import maintenance as chores
+    from master import views
     from master.dispatch import defender
-    from master.ops import retention
-    from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
-
-    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
+    from master.ops import retention, stats
 
     redis = bench.redis()
     redis.flushall()

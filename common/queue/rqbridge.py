@@ -25,10 +25,9 @@ or does not call what its id says is refused (``ForeignEntry``), never run.
 """
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from enum import Enum
-
-import logging
 
 from redis import Redis
 from rq import Queue
@@ -100,7 +99,8 @@ def export_of(entry: str) -> str | None:
 
 def our_queues(redis: Redis) -> list[str]:
     """Our download queues: the four shared ones and every host or foreign queue rq knows of."""
-    return sorted({*QUEUE_NAMES, *(q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES)})
+    known = (q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES)
+    return sorted({*QUEUE_NAMES, *known})
 
 
 # --- dispatch: the capped push ------------------------------------------------------------
@@ -108,8 +108,10 @@ def our_queues(redis: Redis) -> list[str]:
 def entry_mapping(queue: Queue, lease: str, timeout: int, failure_ttl: int, description: str,
                   enqueued_at: datetime) -> dict:
     """The rq job hash of a download entry, as ``Queue.enqueue_job`` would save it."""
-    job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout, result_ttl=0,
-                           failure_ttl=failure_ttl, description=description, status=JobStatus.QUEUED)
+    job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout,
+                           result_ttl=0, failure_ttl=failure_ttl, description=description,
+                           status=JobStatus.QUEUED)
+
     job.origin = queue.name
     job.enqueued_at = enqueued_at.replace(tzinfo=timezone.utc) if enqueued_at.tzinfo is None else enqueued_at
     return {k: v.value if isinstance(v, Enum) else v for k, v in job.to_dict().items()}

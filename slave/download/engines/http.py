@@ -29,8 +29,8 @@ from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
-from slave.download.engines.charset import body_encoding
 from slave.download.engines.base import Download, Limits
+from slave.download.engines.charset import body_encoding
 
 __all__ = ["fetch", "new_session", "classify_status", "classify_exception"]
 
@@ -377,7 +377,9 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
-          user_agent: str = "downcluster/1.0", allow_private: bool = False, cut: Cut | None = None) -> Download:
+          user_agent: str = "downcluster/1.0", allow_private: bool = False,
+          cut: Cut | None = None) -> Download:
+
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
     ``allow_private``: loopback, private and link-local addresses may be reached too; ``cut``:
     called from another thread, ends the fetch at once."""
