@@ -63,7 +63,9 @@ class _Block:
 class _Writer:
     def __init__(self, book, template: Template) -> None:
         self.book, self.template = book, template
-        self.sheet, self.line, self.count = None, 0, 0
+        # xlsxwriter's Worksheet (untyped) once new_sheet has run; room() is False before that
+        self.sheet: Any = None
+        self.line, self.count = 0, 0
         self.fmt_head = book.add_format({"bold": True, "align": "center", "valign": "vcenter",
                                          "bg_color": "#E8ECF4", "border": 1, "text_wrap": True})
         self.fmt_title = book.add_format({"bold": True, "font_size": 14, "align": "center",
@@ -213,7 +215,6 @@ class _Writer:
         single = len(self.template.tables) == 1
         needed = (bool(table.title) + bool(table.summary) + len(table.header) + table.depth
                   + len(table.footer) + sum(leaf.row_count for leaf in table.row_leaves))
-
         if not self.room(needed if table.row else needed + 1):
             self.new_sheet()
         self.heading(table)

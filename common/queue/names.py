@@ -10,9 +10,7 @@ LOCK_KEY = "downcluster:dispatch:lock"
 # Export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time.
 EXPORT_QUEUE = "down_export"
 # Followed by an rq worker name: that worker's download figures (in flight, peak), for stats.
-
 WORKER_KEY_PREFIX = "downcluster:worker:"
-
 
 
 def queue_for_priority(priority: int) -> str:

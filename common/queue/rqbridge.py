@@ -111,7 +111,6 @@ def entry_mapping(queue: Queue, lease: str, timeout: int, failure_ttl: int, desc
     job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout,
                            result_ttl=0, failure_ttl=failure_ttl, description=description,
                            status=JobStatus.QUEUED)
-
     job.origin = queue.name
     job.enqueued_at = enqueued_at.replace(tzinfo=timezone.utc) if enqueued_at.tzinfo is None else enqueued_at
     return {k: v.value if isinstance(v, Enum) else v for k, v in job.to_dict().items()}
@@ -179,7 +178,12 @@ def wait_entry(redis: Redis, queues: list[str], timeout: int = 1) -> tuple[str, 
     got = redis.blpop([queue_key(q) for q in queues], timeout=timeout)
     if not got:
         return None
-    return queue_name_of(got[0].decode()), got[1].decode()
+    return queue_name_of(_decoded(got[0])), _decoded(got[1])
+
+
+def _decoded(reply: bytes | str) -> str:
+    """A Redis reply as text (our clients answer bytes; redis-py's types allow str too)."""
+    return reply.decode() if isinstance(reply, bytes) else reply
 
 
 def _expected_call(entry: str) -> tuple[str, list, dict] | None:
@@ -247,7 +251,7 @@ def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:
     """When the head of queue ``name`` was enqueued (UTC), or None if it is empty or unreadable:
     one field of its hash, read as text (never the entry's data)."""
     head = redis.lindex(queue_key(name), 0)
-    raw = redis.hget(RqJob.key_for(head.decode()), "enqueued_at") if head else None
+    raw = redis.hget(RqJob.key_for(_decoded(head)), "enqueued_at") if head else None
     try:
         stamp = str_to_date(raw) if raw else None
     except ValueError:

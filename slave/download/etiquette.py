@@ -33,6 +33,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from redis import asyncio as aioredis
@@ -41,6 +42,9 @@ from common.config import settings
 from common.errors import AddressRefused
 from common.sitelimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, host_of, keys
 from common.store.connection import REDIS_OPTIONS, SENTINEL_SCHEME, redis_client
+
+if TYPE_CHECKING:
+    from protego import Protego  # imported when a robots.txt is parsed
 
 logger = logging.getLogger(__name__)
 ROBOTS_PREFIX = "downcluster:robots:"
@@ -217,7 +221,8 @@ class Etiquette:
         self._sweeping = False
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the keeper)
-        self._robots: dict[str, tuple[float, object]] = {}
+        # origin: (monotonic time to re-read it until, closed until (epoch seconds) | rules | None)
+        self._robots: dict[str, tuple[float, float | Protego | None]] = {}
         self._robots_loading: dict[tuple[str, int], asyncio.Future] = {}
 
     def start(self) -> None:
@@ -488,7 +493,7 @@ class Etiquette:
             if loading is None:
                 loading = self._robots_loading[load_key] = asyncio.ensure_future(
                     self._load_robots(origin, scheme, session))
-                loading.add_done_callback(lambda _, k=load_key: self._robots_loading.pop(k, None))
+                loading.add_done_callback(lambda _: self._robots_loading.pop(load_key, None))
             hit = self._robots[origin] = await asyncio.shield(loading)
         rules = hit[1]
         if isinstance(rules, float):  # closed until then (epoch seconds)
@@ -499,7 +504,8 @@ class Etiquette:
             raise PermissionError("robots.txt disallows")
         return float(rules.crawl_delay(settings.DOWNLOAD_USER_AGENT) or 0.0)
 
-    async def _load_robots(self, origin: str, scheme: str, session) -> tuple[float, object]:
+    async def _load_robots(self, origin: str, scheme: str,
+                           session) -> tuple[float, float | Protego | None]:
         key = ROBOTS_PREFIX + origin
         raw = await self.redis.get(key)
         if raw is None:
@@ -550,7 +556,6 @@ class Etiquette:
         else:
             ttl = settings.ROBOTS_RETRY
             entry = {"status": status, "closed_until": time.time() + ttl}
-
         raw = json.dumps(entry).encode()
         await self.redis.set(key, raw, ex=max(1, int(ttl)))
         return raw
@@ -613,7 +618,7 @@ class Etiquette:
     def publish_all(self, leaders: list[tuple[str, object, object]]) -> None:
         """On the loop, once the leaders' data is stored: their waiters may copy it now and for
         COALESCE_WINDOW seconds (one call for a whole write batch)."""
-        args = [int(settings.COALESCE_WINDOW * 1000)]
+        args: list[int | str] = [int(settings.COALESCE_WINDOW * 1000)]
         for key, task_id, data_id in leaders:
             self.leading.pop(key, None)
             args += [f"run:{task_id}", f"done:{task_id}:{data_id}"]

@@ -45,9 +45,7 @@ __all__ = ["Client", "fetch", "classify_aio"]
 
 ACCEPT_ENCODING = "gzip, deflate"
 # Proxy failures raised through aiohttp-socks, matched by name (it is imported only for a proxy).
-
 PROXY_ERROR_NAMES = ("ProxyError", "ProxyConnectionError", "ProxyTimeoutError")
-
 
 
 class _GuardedResolver(AbstractResolver):
@@ -96,7 +94,8 @@ class Client:
                 # socks5h: the proxy resolves names; socks5: we do
                 remote_dns = proxy.lower().startswith("socks5h")
                 url = "socks5" + proxy[len("socks5h"):] if remote_dns else proxy
-                connector = ProxyConnector.from_url(url, limit=self.limit, rdns=remote_dns)
+                connector: aiohttp.BaseConnector = ProxyConnector.from_url(url, limit=self.limit,
+                                                                           rdns=remote_dns)
             else:
                 allow = bool(proxy) or bool(allow_private)
                 connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
@@ -132,7 +131,7 @@ def classify_aio(exc: BaseException) -> DownloadError:
         return fail(f"TLS error: {exc}", True)
     if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in PROXY_ERROR_NAMES:
         return fail("proxy error", True)
-    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())):
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return fail(f"DNS lookup failed: {exc.os_error}", True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         err = exc.os_error
@@ -232,30 +231,30 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         length = resp.headers.get("Content-Length", "")
         if length.strip().isdigit() and int(length) > limits.maxsize:
             raise too_big
-        chunks, total, gated = [], 0, False
+        chunks, total = [], 0
+        held: asyncio.Semaphore | None = None  # large_gate, once a slot of it is taken
         try:
             async for chunk in resp.content.iter_any():
                 total += len(chunk)
                 if total > limits.maxsize:
                     raise too_big
                 chunks.append(chunk)
-                if large_gate is not None and not gated and total > LARGE_BODY:
+                if large_gate is not None and held is None and total > LARGE_BODY:
                     await large_gate.acquire()
-                    gated = True
+                    held = large_gate
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             del chunks
             response_headers = {str(k): str(v) for k, v in resp.headers.items()}
             got = Download(status_code=resp.status, headers=response_headers, body=bytes(body),
                            url=str(resp.url), remote_ip=peer[0] if peer else "",
                            request_headers=_masked(resp.request_info.headers),
-
                            encoding=body_encoding(response_headers, body),
-                           release=large_gate.release if gated else None)
-            gated = False  # the slot now travels with the body
+                           release=held.release if held is not None else None)
+            held = None  # the slot now travels with the body
             return got
         finally:
-            if gated:
-                large_gate.release()
+            if held is not None:
+                held.release()
     finally:
         resp.close()
 

@@ -68,10 +68,10 @@ class Browser:
 
     def __init__(self, memory_mb: int) -> None:
         self.memory_mb = memory_mb
-        self.proc = None
+        self.proc: asyncio.subprocess.Process | None = None
         self.dir = ""
-        self.ws = None
-        self.http = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None  # these two set by start()
+        self.http: aiohttp.ClientSession | None = None
         self.pages = 0
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -123,11 +123,11 @@ class Browser:
         port, path = open(port_file).read().split()[:2]
         self.http = aiohttp.ClientSession()
         self.ws = await self.http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0, autoping=False)
-        self._reader = asyncio.create_task(self._read())
+        self._reader = asyncio.create_task(self._read(self.ws))
 
-    async def _read(self) -> None:
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         try:
-            async for msg in self.ws:
+            async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
                 data = json.loads(msg.data)
@@ -148,7 +148,7 @@ class Browser:
                 queue.put_nowait({"method": "Inspector.targetCrashed"})
 
     async def call(self, method: str, params: dict | None = None, session: str = "") -> dict:
-        if self.dead:
+        if self.dead or self.ws is None:
             raise Crashed("the browser went away")
         msg_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
@@ -221,10 +221,11 @@ class Pool:
         return browser
 
     def release(self, browser: Browser) -> None:
+        assert self._free is not None, "release follows acquire"
         if browser.dead:
             browser.kill()
-            browser = None
-        self._free.put_nowait(browser)
+        self._free.put_nowait(None if browser.dead else browser)
+
 
     async def close(self) -> None:
         if self._free is None:
@@ -489,7 +490,6 @@ async def _result(b: Browser, session: str, js: str) -> bytes:
         expression = f"(async () => {{\n{js}\n}})()"
         got = await b.call("Runtime.evaluate",
                            {"expression": expression, "awaitPromise": True, "returnByValue": True}, session)
-
         if got.get("exceptionDetails"):
             details = got["exceptionDetails"]
             text = (details.get("exception") or {}).get("description") or details.get("text", "exception")

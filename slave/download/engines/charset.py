@@ -54,7 +54,6 @@ def detect(body: bytes) -> str | None:
     return resolve_encoding(best.encoding) or best.encoding
 
 
-
 def body_encoding(headers, body: bytes) -> str | None:
     """The encoding of ``body`` as a browser would find it (see the module docstring)."""
     content_type = media_type(headers)
