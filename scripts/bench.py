@@ -1170,6 +1170,7 @@ class Run:
         site = start_nginx(bench.procs, docs["root"])
         urls = [f"{site}/{rel}" for rel in docs["paths"]]
         self.results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
+
         def timeout() -> float:  # taken when each run starts, from the budget left then
             return e2e_timeout(bench, len(urls), 1 / 4)
 

@@ -67,6 +67,7 @@ def long_lease() -> float:
     whole time limit (it is killed at the slot's local deadline), the usual lease beyond."""
     return settings.DOWNLOAD_TIMEOUT + settings.HOST_SLOT_TTL
 
+
 # KEYS: key. ARGV: expected value, then "" to delete or a new value and its ttl ms.
 CAS = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -221,7 +222,7 @@ class Etiquette:
         self._sweeping = False
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the keeper)
-        # origin: (monotonic time to re-read it until, closed until (epoch seconds) | rules | None)
+        # origin -> (monotonic time it is read from Redis again, closed until (epoch s) | rules | None)
         self._robots: dict[str, tuple[float, float | Protego | None]] = {}
         self._robots_loading: dict[tuple[str, int], asyncio.Future] = {}
 
@@ -458,8 +459,6 @@ class Etiquette:
             for (key, _), still in zip(leading, renewed):
                 if not still:  # published (done) or given up: no longer ours to keep alive
                     self.leading.pop(key, None)
-
-
 
     def _release_missed(self, redis) -> None:
         """Slots given back and leads let go of while Redis was away: after a Sentinel failover

@@ -226,7 +226,6 @@ class Pool:
             browser.kill()
         self._free.put_nowait(None if browser.dead else browser)
 
-
     async def close(self) -> None:
         if self._free is None:
             return
