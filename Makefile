@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps clean services-check docs
+.PHONY: demo test test-unit lint docs bench bench-deps clean services-check
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ demo: $(STAMP) services-check
 PYTEST_ARGS ?=
 test: $(STAMP) services-check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# ruff (style, imports, likely bugs; 110 columns) and mypy, configured in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)

@@ -70,7 +70,8 @@ def judge_literal(host: str | None, port: int, allow_private: bool, hint: str = 
 def judge_url(url: str, allow_private: bool) -> None:
     """``judge_literal`` on a checked http(s) URL's host and port."""
     parts = urlsplit(url)
-    judge_literal(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80), allow_private)
+    default_port = 443 if parts.scheme.lower() == "https" else 80
+    judge_literal(parts.hostname, parts.port or default_port, allow_private)
 
 
 def judge_proxy(proxy: str) -> None:
@@ -91,7 +92,8 @@ def resolve(host: str, port: int, allow_private: bool, hint: str = DOWNLOAD_HINT
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError) as exc:
         raise OSError(f"cannot resolve {host}: {exc}") from None
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    # str(): an IPv4 or IPv6 sockaddr starts with the address text (typeshed allows other families)
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
         judge(address, port, allow_private, hint)
     return addresses
@@ -121,7 +123,7 @@ def _endpoints(*urls: str) -> frozenset:
             except (OSError, UnicodeError):  # a name that does not resolve here cannot be reached from here
                 continue
             for info in infos:
-                ip = parse_ip(info[4][0])
+                ip = parse_ip(str(info[4][0]))
                 found.add((LOCAL if is_local(ip) else ip, port))
     return frozenset(found)
 

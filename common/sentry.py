@@ -1,9 +1,12 @@
 """Sentry through sentry-sdk, with secrets scrubbed from every event."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.secrets import SENSITIVE_KEYS, redact
+
+if TYPE_CHECKING:
+    from sentry_sdk.types import Event, Hint  # sentry-sdk is imported only when switched on
 
 _initialised = False
 
@@ -12,13 +15,14 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {k: ("[Filtered]" if str(k).lower() in SENSITIVE_KEYS else _scrub(v)) for k, v in value.items()}
+        return {k: "[Filtered]" if str(k).lower() in SENSITIVE_KEYS else _scrub(v)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_scrub(v) for v in value)
     return value
 
 
-def before_send(event: dict, hint: dict) -> dict:
+def before_send(event: Event, hint: Hint) -> Event:
     """Redact URL credentials, cookies, proxies and remembered secrets anywhere in the event."""
     return _scrub(event)
 

@@ -51,7 +51,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # title, summary and header/footer pairs, a three-level column tree, number formats; rows in
 # task order, which costs the store a sort).
 REPORT_TEMPLATE = json.dumps({
-    "title": "bench report", "summary": "every row", "header": {"Job": "bench-export"}, "footer": {"Checked by": ""},
+    "title": "bench report", "summary": "every row", "header": {"Job": "bench-export"},
+    "footer": {"Checked by": ""},
     "col": [{"title": "Request", "children": [{"title": "URL", "name": "url"}]},
             {"title": "Response", "children": [
                 {"title": "Status", "name": "status_code"},
@@ -59,9 +60,10 @@ REPORT_TEMPLATE = json.dumps({
                                                {"title": "Charset", "name": "encoding"},
                                                {"title": "Text", "name": "body_text"}]}]},
             {"title": "Fetched", "name": "add_datetime", "format": "yyyy-mm-dd hh:mm"}]})
-EXPORT_VARIANTS = (("csv", "csv", ""), ("jsonl", "jsonl", ""), ("xlsx", "xlsx", ""), ("xlsx_report", "xlsx", REPORT_TEMPLATE))
-TARGETS = {"peer_ratio": 1.5, "worker_cpu_ms": 1.0, "inflight_100ms": 64, "dispatch_s": 1.0, "redis_bytes": 200,
-           "rss_mb": 150}
+EXPORT_VARIANTS = (("csv", "csv", ""), ("jsonl", "jsonl", ""), ("xlsx", "xlsx", ""),
+                   ("xlsx_report", "xlsx", REPORT_TEMPLATE))
+TARGETS = {"peer_ratio": 1.5, "worker_cpu_ms": 1.0, "inflight_100ms": 64, "dispatch_s": 1.0,
+           "redis_bytes": 200, "rss_mb": 150}
 # end-to-end runs at 0 ms with the etiquette at its defaults (on) and off, in the order they run
 ETIQUETTE_ORDER = ("e2e_0ms", "e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_b", "e2e_0ms_c", "e2e_0ms_plain_c")
 ETIQUETTE_ON = ("e2e_0ms", "e2e_0ms_b", "e2e_0ms_c")
@@ -69,6 +71,7 @@ ETIQUETTE_OFF = ("e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_plain_c")
 E2E_DISPATCH_NUM = 1000   # the e2e job's dispatch_num: tasks per dispatcher run
 PEER_PER_DOMAIN = 64      # the peer's CONCURRENT_REQUESTS_PER_DOMAIN: our HOST_CONCURRENCY when compared
 PEER_SCHEDULERS = ("redis", "local")  # scrapy-redis's scheduler, Scrapy's own (scripts/bench_peer.py)
+Row = tuple[str, str, str, str]  # a line of the bench table: what, measured, target, verdict
 COMPARISONS = ("one_0ms", "many_0ms", "one_100ms", "many_100ms", "real")
 POLL = 0.1                # seconds between the bench's "done yet?" reads of the store, both systems
 CAP = 100_000              # queue caps (entries) during the bench: never the limit
@@ -86,7 +89,8 @@ def baseline_fetch_and_store(url: str) -> int:
     client = pymongo.MongoClient(os.environ["BENCH_BASELINE_MONGO"])
     try:
         client.get_default_database()["pages"].insert_one(
-            {"url": url, "status_code": resp.status_code, "headers": dict(resp.headers), "body": resp.content})
+            {"url": url, "status_code": resp.status_code, "headers": dict(resp.headers),
+             "body": resp.content})
     finally:
         client.close()
     return resp.status_code
@@ -104,7 +108,8 @@ class Procs:
     def spawn(self, args: list[str], env: dict, name: str) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "ab")
         try:
-            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         finally:
             log.close()
         proc.bench_name = name  # type: ignore[attr-defined]
@@ -279,7 +284,8 @@ def start_nginx(procs: Procs, root: str) -> str:
 
     port, conf_dir = free_port(), procs.logdir / "nginx"
     conf_dir.mkdir(exist_ok=True)
-    temp = " ".join(f"{k}_temp_path {conf_dir}/{k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = " ".join(f"{k}_temp_path {conf_dir}/{k};"
+                    for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     (conf_dir / "nginx.conf").write_text(f"""
 worker_processes 1;
 daemon off;
@@ -298,8 +304,8 @@ http {{
     server {{ listen 127.0.0.1:{port}; root {root}; }}
 }}
 """)
-    procs.spawn([nginx_binary(), "-c", str(conf_dir / "nginx.conf"), "-e", str(conf_dir / "error.log")], dict(os.environ),
-                "nginx")
+    procs.spawn([nginx_binary(), "-c", str(conf_dir / "nginx.conf"), "-e", str(conf_dir / "error.log")],
+                dict(os.environ), "nginx")
     end = time.monotonic() + 30
     while time.monotonic() < end:
         try:
@@ -390,8 +396,8 @@ class Bench:
         n = self.args.dispatch_tasks
         extra = {"HOSTNAME": "bench", "MAX_TOTAL_DISPATCH_COUNT_ONCE": n}
         extra.update({f"Q_DOWN_{q}_LEN": CAP for q in ("SUPER", "HIGH", "MID", "LOW")})
-        self.env = {**os.environ, **env_for(self.redis_srv.url, self.mongo.uri("bench"), self.mongo.uri("bench_log"),
-                                            **extra)}
+        self.env = {**os.environ, **env_for(self.redis_srv.url, self.mongo.uri("bench"),
+                                            self.mongo.uri("bench_log"), **extra)}
         os.environ.update(self.env)
         self.timer = MongoTimer()  # before the first client is made
         from common.config import settings
@@ -407,6 +413,10 @@ class Bench:
                     srv.stop()
                 except Exception as exc:  # keep stopping the rest
                     print(f"  (stopping {type(srv).__name__}: {exc})", file=sys.stderr)
+
+    def site_pids(self, label: str) -> list[int]:
+        """The process ids of the sample site serving latency ``label``."""
+        return [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") in (f"site-{label}", label)]
 
     def fresh_store(self) -> None:
         """An empty SecantusDB and Redis: SecantusDB slows as its in-memory data grows."""
@@ -446,12 +456,13 @@ class Bench:
         for start in range(0, count, 5000):
             n = min(count, start + 5000) - start
             first = reserve(job_id, n)
-            docs = [{"job": job_id, "uri": urls[start + i] if urls else f"{spread(base, start + i, hosts)}/{prefix}/{start + i}",
-                     "seq": first + i,
-                     "status": LIVE,
+            uris = (urls[start:start + n] if urls
+                    else [f"{spread(base, start + i, hosts)}/{prefix}/{start + i}" for i in range(n)])
+            docs = [{"job": job_id, "uri": uri, "seq": first + i, "status": LIVE,
                      "download_times": 0, "recoveries": 0, "host_name": "", "add_datetime": now,
-                     "last_update_datetime": now} for i in range(n)]
-            run_bounded(lambda: coll.insert_many(docs, ordered=False), max(60.0, len(docs) / 50), "task insert")
+                     "last_update_datetime": now} for i, uri in enumerate(uris)]
+            run_bounded(lambda docs=docs: coll.insert_many(docs, ordered=False), max(60.0, len(docs) / 50),
+                        "task insert")
             commit(job_id, first, n)
         return time.monotonic() - started
 
@@ -498,8 +509,9 @@ class Bench:
         idx.insert_many(small)
         indexed_rate = updates(idx, [d["_id"] for d in small], False)
         mongo_client().drop_database("bench_scratch")
-        return {"docs": n, "insert_docs_per_s": round(insert_rate), "update_range50_docs_per_s": round(range_rate),
-                "update_in50_docs_per_s": round(in_rate), f"update_one_range_of_{m}_docs_per_s": round(one_range_rate),
+        return {"docs": n, "insert_docs_per_s": round(insert_rate),
+                "update_range50_docs_per_s": round(range_rate), "update_in50_docs_per_s": round(in_rate),
+                f"update_one_range_of_{m}_docs_per_s": round(one_range_rate),
                 "update_range50_task_indexes_docs_per_s": round(indexed_rate)}
 
     # 2. dispatch
@@ -515,8 +527,8 @@ class Bench:
         cpu0, self_cpu0 = cpu_tree(store_pid), time.process_time()
         self.timer.reset()
         t0 = time.monotonic()
-        report = run_bounded(lambda: dispatch_once(redis, watchdog=False), max(120.0, self.args.dispatch_tasks / 10),
-                             "dispatch_once")
+        report = run_bounded(lambda: dispatch_once(redis, watchdog=False),
+                             max(120.0, self.args.dispatch_tasks / 10), "dispatch_once")
         took = time.monotonic() - t0
         mongo = self.timer.summary()
         store_cpu, self_cpu = cpu_tree(store_pid) - cpu0, time.process_time() - self_cpu0
@@ -534,17 +546,18 @@ class Bench:
     def bench_dispatch(self, base: str) -> dict:
         n, backlog = self.args.dispatch_tasks, self.args.backlog
         live = self.one_dispatch("bench-dispatch", n, "d", base)
-        print(f"  {n} LIVE: {live['seconds']} s ({live['dispatched']} dispatched), insert {live['insert_s']} s",
-              flush=True)
+        print(f"  {n} LIVE: {live['seconds']} s ({live['dispatched']} dispatched), "
+              f"insert {live['insert_s']} s", flush=True)
         big = self.one_dispatch("bench-backlog", backlog, "b", base)
-        print(f"  {backlog} backlog: {big['seconds']} s ({big['dispatched']} dispatched), insert {big['insert_s']} s",
-              flush=True)
+        print(f"  {backlog} backlog: {big['seconds']} s ({big['dispatched']} dispatched), "
+              f"insert {big['insert_s']} s", flush=True)
         return {"live": live, "backlog": big}
 
     # 3. end to end
     def bench_e2e(self, label: str, base: str, pages: int, timeout: float, engine: str = "aiohttp",
-                  path: str = "page", hosts: int = SITE_HOSTS, etiquette: bool = True, host_limit: int | None = None,
-                  urls: list[str] | None = None, page_bytes: int = 0, at_once: bool = False) -> dict:
+                  path: str = "page", hosts: int = SITE_HOSTS, etiquette: bool = True,
+                  host_limit: int | None = None, urls: list[str] | None = None, page_bytes: int = 0,
+                  at_once: bool = False) -> dict:
         """``etiquette`` False: per-host limits, robots.txt and coalescing off (HOST_CONCURRENCY=0,
         COALESCE_WINDOW=0, obey_robots false), the figure the defaults are compared with.
         ``host_limit``: HOST_CONCURRENCY for the comparison with the peer (its per-domain 64).
@@ -552,23 +565,33 @@ class Bench:
         ``at_once``: the first dispatcher run sends every task (as the peer's start pushes every
         URL to Redis), then the loop runs each second (retries, leases); otherwise 1,000 tasks a
         run every 0.2 s."""
-        from common.store.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerLease, CrawlerTask, Job
+        from common.store.models import (
+            SUCCESS,
+            CrawlerDownloadData,
+            CrawlerDownloadLog,
+            CrawlerLease,
+            CrawlerTask,
+            Job,
+        )
 
         phase_start = time.monotonic()
         self.fresh_store()
         redis = self.redis()
         pages = len(urls) if urls else pages
-        job = self.new_job(f"bench-e2e-{engine}-{label}", pages if at_once else E2E_DISPATCH_NUM, engine=engine,
-                           **({} if etiquette else {"obey_robots": False}))
+        job = self.new_job(f"bench-e2e-{engine}-{label}", pages if at_once else E2E_DISPATCH_NUM,
+                           engine=engine, **({} if etiquette else {"obey_robots": False}))
         insert_s = self.add_tasks_raw(job.id, base, pages, path, hosts, urls)
         names = [f"worker-{label}-{i}" for i in range(self.args.workers)]
-        env = self.env if etiquette else {**self.env, "DOWNCLUSTER_HOST_CONCURRENCY": "0", "DOWNCLUSTER_COALESCE_WINDOW": "0"}
+        env = self.env
+        if not etiquette:
+            env = {**env, "DOWNCLUSTER_HOST_CONCURRENCY": "0", "DOWNCLUSTER_COALESCE_WINDOW": "0"}
         if host_limit is not None:
             env = {**env, "DOWNCLUSTER_HOST_CONCURRENCY": str(host_limit)}
-        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], env, n)
+        workers = [self.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"],
+                                    env, n)
                    for n in names]
         sampler = RssSampler([w.pid for w in workers])
-        site_pids = [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") in (f"site-{label}", label)]
+        site_pids = self.site_pids(label)
         loop = None
         parts = {"store": [self.mongo.proc.pid], "redis": [self.redis_srv.proc.pid], "site": site_pids,
                  "workers": [w.pid for w in workers]}
@@ -584,16 +607,18 @@ class Bench:
             sampler.start()
             cpu0 = self.cpu_snapshot(parts)
             t0 = time.monotonic()
+            loop_env = self.env
+            if at_once:
+                loop_env = {**loop_env, "DOWNCLUSTER_MAX_TOTAL_DISPATCH_COUNT_ONCE": str(max(pages, 1))}
             loop = self.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval",
-                                     "1" if at_once else "0.2"],
-                                    {**self.env, "DOWNCLUSTER_MAX_TOTAL_DISPATCH_COUNT_ONCE": str(max(pages, 1))}
-                                    if at_once else self.env, f"dispatch-{label}")
+                                     "1" if at_once else "0.2"], loop_env, f"dispatch-{label}")
             parts["dispatcher"] = [loop.pid]
             cpu0["dispatcher"] = 0.0
             t_done, next_print = None, t0 + 15
             while time.monotonic() - t0 < timeout:
                 if loop.poll() is not None:
-                    raise RuntimeError(f"dispatch --loop exited {loop.returncode}: {self.procs.tail(loop.bench_name)}")
+                    raise RuntimeError(f"dispatch --loop exited {loop.returncode}: "
+                                       f"{self.procs.tail(loop.bench_name)}")
                 # all sent and no entry left: an _id lookup and a collection count, every POLL s as
                 # for the peer (a find on crawler_lease would decode lease documents: ~10 ms of
                 # store CPU each time with 200 leases, taken from what is measured)
@@ -609,7 +634,7 @@ class Bench:
             elapsed = t_done - t0
             cpu1 = self.cpu_snapshot(parts)
             time.sleep(1.2)  # workers announce every second: let a short run's peak reach Redis
-            peak_inflight = max(int(redis.hget(k, "peak_inflight") or 0) for k in worker_keys()) if worker_keys() else 0
+            peak_inflight = max((int(redis.hget(k, "peak_inflight") or 0) for k in worker_keys()), default=0)
         finally:
             peaks = sampler.stop() if sampler.is_alive() else sampler.peak
             self.procs.stop([p for p in (loop, *workers) if p is not None])
@@ -621,7 +646,8 @@ class Bench:
         return {
             "workers": self.args.workers, "engine": engine, "latency": label, "pages": pages, "done": done,
             "complete": done >= pages, "seconds": round(elapsed, 2), "timeout_s": round(timeout),
-            "pages_per_s": round(done / elapsed, 1), "insert_s": round(insert_s, 2), "dispatch_num": E2E_DISPATCH_NUM,
+            "pages_per_s": round(done / elapsed, 1), "insert_s": round(insert_s, 2),
+            "dispatch_num": E2E_DISPATCH_NUM,
             "data_docs": data_docs, "success_log_docs": log_docs, "peak_inflight": peak_inflight,
             "worker_peak_rss_mb": round(max(peaks.values()), 1),
             "worker_peak_rss_mb_each": [round(v, 1) for v in peaks.values()],
@@ -653,12 +679,14 @@ class Bench:
         tasks = CrawlerTask._get_collection()
         for start in range(0, rows, 5000):  # each row's task names it (readers show only named data)
             ids = [ObjectId() for _ in range(start, min(rows, start + 5000))]
-            tasks.insert_many([{"_id": t, "job": job.id, "uri": f"http://127.0.0.1/export/{start + n}", "status": "SUCCESS",
-                                "data_lease": "bench"} for n, t in enumerate(ids)], ordered=False)
+            tasks.insert_many([{"_id": t, "job": job.id, "uri": f"http://127.0.0.1/export/{start + n}",
+                                "status": "SUCCESS", "data_lease": "bench"} for n, t in enumerate(ids)],
+                              ordered=False)
             coll.insert_many([{"_id": ObjectId(), "job": job.id, "task": t, "lease": "bench",
-                               "url": f"http://127.0.0.1/export/{start + n}", "status_code": 200, "response_body": body,
-                               "encoding": "utf-8", "hostname": "bench", "remote_ip": "127.0.0.1",
-                               "add_datetime": utcnow()} for n, t in enumerate(ids)], ordered=False)
+                               "url": f"http://127.0.0.1/export/{start + n}", "status_code": 200,
+                               "response_body": body, "encoding": "utf-8", "hostname": "bench",
+                               "remote_ip": "127.0.0.1", "add_datetime": utcnow()}
+                              for n, t in enumerate(ids)], ordered=False)
         out = {"rows": rows, "body_bytes": len(body), "insert_s": round(time.monotonic() - t0, 1)}
         for key, fmt, template in EXPORT_VARIANTS:
             export = request(self.redis(), "bench-export", fmt, template).export
@@ -668,7 +696,8 @@ class Bench:
             sampler.start()
             end = time.monotonic() + max(60.0, self.remaining() - 60)
             try:  # what a dispatcher run does for exports (a failed attempt is sent again when due)
-                while Export.objects.get(id=export.id).state in ("PENDING", "RUNNING") and time.monotonic() < end:
+                while (Export.objects.get(id=export.id).state in ("PENDING", "RUNNING")
+                       and time.monotonic() < end):
                     tend(self.redis())
                     time.sleep(1.0)
             finally:
@@ -682,8 +711,8 @@ class Bench:
             drop_export_file(done.file_id)  # the in-memory store keeps every file: ~0.4 GB each
             seconds = (done.finished_at - done.started_at).total_seconds()
             out[key] = {"seconds": round(seconds, 1), "rows_per_s": round(rows / seconds) if seconds else 0,
-                        "attempts": done.attempts,
-                        "file_mb": round(done.bytes / 2**20, 1), "worker_peak_rss_mb": round(max(peaks.values(), default=0), 1)}
+                        "attempts": done.attempts, "file_mb": round(done.bytes / 2**20, 1),
+                        "worker_peak_rss_mb": round(max(peaks.values(), default=0), 1)}
             print(f"  {key}: {out[key]}", flush=True)
         return out
 
@@ -702,12 +731,12 @@ class Bench:
         env = {**self.env, "PEER_REDIS_URL": self.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key,
                "PEER_SCHEDULER": scheduler}
         names = [f"peer-{label}-{i}" for i in range(2)]
-        spiders = [self.procs.spawn([str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")],
-                                    env, n) for n in names]
+        spider = [str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")]
+        spiders = [self.procs.spawn(spider, env, n) for n in names]
         client = pymongo.MongoClient(uri)
         coll = client.get_default_database()["peer_pages"]
         parts = {"store": [self.mongo.proc.pid], "peer": [p.pid for p in spiders],
-                 "site": [p.pid for p in self.procs.procs if getattr(p, "bench_name", "") in (f"site-{label}", label)]}
+                 "site": self.site_pids(label)}
         try:
             end = time.monotonic() + 60  # both spiders polling Redis: their engine is up
             while len(redis.client_list()) < 3:
@@ -750,7 +779,8 @@ class Bench:
         redis = self.redis()
         uri = self.mongo.uri("baseline")
         env = {**self.env, "BENCH_BASELINE_MONGO": uri,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"), self.env.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "scripts"),
+                                                           self.env.get("PYTHONPATH")]))}
         qname = f"baseline_{label}"
         tag = uuid.uuid4().hex[:6]
         names = [f"baseline-{label}-{i}-{tag}" for i in range(4)]
@@ -819,7 +849,8 @@ def bench_sandbox(runs: int) -> dict:
     return {"runs": runs,
             "python_ms": median_ms(lambda: sandbox.run_python(code, {"url": "u", "settings": {}}, limits)),
             "shell_ms": median_ms(lambda: sandbox.run_shell("printf x", "u", limits)),
-            "bare_python_ms": median_ms(lambda: subprocess.run([sandbox.interpreter(), "-I", "-c", "pass"], check=True)),
+            "bare_python_ms": median_ms(lambda: subprocess.run([sandbox.interpreter(), "-I", "-c", "pass"],
+                                                               check=True)),
             "bare_shell_ms": median_ms(lambda: subprocess.run(["/bin/sh", "-c", "printf x"], check=True,
                                                               stdout=subprocess.DEVNULL))}
 
@@ -834,25 +865,39 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
-    rows: list[tuple[str, str, str, str]] = []
+def build_rows(r: dict) -> list[Row]:
+    """The bench table's lines, for the figures a run has."""
+    return _e2e_rows(r) + _comparison_rows(r) + _dispatch_rows(r) + _other_rows(r)
+
+
+def _e2e_rows(r: dict) -> list[Row]:
+    rows: list[Row] = []
     for label in ("0ms", "100ms"):
         e, p = r.get(f"e2e_{label}"), r.get(f"peer_redis_many_{label}")
         if e:
             done = f"{e['done']:,}" if e["complete"] else f"PARTIAL {e['done']:,}/{e['pages']:,}"
             rows.append((f"downcluster e2e {label}, defaults, 32 hosts, {e['workers']} worker process(es)",
                          f"{e['pages_per_s']:,} pages/s ({done} in {e['seconds']} s)", "", ""))
-        if e:
             rows.append(("  worker CPU per page stored", f"{e['worker_cpu_ms_per_page']} ms",
-                         f"<= {TARGETS['worker_cpu_ms']} ms", verdict(e["worker_cpu_ms_per_page"] <= TARGETS["worker_cpu_ms"])))
-            store = f"{e['store_cpu_ms_per_page']} ms" + (f" (peer {p['store_cpu_ms_per_page']} ms)" if p else "")
+                         f"<= {TARGETS['worker_cpu_ms']} ms",
+                         verdict(e["worker_cpu_ms_per_page"] <= TARGETS["worker_cpu_ms"])))
+            store = f"{e['store_cpu_ms_per_page']} ms"
+            if p:
+                store += f" (peer {p['store_cpu_ms_per_page']} ms)"
             rows.append(("  store CPU per page", store, "", ""))
-            target = f">= {TARGETS['inflight_100ms']}" if label == "100ms" else ""
-            rows.append(("  peak downloads in flight per worker", f"{e['peak_inflight']}", target,
-                         verdict(e["peak_inflight"] >= TARGETS["inflight_100ms"]) if label == "100ms" else ""))
+            target, judged = "", ""
+            if label == "100ms":
+                target = f">= {TARGETS['inflight_100ms']}"
+                judged = verdict(e["peak_inflight"] >= TARGETS["inflight_100ms"])
+            rows.append(("  peak downloads in flight per worker", f"{e['peak_inflight']}", target, judged))
             rows.append(("  worker peak RSS", f"{e['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
                          verdict(e["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
             rows.append(("  cores busy", " ".join(f"{k} {v}" for k, v in e["cores_busy"].items()), "", ""))
+    return rows
+
+
+def _comparison_rows(r: dict) -> list[Row]:
+    rows: list[Row] = []
     names = {"one_0ms": "one host, 0 ms", "many_0ms": "32 hosts, 0 ms", "one_100ms": "one host, 100 ms",
              "many_100ms": "32 hosts, 100 ms", "real": "real pages (nginx, gzip)"}
     for key in COMPARISONS:
@@ -863,16 +908,23 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
         part = lambda x: "" if x["complete"] else f" PARTIAL {x['done']:,}/{x['pages']:,}"  # noqa: E731
         rows.append((f"{names[key]}: downcluster (HOST_CONCURRENCY {PEER_PER_DOMAIN})",
                      f"{ours['pages_per_s']:,} pages/s{mb(ours)}{part(ours)}", "",
-                     f"CPU/page: worker {ours['worker_cpu_ms_per_page']} ms, store {ours['store_cpu_ms_per_page']} ms"))
+                     f"CPU/page: worker {ours['worker_cpu_ms_per_page']} ms, "
+                     f"store {ours['store_cpu_ms_per_page']} ms"))
         for sched in PEER_SCHEDULERS:
             peer = r.get(f"peer_{sched}_{key}")
             if not peer:
                 continue
             ratio = r.get(f"ratio_{sched}_{key}")
+            met = ratio is not None and ratio >= TARGETS["peer_ratio"] and ours["complete"]
             rows.append((f"  peer, {sched} scheduler: {peer['pages_per_s']:,} pages/s{mb(peer)}{part(peer)}",
                          f"x{ratio}", f">= x{TARGETS['peer_ratio']}",
-                         f"{verdict(ratio is not None and ratio >= TARGETS['peer_ratio'] and ours['complete'])} "
-                         f"CPU/page: scrapy {peer['peer_cpu_ms_per_page']} ms, store {peer['store_cpu_ms_per_page']} ms"))
+                         f"{verdict(met)} CPU/page: scrapy {peer['peer_cpu_ms_per_page']} ms, "
+                         f"store {peer['store_cpu_ms_per_page']} ms"))
+    return rows
+
+
+def _dispatch_rows(r: dict) -> list[Row]:
+    rows: list[Row] = []
     d = r.get("dispatch")
     if d:
         lv, bl = d["live"], d["backlog"]
@@ -882,11 +934,18 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
                      f"<= {TARGETS['dispatch_s']:g} s", verdict(bl["seconds"] <= TARGETS["dispatch_s"])))
         for key, v in (("live", lv), ("backlog", bl)):
             top = sorted(v["mongo_by_command"].items(), key=lambda kv: -kv[1]["seconds"])[:3]
-            rows.append((f"  {key}: MongoDB time / store CPU", f"{v['mongo_time_s']} s / {v['store_cpu_s']} s",
+            rows.append((f"  {key}: MongoDB time / store CPU",
+                         f"{v['mongo_time_s']} s / {v['store_cpu_s']} s",
                          "", ", ".join(f"{k} {c['calls']}x {c['seconds']}s" for k, c in top)))
         rows.append(("Redis per queued task (INFO / key sizes)",
                      f"{lv['redis_bytes_per_task']} B / {lv['redis_key_bytes_per_task']} B",
-                     f"<= {TARGETS['redis_bytes']} B", verdict(0 < lv["redis_bytes_per_task"] <= TARGETS["redis_bytes"])))
+                     f"<= {TARGETS['redis_bytes']} B",
+                     verdict(0 < lv["redis_bytes_per_task"] <= TARGETS["redis_bytes"])))
+    return rows
+
+
+def _other_rows(r: dict) -> list[Row]:
+    rows: list[Row] = []
     br = r.get("browser_0ms")
     if br:
         done = f"{br['done']:,}" if br["complete"] else f"PARTIAL {br['done']:,}/{br['pages']:,}"
@@ -894,7 +953,8 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
                      f"{br['pages_per_s']:,} pages/s ({done} in {br['seconds']} s)", "", ""))
     if r.get("etiquette_ratio"):
         runs = lambda keys: " / ".join(str(r[k]["pages_per_s"]) for k in keys if r.get(k))  # noqa: E731
-        rows.append(("e2e 0ms, 32 hosts: etiquette at its defaults (runs)", f"{runs(ETIQUETTE_ON)} pages/s", "", ""))
+        rows.append(("e2e 0ms, 32 hosts: etiquette at its defaults (runs)",
+                     f"{runs(ETIQUETTE_ON)} pages/s", "", ""))
         rows.append(("  etiquette off: no host limits, robots, coalescing (runs)",
                      f"{runs(ETIQUETTE_OFF)} pages/s", "", ""))
         rows.append(("  with the defaults / without (sum of runs)", f"x{r['etiquette_ratio']}", ">= x0.95",
@@ -904,10 +964,11 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
         for key, _, _ in EXPORT_VARIANTS:
             f = x.get(key)
             if f:
-                rows.append((f"export {x['rows']:,} rows as {key.replace('_', ' ')}", f"{f['rows_per_s']:,} rows/s ({f['seconds']} s, "
-                             f"{f['file_mb']} MB)", "", ""))
-                rows.append(("  worker peak RSS", f"{f['worker_peak_rss_mb']} MB", f"<= {TARGETS['rss_mb']} MB",
-                             verdict(f["worker_peak_rss_mb"] <= TARGETS["rss_mb"])))
+                rows.append((f"export {x['rows']:,} rows as {key.replace('_', ' ')}",
+                             f"{f['rows_per_s']:,} rows/s ({f['seconds']} s, {f['file_mb']} MB)", "", ""))
+                rss_ok = f["worker_peak_rss_mb"] <= TARGETS["rss_mb"]
+                rows.append(("  worker peak RSS", f"{f['worker_peak_rss_mb']} MB",
+                             f"<= {TARGETS['rss_mb']} MB", verdict(rss_ok)))
     if r.get("scale"):
         import bench_scale
 
@@ -916,11 +977,13 @@ def build_rows(r: dict) -> list[tuple[str, str, str, str]]:
     if s_:
         rows.append(("store: insert_many of ~2 KB docs", f"{s_['insert_docs_per_s']:,} docs/s", "", ""))
         rows.append(("store: update_many $in 50, bare / task indexes",
-                     f"{s_['update_in50_docs_per_s']:,} / {s_['update_range50_task_indexes_docs_per_s']:,} docs/s", "", ""))
+                     f"{s_['update_in50_docs_per_s']:,} / "
+                     f"{s_['update_range50_task_indexes_docs_per_s']:,} docs/s", "", ""))
     for label in ("0ms", "100ms"):
         b = r.get(f"baseline_{label}")
         if b:
-            rows.append((f"seed-design baseline {label}", f"{b['pages_per_s']} pages/s ({b['done']} in {b['seconds']} s)",
+            rows.append((f"seed-design baseline {label}",
+                         f"{b['pages_per_s']} pages/s ({b['done']} in {b['seconds']} s)",
                          "", f"downcluster x{r.get(f'ratio_{label}', '?')}"))
     return rows
 
@@ -940,8 +1003,10 @@ def print_table(r: dict) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, default=None, help="end-to-end pages, ours and the peer's (default 10000; --smoke 300)")
-    p.add_argument("--smoke", action="store_true", help="a few hundred pages, no peer, quick (the test suite runs it)")
+    p.add_argument("--pages", type=int, default=None,
+                   help="end-to-end pages, ours and the peer's (default 10000; --smoke 300)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few hundred pages, no peer, quick (the test suite runs it)")
     p.add_argument("--json", default=str(ROOT / "var" / "bench.json"), help="where to write the figures")
     p.add_argument("--workers", type=int, default=1,
                    help="downcluster worker processes (default 1: what a 2-core host should run)")
@@ -949,19 +1014,25 @@ def parse_args(argv=None):
     p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
     p.add_argument("--skip-exports", action="store_true", help="do not measure the 200,000-row exports")
     p.add_argument("--exports-only", action="store_true", help="only measure the exports")
-    p.add_argument("--skip-browser", action="store_true", help="do not measure the browser engine (skipped in --smoke)")
-    p.add_argument("--browser-pages", type=int, default=150, help="pages for the browser engine figure (default 150)")
-    p.add_argument("--baseline-pages", type=int, default=None, help="pages of the baseline (default 500; smoke 50)")
+    p.add_argument("--skip-browser", action="store_true",
+                   help="do not measure the browser engine (skipped in --smoke)")
+    p.add_argument("--browser-pages", type=int, default=150,
+                   help="pages for the browser engine figure (default 150)")
+    p.add_argument("--baseline-pages", type=int, default=None,
+                   help="pages of the baseline (default 500; smoke 50)")
     p.add_argument("--compare-only", action="store_true",
                    help="only the comparisons with the peer (one host, 32 hosts, real pages)")
     p.add_argument("--real-pages", default="/usr/share/doc/python3.11/html",
-                   help="a documentation tree served by nginx for the real-page comparison (files of 10 KB-1 MB)")
-    p.add_argument("--real-copies", type=int, default=3, help="each real page crawled this many times (distinct URLs)")
+                   help="a documentation tree served by nginx for the real-page comparison "
+                        "(files of 10 KB-1 MB)")
+    p.add_argument("--real-copies", type=int, default=3,
+                   help="each real page crawled this many times (distinct URLs)")
     p.add_argument("--scale", type=int, default=None,
-                   help="tasks in the scale phase's store (default 1,000,000; smoke 20,000; 0: no scale phase)")
+                   help="tasks in the scale phase's store (default 1,000,000; smoke 20,000; "
+                        "0: no scale phase)")
     p.add_argument("--scale-only", action="store_true", help="only the scale phase")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds the whole run may take; e2e waits shrink to fit (default 900; smoke 420)")
+                   help="seconds the whole run may take; e2e waits shrink to fit (default 2400; smoke 420)")
     a = p.parse_args(argv)
     a.pages = a.pages or (300 if a.smoke else 10000)
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
@@ -971,136 +1042,149 @@ def parse_args(argv=None):
     a.export_rows = 2000 if a.smoke else 200_000
     a.scale = (20_000 if a.smoke else 1_000_000) if a.scale is None else a.scale
     if a.scale_only:
-        a.exports_only, a.compare_only, a.skip_exports, a.skip_browser, a.skip_peer = False, True, True, True, True
+        a.exports_only = False
+        a.compare_only = a.skip_exports = a.skip_browser = a.skip_peer = True
     return a
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
-    results: dict = {"mode": "smoke" if args.smoke else "full", "pages": args.pages, "workers": args.workers,
-                     "budget_s": args.budget, "host_cpus": os.cpu_count(),
-                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "loadavg_at_start": os.getloadavg()[0], "errors": []}
-    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
-        print(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on this host "
-              "will lower the figures", flush=True)
-    logdir = Path(tempfile.mkdtemp(prefix="dc-bench-"))
-    procs = Procs(logdir)
-    bench = Bench(args, procs)
+class Run:
+    """One bench run's phases, in order; each phase's figures (or its failure) go to ``results``."""
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def __init__(self, args, bench: Bench, results: dict) -> None:
+        self.args, self.bench, self.results = args, bench, results
 
-    signal.signal(signal.SIGTERM, on_signal)
-
-    def compare(key: str, title: str, ours, peer) -> None:
-        """Ours (HOST_CONCURRENCY = the peer's per-domain 64) between the two peer configurations."""
-        phase(f"ours_{key}", f"downcluster: {title}", ours)
-        for sched in PEER_SCHEDULERS:
-            phase(f"peer_{sched}_{key}", f"peer scrapy-redis ({sched} scheduler, 2 x 64): {title}",
-                  lambda sched=sched: peer(sched))
-        row = [results.get(k) for k in (f"ours_{key}", *(f"peer_{s}_{key}" for s in PEER_SCHEDULERS))]
-        print("  " + " | ".join(f"{n} {r['pages_per_s']} pages/s" for n, r in zip(("ours", *PEER_SCHEDULERS), row) if r),
-              flush=True)
-
-    def phase(key: str, title: str, fn):
+    def phase(self, key: str, title: str, fn):
         print(f"{title} ...", flush=True)
         t0 = time.monotonic()
         try:
-            results[key] = fn()
+            self.results[key] = fn()
         except Exception as exc:
-            results["errors"].append(f"{key}: {type(exc).__name__}: {exc}")
+            self.results["errors"].append(f"{key}: {type(exc).__name__}: {exc}")
             print(f"  FAILED: {type(exc).__name__}: {exc}", flush=True)
             return None
         print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
-        return results[key]
+        return self.results[key]
 
-    try:
+    def compare(self, key: str, title: str, ours, peer) -> None:
+        """Ours (HOST_CONCURRENCY = the peer's per-domain 64) between the two peer configurations."""
+        self.phase(f"ours_{key}", f"downcluster: {title}", ours)
+        for sched in PEER_SCHEDULERS:
+            self.phase(f"peer_{sched}_{key}", f"peer scrapy-redis ({sched} scheduler, 2 x 64): {title}",
+                       lambda sched=sched: peer(sched))
+        row = [self.results.get(k) for k in (f"ours_{key}", *(f"peer_{s}_{key}" for s in PEER_SCHEDULERS))]
+        names = ("ours", *PEER_SCHEDULERS)
+        print("  " + " | ".join(f"{n} {r['pages_per_s']} pages/s" for n, r in zip(names, row) if r),
+              flush=True)
+
+    def all(self) -> None:
+        """Every phase ``args`` asks for."""
+        args, bench = self.args, self.bench
         bench.start_services()
+        base: dict[str, str] = {}
         if not args.exports_only:  # everything but the exports
-            base = {"0ms": start_site(procs, bench.env, 0), "100ms": start_site(procs, bench.env, 100)}
+            base = {"0ms": start_site(bench.procs, bench.env, 0),
+                    "100ms": start_site(bench.procs, bench.env, 100)}
             if not args.compare_only:
-                phase("store", "store ceiling (SecantusDB)", bench.bench_store)
-            if not args.compare_only:
-                phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then {args.dispatch_tasks:,} of a "
-                      f"{args.backlog:,} backlog", lambda: bench.bench_dispatch(base["0ms"]))
-
+                self.phase("store", "store ceiling (SecantusDB)", bench.bench_store)
+                self.phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then "
+                           f"{args.dispatch_tasks:,} of a {args.backlog:,} backlog",
+                           lambda: bench.bench_dispatch(base["0ms"]))
             for label in ("0ms", "100ms"):
-                left = 4 - (0 if label == "0ms" else 2)
-                if not args.compare_only:
-                    phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, {args.workers} "
-                          f"worker process(es), dispatch --loop", lambda: bench.bench_e2e(
-                              label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / left)))
-                e = results.get(f"e2e_{label}")
-                if e:
-                    print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
-                          f"cores busy {e['cores_busy']}", flush=True)
-                if label == "0ms" and not args.compare_only:  # etiquette on (above), off, off, on, on, off: runs
-                    # of one setting differ by several % on a shared machine and drift; this order cancels a
-                    # steady drift out of the ratio
-                    for key in ETIQUETTE_ORDER[1:]:
-                        on = key in ETIQUETTE_ON
-                        phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
-                              f"coalescing): {args.pages:,} pages", lambda on=on: bench.bench_e2e(
-                                  label, base[label], args.pages, e2e_timeout(bench, args.pages, 1 / (left + 1)),
-                                  etiquette=on))
-                        if results.get(key):
-                            print(f"  {results[key]['pages_per_s']} pages/s", flush=True)
-                if not args.skip_peer:
-                    for site, hosts in (("one", 1), ("many", SITE_HOSTS)):
-                        compare(f"{site}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
-                                lambda: bench.bench_e2e(label, base[label], args.pages, e2e_timeout(
-                                    bench, args.pages, 1 / 12), hosts=hosts, host_limit=PEER_PER_DOMAIN, at_once=True),
-                                lambda sched: bench.bench_peer(label, base[label], args.pages, e2e_timeout(
-                                    bench, args.pages, 1 / 12), hosts=hosts, scheduler=sched))
-                if args.with_baseline:
-                    phase(f"baseline_{label}", f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
-                          lambda: bench.bench_baseline(label, base[label], args.baseline_pages,
-                                                       max(60.0, args.baseline_pages / 2)))
+                self.latency(label, base[label])
             if not args.skip_peer:
-                docs = real_page_set(args.real_pages, args.real_copies)
-                if docs is None:
-                    results["errors"].append(f"real pages skipped: no nginx or no documentation tree "
-                                             f"({args.real_pages}); `make bench` installs nginx-light and python3.11-doc")
-                else:
-                    site = start_nginx(procs, docs["root"])
-                    urls = [f"{site}/{rel}" for rel in docs["paths"]]
-                    results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
-                    compare("real", f"real pages: {len(urls):,} files of {docs['root']} ({docs['bytes'] / 1e6:.0f} MB) "
-                            "from nginx with gzip",
-                            lambda: bench.bench_e2e("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4), urls=urls,
-                                                    page_bytes=docs["bytes"], host_limit=PEER_PER_DOMAIN, at_once=True),
-                            lambda sched: bench.bench_peer("nginx", site, 0, e2e_timeout(bench, len(urls), 1 / 4),
-                                                           urls=urls, scheduler=sched, page_bytes=docs["bytes"]))
+                self.real_pages()
         if args.scale and not args.exports_only:
             import bench_scale
 
-            phase("scale", f"scale: a store of {args.scale:,} tasks with their data and logs; pages, counts, "
-                  "dispatch and chores", lambda: bench_scale.run(bench, args.scale))
+            self.phase("scale", f"scale: a store of {args.scale:,} tasks with their data and logs; pages, "
+                       "counts, dispatch and chores", lambda: bench_scale.run(bench, args.scale))
         if not args.exports_only and not args.compare_only:
-            phase("sandbox", "python and shell downloads through the sandbox (box, uid, wall) vs a bare process",
-                  lambda: bench_sandbox(20 if args.smoke else 200))
-            if results.get("sandbox"):
-                print("  python {python_ms} ms (bare {bare_python_ms}), shell {shell_ms} ms (bare {bare_shell_ms})"
-                      .format(**results["sandbox"]), flush=True)
+            self.phase("sandbox", "python and shell downloads through the sandbox (box, uid, wall) "
+                       "vs a bare process", lambda: bench_sandbox(20 if args.smoke else 200))
+            if self.results.get("sandbox"):
+                print("  python {python_ms} ms (bare {bare_python_ms}), shell {shell_ms} ms "
+                      "(bare {bare_shell_ms})".format(**self.results["sandbox"]), flush=True)
         if args.exports_only or (not args.skip_exports and not args.compare_only):
-            phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, each on a worker",
-                  lambda: bench.bench_exports(args.export_rows))
-        if not args.smoke and not args.skip_browser and not args.compare_only and not args.exports_only:
-            phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} pages built by "
-                  "JavaScript, 1 worker", lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
-                                                                   e2e_timeout(bench, args.browser_pages, 1.0),
-                                                                   engine="browser", path="js/render"))
-    except KeyboardInterrupt as exc:
-        results["errors"].append(f"interrupted: {exc}")
-        print(f"interrupted: {exc}", flush=True)
-    except Exception as exc:
-        results["errors"].append(f"{type(exc).__name__}: {exc}")
-        print(f"FAILED: {type(exc).__name__}: {exc}", flush=True)
-    finally:
-        procs.stop_all()
-        bench.stop_services()
+            self.phase("exports", f"exports: {args.export_rows:,} rows in csv, jsonl and xlsx, "
+                       "each on a worker", lambda: bench.bench_exports(args.export_rows))
+        if not (args.smoke or args.skip_browser or args.compare_only or args.exports_only):
+            self.phase("browser_0ms", f"browser engine (headless Chromium) at 0ms: {args.browser_pages} "
+                       "pages built by JavaScript, 1 worker",
+                       lambda: bench.bench_e2e("0ms", base["0ms"], args.browser_pages,
+                                               e2e_timeout(bench, args.browser_pages, 1.0),
+                                               engine="browser", path="js/render"))
+
+    def latency(self, label: str, site: str) -> None:
+        """The phases against the sample site ``site``, which answers after ``label``."""
+        args, bench = self.args, self.bench
+        left = 4 - (0 if label == "0ms" else 2)
+        if not args.compare_only:
+            self.phase(f"e2e_{label}", f"downcluster end to end at {label}: {args.pages:,} pages, "
+                       f"{args.workers} worker process(es), dispatch --loop",
+                       lambda: bench.bench_e2e(label, site, args.pages,
+                                               e2e_timeout(bench, args.pages, 1 / left)))
+        e = self.results.get(f"e2e_{label}")
+        if e:
+            print(f"  {e['pages_per_s']} pages/s, {e['done']}/{e['pages']} in {e['seconds']} s, "
+                  f"cores busy {e['cores_busy']}", flush=True)
+        if label == "0ms" and not args.compare_only:
+            self.etiquette_runs(label, site, 1 / (left + 1))
+        if not args.skip_peer:
+            for name, hosts in (("one", 1), ("many", SITE_HOSTS)):
+                self.compare(f"{name}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
+                             lambda hosts=hosts: bench.bench_e2e(
+                                 label, site, args.pages, e2e_timeout(bench, args.pages, 1 / 12), hosts=hosts,
+                                 host_limit=PEER_PER_DOMAIN, at_once=True),
+                             lambda sched, hosts=hosts: bench.bench_peer(
+                                 label, site, args.pages, e2e_timeout(bench, args.pages, 1 / 12), hosts=hosts,
+                                 scheduler=sched))
+        if args.with_baseline:
+            self.phase(f"baseline_{label}",
+                       f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
+                       lambda: bench.bench_baseline(label, site, args.baseline_pages,
+                                                    max(60.0, args.baseline_pages / 2)))
+
+    def etiquette_runs(self, label: str, site: str, share: float) -> None:
+        """The end-to-end run again with the etiquette off, off, on, on, off (on ran first): runs of
+        one setting differ by several % on a shared machine and drift; this order cancels a steady
+        drift out of the ratio. ``share``: each run's share of the time left."""
+        args, bench = self.args, self.bench
+        for key in ETIQUETTE_ORDER[1:]:
+            on = key in ETIQUETTE_ON
+            self.phase(key, f"the same {'with' if on else 'without'} etiquette (host limits, robots.txt, "
+                       f"coalescing): {args.pages:,} pages",
+                       lambda on=on: bench.bench_e2e(label, site, args.pages,
+                                                     e2e_timeout(bench, args.pages, share), etiquette=on))
+            if self.results.get(key):
+                print(f"  {self.results[key]['pages_per_s']} pages/s", flush=True)
+
+    def real_pages(self) -> None:
+        """Ours and the peer on a documentation tree served by nginx, when both are installed."""
+        args, bench = self.args, self.bench
+        docs = real_page_set(args.real_pages, args.real_copies)
+        if docs is None:
+            self.results["errors"].append(f"real pages skipped: no nginx or no documentation tree "
+                                          f"({args.real_pages}); `make bench` installs nginx-light and "
+                                          "python3.11-doc")
+            return
+        site = start_nginx(bench.procs, docs["root"])
+        urls = [f"{site}/{rel}" for rel in docs["paths"]]
+        self.results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
+
+        def timeout() -> float:  # taken when each run starts, from the budget left then
+            return e2e_timeout(bench, len(urls), 1 / 4)
+
+        self.compare("real", f"real pages: {len(urls):,} files of {docs['root']} "
+                     f"({docs['bytes'] / 1e6:.0f} MB) from nginx with gzip",
+                     lambda: bench.bench_e2e("nginx", site, 0, timeout(), urls=urls, page_bytes=docs["bytes"],
+                                             host_limit=PEER_PER_DOMAIN, at_once=True),
+                     lambda sched: bench.bench_peer("nginx", site, 0, timeout(), urls=urls, scheduler=sched,
+                                                    page_bytes=docs["bytes"]))
+
+
+def add_ratios(results: dict) -> None:
+    """The ratios between the figures of a finished run: etiquette on / off, ours / the peer's,
+    ours / the baseline's."""
     on = [results[k]["pages_per_s"] for k in ETIQUETTE_ON if results.get(k)]
     off = [results[k]["pages_per_s"] for k in ETIQUETTE_OFF if results.get(k)]
     if on and off and len(on) == len(off) and sum(off) > 0:
@@ -1115,13 +1199,46 @@ def main(argv=None) -> int:
         e, b = results.get(f"e2e_{label}"), results.get(f"baseline_{label}")
         if e and b and b["pages_per_s"] > 0:
             results[f"ratio_{label}"] = round(e["pages_per_s"] / b["pages_per_s"], 1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    results: dict = {"mode": "smoke" if args.smoke else "full", "pages": args.pages, "workers": args.workers,
+                     "budget_s": args.budget, "host_cpus": os.cpu_count(),
+                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "loadavg_at_start": os.getloadavg()[0], "errors": []}
+    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on this "
+              "host will lower the figures", flush=True)
+    logdir = Path(tempfile.mkdtemp(prefix="dc-bench-"))
+    procs = Procs(logdir)
+    bench = Bench(args, procs)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        Run(args, bench, results).all()
+    except KeyboardInterrupt as exc:
+        results["errors"].append(f"interrupted: {exc}")
+        print(f"interrupted: {exc}", flush=True)
+    except Exception as exc:
+        results["errors"].append(f"{type(exc).__name__}: {exc}")
+        print(f"FAILED: {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        procs.stop_all()
+        bench.stop_services()
+    add_ratios(results)
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["loadavg_at_end"] = os.getloadavg()[0]
     print_table(results)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(f"\n{results['mode']} run took {results['duration_s']} s; figures in {out}; process logs in {logdir}")
+    print(f"\n{results['mode']} run took {results['duration_s']} s; figures in {out}; "
+          f"process logs in {logdir}")
     errors = [e for e in results["errors"] if "skipped" not in e]
     for e in errors:
         print(f"error: {e}", file=sys.stderr)

@@ -31,7 +31,8 @@ def _fill(job_id, tasks: int, now) -> dict:
     (DUE_RETRIES of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
     from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 
-    t_coll, d_coll, l_coll = (m._get_collection() for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))
+    t_coll, d_coll, l_coll = (m._get_collection()
+                              for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))
     shape = {"SUCCESS": 0, "FAIL": 0, "DEAD": 0, "LIVE": 0}
     start, since, span = time.monotonic(), now - timedelta(days=3), timedelta(days=2) / tasks
     for first in range(1, tasks + 1, CHUNK):
@@ -51,23 +52,25 @@ def _fill(job_id, tasks: int, now) -> dict:
                             retry_at=now - timedelta(seconds=1) if shape["FAIL"] <= DUE_RETRIES else None)
             if status == "SUCCESS":
                 task["data_lease"] = lease
-                ds.append({"_id": _oid(old, 2 * tasks + seq), "job": job_id, "downloader": None, "task": tid, "lease": lease,
-                           "url": url, "status_code": 200, "requests_headers": {"User-Agent": "downcluster"},
+                ds.append({"_id": _oid(old, 2 * tasks + seq), "job": job_id, "downloader": None, "task": tid,
+                           "lease": lease, "url": url, "status_code": 200,
+                           "requests_headers": {"User-Agent": "downcluster"},
                            "response_headers": {"Content-Type": "text/html"}, "requests_body": Binary(b""),
-                           "response_body": BODY, "encoding": "utf-8", "hostname": "bench", "remote_ip": "10.0.0.1",
-                           "add_datetime": old})
+                           "response_body": BODY, "encoding": "utf-8", "hostname": "bench",
+                           "remote_ip": "10.0.0.1", "add_datetime": old})
             if status != "LIVE":
                 ls.append({"_id": _oid(old, 4 * tasks + seq), "job": job_id, "task": tid, "lease": lease,
                            "status": "SUCCESS" if status == "SUCCESS" else "FAIL", "requests_size": 0,
-                           "response_size": 1513, "failed_reason": task["failed_reason"], "downloads_hostname": "bench",
-                           "spend_time": 12000, "add_datetime": old})
+                           "response_size": 1513, "failed_reason": task["failed_reason"],
+                           "downloads_hostname": "bench", "spend_time": 12000, "add_datetime": old})
             ts.append(task)
         t_coll.insert_many(ts, ordered=False)
         if ds:
             d_coll.insert_many(ds, ordered=False)
         if ls:
             l_coll.insert_many(ls, ordered=False)
-    return {"tasks": tasks, **{k.lower(): v for k, v in shape.items()}, "fill_s": round(time.monotonic() - start, 1)}
+    return {"tasks": tasks, **{k.lower(): v for k, v in shape.items()},
+            "fill_s": round(time.monotonic() - start, 1)}
 
 
 def _timed(fn) -> float | str:
@@ -86,9 +89,8 @@ def run(bench, tasks: int) -> dict:
     import shutil
     import tempfile
 
-    from common.store.connection import connect_mongo, disconnect_mongo
-
     from bench import ROOT
+    from common.store.connection import connect_mongo, disconnect_mongo
 
     (ROOT / "var").mkdir(exist_ok=True)
     disk = tempfile.mkdtemp(prefix="bench-scale-", dir=ROOT / "var")
@@ -109,21 +111,26 @@ def run(bench, tasks: int) -> dict:
 
 
 def _run(bench, tasks: int) -> dict:
-    from common.store import counts
+    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
     from common.config import settings
+    from common.exports.templates import parse_template
+    from common.queue.rqbridge import queue_key
+    from common.store import counts
     from common.store.data import export_fits
     from common.store.leases import tombstone
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
-    from common.queue.rqbridge import queue_key
-    from common.exports.templates import parse_template
-    from master import views
+    from common.store.models import (
+        CrawlerDownloadData,
+        CrawlerDownloadSetting,
+        CrawlerTask,
+        Job,
+        store_now,
+        utcnow,
+    )
     from master import maintenance as chores
+    from master import views
     from master.dispatch import defender
-    from master.ops import retention
-    from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
-
-    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
+    from master.ops import retention, stats
 
     redis = bench.redis()
     redis.flushall()
@@ -132,10 +139,12 @@ def _run(bench, tasks: int) -> dict:
     filled = _fill(job.id, tasks, now)
     live_from = filled["success"] + filled["fail"] + filled["dead"]
     Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_next": tasks, "seq_sent": 0}})
-    recount_s = _timed(counts.recount)  # what `downcluster migrate` does once for a store filled before counts
+    # what `downcluster migrate` does once for a store filled before counts
+    recount_s = _timed(counts.recount)
     tcoll = CrawlerTask._get_collection()
-    deep = tcoll.find_one({"job": job.id, "seq": min(62_000, tasks // 2)}, {"_id": 1})["_id"]  # ids follow seq here
-    deep_ok = tcoll.find_one({"job": job.id, "seq": min(62_000, tasks // 2) // 100 * 100 + 1}, {"_id": 1})["_id"]
+    deep_seq = min(62_000, tasks // 2)  # ids follow seq here
+    deep = tcoll.find_one({"job": job.id, "seq": deep_seq}, {"_id": 1})["_id"]
+    deep_ok = tcoll.find_one({"job": job.id, "seq": deep_seq // 100 * 100 + 1}, {"_id": 1})["_id"]
     one = tcoll.find_one({"job": job.id, "status": "SUCCESS"}, {"uri": 1})
     figures = {
         "stats (= /metrics, /api/v1/overview counts)": _timed(lambda: stats.collect(redis)),
@@ -144,7 +153,8 @@ def _run(bench, tasks: int) -> dict:
         "a job's page": _timed(lambda: views.job_detail("bench-scale")),
         "tasks of a job, first page": _timed(lambda: views.task_page("bench-scale")),
         "tasks of a job, deep page": _timed(lambda: views.task_page("bench-scale", after=str(deep))),
-        "SUCCESS tasks, deep page": _timed(lambda: views.task_page("bench-scale", status="SUCCESS", after=str(deep_ok))),
+        "SUCCESS tasks, deep page": _timed(
+            lambda: views.task_page("bench-scale", status="SUCCESS", after=str(deep_ok))),
         "download logs page": _timed(lambda: views.log_page("download", "bench-scale")),
         "a job's data page": _timed(lambda: views.data_page("bench-scale")),
         "task show": _timed(lambda: views.task_detail("bench-scale", one["uri"])),
@@ -158,17 +168,21 @@ def _run(bench, tasks: int) -> dict:
         if chore.every:
             chores.claim(chore.name, chore.every, store_now())
     sent = []
-    figures["cron dispatch (retries due, then fresh)"] = _timed(lambda: sent.append(dispatch_once(redis).total))
+    figures["cron dispatch (retries due, then fresh)"] = _timed(
+        lambda: sent.append(dispatch_once(redis).total))
     settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
     figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
     settings.override(Q_DOWN_HIGH_LEN=CAP)
-    backlog = [d["_id"] for d in tcoll.find({"job": job.id, "status": "FAIL", "retry_at": None}, {"_id": 1}).limit(BACKLOG)]
+    failed = tcoll.find({"job": job.id, "status": "FAIL", "retry_at": None}, {"_id": 1}).limit(BACKLOG)
+    backlog = [d["_id"] for d in failed]
     for k in range(0, len(backlog), 50):
-        tcoll.update_many({"_id": {"$in": backlog[k:k + 50]}}, {"$set": {"retry_at": now - timedelta(seconds=1)}})
+        tcoll.update_many({"_id": {"$in": backlog[k:k + 50]}},
+                          {"$set": {"retry_at": now - timedelta(seconds=1)}})
     for chore in chores.table():
         if chore.every:
             chores.claim(chore.name, chore.every, store_now())
-    figures[f"cron dispatch, a backlog of {len(backlog):,} retries due"] = _timed(lambda: dispatch_once(redis))
+    figures[f"cron dispatch, a backlog of {len(backlog):,} retries due"] = _timed(
+        lambda: dispatch_once(redis))
 
     # orphans as they arise: stored under leases given back meanwhile (tombstoned), whose tasks
     # never came to name them
@@ -177,8 +191,9 @@ def _run(bench, tasks: int) -> dict:
     for k in range(orphans // per):
         lease, ids = f"lost{k}", [_oid(gone, 6 * tasks + k * per + i) for i in range(per)]
         CrawlerDownloadData._get_collection().insert_many(
-            [{"_id": _oid(gone, 7 * tasks + k * per + i), "job": job.id, "task": t, "lease": lease, "url": "http://x/",
-              "status_code": 200, "response_body": BODY, "add_datetime": gone} for i, t in enumerate(ids)])
+            [{"_id": _oid(gone, 7 * tasks + k * per + i), "job": job.id, "task": t, "lease": lease,
+              "url": "http://x/", "status_code": 200, "response_body": BODY, "add_datetime": gone}
+             for i, t in enumerate(ids)])
         tombstone(lease, job.id, "worker died while downloading", ids, gone)
     start = time.perf_counter()
     swept = defender.sweep(budget=60.0)
@@ -191,10 +206,10 @@ def _run(bench, tasks: int) -> dict:
     retention_rate = round((kept.tasks + kept.data + kept.download_logs) / max(1e-6, took), 1)
     removed = {"tasks": kept.tasks, "data": kept.data, "download_logs": kept.download_logs,
                "seconds": round(took, 1), "finished": kept.finished}
-    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due, "dispatched": sent[0] if sent else 0,
-            "orphans_swept": swept, "sweep_docs_per_s": sweep_rate, "retention_removed": kept.tasks, "retention": removed,
-            "retention_docs_per_s": retention_rate, "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)),
-            "live_from_seq": live_from}
+    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due,
+            "dispatched": sent[0] if sent else 0, "orphans_swept": swept, "sweep_docs_per_s": sweep_rate,
+            "retention_removed": kept.tasks, "retention": removed, "retention_docs_per_s": retention_rate,
+            "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)), "live_from_seq": live_from}
 
 
 def rows(s: dict) -> list[tuple[str, str, str, str]]:
@@ -203,8 +218,12 @@ def rows(s: dict) -> list[tuple[str, str, str, str]]:
     out = [(f"scale: a store of {s['tasks']:,} tasks ({s['success']:,} SUCCESS with data and logs)",
             f"filled in {s['fill_s']} s; counts built in {s['recount_s']} s", "", "")]
     for name, seconds in s["figures"].items():
-        target = TARGETS["decision_s"] if "decision" in name else TARGETS["dispatch_s"] if "dispatch" in name \
-            else TARGETS["page_s"]
+        if "decision" in name:
+            target = TARGETS["decision_s"]
+        elif "dispatch" in name:
+            target = TARGETS["dispatch_s"]
+        else:
+            target = TARGETS["page_s"]
         if isinstance(seconds, str):
             out.append((f"  {name}", seconds, f"<= {target:g} s", "MISSED"))
         else:

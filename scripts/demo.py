@@ -2,9 +2,9 @@
 
 Starts its own redis-server, a SecantusDB on disk under ./var/ and a sample site on
 loopback; registers four sample jobs (python, shell, built-in engine, browser engine on pages
-built by JavaScript) at four priorities,
-adds their URLs, dispatches, drains the queues with a `downcluster worker --burst`
-process (one per two cores is the recommendation), prints `downcluster stats`, exports each job's data, then stops what it started.
+built by JavaScript) at four priorities, adds their URLs, dispatches, drains the queues with a
+`downcluster worker --burst` process (one per two cores is the recommendation), prints
+`downcluster stats`, exports each job's data, then stops what it started.
 Every step goes through the real `downcluster` command line. Each run starts from an empty
 ./var/ so it is repeatable.
 """
@@ -29,6 +29,7 @@ VAR = ROOT / "var"
 JOBS = ROOT / "scripts" / "demo_jobs"
 PAGES = 200
 DOWNCLUSTER = str(Path(sys.executable).parent / "downcluster")
+BURST_WORKER = [DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"]
 
 
 def run(args: list[str], env: dict, stdin: str | None = None, check: bool = True, quiet: bool = False) -> str:
@@ -49,7 +50,8 @@ def serve_console(env: dict, started: float, port: int, export_id: str) -> None:
     in CI exits 0)."""
     import urllib.request
 
-    token = run(["token", "create", "demo-admin", "--role", "admin"], env, quiet=True).strip().splitlines()[-1]
+    created = run(["token", "create", "demo-admin", "--role", "admin"], env, quiet=True)
+    token = created.strip().splitlines()[-1]
     bind = f"127.0.0.1:{port}"
     print(f"$ downcluster web --bind {bind}", flush=True)
     web = subprocess.Popen([DOWNCLUSTER, "web", "--bind", bind], env=env, stdout=subprocess.DEVNULL,
@@ -64,13 +66,14 @@ def serve_console(env: dict, started: float, port: int, export_id: str) -> None:
         with urllib.request.urlopen(url, timeout=30) as resp:
             got = resp.read()
         (VAR / "export" / f"demo-builtin-{export_id}.xlsx").write_bytes(got)
-        print(f"\nthe xlsx export, signed link: {url}\n  fetched {len(got)} bytes -> var/export/demo-builtin-{export_id}.xlsx")
+        print(f"\nthe xlsx export, signed link: {url}\n"
+              f"  fetched {len(got)} bytes -> var/export/demo-builtin-{export_id}.xlsx")
         sync = urllib.request.Request(f"http://{bind}/api/v1/jobs/demo-builtin/export?format=csv&status=200",
                                       headers={"Authorization": f"Bearer {token}"})
         with urllib.request.urlopen(sync, timeout=60) as resp:
             (VAR / "export" / "demo-builtin-sync.csv").write_bytes(resp.read())
-            print(f"a synchronous download (GET /api/v1/jobs/demo-builtin/export?format=csv&status=200): {resp.status}, "
-                  f"{resp.headers['X-Export-Rows']} rows -> var/export/demo-builtin-sync.csv")
+            print("a synchronous download (GET /api/v1/jobs/demo-builtin/export?format=csv&status=200): "
+                  f"{resp.status}, {resp.headers['X-Export-Rows']} rows -> var/export/demo-builtin-sync.csv")
         print(f"\nconsole: http://{bind}/   (API under http://{bind}/api/v1)\nadmin token: {token}")
         print(f"demo took {time.monotonic() - started:.1f}s")
         if sys.stdin.isatty() and sys.stdout.isatty():
@@ -115,8 +118,8 @@ def main() -> int:
     with RedisServer() as redis, MongoServer(storage=str(VAR / "mongo")) as mongo:
         env = {**os.environ, **env_for(redis.url, mongo.uri("downcluster"), mongo.uri("downcluster_log"),
                                        HOSTNAME="demo-host", RETRY_BACKOFF_BASE="0.2", DOWNLOAD_TIMEOUT="30")}
-        print(f"services: redis 127.0.0.1:{redis.port} (with a password), mongodb {mongo.uri('downcluster')}, "
-              f"sample site {base}\n")
+        print(f"services: redis 127.0.0.1:{redis.port} (with a password), "
+              f"mongodb {mongo.uri('downcluster')}, sample site {base}\n")
         for manifest in ("python_job.toml", "shell_job.toml", "builtin_job.toml", "browser_job.toml"):
             run(["job", "register", str(JOBS / manifest)], env)
         run(["job", "list"], env)
@@ -124,11 +127,12 @@ def main() -> int:
             urls = [f"{base}/page/{offset * PAGES + i}" for i in range(PAGES)]
             urls += [f"{base}/status/404", f"{base}/flaky/{name}/1", "ftp://not-http.example/x"]
             run(["task", "add", name, "-"], env, stdin="\n".join(urls) + "\n")
-        run(["task", "add", "demo-browser", "-"], env, stdin="".join(f"{base}/js/render/{i}\n" for i in range(20)))
+        rendered = "".join(f"{base}/js/render/{i}\n" for i in range(20))
+        run(["task", "add", "demo-browser", "-"], env, stdin=rendered)
         for round_ in range(1, 40):  # pages handed back by a busy host or failed once are due again soon
             run(["dispatch"], env)
             print("$ downcluster worker --burst", flush=True)
-            workers = [subprocess.Popen([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env)]
+            workers = [subprocess.Popen(BURST_WORKER, env=env)]
             for w in workers:
                 w.wait(timeout=600)
             counts = json.loads(run(["stats", "--json"], env, quiet=True) or "{}")
@@ -142,7 +146,8 @@ def main() -> int:
         for name in ("demo-python", "demo-shell", "demo-builtin", "demo-browser"):
             out = VAR / "export" / f"{name}.jsonl"
             run(["data", "export", name, "--format", "jsonl", "-o", str(out)], env)
-        run(["data", "export", "demo-builtin", "--format", "csv", "-o", str(VAR / "export" / "demo-builtin.csv")], env)
+        csv_out = VAR / "export" / "demo-builtin.csv"
+        run(["data", "export", "demo-builtin", "--format", "csv", "-o", str(csv_out)], env)
         first = json.loads((VAR / "export" / "demo-browser.jsonl").read_text().splitlines()[0])
         print(f"\na page rendered by the browser engine, as stored: {first.get('body_text', '')[:120]}")
         port = 8080 if port_free(8080) else free_port()
@@ -150,7 +155,7 @@ def main() -> int:
         export_id = run(["export", "request", "demo-builtin", "--format", "xlsx", "--template",
                          str(JOBS / "report_template.json"), "--status", "200"], env).strip().splitlines()[-1]
         print("$ downcluster worker --burst   (the export runs on a worker)", flush=True)
-        subprocess.run([DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"], env=env, check=True, timeout=300)
+        subprocess.run(BURST_WORKER, env=env, check=True, timeout=300)
         run(["export", "show", export_id], env)
         serve_console(env, started, port, export_id)
     site.shutdown()

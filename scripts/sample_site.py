@@ -23,7 +23,11 @@ INVALID_UTF8_BODY = b"ok \xff\xfe\x80 bad"
 LATIN1_BODY = "caf\xe9 cr\xe8me".encode("latin-1")
 # Pages that declare their charset only in the document (as nginx serves them: no charset in
 # Content-Type), a BOM contradicting the header, XML, CSS, a binary: what a browser would decode.
-CHARSET_TEXT = {"utf-8": "«Grüße» ’quoted’ — 日本", "shift_jis": "日本語のページです", "windows-1251": "Привет, мир"}
+CHARSET_TEXT = {
+    "utf-8": "«Grüße» ’quoted’ — 日本",
+    "shift_jis": "日本語のページです",
+    "windows-1251": "Привет, мир",
+}
 
 
 def charset_page(label: str, http_equiv: bool = False) -> bytes:
@@ -41,7 +45,8 @@ CHARSET_ROUTES = {  # path -> (content type, body)
     "bom": ("text/html; charset=iso-8859-1", b"\xef\xbb\xbf<p>" + CHARSET_TEXT["utf-8"].encode() + b"</p>"),
     "xml": ("application/xml", '<?xml version="1.0" encoding="Shift_JIS"?><a>日本語</a>'.encode("shift_jis")),
     "css": ("text/css", "p::before { content: \"«Grüße»\" }".encode()),
-    "css-charset": ("text/css", '@charset "windows-1251";\np::before { content: "Привет" }'.encode("windows-1251")),
+    "css-charset": ("text/css",
+                    '@charset "windows-1251";\np::before { content: "Привет" }'.encode("windows-1251")),
     "png": ("image/png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))),
 }
 PDF_BODY = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n" + bytes(range(256))
@@ -74,7 +79,8 @@ JS_PAGES = {
     "alert": ("<!doctype html><html><body><p id='p'>before</p><script>alert('hello'); confirm('sure?');"
               "document.getElementById('p').textContent = 'after the dialogs';</script></body></html>"),
     # allocates without end
-    "oom": ("<!doctype html><html><body><script>var a = []; while (true) { a.push(new Array(1e6).fill(1.5)); }"
+    "oom": ("<!doctype html><html><body><script>"
+            "var a = []; while (true) { a.push(new Array(1e6).fill(1.5)); }"
             "</script></body></html>"),
     # navigates to a file:// URL
     "to-file": "<!doctype html><html><body><script>location.href = 'file:///etc/passwd';</script></body></html>",
@@ -190,7 +196,8 @@ class Handler(BaseHTTPRequestHandler):
             elif head == "hold":  # answers after <ms>, for concurrency counts
                 time.sleep(int(arg) / 1000)
                 self._send(200, f"held {self.path}".encode())
-            elif head == "linger":  # like hold, but ends as soon as the client hangs up: in flight as the site sees it
+            elif head == "linger":
+                # like hold, but ends as soon as the client hangs up: in flight as the site sees it
                 if not select.select([self.connection], [], [], int(arg) / 1000)[0]:
                     self._send(200, f"held {self.path}".encode())
                 else:
@@ -199,7 +206,8 @@ class Handler(BaseHTTPRequestHandler):
                         host = self.headers.get("Host", "")
                         TRAFFIC.hung_up[host] = TRAFFIC.hung_up.get(host, 0) + 1
             elif head == "js":
-                self._send(200, js_page(arg, int(parts[2]) if len(parts) > 2 else 0), "text/html; charset=utf-8")
+                page = js_page(arg, int(parts[2]) if len(parts) > 2 else 0)
+                self._send(200, page, "text/html; charset=utf-8")
             elif head == "bytes":
                 self._send(200, bytes_body(int(arg)), "application/octet-stream")
             elif head == "stream":

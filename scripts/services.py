@@ -53,7 +53,8 @@ class _Server:
         shutil.rmtree(self.dir, ignore_errors=True)  # the log and redis' --dir; never a caller's storage
 
     def _launch(self, argv: list[str], ready, timeout: float) -> None:
-        """Run ``argv`` and poll ``ready()`` until it is truthy; fail fast (with the log) if the child exits."""
+        """Run ``argv`` and poll ``ready()`` until it is truthy; fail fast (with the log) if the
+        child exits."""
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         end = time.monotonic() + timeout
@@ -68,7 +69,10 @@ class _Server:
             if time.monotonic() > end:
                 break
             time.sleep(0.02)
-        why = f"exited with code {self.proc.returncode}" if self.proc.poll() is not None else f"not ready in {timeout:.0f}s"
+        if self.proc.poll() is not None:
+            why = f"exited with code {self.proc.returncode}"
+        else:
+            why = f"not ready in {timeout:.0f}s"
         self.stop()
         with open(self.log, "rb") as log:
             tail = log.read()[-2000:].decode(errors="replace")
@@ -144,7 +148,8 @@ class MongoServer(_Server):
         super().__init__(port)
         self.host = host
         if user and storage == ":memory:":
-            raise ValueError("a MongoServer with a user needs a storage directory (the user must survive a restart)")
+            raise ValueError("a MongoServer with a user needs a storage directory "
+                             "(the user must survive a restart)")
         self.storage, self.user, self.password = storage, user, password
         self._auth = False
 
@@ -158,7 +163,8 @@ class MongoServer(_Server):
             self._start()
             client = pymongo.MongoClient(host=self.host, port=self.port)
             try:
-                client.admin.command("createUser", self.user, pwd=self.password, roles=[{"role": "root", "db": "admin"}])
+                client.admin.command("createUser", self.user, pwd=self.password,
+                                     roles=[{"role": "root", "db": "admin"}])
             finally:
                 client.close()
             self.stop()
@@ -166,7 +172,8 @@ class MongoServer(_Server):
         self._start()
 
     def _start(self) -> None:
-        client = pymongo.MongoClient(host=self.host, port=self.port, serverSelectionTimeoutMS=500, connect=False)
+        client = pymongo.MongoClient(host=self.host, port=self.port, serverSelectionTimeoutMS=500,
+                                     connect=False)
         argv = [sys.executable, "-m", "secantus", "--host", self.host, "--port", str(self.port),
                 "--storage-path", self.storage,
                 "--standalone", "--log-level", "WARNING"] + (["--auth"] if self._auth else []) \

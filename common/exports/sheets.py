@@ -63,10 +63,13 @@ class _Block:
 class _Writer:
     def __init__(self, book, template: Template) -> None:
         self.book, self.template = book, template
-        self.sheet, self.line, self.count = None, 0, 0
-        self.fmt_head = book.add_format({"bold": True, "align": "center", "valign": "vcenter", "bg_color": "#E8ECF4",
-                                         "border": 1, "text_wrap": True})
-        self.fmt_title = book.add_format({"bold": True, "font_size": 14, "align": "center", "valign": "vcenter"})
+        # xlsxwriter's Worksheet (untyped) once new_sheet has run; room() is False before that
+        self.sheet: Any = None
+        self.line, self.count = 0, 0
+        self.fmt_head = book.add_format({"bold": True, "align": "center", "valign": "vcenter",
+                                         "bg_color": "#E8ECF4", "border": 1, "text_wrap": True})
+        self.fmt_title = book.add_format({"bold": True, "font_size": 14, "align": "center",
+                                          "valign": "vcenter"})
         self.fmt_summary = book.add_format({"text_wrap": True, "valign": "top"})
         self.fmt_key = book.add_format({"bold": True})
         self.fmt_value = book.add_format({"align": "left"})
@@ -194,7 +197,8 @@ class _Writer:
         (blank where fewer rows have its value), headed by the row tree on the left."""
         block, offset, n = _Block(), table.row_depth, 0
         for p in place(table.row, rows=True):
-            block.span(p.offset, p.level, p.offset + p.span - 1, p.level + p.levels - 1, p.node.title, self.fmt_head)
+            block.span(p.offset, p.level, p.offset + p.span - 1, p.level + p.levels - 1,
+                       p.node.title, self.fmt_head)
         line = 0
         for leaf in table.row_leaves:
             held = buckets.get(leaf.name, [])
@@ -209,8 +213,8 @@ class _Writer:
 
     def table(self, table: Table, rows: Iterable[dict]) -> int:
         single = len(self.template.tables) == 1
-        needed = (bool(table.title) + bool(table.summary) + len(table.header) + table.depth + len(table.footer)
-                  + sum(leaf.row_count for leaf in table.row_leaves))
+        needed = (bool(table.title) + bool(table.summary) + len(table.header) + table.depth
+                  + len(table.footer) + sum(leaf.row_count for leaf in table.row_leaves))
         if not self.room(needed if table.row else needed + 1):
             self.new_sheet()
         self.heading(table)

@@ -11,9 +11,9 @@ import json
 from typing import IO, Any, Callable, Iterable
 
 from common.errors import ValidationError
-from common.store.models import iso
 from common.exports.sheets import cell_text, write_xlsx
 from common.exports.templates import Table, Template
+from common.store.models import iso
 
 
 def check_fits(template: Template, fmt: str) -> None:

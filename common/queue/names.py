@@ -7,8 +7,10 @@ from common.config import settings
 QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
 PRIORITIES = range(-1, 6)
 LOCK_KEY = "downcluster:dispatch:lock"
-EXPORT_QUEUE = "down_export"      # export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time
-WORKER_KEY_PREFIX = "downcluster:worker:"  # + rq worker name: its download figures (in flight, peak), for stats
+# Export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time.
+EXPORT_QUEUE = "down_export"
+# Followed by an rq worker name: that worker's download figures (in flight, peak), for stats.
+WORKER_KEY_PREFIX = "downcluster:worker:"
 
 
 def queue_for_priority(priority: int) -> str:

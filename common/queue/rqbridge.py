@@ -25,10 +25,9 @@ or does not call what its id says is refused (``ForeignEntry``), never run.
 """
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from enum import Enum
-
-import logging
 
 from redis import Redis
 from rq import Queue
@@ -100,7 +99,8 @@ def export_of(entry: str) -> str | None:
 
 def our_queues(redis: Redis) -> list[str]:
     """Our download queues: the four shared ones and every host or foreign queue rq knows of."""
-    return sorted({*QUEUE_NAMES, *(q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES)})
+    known = (q.name for q in Queue.all(connection=redis) if base_of(q.name) in QUEUE_NAMES)
+    return sorted({*QUEUE_NAMES, *known})
 
 
 # --- dispatch: the capped push ------------------------------------------------------------
@@ -108,8 +108,9 @@ def our_queues(redis: Redis) -> list[str]:
 def entry_mapping(queue: Queue, lease: str, timeout: int, failure_ttl: int, description: str,
                   enqueued_at: datetime) -> dict:
     """The rq job hash of a download entry, as ``Queue.enqueue_job`` would save it."""
-    job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout, result_ttl=0,
-                           failure_ttl=failure_ttl, description=description, status=JobStatus.QUEUED)
+    job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout,
+                           result_ttl=0, failure_ttl=failure_ttl, description=description,
+                           status=JobStatus.QUEUED)
     job.origin = queue.name
     job.enqueued_at = enqueued_at.replace(tzinfo=timezone.utc) if enqueued_at.tzinfo is None else enqueued_at
     return {k: v.value if isinstance(v, Enum) else v for k, v in job.to_dict().items()}
@@ -177,7 +178,12 @@ def wait_entry(redis: Redis, queues: list[str], timeout: int = 1) -> tuple[str, 
     got = redis.blpop([queue_key(q) for q in queues], timeout=timeout)
     if not got:
         return None
-    return queue_name_of(got[0].decode()), got[1].decode()
+    return queue_name_of(_decoded(got[0])), _decoded(got[1])
+
+
+def _decoded(reply: bytes | str) -> str:
+    """A Redis reply as text (our clients answer bytes; redis-py's types allow str too)."""
+    return reply.decode() if isinstance(reply, bytes) else reply
 
 
 def _expected_call(entry: str) -> tuple[str, list, dict] | None:
@@ -245,7 +251,7 @@ def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:
     """When the head of queue ``name`` was enqueued (UTC), or None if it is empty or unreadable:
     one field of its hash, read as text (never the entry's data)."""
     head = redis.lindex(queue_key(name), 0)
-    raw = redis.hget(RqJob.key_for(head.decode()), "enqueued_at") if head else None
+    raw = redis.hget(RqJob.key_for(_decoded(head)), "enqueued_at") if head else None
     try:
         stamp = str_to_date(raw) if raw else None
     except ValueError:

@@ -33,14 +33,18 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from redis import asyncio as aioredis
 
 from common.config import settings
-from common.store.connection import REDIS_OPTIONS, SENTINEL_SCHEME, redis_client
 from common.errors import AddressRefused
 from common.sitelimits import ACQUIRE, ACQUIRE_MANY, PAUSE_HOST, RELEASE_MANY, RENEW, host_of, keys
+from common.store.connection import REDIS_OPTIONS, SENTINEL_SCHEME, redis_client
+
+if TYPE_CHECKING:
+    from protego import Protego  # imported when a robots.txt is parsed
 
 logger = logging.getLogger(__name__)
 ROBOTS_PREFIX = "downcluster:robots:"
@@ -62,6 +66,7 @@ def long_lease() -> float:
     """The lease of a slot for a sandboxed downloader, which the loop cannot stop mid-way: its
     whole time limit (it is killed at the slot's local deadline), the usual lease beyond."""
     return settings.DOWNLOAD_TIMEOUT + settings.HOST_SLOT_TTL
+
 
 # KEYS: key. ARGV: expected value, then "" to delete or a new value and its ttl ms.
 CAS = """
@@ -97,7 +102,11 @@ return #KEYS
 RENEW_LEADS = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i + 1] then out[i] = redis.call('PEXPIRE', key, ARGV[1]) else out[i] = 0 end
+  if redis.call('GET', key) == ARGV[i + 1] then
+    out[i] = redis.call('PEXPIRE', key, ARGV[1])
+  else
+    out[i] = 0
+  end
 end
 return out
 """
@@ -191,11 +200,12 @@ def _ignored(future: asyncio.Future) -> None:
 class Etiquette:
     def __init__(self) -> None:
         # a bounded pool that waits for a free connection (every download in flight may ask at once)
-        if settings.REDIS_URL.startswith(SENTINEL_SCHEME):  # the master Sentinel names, found again after a failover
+        if settings.REDIS_URL.startswith(SENTINEL_SCHEME):
+            # the master Sentinel names, found again after a failover
             self.redis = redis_client(asynchronous=True)
         else:
-            pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64, timeout=60,
-                                                            **REDIS_OPTIONS)
+            pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=64,
+                                                            timeout=60, **REDIS_OPTIONS)
             self.redis = aioredis.Redis(connection_pool=pool)
         self.batch = Batcher(self.redis)
         self.held: dict[str, str] = {}       # slot token -> its host's slot set (renewed by the keeper)
@@ -206,12 +216,14 @@ class Etiquette:
         self._spare: dict[str, dict[str, float]] = {}  # host -> idle slots held (token -> given back after)
         self._pooled: set[str] = set()              # tokens that go back to _spare when released
         self._freeing: list[str] = []               # tokens to give back with the next Redis call
-        self._unreleased: deque = deque(maxlen=100_000)  # (slot set, token, when) given back while Redis was away
-        self._unled: deque = deque(maxlen=100_000)       # (key, "run:<task>", when) let go of while Redis was away
+        # given back or let go of while Redis was away: (slot set, token, when), (key, "run:<task>", when)
+        self._unreleased: deque = deque(maxlen=100_000)
+        self._unled: deque = deque(maxlen=100_000)
         self._sweeping = False
         self._uid, self._seq = uuid.uuid4().hex[:12], 0
         self.leading: dict[str, str] = {}    # coalescing key -> "run:<task>" (renewed by the keeper)
-        self._robots: dict[str, tuple[float, object]] = {}
+        # origin -> (monotonic time it is read from Redis again, closed until (epoch s) | rules | None)
+        self._robots: dict[str, tuple[float, float | Protego | None]] = {}
         self._robots_loading: dict[tuple[str, int], asyncio.Future] = {}
 
     def start(self) -> None:
@@ -284,8 +296,9 @@ class Etiquette:
         prefix = self._token()
         names = [k for h in hosts for k in keys(h)[0:3:2]]
         sent = time.monotonic()
-        got = await self.batch.eval(ACQUIRE_MANY, names, [settings.HOST_CONCURRENCY, settings.HOST_SLOT_TTL * 1000,
-                                                          prefix, *(wanted[h] for h in hosts)])
+        got = await self.batch.eval(ACQUIRE_MANY, names,
+                                    [settings.HOST_CONCURRENCY, settings.HOST_SLOT_TTL * 1000, prefix,
+                                     *(wanted[h] for h in hosts)])
         until = sent + settings.HOST_SLOT_TTL - slot_margin(settings.HOST_SLOT_TTL)
         for i, (host, n) in enumerate(zip(hosts, got), 1):
             for j in range(1, int(n) + 1):
@@ -313,9 +326,11 @@ class Etiquette:
                 if self.until.get(got_spare, 0.0) > time.monotonic():
                     return got_spare
                 self._free(got_spare)  # not renewed in time: not trusted any more
-            freed = self._freed.setdefault(host, asyncio.Event())  # before asking: a release meanwhile sets it
+            # taken before asking: a release meanwhile sets it
+            freed = self._freed.setdefault(host, asyncio.Event())
             sent = time.monotonic()
-            got = int(await self.batch.eval(ACQUIRE, names, [token, conc, int(delay * 1000), int(lease * 1000)]))
+            args = [token, conc, int(delay * 1000), int(lease * 1000)]
+            got = int(await self.batch.eval(ACQUIRE, names, args))
             if got == 0:
                 self.held[token] = names[0]
                 self.until[token] = sent + lease - slot_margin(settings.HOST_SLOT_TTL)
@@ -402,7 +417,8 @@ class Etiquette:
             return task.result()
         await asyncio.wait({task}, timeout=slot_margin(settings.HOST_SLOT_TTL) / 2)  # its sockets closed
         task.add_done_callback(_ignored)  # the slot's loss is what is reported
-        raise SlotLost(1.0, f"slot of host {host} not renewed in time (Redis unreachable or the slot lost): handed back")
+        raise SlotLost(1.0, f"slot of host {host} not renewed in time "
+                            "(Redis unreachable or the slot lost): handed back")
 
     def _stop(self, token: str) -> None:
         guarded = self._guarded.get(token)
@@ -414,7 +430,8 @@ class Etiquette:
         task.cancel()
 
     def _renewed(self, sent: float, tokens: list[str], kept: list) -> None:
-        """On the loop: the keeper's renewal sent at ``sent`` (monotonic) kept these slots, or found them gone."""
+        """On the loop: the keeper's renewal sent at ``sent`` (monotonic) kept these slots, or found
+        them gone."""
         until = sent + settings.HOST_SLOT_TTL - slot_margin(settings.HOST_SLOT_TTL)
         for token, ok in zip(tokens, kept):
             if token not in self.until:
@@ -433,16 +450,15 @@ class Etiquette:
         held, leading = list(self.held.items()), list(self.leading.items())
         if held:
             sent = time.monotonic()
-            kept = redis.eval(RENEW, len(held), *(k for _, k in held), settings.HOST_SLOT_TTL * 1000, *(t for t, _ in held))
+            kept = redis.eval(RENEW, len(held), *(k for _, k in held), settings.HOST_SLOT_TTL * 1000,
+                              *(t for t, _ in held))
             loop.call_soon_threadsafe(self._renewed, sent, [t for t, _ in held], kept)
         if leading:
-            renewed = redis.eval(RENEW_LEADS, len(leading), *(k for k, _ in leading), settings.HOST_SLOT_TTL * 1000,
-                               *(v for _, v in leading))
+            renewed = redis.eval(RENEW_LEADS, len(leading), *(k for k, _ in leading),
+                                 settings.HOST_SLOT_TTL * 1000, *(v for _, v in leading))
             for (key, _), still in zip(leading, renewed):
                 if not still:  # published (done) or given up: no longer ours to keep alive
                     self.leading.pop(key, None)
-
-
 
     def _release_missed(self, redis) -> None:
         """Slots given back and leads let go of while Redis was away: after a Sentinel failover
@@ -476,7 +492,7 @@ class Etiquette:
             if loading is None:
                 loading = self._robots_loading[load_key] = asyncio.ensure_future(
                     self._load_robots(origin, scheme, session))
-                loading.add_done_callback(lambda _, k=load_key: self._robots_loading.pop(k, None))
+                loading.add_done_callback(lambda _: self._robots_loading.pop(load_key, None))
             hit = self._robots[origin] = await asyncio.shield(loading)
         rules = hit[1]
         if isinstance(rules, float):  # closed until then (epoch seconds)
@@ -487,7 +503,8 @@ class Etiquette:
             raise PermissionError("robots.txt disallows")
         return float(rules.crawl_delay(settings.DOWNLOAD_USER_AGENT) or 0.0)
 
-    async def _load_robots(self, origin: str, scheme: str, session) -> tuple[float, object]:
+    async def _load_robots(self, origin: str, scheme: str,
+                           session) -> tuple[float, float | Protego | None]:
         key = ROBOTS_PREFIX + origin
         raw = await self.redis.get(key)
         if raw is None:
@@ -507,7 +524,8 @@ class Etiquette:
         entry = json.loads(raw)
         local_until = time.monotonic() + LOCAL_ROBOTS_S
         if entry.get("closed_until"):
-            return min(local_until, time.monotonic() + max(entry["closed_until"] - time.time(), 0)), float(entry["closed_until"])
+            closed_until = float(entry["closed_until"])
+            return min(local_until, time.monotonic() + max(closed_until - time.time(), 0)), closed_until
         if not entry.get("text"):
             return local_until, None
         from protego import Protego
@@ -535,7 +553,8 @@ class Etiquette:
         if 200 <= status < 500:
             entry, ttl = {"status": status, "text": text}, settings.ROBOTS_TTL
         else:
-            entry, ttl = {"status": status, "closed_until": time.time() + settings.ROBOTS_RETRY}, settings.ROBOTS_RETRY
+            ttl = settings.ROBOTS_RETRY
+            entry = {"status": status, "closed_until": time.time() + ttl}
         raw = json.dumps(entry).encode()
         await self.redis.set(key, raw, ex=max(1, int(ttl)))
         return raw
@@ -598,7 +617,7 @@ class Etiquette:
     def publish_all(self, leaders: list[tuple[str, object, object]]) -> None:
         """On the loop, once the leaders' data is stored: their waiters may copy it now and for
         COALESCE_WINDOW seconds (one call for a whole write batch)."""
-        args = [int(settings.COALESCE_WINDOW * 1000)]
+        args: list[int | str] = [int(settings.COALESCE_WINDOW * 1000)]
         for key, task_id, data_id in leaders:
             self.leading.pop(key, None)
             args += [f"run:{task_id}", f"done:{task_id}:{data_id}"]

@@ -44,6 +44,8 @@ from slave.download.engines.http import (
 __all__ = ["Client", "fetch", "classify_aio"]
 
 ACCEPT_ENCODING = "gzip, deflate"
+# Proxy failures raised through aiohttp-socks, matched by name (it is imported only for a proxy).
+PROXY_ERROR_NAMES = ("ProxyError", "ProxyConnectionError", "ProxyTimeoutError")
 
 
 class _GuardedResolver(AbstractResolver):
@@ -92,11 +94,13 @@ class Client:
                 # socks5h: the proxy resolves names; socks5: we do
                 remote_dns = proxy.lower().startswith("socks5h")
                 url = "socks5" + proxy[len("socks5h"):] if remote_dns else proxy
-                connector = ProxyConnector.from_url(url, limit=self.limit, rdns=remote_dns)
+                connector: aiohttp.BaseConnector = ProxyConnector.from_url(url, limit=self.limit,
+                                                                           rdns=remote_dns)
             else:
                 allow = bool(proxy) or bool(allow_private)
                 connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
-                                                 resolver=_GuardedResolver(allow), socket_factory=_guarded_socket(allow))
+                                                 resolver=_GuardedResolver(allow),
+                                                 socket_factory=_guarded_socket(allow))
             s = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                       trust_env=False, auto_decompress=True,
                                       skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -125,9 +129,9 @@ def classify_aio(exc: BaseException) -> DownloadError:
         return fail(f"TLS certificate error: {detail}", False)
     if isinstance(exc, aiohttp.ClientSSLError):
         return fail(f"TLS error: {exc}", True)
-    if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in ("ProxyError", "ProxyConnectionError", "ProxyTimeoutError"):
+    if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in PROXY_ERROR_NAMES:
         return fail("proxy error", True)
-    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())):
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return fail(f"DNS lookup failed: {exc.os_error}", True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         err = exc.os_error
@@ -145,7 +149,8 @@ def classify_aio(exc: BaseException) -> DownloadError:
         if "decode" in text.lower() or "compress" in text.lower():
             return fail("content decoding failed", True)
         return fail(f"connection error: ClientPayloadError: {text}", True)
-    if isinstance(exc, ConnectionResetError) or (isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
+    if isinstance(exc, ConnectionResetError) or (
+            isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
         return fail("connection reset", True)
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientResponseError,
                         aiohttp.ClientError, OSError)):
@@ -180,7 +185,8 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
             return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private)
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
         if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
-            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)  # the total deadline
+            # the total deadline
+            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)
         else:
             error = classify_aio(exc)  # a DownloadError passes through
         raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
@@ -193,7 +199,8 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
     except ValidationError as exc:
         raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
     if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
-        raise DownloadError("invalid request: a header name or value has forbidden characters", retryable=False)
+        raise DownloadError("invalid request: a header name or value has forbidden characters",
+                            retryable=False)
     if proxy:
         netguard.judge_proxy(proxy)
     session = client.session(proxy, allow_private)
@@ -224,28 +231,30 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         length = resp.headers.get("Content-Length", "")
         if length.strip().isdigit() and int(length) > limits.maxsize:
             raise too_big
-        chunks, total, gated = [], 0, False
+        chunks, total = [], 0
+        held: asyncio.Semaphore | None = None  # large_gate, once a slot of it is taken
         try:
             async for chunk in resp.content.iter_any():
                 total += len(chunk)
                 if total > limits.maxsize:
                     raise too_big
                 chunks.append(chunk)
-                if large_gate is not None and not gated and total > LARGE_BODY:
+                if large_gate is not None and held is None and total > LARGE_BODY:
                     await large_gate.acquire()
-                    gated = True
+                    held = large_gate
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             del chunks
             response_headers = {str(k): str(v) for k, v in resp.headers.items()}
-            got = Download(status_code=resp.status, headers=response_headers, body=bytes(body), url=str(resp.url),
-                           remote_ip=peer[0] if peer else "", request_headers=_masked(resp.request_info.headers),
+            got = Download(status_code=resp.status, headers=response_headers, body=bytes(body),
+                           url=str(resp.url), remote_ip=peer[0] if peer else "",
+                           request_headers=_masked(resp.request_info.headers),
                            encoding=body_encoding(response_headers, body),
-                           release=large_gate.release if gated else None)
-            gated = False  # the slot now travels with the body
+                           release=held.release if held is not None else None)
+            held = None  # the slot now travels with the body
             return got
         finally:
-            if gated:
-                large_gate.release()
+            if held is not None:
+                held.release()
     finally:
         resp.close()
 

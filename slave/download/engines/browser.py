@@ -47,7 +47,8 @@ from slave.download.engines.http import _masked, _secrets_of, classify_status
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 # Chromium's net errors (after those named in ``_net_error``) that another try cannot mend
-NET_ERRORS_FINAL = ("ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME", "ERR_CERT_", "ERR_BLOCKED_BY_CLIENT")
+NET_ERRORS_FINAL = ("ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME", "ERR_CERT_",
+                    "ERR_BLOCKED_BY_CLIENT")
 
 
 class Crashed(Exception):
@@ -67,10 +68,10 @@ class Browser:
 
     def __init__(self, memory_mb: int) -> None:
         self.memory_mb = memory_mb
-        self.proc = None
+        self.proc: asyncio.subprocess.Process | None = None
         self.dir = ""
-        self.ws = None
-        self.http = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None  # these two set by start()
+        self.http: aiohttp.ClientSession | None = None
         self.pages = 0
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -81,21 +82,24 @@ class Browser:
     async def start(self) -> None:
         exe = chromium_path()
         if exe is None:
-            raise DownloadError("browser engine: chromium is not installed (apt-get install chromium)", retryable=True)
+            raise DownloadError("browser engine: chromium is not installed (apt-get install chromium)",
+                                retryable=True)
         self.dir = tempfile.mkdtemp(prefix="downcluster-browser-")
         uid = None
         if os.geteuid() == 0:  # never render untrusted pages as root, nor where the wall does not hold
             try:
                 wall.ensure()
             except wall.Unavailable as exc:
-                raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}", retryable=True) from None
+                raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}",
+                                    retryable=True) from None
             uid = wall.browser_uid()  # walled: pages and download_js reach no cluster service
             os.chown(self.dir, uid, uid)
         args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio", "--hide-scrollbars",
                 "--no-default-browser-check", "--password-store=basic", f"--user-data-dir={self.dir}",
-                f"--js-flags=--max-old-space-size={self.memory_mb}", "--remote-debugging-port=0", "about:blank"]
+                f"--js-flags=--max-old-space-size={self.memory_mb}", "--remote-debugging-port=0",
+                "about:blank"]
 
         def child() -> None:
             os.setsid()  # its own process group, killed as a whole
@@ -119,11 +123,11 @@ class Browser:
         port, path = open(port_file).read().split()[:2]
         self.http = aiohttp.ClientSession()
         self.ws = await self.http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0, autoping=False)
-        self._reader = asyncio.create_task(self._read())
+        self._reader = asyncio.create_task(self._read(self.ws))
 
-    async def _read(self) -> None:
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         try:
-            async for msg in self.ws:
+            async for msg in ws:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     break
                 data = json.loads(msg.data)
@@ -144,7 +148,7 @@ class Browser:
                 queue.put_nowait({"method": "Inspector.targetCrashed"})
 
     async def call(self, method: str, params: dict | None = None, session: str = "") -> dict:
-        if self.dead:
+        if self.dead or self.ws is None:
             raise Crashed("the browser went away")
         msg_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
@@ -217,10 +221,10 @@ class Pool:
         return browser
 
     def release(self, browser: Browser) -> None:
+        assert self._free is not None, "release follows acquire"
         if browser.dead:
             browser.kill()
-            browser = None
-        self._free.put_nowait(browser)
+        self._free.put_nowait(None if browser.dead else browser)
 
     async def close(self) -> None:
         if self._free is None:
@@ -285,7 +289,8 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
         raise DownloadError(redact(exc.reason, secrets), exc.retryable, exc.retry_after) from None
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves
         browser.kill()
-        raise DownloadError(redact(f"browser error: {type(exc).__name__}: {exc}", secrets), retryable=True) from None
+        reason = redact(f"browser error: {type(exc).__name__}: {exc}", secrets)
+        raise DownloadError(reason, retryable=True) from None
     finally:
         browser.pages += 1
         pool.release(browser)
@@ -324,19 +329,21 @@ class _Page:
         if method == "Fetch.requestPaused":
             scheme = urlsplit(p["request"]["url"]).scheme.lower()
             if scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
-                await b.call("Fetch.failRequest", {"requestId": p["requestId"], "errorReason": "AddressUnreachable"},
-                             session)
+                await b.call("Fetch.failRequest",
+                             {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
             elif scheme in ("http", "https", "data", "blob"):
                 await b.call("Fetch.continueRequest", {"requestId": p["requestId"]}, session)
             else:  # file:, chrome:, ftp: ... never
                 self.refused.append(scheme)
-                await b.call("Fetch.failRequest", {"requestId": p["requestId"], "errorReason": "BlockedByClient"},
-                             session)
+                await b.call("Fetch.failRequest",
+                             {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
         elif method == "Fetch.authRequired":
-            answer = {"response": "ProvideCredentials", "username": self.user, "password": self.password} \
-                if p.get("authChallenge", {}).get("source") == "Proxy" and self.user else {"response": "CancelAuth"}
-            await b.call("Fetch.continueWithAuth", {"requestId": p["requestId"], "authChallengeResponse": answer},
-                         session)
+            if p.get("authChallenge", {}).get("source") == "Proxy" and self.user:
+                answer = {"response": "ProvideCredentials", "username": self.user, "password": self.password}
+            else:
+                answer = {"response": "CancelAuth"}
+            await b.call("Fetch.continueWithAuth",
+                         {"requestId": p["requestId"], "authChallengeResponse": answer}, session)
         elif method == "Page.javascriptDialogOpening":
             await b.call("Page.handleJavaScriptDialog", {"accept": False}, session)
         elif method == "Network.requestWillBeSent":
@@ -390,7 +397,8 @@ class _Page:
             return False
         now = time.monotonic()
         self.idle_since = (self.idle_since or now) if not self.inflight else None
-        return (self.idle_since is not None and now - self.idle_since >= IDLE_QUIET) or now - self.loaded_at >= idle_max
+        quiet = self.idle_since is not None and now - self.idle_since >= IDLE_QUIET
+        return quiet or now - self.loaded_at >= idle_max
 
 
 async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str, headers: dict, js: str,
@@ -400,7 +408,8 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
     if proxy:
         ctx_params["proxyServer"], user, password = _proxy_server(proxy)
     ctx = (await b.call("Target.createBrowserContext", ctx_params))["browserContextId"]
-    target = (await b.call("Target.createTarget", {"url": "about:blank", "browserContextId": ctx}))["targetId"]
+    created = await b.call("Target.createTarget", {"url": "about:blank", "browserContextId": ctx})
+    target = created["targetId"]
     session = (await b.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
     events = b.listen(session)
     page = _Page(b, session, limits, user, password, allow_private, bool(proxy))
@@ -440,8 +449,10 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         if len(body) > limits.maxsize:
             raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
         response_headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
-        request_headers = _masked({"User-Agent": user_agent, **headers, **({"Cookie": cookie} if cookie else {})})
-        return Download(status_code=status, headers=response_headers, body=body, url=response.get("url") or url,
+        request_headers = _masked({"User-Agent": user_agent, **headers,
+                                   **({"Cookie": cookie} if cookie else {})})
+        return Download(status_code=status, headers=response_headers, body=body,
+                        url=response.get("url") or url,
                         remote_ip=response.get("remoteIPAddress", ""), request_headers=request_headers,
                         encoding="utf-8")  # the DOM the browser built, serialised by us as UTF-8
     finally:
@@ -475,8 +486,9 @@ async def _answering(page: _Page, events: asyncio.Queue, work):
 async def _result(b: Browser, session: str, js: str) -> bytes:
     """``js``'s string result, else the DOM, as UTF-8."""
     if js:
-        got = await b.call("Runtime.evaluate", {"expression": f"(async () => {{\n{js}\n}})()", "awaitPromise": True,
-                                                "returnByValue": True}, session)
+        expression = f"(async () => {{\n{js}\n}})()"
+        got = await b.call("Runtime.evaluate",
+                           {"expression": expression, "awaitPromise": True, "returnByValue": True}, session)
         if got.get("exceptionDetails"):
             details = got["exceptionDetails"]
             text = (details.get("exception") or {}).get("description") or details.get("text", "exception")

@@ -49,7 +49,9 @@ def detect(body: bytes) -> str | None:
     best = charset_normalizer.from_bytes(head).best()
     if best is None:
         return None
-    return "utf-8" if best.encoding in ("ascii", "utf_8") else resolve_encoding(best.encoding) or best.encoding
+    if best.encoding in ("ascii", "utf_8"):
+        return "utf-8"
+    return resolve_encoding(best.encoding) or best.encoding
 
 
 def body_encoding(headers, body: bytes) -> str | None:

@@ -14,6 +14,8 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit
 
 import requests
@@ -29,8 +31,8 @@ from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
-from slave.download.engines.charset import body_encoding
 from slave.download.engines.base import Download, Limits
+from slave.download.engines.charset import body_encoding
 
 __all__ = ["fetch", "new_session", "classify_status", "classify_exception"]
 
@@ -137,7 +139,13 @@ def _shutdown(conn) -> None:
             pass
 
 
-class _TrackedConnection:
+if TYPE_CHECKING:
+    _ConnectionBase = HTTPConnection  # what the mixin is mixed into, for the type checker
+else:
+    _ConnectionBase = object
+
+
+class _TrackedConnection(_ConnectionBase):
     """Connection mixin: registers itself with the calling thread's deadline on use, and sends
     nothing to an address the calling fetch may not reach."""
 
@@ -329,7 +337,9 @@ def classify_exception(exc: BaseException) -> DownloadError:
 
 # --- the fetch ----------------------------------------------------------------------------
 
-def _secrets_of(proxy: str, cookie: str, headers: CaseInsensitiveDict) -> list[str]:
+def _secrets_of(proxy: str, cookie: str, headers: Mapping[str, str]) -> list[str]:
+    """The secret values to redact: the proxy's, the cookie, and ``headers``' secret ones (looked
+    up by name: ``headers`` is case-insensitive)."""
     values = [proxy, cookie] + [headers.get(h, "") for h in SECRET_HEADERS]
     if proxy:
         try:
@@ -377,7 +387,8 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
-          user_agent: str = "downcluster/1.0", allow_private: bool = False, cut: Cut | None = None) -> Download:
+          user_agent: str = "downcluster/1.0", allow_private: bool = False,
+          cut: Cut | None = None) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
     ``allow_private``: loopback, private and link-local addresses may be reached too; ``cut``:
     called from another thread, ends the fetch at once."""

@@ -25,6 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeGuard
 
 from common.errors import DownloadError
 from common.secrets import redact
@@ -36,7 +37,7 @@ from slave.download.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
 __all__ = ["run_python", "run_shell"]
 
 SANDBOX_MAIN = str(Path(__file__).resolve().with_name("sandbox_main.py"))
-RESOURCE_SIGNALS = {signal.SIGXCPU: "CPU limit", signal.SIGXFSZ: "file size limit"}
+RESOURCE_SIGNALS: dict[int, str] = {signal.SIGXCPU: "CPU limit", signal.SIGXFSZ: "file size limit"}
 
 
 class _Outcome:
@@ -170,6 +171,8 @@ def _run(mode: str, message: dict, limits: Limits, stdout_cap: int, allow_privat
 def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int) -> _Outcome:
     deadline = time.monotonic() + limits.timeout
     outcome = _Outcome()
+    status_w: int | None  # the child's ends: None once closed here
+    info_w: int | None
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()
     os.set_blocking(info_r, False)
@@ -203,7 +206,8 @@ def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int)
             outcome.returncode = _wait_status(status, proc.returncode)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
-                    pipe.close()
+                    if pipe is not None:
+                        pipe.close()
                 except OSError:
                     pass
         if pidfd is not None:
@@ -339,7 +343,9 @@ def run_shell(code: str, url: str, limits: Limits, proxy: str = "", cookie: str 
 
 def run_python(code: str, task: dict, limits: Limits) -> Download:
     """Run the python downloader's ``download(task)`` sandboxed and return its result."""
-    settings = task.get("settings") if isinstance(task.get("settings"), dict) else {}
+    settings = task.get("settings")
+    if not isinstance(settings, dict):
+        settings = {}
     secrets = [str(settings.get(k) or "") for k in ("proxy", "cookie")]
     cap = limits.maxsize + FRAME_OVERHEAD
     message = {"code": code, "task": task, "limits": asdict(limits), "env": _environment({})}
@@ -366,7 +372,7 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
                     encoding=body_encoding(headers, body))
 
 
-def _is_str_dict(value) -> bool:
+def _is_str_dict(value) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in value.items())
 

@@ -147,7 +147,8 @@ def _host_port(text: str, default: int | None) -> tuple[str, int | None]:
 
 def _addresses(host: str) -> set[str]:
     try:
-        return {ai[4][0].split("%")[0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        return {str(ai[4][0]).split("%")[0] for ai in infos}  # an IPv6 scope ("%eth0") dropped
     except (OSError, UnicodeError):
         logger.warning("sandbox wall: cannot resolve %s; it is not walled off by address", host)
         return set()
