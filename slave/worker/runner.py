@@ -42,7 +42,7 @@ from slave.worker.context import load_context
 from slave.download.fetching import Engines
 from slave.worker.heartbeat import Heartbeat, new_worker_id
 from slave.worker.rqworker import LoopWorker
-from slave.worker.writer import Entry, Writer
+from slave.worker.writer import RunningEntry, Writer
 
 logger = logging.getLogger(__name__)
 NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
@@ -94,7 +94,7 @@ class Runner:
                 await self._db(leases.finish, [lease_id], self.worker_id)
                 return {"success": 0, "fail": 0, "handed_back": back}
             tasks = leases.lease_tasks(lease)
-            entry = Entry(lease, ctx, tasks, asyncio.get_running_loop())
+            entry = RunningEntry(lease, ctx, tasks, asyncio.get_running_loop())
             entry.etiquette = self.engines.etiquette
             self.inflight += len(tasks)
             self.peak_inflight = max(self.peak_inflight, self.inflight)
