@@ -188,15 +188,17 @@ def open_leases() -> list[dict]:
 
 def existing(lease_ids) -> set:
     """The leases among ``lease_ids`` that have a document."""
-    return {d["_id"] for d in CrawlerLease._get_collection().find({"_id": {"$in": list(lease_ids)}}, {"_id": 1})}
+    found = CrawlerLease._get_collection().find({"_id": {"$in": list(lease_ids)}}, {"_id": 1})
+    return {d["_id"] for d in found}
 
 
 def tasks_out() -> dict:
     """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out are."""
-    return {(row["_id"]["job"], row["_id"]["state"]): row["n"] for row in CrawlerLease._get_collection().aggregate([
+    rows = CrawlerLease._get_collection().aggregate([
         {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
         {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
-    ])}
+    ])
+    return {(row["_id"]["job"], row["_id"]["state"]): row["n"] for row in rows}
 
 
 def mark_missing(lease_ids: list[str], now: datetime) -> None:

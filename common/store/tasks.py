@@ -87,9 +87,8 @@ def reserve(job_id, count: int) -> int:
             raise ValidationError("the job was removed while its tasks were being added")
         top = doc.get("seq_next", 0)
         first = top + 1
-        if coll.update_one({"_id": job_id, "seq_next": top}, {"$set": {"seq_next": top + count},
-                                                              "$push": {"intake": {"seq": first, "at": utcnow()}}}
-                           ).modified_count:
+        change = {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}
+        if coll.update_one({"_id": job_id, "seq_next": top}, change).modified_count:
             return first
 
 

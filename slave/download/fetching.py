@@ -50,8 +50,8 @@ def _stored_download(data_id: str) -> Download | None:
     doc = attempts.stored_response(data_id)
     if doc is None:
         return None
-    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {}, body=doc["body"],
-                    url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
+    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {},
+                    body=doc["body"], url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
                     request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
 
 

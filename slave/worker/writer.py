@@ -27,7 +27,6 @@ from common.config import settings
 from common.errors import DownloadError
 from common.metrics import count_pages, reason_class
 from common.store import attempts, counts, leases, tasks
-from common.store.attempts import DUPLICATE_KEY
 from common.store.connection import redis_conn
 from common.store.models import FAIL, LIVE, SUCCESS, store_time
 from common.secrets import redact
@@ -103,9 +102,7 @@ def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> None:
     try:
         with_retries(lambda: attempts.insert_data(docs), "data insert")
         return
-    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:
-        if isinstance(exc, BulkWriteError) and all(e["code"] == DUPLICATE_KEY for e in exc.details["writeErrors"]):
-            return
+    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:  # duplicates alone never raise
         logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
     keep_o, keep_d = [], []
     for o, d in zip(outcomes, docs):
