@@ -18,8 +18,8 @@ Tasks that go again (retryable FAIL whose ``retry_at`` passed; LIVE with ``retry
 recovered, requeued, handed back) are found by status and time and marked DISPATCH when sent.
 
 Invariant: every change of tasks' status here is followed at once by its move in
-``common.store.counts``, with the number the change's own result reports (callers move the
-counts of the changes whose count they return).
+``common.store.counts``, with the number the change's own result reports; only ``settle``
+leaves the move to its caller (the writer, which knows each entry's statuses).
 """
 from __future__ import annotations
 
