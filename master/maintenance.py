@@ -1,7 +1,7 @@
 """The maintenance table: each chore, how often it runs cluster-wide, and what runs it.
 
-A chore with an interval is due when its next time, kept in the store (``defender_state``,
-``_id`` ``chore:<name>``, ``at`` by the store's clock), has come; the process that takes it by
+A chore with an interval is due when its next time, kept in the store (``common.store.state``,
+by the store's clock), has come; the process that takes it by
 compare-and-set runs it and every other skips it, so a cron ``dispatch`` does only dispatching
 unless a chore is due cluster-wide, however many dispatchers run and however often. Chores
 without an interval are cheap checks each dispatcher run makes (each reads what its own state
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Callable
 
-from pymongo.errors import DuplicateKeyError
 from redis import Redis
 
-from common.store.models import DefenderState, store_now
+from common.store import state
+from common.store.models import store_now
 from common.secrets import redact
 from common.sentry import capture
 
@@ -49,16 +49,8 @@ def table() -> tuple[Chore, ...]:
 
 
 def claim(name: str, every: float, now: datetime) -> bool:
-    """Take chore ``name`` if it is due (its next time set ``every`` seconds on); False if
-    another process has it or it is not due."""
-    state, key, after = DefenderState._get_collection(), f"chore:{name}", now + timedelta(seconds=every)
-    if state.update_one({"_id": key, "at": {"$lte": now}}, {"$set": {"at": after}}).modified_count:
-        return True
-    try:
-        state.insert_one({"_id": key, "at": after})  # never run before
-        return True
-    except DuplicateKeyError:
-        return False
+    """Take chore ``name`` if it is due (``common.store.state.claim_chore``)."""
+    return state.claim_chore(name, every, now)
 
 
 def run_due(redis: Redis, budget: float, force: bool = False) -> dict[str, object]:

@@ -80,3 +80,10 @@ def burst_worker(cluster, *extra: str) -> None:
     done = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "worker", "--burst", *extra],
                           capture_output=True, text=True, timeout=120, env={**os.environ, **cluster.env})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def store_outcomes(ctx, lease: str, kind: str, outcomes: list, now) -> dict:
+    """Store one entry's outcomes as the worker's writer does (``store_many`` of one part)."""
+    from slave.worker import writer
+
+    return writer.store_many([writer.Part(ctx, lease, kind, outcomes)], now)[0]

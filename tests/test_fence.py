@@ -20,7 +20,7 @@ from master.exports.dump import rows as export_rows
 from slave.worker import context
 from slave.worker import writer
 from slave.download.engines.base import Download
-from tests.helpers import add_urls, register, statuses
+from tests.helpers import add_urls, register, statuses, store_outcomes
 from tests.test_races import _claimed_entry, _stale
 
 import pytest
@@ -59,7 +59,7 @@ def test_a_late_insert_after_cleanup_is_never_read_and_is_swept(cluster, tmp_pat
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "late")
     _stale(lease["_id"])
     assert defender.recover(cluster.redis).recovered == 3
-    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
     stale_docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
     for doc, o in zip(stale_docs, outcomes):
         doc["_id"] = o.data_id  # the very insert the writer sent first, arriving over the old connection
@@ -67,7 +67,7 @@ def test_a_late_insert_after_cleanup_is_never_read_and_is_swept(cluster, tmp_pat
     assert dispatch_once(cluster.redis).total == 3
     again = CrawlerLease._get_collection().find_one({"kind": AGAIN})
     again = leases.claim(again["_id"], "w2")
-    assert writer.store(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
+    assert store_outcomes(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
     CrawlerDownloadData._get_collection().insert_many(stale_docs)  # late: after cleanup and the new settle
     seen = _visible_everywhere("late")
     assert len(seen) == 3 and set(seen.values()) == {again["_id"]}
@@ -98,7 +98,7 @@ def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
 def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
     """A store of settled data costs the sweep nothing: it finds orphans by their tombstone."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "many")
-    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
     leases.finish([lease["_id"]], "w1")
     assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # no tombstone: nothing read
     _one_named_document_per_success("many")
@@ -137,7 +137,7 @@ def test_a_task_cancelled_mid_download_in_a_batch_with_hand_backs(cluster, tmp_p
                                  spend_us=0, deferred=5.0)
     outcomes[2] = writer.Outcome(task=outcomes[2].task, download=None, error=DownloadError("HTTP 404", retryable=False),
                                  spend_us=3)
-    got = writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     assert got == {"success": 1, "fail": 1, "handed_back": 1}
     assert CrawlerDownloadData._get_collection().count_documents({"task": cancelled}) == 0
     assert statuses("cx") == {"CANCEL": 1, "SUCCESS": 1, "FAIL": 1, "LIVE": 1}

@@ -20,7 +20,7 @@ from common.store.models import (
 from common.queue.names import LOCK_KEY
 from master.dispatch.dispatcher import dispatch_once
 from common.errors import DispatchLocked
-from tests.helpers import add_urls, cli, register, sent, statuses
+from tests.helpers import add_urls, burst_worker, cli, register, sent, statuses
 
 
 def _nothing_stored():
@@ -150,6 +150,18 @@ def test_disabled_job_not_dispatched(cluster, tmp_path):
     add_urls("off", ["http://127.0.0.1:1/x"])
     cli("job", "disable", "off")
     assert dispatch_once(cluster.redis).total == 0
+
+
+def test_an_entry_of_a_job_disabled_after_dispatch_is_given_back(cluster, tmp_path):
+    register(tmp_path, "late-off")
+    add_urls("late-off", ["http://127.0.0.1:1/x"])
+    assert dispatch_once(cluster.redis).total == 1
+    cli("job", "disable", "late-off")
+    burst_worker(cluster)
+    task = CrawlerTask.objects.get(uri="http://127.0.0.1:1/x")
+    assert (task.status, task.download_times) == ("LIVE", 0)
+    assert task.failed_reason == "job disabled before download"
+    assert task.retry_at is not None and sent("late-off") == 0
 
 
 def test_dispatcher_lock_makes_second_run_exit_at_once(cluster, tmp_path):

@@ -24,14 +24,14 @@ from common.queue.names import LOCK_KEY
 from master import intake
 from master.dispatch import defender
 from master.dispatch import dispatcher
-from master.dispatch import selection
+from common.store import tasks as task_store
 from master.dispatch.dispatcher import dispatch_once
 from master.dispatch.lock import DispatchLock
 from common.store import leases
 from slave.worker import context
 from slave.worker import writer
 from slave.download.engines.base import Download
-from tests.helpers import add_urls, register, sent, statuses
+from tests.helpers import add_urls, register, sent, statuses, store_outcomes
 
 
 def _all_ids_sent_once() -> list:
@@ -66,16 +66,16 @@ def test_reserved_numbers_stop_the_cursor_until_inserted(cluster, tmp_path):
 def test_intake_during_a_dispatch_run_is_seen_by_the_next(cluster, tmp_path, monkeypatch):
     register(tmp_path, "c2", dispatch_num=1000)
     add_urls("c2", [f"http://127.0.0.1:1/a{i}" for i in range(4)])
-    real = selection.select_fresh
+    real = task_store.due_fresh
 
-    def select_then_intake(coll, job_doc, need, now):
-        got = real(coll, job_doc, need, now)  # the run has read the job and its tasks ...
+    def select_then_intake(job_doc, need, now):
+        got = real(job_doc, need, now)  # the run has read the job and its tasks ...
         add_urls("c2", [f"http://127.0.0.1:1/late{i}" for i in range(6)])  # ... then intake runs whole
         return got
 
-    monkeypatch.setattr(dispatcher, "select_fresh", select_then_intake)
+    monkeypatch.setattr(dispatcher, "due_fresh", select_then_intake)
     assert dispatch_once(cluster.redis).total == 4
-    monkeypatch.setattr(dispatcher, "select_fresh", real)
+    monkeypatch.setattr(dispatcher, "due_fresh", real)
     assert dispatch_once(cluster.redis).total == 6
     assert len(_all_ids_sent_once()) == 10
 
@@ -85,7 +85,7 @@ def test_a_dead_intakes_reservation_expires_and_its_late_tasks_go_again(cluster,
     first = intake.reserve(job.id, 2)
     add_urls("c3", [f"http://127.0.0.1:1/a{i}" for i in range(3)])
     assert dispatch_once(cluster.redis).total == 0   # held by the reservation
-    old = utcnow() - selection.INTAKE_STALE - timedelta(seconds=1)
+    old = utcnow() - task_store.INTAKE_STALE - timedelta(seconds=1)
     Job._get_collection().update_one({"_id": job.id}, {"$set": {"intake.0.at": old}})
     assert dispatch_once(cluster.redis).total == 3   # the stale reservation no longer holds it
     _insert_reserved(job.id, first, ["http://127.0.0.1:1/slow0", "http://127.0.0.1:1/slow1"])
@@ -128,7 +128,7 @@ def test_worker_settles_while_the_defender_releases(cluster, tmp_path, monkeypat
     real_release = leases.release
 
     def settle_then_release(*args, **kw):  # the lease is LOST; the worker settles just now
-        assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+        assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
         return real_release(*args, **kw)
 
     monkeypatch.setattr(leases, "release", settle_then_release)
@@ -142,7 +142,7 @@ def test_defender_releases_before_the_worker_settles(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "d2")
     _stale(lease["_id"])
     assert defender.recover(cluster.redis).recovered == 3
-    got = writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())  # the zombie worker comes back
+    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())  # the zombie worker comes back
     assert got["success"] == 0
     assert statuses("d2") == {"LIVE": 3} and all(t.recoveries == 1 for t in CrawlerTask.objects)
     _success_has_its_data()
@@ -239,7 +239,7 @@ def test_a_lock_left_behind_while_redis_was_away_is_taken_back_at_once(cluster):
 def test_one_unstorable_result_fails_alone(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "w1")
     outcomes[1].download.headers = {"bad\0name": "x"}  # BSON refuses NUL in a key
-    got = writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     assert got == {"success": 2, "fail": 1, "handed_back": 0}
     bad = CrawlerTask.objects.get(id=outcomes[1].task["_id"])
     assert bad.status == "FAIL" and bad.retry_at is None and bad.failed_reason.startswith("response not storable")
@@ -253,7 +253,7 @@ def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypa
     settings.reload()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g1", n=2)
     CrawlerTask._get_collection().update_one({"_id": outcomes[0].task["_id"]}, {"$set": {"status": "CANCEL"}})
-    writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     fs = gridfs_of(CrawlerDownloadData._get_collection().database)
     kept = CrawlerDownloadData.objects.get()
     assert kept.task.id == outcomes[1].task["_id"] and fs.get(kept.response_body_gridfs).read() == outcomes[1].download.body
@@ -280,7 +280,7 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
 def test_a_download_error_is_never_stored_as_data(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "e1", n=2)
     outcomes[0].download, outcomes[0].error = None, DownloadError("HTTP 503", retryable=True)
-    assert writer.store(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1, "handed_back": 0}
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1, "handed_back": 0}
     assert statuses("e1") == {"SUCCESS": 1, "FAIL": 1}
     _success_has_its_data()
 
@@ -298,7 +298,7 @@ def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
     add_urls("wd", ["http://127.0.0.1:1/x"])
     script = ("import time\n"
               "from common.store.connection import connect_mongo\n"
-              "from master import dispatcher\n"
+              "from master.dispatch import dispatcher\n"
               "connect_mongo()\n"
               "dispatcher._load_works = lambda jobs, now: time.sleep(30)\n"
               "dispatcher.dispatch_once()\n")
@@ -338,7 +338,7 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
     async def main():
         w = writer.Writer("w1")
         w.start()
-        entry = writer.Entry(lease, ctx, [o.task for o in outcomes], asyncio.get_running_loop())
+        entry = writer.RunningEntry(lease, ctx, [o.task for o in outcomes], asyncio.get_running_loop())
         for o in outcomes:
             w.submit(entry, o)
         counts = await asyncio.wait_for(entry.done, 30)

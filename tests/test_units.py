@@ -16,7 +16,7 @@ from common.urls import check_url, strip_credentials
 from common.store.leases import lease_verdict
 from common.store.models import AGAIN, FRESH
 from master.dispatch.dispatcher import JobWork, order_key, plan
-from master.dispatch.selection import Picked, fresh_cursor, fresh_limit
+from common.store.tasks import Picked, fresh_cursor, fresh_limit
 from master.registry import check_python, validate_manifest, validate_settings
 from common.queue.retry import next_retry_at
 

@@ -79,6 +79,16 @@ def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datet
             "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
 
 
+def create(docs: list[dict]) -> None:
+    """Insert new entries' leases (``new_lease``), before their tasks are marked or pushed."""
+    CrawlerLease._get_collection().insert_many(docs, ordered=False)
+
+
+def drop(lease_id: str) -> None:
+    """An entry that never reached its queue, its tasks already given back: the lease ends."""
+    CrawlerLease._get_collection().delete_one({"_id": lease_id})
+
+
 def claim(lease_id: str, worker_id: str) -> dict | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
     return CrawlerLease._get_collection().find_one_and_update(
@@ -168,6 +178,27 @@ def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: floa
         if beat_at and now - beat_at > timedelta(seconds=heartbeat_ttl):
             return f"worker died while downloading ({lease.get('worker') or '?'}: no heartbeat for {heartbeat_ttl:g}s)", True
     return None
+
+
+def open_leases() -> list[dict]:
+    """Every lease the defender judges (QUEUED, RUNNING, LOST), without their task lists."""
+    return list(CrawlerLease._get_collection().find({"state": {"$in": [QUEUED, RUNNING, LOST]}},
+                                                    {"ids": 0, "uris": 0, "attempts": 0}))
+
+
+def existing(lease_ids) -> set:
+    """The leases among ``lease_ids`` that have a document."""
+    found = CrawlerLease._get_collection().find({"_id": {"$in": list(lease_ids)}}, {"_id": 1})
+    return {d["_id"] for d in found}
+
+
+def tasks_out() -> dict:
+    """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out are."""
+    rows = CrawlerLease._get_collection().aggregate([
+        {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
+        {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
+    ])
+    return {(row["_id"]["job"], row["_id"]["state"]): row["n"] for row in rows}
 
 
 def mark_missing(lease_ids: list[str], now: datetime) -> None:

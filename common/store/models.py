@@ -82,7 +82,7 @@ class Job(Document):
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=-1, max_value=5, default=5)
     host = StringField(default="")
-    # The fresh-task cursor (see master/dispatch/selection.py): intake numbers a job's tasks 1, 2, ...
+    # The fresh-task cursor (see common/store/tasks.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
     seq_next = IntField(default=0)   # highest seq handed out by intake
     seq_sent = IntField(default=0)   # highest seq the dispatcher sent out

@@ -1,1 +1,2 @@
-"""Dispatching: the seq cursor and retries (selection), the run (dispatcher), its lock, the defender."""
+"""Dispatching: the run (dispatcher), its lock, the defender, the schedule; which tasks are due is
+common/store/tasks.py."""

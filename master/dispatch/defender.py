@@ -29,7 +29,7 @@ from redis import Redis
 from common.store import leases
 from common.config import settings
 from common.store.connection import redis_conn
-from common.store.models import LOST, QUEUED, RUNNING, CrawlerLease, store_now
+from common.store.models import LOST, QUEUED, store_now
 from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
             return recover(redis, now, budget, locked=True)
     redis = redis or redis_conn()
     end = time.monotonic() + (budget if budget is not None else float("inf"))
-    coll = CrawlerLease._get_collection()
-    leases_ = list(coll.find({"state": {"$in": [QUEUED, RUNNING, LOST]}}, {"ids": 0, "uris": 0, "attempts": 0}))
+    leases_ = leases.open_leases()
     report = RecoveryReport()
     if not leases_:
         return report

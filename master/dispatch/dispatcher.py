@@ -5,7 +5,7 @@ One run (``dispatch_download``):
      ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
   2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);
   3. per ON job: up to ``dispatch_num`` due tasks, those that go again first, then fresh ones
-     above the job's seq cursor (master/dispatch/selection.py);
+     above the job's seq cursor (``common.store.tasks``);
   4. plan entries of DISPATCH_BATCH_SIZE tasks per target queue, in job order (priority, host
      or both), against each queue's free room and the run's total cap; fresh tasks are taken
      in seq order and stop at the first that does not fit, so the cursor never skips one;
@@ -32,34 +32,17 @@ from datetime import datetime
 
 from redis import Redis
 
-from common.store import counts
 from common.config import settings
+from common.store import dispatchlogs, jobinfo, leases, tasks
 from common.store.connection import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
-from common.store.leases import give_back, new_lease
-from common.store.models import (
-    AGAIN,
-    DISPATCH,
-    FAIL,
-    FRESH,
-    LIVE,
-    ON,
-    SUCCESS,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
-    CrawlerDownloadSetting,
-    CrawlerLease,
-    CrawlerTask,
-    Job,
-    store_now,
-    utcnow,
-)
+from common.store.models import AGAIN, FRESH, store_now, utcnow
+from common.store.tasks import Picked, due_again, due_fresh, fresh_cursor
 from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
 from master import maintenance as chores
 from master.dispatch import defender
 from master.dispatch.lock import DispatchLock
-from master.dispatch.selection import EPOCH, Picked, fresh_cursor, select_again, select_fresh
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +50,9 @@ ORDERS = ("priority", "host", "priority,host", "host,priority")
 
 
 @dataclass
-class Entry:
+class PlannedEntry:
+    """A queue entry the run means to send: its kind (FRESH or AGAIN), target queue and tasks."""
+
     kind: str
     queue: str
     tasks: list[Picked] = field(default_factory=list)
@@ -86,7 +71,7 @@ class JobWork:
     again: list[Picked] = field(default_factory=list)
     fresh: list[Picked] = field(default_factory=list)
     read_to: int = 0
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[PlannedEntry] = field(default_factory=list)
     fresh_taken: int = 0
 
     @property
@@ -132,13 +117,13 @@ def order_key(job, order: str = "priority") -> tuple:
 
 
 def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
-         batch_size: int) -> tuple[list[Entry], int, str | None]:
+         batch_size: int) -> tuple[list[PlannedEntry], int, str | None]:
     """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
     and ``total`` tasks. FRESH tasks stop at the first that does not fit, so the cursor can
     follow. Returns (entries, tasks taken, why some were left or None)."""
     prefix = kind == FRESH
-    entries: list[Entry] = []
-    open_: dict[str, Entry] = {}
+    entries: list[PlannedEntry] = []
+    open_: dict[str, PlannedEntry] = {}
     taken, why = 0, None
     for t in tasks:
         if total - taken <= 0:
@@ -153,7 +138,7 @@ def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: 
                     break
                 continue
             free[q] = free.get(q, 0) - 1
-            cur = open_[q] = Entry(kind, q)
+            cur = open_[q] = PlannedEntry(kind, q)
             entries.append(cur)
         cur.tasks.append(t)
         taken += 1
@@ -164,14 +149,15 @@ def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int
     """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
-        for kind, tasks in ((AGAIN, work.again), (FRESH, work.fresh)):
-            entries, taken, why = pack(kind, tasks, work.queue_of, free, total, batch_size)
+        for kind, due in ((AGAIN, work.again), (FRESH, work.fresh)):
+            entries, taken, why = pack(kind, due, work.queue_of, free, total, batch_size)
             work.entries += entries
             total -= taken
             if kind == FRESH:
                 work.fresh_taken = taken
-            if taken < len(tasks):
-                left = f"{len(tasks) - taken} of {len(tasks)} {'fresh' if kind == FRESH else 'retry'} tasks stay for a later run"
+            if taken < len(due):
+                left = (f"{len(due) - taken} of {len(due)} {'fresh' if kind == FRESH else 'retry'} tasks"
+                        " stay for a later run")
                 if why and why.startswith("queue_full:"):
                     q = why.split(":", 1)[1]
                     alerts.append((work, "queue_full", f"queue {q} is full (cap {cap(q)} entries): {left}"))
@@ -201,17 +187,15 @@ def check_settings() -> None:
 # --- selection ---------------------------------------------------------------------------
 
 def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
-    conf = {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
-        {"job": {"$in": [j["_id"] for j in jobs]}}, {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1})}
-    coll = CrawlerTask._get_collection()
+    conf = jobinfo.dispatch_settings([j["_id"] for j in jobs])
 
     def load(job: dict) -> JobWork:
         c = conf.get(job["_id"], {})
         work = JobWork(job=job, dispatch_num=c.get("dispatch_num", settings.DEFAULT_DISPATCH_NUM),
                        max_retry_times=c.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES),
                        prior=c.get("prior", 0))
-        work.again = select_again(coll, job["_id"], work.max_retry_times, work.dispatch_num, now)
-        work.fresh, work.read_to = select_fresh(coll, job, work.dispatch_num - len(work.again), now)
+        work.again = due_again(job["_id"], work.max_retry_times, work.dispatch_num, now)
+        work.fresh, work.read_to = due_fresh(job, work.dispatch_num - len(work.again), now)
         return work
 
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
@@ -222,8 +206,8 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
 
 def release_entry(job_id, lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
-    give_back(job_id, ids, lease, kind, f"not sent: {reason}", now)
-    CrawlerLease._get_collection().delete_one({"_id": lease})
+    leases.give_back(job_id, ids, lease, kind, f"not sent: {reason}", now)
+    leases.drop(lease)
 
 
 class Run:
@@ -240,39 +224,29 @@ class Run:
         if not work.entries or self.lost_lock:
             return
         now = self.now
-        leases = [uuid.uuid4().hex for _ in work.entries]
-        CrawlerLease._get_collection().insert_many(
-            [new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now) for lease, e in zip(leases, work.entries)],
-            ordered=False)
-        tasks = CrawlerTask._get_collection()
-        moves = []
-        for lease, e in zip(leases, work.entries):
-            if e.kind != AGAIN:
-                continue
-            for status in (FAIL, LIVE):  # still due (select_again checked the rest); by _id and one status,
-                ids = [t.id for t in e.tasks if t.status == status]  # as an $or makes some servers scan every task
-                if not ids:
-                    continue
-                moved = tasks.update_many(
-                    {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
-                    {"$set": {"status": DISPATCH, "lease": lease, "queue": e.queue, "dispatched_at": now,
-                              "last_update_datetime": now}}).modified_count
-                moves.append((work.job["_id"], status, DISPATCH, moved))
-        counts.move(moves)
+        lease_ids = [uuid.uuid4().hex for _ in work.entries]
+        leases.create([leases.new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now)
+                       for lease, e in zip(lease_ids, work.entries)])
+        again = [(lease, e.queue, e.tasks) for lease, e in zip(lease_ids, work.entries) if e.kind == AGAIN]
+        tasks.mark_sent(work.job["_id"], again, now)
         if work.fresh:
             new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
-            moved = Job._get_collection().update_one(
-                {"_id": work.job["_id"], "seq_sent": work.job.get("seq_sent", 0)}, {"$set": {"seq_sent": new}})
-            if moved.matched_count == 0:  # another dispatcher sent these fresh tasks: send nothing
-                for lease, e in zip(leases, work.entries):
+            if not tasks.advance_cursor(work.job["_id"], work.job.get("seq_sent", 0), new):
+                # another dispatcher sent these fresh tasks: send nothing
+                for lease, e in zip(lease_ids, work.entries):
                     if e.kind == AGAIN:
                         release_entry(work.job["_id"], lease, e.kind, e.ids, "another dispatcher ran", now)
                     else:  # the other run owns them now
-                        CrawlerLease._get_collection().delete_one({"_id": lease})
+                        leases.drop(lease)
                 self.lost_lock = True
                 return
+        self._push(work, lease_ids)
+
+    def _push(self, work: JobWork, lease_ids: list[str]) -> None:
+        """Push the job's entries (leases ``lease_ids``) and log each; one refused is released."""
+        now = self.now
         pipe = self.redis.pipeline(transaction=False)
-        for lease, e in zip(leases, work.entries):
+        for lease, e in zip(lease_ids, work.entries):
             mapping = entry_mapping(rq_queue(e.queue, self.redis), lease, entry_timeout(),
                                     settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
             push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
@@ -282,13 +256,11 @@ class Run:
         except Exception as exc:  # Redis down: unknown which entries got in; their leases stay QUEUED and
             # the defender gives back those that are in no queue
             logger.warning("dispatch of job %s: Redis failed: %s", work.name, exc)
-            results = [None] * len(leases)
+            results = [None] * len(lease_ids)
         logs = []
-        for lease, e, res in zip(leases, work.entries, results):
-            log = {"job": work.job["_id"], "queue": e.queue, "lease": lease, "count": len(e.tasks),
-                   "hostname": settings.HOSTNAME, "add_datetime": now}
+        for lease, e, res in zip(lease_ids, work.entries, results):
             if res == PUSHED:
-                logs.append({**log, "status": SUCCESS})
+                logs.append(dispatchlogs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now))
                 with self._mutex:
                     self.report.tasks[e.queue] += len(e.tasks)
                     self.report.entries[e.queue] += 1
@@ -300,11 +272,10 @@ class Run:
             # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
             if res is not None:
                 release_entry(work.job["_id"], lease, e.kind, e.ids, why, now)
-            logs.append({**log, "status": FAIL, "reason": why})
+            logs.append(dispatchlogs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now, why))
             with self._mutex:
                 self.report.failed_entries += 1
-        if logs:
-            CrawlerDispatchLog._get_collection().insert_many(logs, ordered=False)
+        dispatchlogs.record(logs)
 
 
 def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
@@ -314,9 +285,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     now = store_now()  # the clock leases and retry times are judged by
     run = Run(redis, token, now)
     run.report.recovered = recovered.recovered + recovered.requeued
-    jobs = sorted(Job._get_collection().find({"status": ON}, {"name": 1, "priority": 1, "host": 1, "seq_sent": 1,
-                                                              "seq_next": 1, "intake": 1}),
-                  key=lambda j: order_key(j, settings.DISPATCH_ORDER))
+    jobs = sorted(jobinfo.on_jobs(), key=lambda j: order_key(j, settings.DISPATCH_ORDER))
     if not jobs:
         chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
         return run.report
@@ -330,11 +299,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
         list(pool.map(run.send, works))
     if alerts:
-        CrawlerDispatchAlertLog._get_collection().insert_many([
-            {"job": w.job["_id"], "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
-             "hostname": settings.HOSTNAME, "add_datetime": now}
-            for w, kind, reason in alerts
-        ])
+        dispatchlogs.alert([(w.job["_id"], kind, reason) for w, kind, reason in alerts], now)
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")

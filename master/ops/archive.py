@@ -21,9 +21,10 @@ from datetime import datetime
 
 from bson import ObjectId
 
-from common.store.data import body_of, gridfs_of, text_of, visible
 from common.errors import ValidationError
-from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, id_at, iso, job_named
+from common.store import retention as store
+from common.store.data import text_of
+from common.store.models import id_at, iso, job_named
 
 BATCH = 1000
 
@@ -60,16 +61,11 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
     if os.path.exists(path):
         raise ValidationError(f"{path} exists: archive to a new file")
     cutoff = id_at(before)
-    data = CrawlerDownloadData._get_collection()
-    logs = CrawlerDownloadLog._get_collection()
-    fs = gridfs_of(data.database)
     report, data_ids, log_ids = ArchiveReport(), _Ids(), _Ids()
     partial = path + ".partial"
     try:
         with open(partial, "xb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
-            cursor = data.find({"job": job.id, "_id": {"$lt": cutoff}}, {"requests_body": 0}).sort("_id", 1)
-            for doc in visible(cursor.batch_size(200)):
-                body = body_of(doc, fs)
+            for doc, body in store.old_data(job.id, cutoff):
                 record = {"kind": "data", "task_id": str(doc["task"]), "url": doc.get("url"),
                           "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
                           "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
@@ -78,7 +74,7 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
                 out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
                 data_ids.add(doc["_id"])
                 report.data += 1
-            for doc in logs.find({"job": job.id, "_id": {"$lt": cutoff}}).sort("_id", 1).batch_size(1000):
+            for doc in store.old_logs(job.id, cutoff):
                 record = {"kind": "download_log", **{k: (str(v) if isinstance(v, ObjectId) else iso(v))
                                                      for k, v in doc.items()}}
                 out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
@@ -90,11 +86,9 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
         os.replace(partial, path)  # complete: only now is anything removed
         report.bytes = os.path.getsize(path)
         for ids in data_ids.batches():
-            for doc in data.find({"_id": {"$in": ids}, "response_body_gridfs": {"$ne": None}}, {"response_body_gridfs": 1}):
-                fs.delete(doc["response_body_gridfs"])
-            data.delete_many({"_id": {"$in": ids}})
+            store.remove_data(ids)
         for ids in log_ids.batches():
-            logs.delete_many({"_id": {"$in": ids}})
+            store.remove_logs(ids)
     except OSError as exc:  # the file could not be written: nothing was removed
         if os.path.exists(partial):
             os.remove(partial)

@@ -17,12 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from pymongo import UpdateOne
-
-from common.store import counts
-from common.store.leases import UNSET_LEASE
-from common.store.models import DISPATCH, LIVE, ApiToken, ClusterSecret, CrawlerLease, CrawlerTask, Job, WebSession, utcnow
-from master.intake import commit, reserve
+from common.store import counts, jobinfo, leases, tasks
+from common.store.models import utcnow
+from common.store.upgrade import move_secrets
 
 CHUNK = 5000
 
@@ -37,59 +34,20 @@ class MigrationReport:
 
 def migrate() -> MigrationReport:
     report = MigrationReport()
-    tasks = CrawlerTask._get_collection()
-    for job in Job._get_collection().find({}, {"_id": 1}):
-        while True:
-            ids = [d["_id"] for d in tasks.find({"job": job["_id"], "seq": None}, {"_id": 1}).sort("_id", 1).limit(CHUNK)]
-            if not ids:
-                break
-            first = reserve(job["_id"], len(ids))
+    for job_id in jobinfo.names():
+        while ids := tasks.unnumbered(job_id, CHUNK):
+            first = tasks.reserve(job_id, len(ids))
             try:
-                tasks.bulk_write([UpdateOne({"_id": i, "seq": None}, {"$set": {"seq": first + n}})
-                                  for n, i in enumerate(ids)], ordered=False)
+                tasks.number(ids, first)
             finally:
-                commit(job["_id"], first, len(ids))
+                tasks.commit(job_id, first, len(ids))
             report.numbered += len(ids)
-    old = utcnow() - timedelta(minutes=1)
-    leases = {d["_id"] for d in tasks.aggregate([
-        {"$match": {"status": DISPATCH, "dispatched_at": {"$lt": old}}}, {"$group": {"_id": "$lease"}}])}
-    known = {d["_id"] for d in CrawlerLease._get_collection().find({"_id": {"$in": list(leases)}}, {"_id": 1})}
+    sent = tasks.dispatched_leases(utcnow() - timedelta(minutes=1))
     now = utcnow()
-    for lease in leases - known:
-        job = (tasks.find_one({"status": DISPATCH, "lease": lease}, {"job": 1}) or {}).get("job")
-        again = tasks.update_many(
-            {"status": DISPATCH, "lease": lease},
-            {"$set": {"status": LIVE, "retry_at": now, "failed_reason": "sent again: entry of an earlier version",
-                      "last_update_datetime": now},
-             "$unset": UNSET_LEASE}).modified_count
-        counts.move([(job, DISPATCH, LIVE, again)])
-        report.sent_again += again
-    Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
+    for lease in sent - leases.existing(sent):
+        report.sent_again += tasks.send_again(lease, "sent again: entry of an earlier version", now)
+    tasks.forget_watermarks()
     counts.recount()  # tasks per job and status, kept from now on as they change
     report.secrets_moved, report.secrets_kept = move_secrets()
     return report
 
-
-def move_secrets() -> tuple[int, list[str]]:
-    """Move cluster_secret, api_token and web_session documents from the source database to the
-    control database: written there first (same _id), then removed from the source."""
-    from pymongo.errors import DuplicateKeyError
-
-    source = CrawlerTask._get_collection().database
-    moved, kept = 0, []
-    for model in (ClusterSecret, ApiToken, WebSession):
-        target = model._get_collection()
-        if target.database.name == source.name and target.database.client is source.client:
-            continue  # MONGO_CONTROL_URI names the source database itself: nothing to move
-        old = source[target.name]
-        for doc in old.find():
-            try:
-                target.replace_one({"_id": doc["_id"]}, doc, upsert=True)
-            except DuplicateKeyError:  # a token of that name already lives in the control database
-                kept.append(f"{target.name} {doc.get('name', doc['_id'])}")
-                continue
-            old.delete_one({"_id": doc["_id"]})
-            moved += 1
-        if not old.estimated_document_count():
-            old.drop()
-    return moved, kept

@@ -7,14 +7,9 @@ from typing import Any
 
 from redis import Redis
 
-from common.store.models import (
-    QUEUED,
-    RUNNING,
-    TASK_STATUSES,
-    CrawlerLease,
-    Job,
-)
 from common.store import counts as tallies
+from common.store import jobinfo, leases
+from common.store.models import QUEUED, TASK_STATUSES
 from common.sitelimits import throttled
 from common.metrics import pages_in, sample_depths
 from common.queue.names import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
@@ -40,18 +35,16 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
 
 
 def task_counts() -> list[dict[str, Any]]:
-    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    names = jobinfo.names()
     counts: dict[Any, dict[str, int]] = {job: {**dict.fromkeys(COLUMNS, 0), **c}
                                          for job, c in tallies.of_jobs().items() if any(c.values())}
     # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps
     # status LIVE until it is settled; these columns say it is out)
-    for row in CrawlerLease._get_collection().aggregate([
-        {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
-        {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
-    ]):
-        c = counts.setdefault(row["_id"]["job"], dict.fromkeys(COLUMNS, 0))
-        c["queued" if row["_id"]["state"] == QUEUED else "running"] += row["n"]
-    return [{"job": names.get(job, str(job)), **c} for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
+    for (job, state), n in leases.tasks_out().items():
+        c = counts.setdefault(job, dict.fromkeys(COLUMNS, 0))
+        c["queued" if state == QUEUED else "running"] += n
+    return [{"job": names.get(job, str(job)), **c}
+            for job, c in sorted(counts.items(), key=lambda kv: names.get(kv[0], ""))]
 
 
 def success_rate(redis: Redis, hours: float = 1.0) -> dict[str, Any]:

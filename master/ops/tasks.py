@@ -7,10 +7,9 @@
 """
 from __future__ import annotations
 
-from common.store import counts
 from common.errors import ValidationError
-from common.store.leases import UNSET_LEASE
-from common.store.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, CrawlerTask, job_named, utcnow
+from common.store import tasks
+from common.store.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, job_named, utcnow
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}
@@ -27,13 +26,7 @@ def cancel(name: str, statuses=CANCELLABLE_DEFAULT) -> int:
     bad = set(statuses) - CANCELLABLE
     if bad:
         raise ValidationError(f"cannot cancel tasks in status {sorted(bad)[0]}")
-    job_id, moves = _job_id(name), []
-    for status in statuses:  # one status at a time: each change's count is its move
-        moves.append((job_id, status, CANCEL, CrawlerTask._get_collection().update_many(
-            {"job": job_id, "status": status},
-            {"$set": {"status": CANCEL, "last_update_datetime": utcnow()}, "$unset": UNSET_LEASE}).modified_count))
-    counts.move(moves)
-    return sum(n for *_, n in moves)
+    return tasks.cancel(_job_id(name), statuses)
 
 
 def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
@@ -41,12 +34,4 @@ def requeue(name: str, statuses=REQUEUE_DEFAULT) -> int:
     bad = set(statuses) - REQUEUEABLE
     if bad:
         raise ValidationError(f"cannot requeue tasks in status {sorted(bad)[0]}")
-    job_id = _job_id(name)
-    coll = CrawlerTask._get_collection()
-    now, moves = utcnow(), []
-    for status in statuses:  # one status at a time: each change's count is its move
-        moves.append((job_id, status, LIVE, coll.update_many({"job": job_id, "status": status}, {
-            "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
-                     "retry_at": now, "last_update_datetime": now}}).modified_count))
-    counts.move(moves)
-    return sum(n for *_, n in moves)
+    return tasks.requeue(_job_id(name), statuses, utcnow())

@@ -19,10 +19,9 @@ from urllib.parse import urlsplit
 from bson import ObjectId
 
 from common.config import settings
-from common.store.data import body_of, gridfs_of
 from common.errors import DownloadError
 from common.sitelimits import host_of
-from common.store.models import CrawlerDownloadData
+from common.store import attempts
 from common.secrets import redact
 from common.sentry import capture
 from slave.worker.context import JobContext, limits_from_settings
@@ -48,13 +47,11 @@ def _request_shape(ctx: JobContext) -> dict:
 
 def _stored_download(data_id: str) -> Download | None:
     """The download an identical request stored (to copy for a coalesced task), or None if gone."""
-    coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": ObjectId(data_id)})
+    doc = attempts.stored_response(data_id)
     if doc is None:
         return None
-    body = body_of(doc, gridfs_of(coll.database))
-    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {}, body=body,
-                    url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
+    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {},
+                    body=doc["body"], url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
                     request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
 
 

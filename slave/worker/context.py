@@ -11,14 +11,8 @@ from bson import ObjectId
 
 from common.config import settings
 from common.jobsettings import SETTING_NAMES
-from common.store.models import (
-    ENGINES,
-    OFF,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerDownloadType,
-    Job,
-)
+from common.store import jobinfo
+from common.store.models import ENGINES
 from common.secrets import remember
 from slave.download.engines.base import Limits
 
@@ -47,25 +41,16 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     hit = _contexts.get(job_id)
     if hit and time.monotonic() - hit[0] < CONTEXT_TTL:
         return hit[1]
-    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1})
+    job = jobinfo.context(job_id)
     ctx = None
     if job is not None:
-        download = CrawlerDownload._get_collection().find_one({"job": job_id})
-        conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
-        conf = {k: conf[k] for k in SETTING_NAMES if k in conf}
+        conf = {k: job["settings"][k] for k in SETTING_NAMES if k in job["settings"]}
         remember(conf.get("proxy"), conf.get("cookie"))
-        kind, supported = "none", True
-        if download is not None and download.get("types"):
-            t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]}, {"language": 1, "is_support": 1})
-            kind = t["language"] if t else "none"
-            supported = t is None or t.get("is_support", "support") == "support"
         ctx = JobContext(
-            job_id=job_id, name=job["name"],
-            status=OFF if download is not None and download.get("status") == OFF else job.get("status", OFF),
-            download_id=download["_id"] if download else None, kind=kind,
-            code=(download or {}).get("code", ""), engine=conf.get("download_engine") or ENGINES[0],
+            job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
+            kind=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
             max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
-            supported=supported)
+            supported=job["supported"])
     _contexts[job_id] = (time.monotonic(), ctx)
     return ctx
 

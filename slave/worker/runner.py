@@ -42,7 +42,7 @@ from slave.worker.context import load_context
 from slave.download.fetching import Engines
 from slave.worker.heartbeat import Heartbeat, new_worker_id
 from slave.worker.rqworker import LoopWorker
-from slave.worker.writer import Entry, Writer
+from slave.worker.writer import RunningEntry, Writer
 
 logger = logging.getLogger(__name__)
 NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
@@ -88,13 +88,9 @@ class Runner:
         try:
             ctx = await self._db(load_context, lease["job"])
             if ctx is None or ctx.status == OFF:
-                back = await self._db(leases.give_back, lease["ids"], lease_id, lease["kind"],
-                                      "job disabled before download", store_time())
-                logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
-                await self._db(leases.finish, [lease_id], self.worker_id)
-                return {"success": 0, "fail": 0, "handed_back": back}
+                return await self._give_back_all(lease)
             tasks = leases.lease_tasks(lease)
-            entry = Entry(lease, ctx, tasks, asyncio.get_running_loop())
+            entry = RunningEntry(lease, ctx, tasks, asyncio.get_running_loop())
             entry.etiquette = self.engines.etiquette
             self.inflight += len(tasks)
             self.peak_inflight = max(self.peak_inflight, self.inflight)
@@ -118,6 +114,14 @@ class Runner:
             loaded()
             self.active.discard(lease_id)
             self.entries_done += 1
+
+    async def _give_back_all(self, lease: dict) -> dict[str, int]:
+        """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
+        back = await self._db(leases.give_back, lease["job"], lease["ids"], lease["_id"], lease["kind"],
+                              "job disabled before download", store_time())
+        logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
+        await self._db(leases.finish, [lease["_id"]], self.worker_id)
+        return {"success": 0, "fail": 0, "handed_back": back}
 
     def start(self) -> None:
         self.writer.start()

@@ -19,19 +19,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from bson import BSON, Binary, ObjectId
+from bson import BSON
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
-from common.store import counts
-
-from common.store import leases
 from common.config import settings
-from common.store.data import gridfs_of
 from common.errors import DownloadError
-from common.store.connection import redis_conn
 from common.metrics import count_pages, reason_class
-from common.store.models import FAIL, LIVE, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, store_time
+from common.store import attempts, counts, leases, tasks
+from common.store.connection import redis_conn
+from common.store.models import FAIL, LIVE, SUCCESS, store_time
 from common.secrets import redact
 from slave.download.engines.base import Download
 from common.queue.retry import backoff, next_retry_at
@@ -41,7 +38,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-DUPLICATE_KEY = 11000
 MAX_BSON = 16 * 1024 * 1024
 WRITE_BATCH = 256   # outcomes per bulk write at most
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
@@ -78,44 +74,15 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
             time.sleep(delay)
 
 
-def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
-    if not docs:
-        return
-    try:
-        coll.insert_many(docs, ordered=False)
-    except BulkWriteError as exc:
-        if any(e["code"] != DUPLICATE_KEY for e in exc.details["writeErrors"]):
-            raise
-
-
 def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    d = outcome.download
-    doc = {
-        "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
-        "job": ctx.job_id, "downloader": ctx.download_id, "task": outcome.task["_id"], "lease": lease,
-        "url": outcome.task["uri"], "status_code": d.status_code,
-        "requests_headers": d.request_headers, "response_headers": d.headers,
-        "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
-        "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
-    }
-    if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
-        doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
-        doc["response_body"] = None
-    else:
-        doc["response_body"] = Binary(d.body)
-    return doc
+    return attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now)
 
 
 def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    return {
-        "_id": ObjectId(), "job": ctx.job_id, "task": outcome.task["_id"], "lease": lease,
-        "status": SUCCESS if outcome.error is None else FAIL,
-        "requests_size": outcome.request_size,
-        "response_size": len(outcome.download.body) if outcome.download else 0,
-        "failed_reason": redact(outcome.error.reason)[:10240] if outcome.error else None,
-        "downloads_hostname": settings.HOSTNAME, "spend_time": outcome.spend_us, "add_datetime": now,
-        **({"coalesced_from": outcome.coalesced_from} if outcome.coalesced_from is not None else {}),
-    }
+    return attempts.log_doc(ctx.job_id, outcome.task["_id"], lease,
+                            redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
+                            len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
+                            outcome.coalesced_from, now)
 
 
 def _unstorable(outcome: Outcome, doc: dict) -> str | None:
@@ -129,15 +96,13 @@ def _unstorable(outcome: Outcome, doc: dict) -> str | None:
     return None
 
 
-def _insert_data(data_coll, outcomes: list[Outcome], docs: list[dict]) -> None:
+def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> None:
     """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
     failure instead of failing the others."""
     try:
-        with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+        with_retries(lambda: attempts.insert_data(docs), "data insert")
         return
-    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:
-        if isinstance(exc, BulkWriteError) and all(e["code"] == DUPLICATE_KEY for e in exc.details["writeErrors"]):
-            return
+    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:  # duplicates alone never raise
         logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
     keep_o, keep_d = [], []
     for o, d in zip(outcomes, docs):
@@ -149,7 +114,7 @@ def _insert_data(data_coll, outcomes: list[Outcome], docs: list[dict]) -> None:
             keep_d.append(d)
     outcomes[:] = keep_o
     docs[:] = keep_d
-    with_retries(lambda: _insert_ignoring_duplicates(data_coll, docs), "data insert")
+    with_retries(lambda: attempts.insert_data(docs), "data insert")
 
 
 @dataclass
@@ -162,26 +127,20 @@ class Part:
     outcomes: list[Outcome]
 
 
-def store(ctx, lease: str, kind: str, outcomes: list[Outcome], now: datetime) -> dict[str, int]:
-    """Store outcomes of one entry (see ``store_many``)."""
-    return store_many([Part(ctx, lease, kind, outcomes)], now)[0]
-
-
 def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, backs: int,
              now: datetime) -> list[dict[str, int]]:
     """What each part settled. When every guarded update matched (the usual case) that is every
     outcome; otherwise some tasks were released or cancelled meanwhile: the successes that
     settled are those whose task names their data, the rest is read back."""
-    counts = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
+    got = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
     index = {id(p): i for i, p in enumerate(parts)}
     if settled == len(ok) + len(bad) and backs == len(later):
         for name, group in (("success", ok), ("fail", bad), ("handed_back", later)):
             for p, _ in group:
-                counts[index[id(p)]][name] += 1
-        return counts
-    tasks = CrawlerTask._get_collection()
+                got[index[id(p)]][name] += 1
+        return got
     for p in parts:
-        c = counts[index[id(p)]]
+        c = got[index[id(p)]]
         ok_ids = [o.task["_id"] for q, o in ok if q is p]
         bad_ids = [o.task["_id"] for q, o in bad if q is p]
         back_ids = [o.task["_id"] for q, o in later if q is p]
@@ -189,14 +148,13 @@ def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, 
         if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
             with_retries(lambda: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now), "tombstone")
         if bad_ids:
-            c["fail"] = tasks.count_documents({"_id": {"$in": bad_ids}, "status": FAIL, "last_update_datetime": now})
+            c["fail"] = tasks.changed_to(bad_ids, FAIL, now)
         if back_ids:
-            c["handed_back"] = tasks.count_documents({"_id": {"$in": back_ids}, "status": LIVE,
-                                                      "last_update_datetime": now})
+            c["handed_back"] = tasks.changed_to(back_ids, LIVE, now)
         dropped = with_retries(lambda: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
         if dropped:
             logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
-    return counts
+    return got
 
 
 def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
@@ -204,28 +162,24 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     large bodies), one insert of logs, one bulk of settles (an UpdateMany of the successes of
     each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
     says exactly whether every guarded settle matched. Returns each part's settled counts."""
-    data_coll = CrawlerDownloadData._get_collection()
-    tasks = CrawlerTask._get_collection()
     ok = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
     data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
     for (_, o), d in zip(ok, data_docs):
         o.data_id = d["_id"]
     if data_docs:
         outs = [o for _, o in ok]
-        _insert_data(data_coll, outs, data_docs)
+        _insert_data(outs, data_docs)
         kept = {id(o) for o in outs}
         ok = [(p, o) for p, o in ok if id(o) in kept]
-        big = [(o, d) for o, d in zip(outs, data_docs) if d.get("response_body_gridfs")]
-        if big:
-            fs = gridfs_of(data_coll.database)
-            for o, d in big:
-                with_retries(lambda: _put_once(fs, o.download.body, d["response_body_gridfs"],
-                                               f"{o.task['_id']}-{d['lease']}"), "GridFS put")
+        big = [(o, d) for o, d in zip(outs, data_docs) if attempts.body_file(d)]
+        for o, d in big:
+            with_retries(lambda: attempts.put_body(attempts.body_file(d), o.download.body,
+                                                   f"{o.task['_id']}-{d['lease']}"), "GridFS put")
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
     later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
     if logs:
-        with_retries(lambda: _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), logs), "log insert")
+        with_retries(lambda: attempts.insert_logs(logs), "log insert")
         count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
                     + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad])
 
@@ -242,9 +196,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
     backs = [leases.hand_back(o.task["_id"], p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
                               o.deferred, now) for p, o in later]
-    settled = with_retries(lambda: tasks.bulk_write(settles, ordered=False), "task settle").modified_count \
-        if settles else 0
-    handed = with_retries(lambda: tasks.bulk_write(backs, ordered=False), "hand back").modified_count if backs else 0
+    settled = with_retries(lambda: tasks.settle(settles), "task settle")
+    handed = with_retries(lambda: tasks.settle(backs), "hand back")
     counted = _counted(parts, ok, bad, later, settled, handed, now)
     moves = []
     for p, c in zip(parts, counted):
@@ -255,17 +208,10 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     return counted
 
 
-def _put_once(fs, body: bytes, file_id, filename: str) -> None:
-    """Write a GridFS file under the id its data document names (a retry finds it there)."""
-    if fs.exists(file_id):
-        return
-    fs.put(body, _id=file_id, filename=filename)
-
-
 # --- the writer thread ----------------------------------------------------------------------
 
-class Entry:
-    """One running entry: its lease, job, tasks, and what the writer has stored of it."""
+class RunningEntry:
+    """A queue entry this worker runs: its lease, job, tasks, and what the writer has stored of it."""
 
     def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
         self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
@@ -295,7 +241,7 @@ class Writer(threading.Thread):
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.submitted = self.written = 0
 
-    def submit(self, entry: Entry, outcome: Outcome | None) -> None:
+    def submit(self, entry: RunningEntry, outcome: Outcome | None) -> None:
         """Queue one outcome (None: the entry had no task left to download)."""
         self.submitted += 1
         self.q.put((entry, outcome))
@@ -346,7 +292,7 @@ class Writer(threading.Thread):
                 entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
 
     def _write(self, batch: list) -> None:
-        groups: dict[Entry, list[Outcome]] = {}
+        groups: dict[RunningEntry, list[Outcome]] = {}
         for entry, outcome in batch:
             groups.setdefault(entry, [])
             if outcome is not None:

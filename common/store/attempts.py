@@ -1,0 +1,102 @@
+"""What a worker stores of its attempts: data documents (``crawler_download_data``, large bodies in
+the GridFS bucket ``crawler_download_data_fs``) and download logs (``crawler_download_log``, log
+database). Inserts only, and the read of a stored response a coalesced task copies; readers read
+data through ``common.store.data`` and the settles are ``common.store.leases``.
+
+Indexes (``models``): data (task, lease) finds an attempt's data (the fence), (job, _id) a job's
+data by time; logs (task) a task's logs, (job, _id) a job's logs by time. None is unique.
+
+Invariant: every document gets its ``_id`` from the writer (``data_doc``, ``log_doc``), so an
+insert retried after a lost reply is refused as a duplicate and ignored: an attempt's data and
+log are stored at most once, whatever the retries. A GridFS body is written after its document,
+under the id the document names, so a retry finds it there.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from bson import Binary, ObjectId
+from pymongo.errors import BulkWriteError
+
+from common.config import settings
+from common.store.data import body_of, gridfs_of
+from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog
+
+DUPLICATE_KEY = 11000
+
+
+def data_doc(job_id, downloader_id, task: dict, lease: str, download, now: datetime) -> dict:
+    """The data document of one successful download (``download``: status_code, headers, body,
+    request_headers, request_body, encoding, remote_ip); a large body goes to GridFS."""
+    d = download
+    doc = {
+        "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
+        "job": job_id, "downloader": downloader_id, "task": task["_id"], "lease": lease,
+        "url": task["uri"], "status_code": d.status_code,
+        "requests_headers": d.request_headers, "response_headers": d.headers,
+        "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
+        "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
+    }
+    if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
+        doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
+        doc["response_body"] = None
+    else:
+        doc["response_body"] = Binary(d.body)
+    return doc
+
+
+def body_file(doc: dict):
+    """The GridFS file id ``doc`` (a ``data_doc``) names for its body, or None."""
+    return doc.get("response_body_gridfs")
+
+
+def log_doc(job_id, task_id, lease: str, failed_reason: str | None, request_size: int, response_size: int,
+            spend_us: int, coalesced_from, now: datetime) -> dict:
+    """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``."""
+    return {
+        "_id": ObjectId(), "job": job_id, "task": task_id, "lease": lease,
+        "status": SUCCESS if failed_reason is None else FAIL,
+        "requests_size": request_size, "response_size": response_size,
+        "failed_reason": failed_reason[:10240] if failed_reason is not None else None,
+        "downloads_hostname": settings.HOSTNAME, "spend_time": spend_us, "add_datetime": now,
+        **({"coalesced_from": coalesced_from} if coalesced_from is not None else {}),
+    }
+
+
+def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
+    if not docs:
+        return
+    try:
+        coll.insert_many(docs, ordered=False)
+    except BulkWriteError as exc:
+        if any(e["code"] != DUPLICATE_KEY for e in exc.details["writeErrors"]):
+            raise
+
+
+def insert_data(docs: list[dict]) -> None:
+    """Insert data documents; those already stored (a retry) are ignored. Raises BulkWriteError
+    or InvalidDocument / DocumentTooLarge when MongoDB refuses one."""
+    _insert_ignoring_duplicates(CrawlerDownloadData._get_collection(), docs)
+
+
+def put_body(file_id, body: bytes, filename: str) -> None:
+    """Write a GridFS body under the id its data document names (a retry finds it there)."""
+    fs = gridfs_of(CrawlerDownloadData._get_collection().database)
+    if fs.exists(file_id):
+        return
+    fs.put(body, _id=file_id, filename=filename)
+
+
+def insert_logs(docs: list[dict]) -> None:
+    """Insert download logs; those already stored (a retry) are ignored."""
+    _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), docs)
+
+
+def stored_response(data_id) -> dict | None:
+    """A stored data document (for a coalesced task to copy) with its body, whether kept inline
+    or in GridFS, under ``body``; None if it is gone."""
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": ObjectId(data_id)})
+    if doc is None:
+        return None
+    return {**doc, "body": body_of(doc, gridfs_of(coll.database))}

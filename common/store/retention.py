@@ -1,0 +1,177 @@
+"""Removal by age: what ``master/ops/retention.py`` and ``master/ops/archive.py`` remove, and
+the TTL indexes of the event logs. Owns no collection of its own; it removes from
+``crawler_download_data`` (and its GridFS bodies), ``crawler_download_log``, ``crawler_task``
+(final tasks), ``notification`` and reads the jobs' retention settings.
+
+Indexes used, all (equality fields..., ``_id``): an ObjectId begins with the second it was made,
+so ``_id`` ranges are ages and no page pays for an index on a time field; reads go window by
+window (``common.store.paging``). The event logs (dispatch, alert, registration error and
+notification delivery logs) get a TTL index on ``add_datetime`` instead (``ensure_ttl``).
+
+Invariants: a GridFS body is removed before its document (a body is never left without its
+document unless this is cut short, and then the next pass finds the document again); a final
+task removed takes its data with it, the data first (a data document counts only while its task
+names it); every task removed moves its job's counts.
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Iterator
+
+from bson import ObjectId
+
+from common.store import counts
+from common.store.data import body_of, gridfs_of, visible
+from common.store.models import (CANCEL, DEAD, FAIL, SUCCESS, TASK_STATUSES, CrawlerDispatchAlertLog,
+                                 CrawlerDispatchLog, CrawlerDownloadData, CrawlerDownloadLog,
+                                 CrawlerDownloadSetting, CrawlerRegistrationErrorLog, CrawlerTask, Job,
+                                 Notification, NotificationLog, id_at)
+from common.store.paging import Span, by_id, in_chunks
+
+TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
+TTL_INDEX = "retention_add_datetime"
+BATCH = 2000
+FINAL = ({"status": SUCCESS}, {"status": DEAD}, {"status": CANCEL}, {"status": FAIL, "retry_at": None})
+
+
+def ensure_ttl(days: float) -> None:
+    """A TTL index of ``days`` on each event log's ``add_datetime`` (none when 0)."""
+    want = int(days * 86400) if days else None
+    for model in TTL_LOGS:
+        coll = model._get_collection()
+        current = [ix for ix in coll.list_indexes() if list(ix["key"].items()) == [("add_datetime", 1)]]
+        for ix in current:
+            if ix.get("expireAfterSeconds") != want:
+                coll.drop_index(ix["name"])
+        if want and not any(ix.get("expireAfterSeconds") == want for ix in current):
+            coll.create_index("add_datetime", expireAfterSeconds=want, name=TTL_INDEX)
+
+
+def overrides() -> dict:
+    """{job id: (data days, log days)} for every job, None where the job sets no value of its own."""
+    own = {d["job"]: d for d in CrawlerDownloadSetting._get_collection().find(
+        {"$or": [{"data_retention_days": {"$ne": None}}, {"log_retention_days": {"$ne": None}}]},
+        {"job": 1, "data_retention_days": 1, "log_retention_days": 1})}
+    return {job["_id"]: (own.get(job["_id"], {}).get("data_retention_days"),
+                         own.get(job["_id"], {}).get("log_retention_days"))
+            for job in Job._get_collection().find({}, {"_id": 1})}
+
+
+def drop_data(docs: list[dict]) -> int:
+    """Remove data documents (``_id``, ``response_body_gridfs``) and their GridFS bodies."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    for doc in docs:
+        if doc.get("response_body_gridfs"):
+            fs.delete(doc["response_body_gridfs"])
+    return sum(coll.delete_many({"_id": {"$in": ids}}).deleted_count
+               for ids in in_chunks([d["_id"] for d in docs]))
+
+
+def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=None) -> int:
+    """Remove the job's documents of ``coll`` made before ``before``, oldest first, in batches
+    read window by window (``common.store.paging``); ``drop`` removes a batch (default: delete)."""
+    removed, after = 0, None
+    while time.monotonic() < end:
+        docs = by_id(coll, {"job": job_id}, BATCH, span=span, after=after, before=before,
+                     projection={"_id": 1, "response_body_gridfs": 1})
+        if not docs:
+            break
+        after = docs[-1]["_id"]
+        removed += drop(docs) if drop else sum(coll.delete_many({"_id": {"$in": ids}}).deleted_count
+                                               for ids in in_chunks([d["_id"] for d in docs]))
+    return removed
+
+
+def remove_old_data(job_id, before: ObjectId, span: Span, end: float) -> int:
+    """The job's data documents made before ``before`` (and their bodies), until ``end``."""
+    return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end, drop=drop_data)
+
+
+def remove_old_logs(job_id, before: ObjectId, span: Span, end: float) -> int:
+    """The job's download logs made before ``before``, until ``end`` (monotonic time)."""
+    return _remove_old(CrawlerDownloadLog._get_collection(), job_id, before, span, end)
+
+
+def remove_final(job_id, before: datetime, span: Span, end: float) -> tuple[int, int, bool]:
+    """Remove the job's final tasks last changed before ``before`` (and their data): per final
+    status, read window by window by (job, status, _id) — changed before it, so made before it —
+    and checked here (another predicate in the query would make the embedded store read every
+    task of the job). Returns (data removed, tasks removed, every one was reached)."""
+    tasks, cutoff, data, gone_all = CrawlerTask._get_collection(), id_at(before), 0, 0
+    for final in FINAL:
+        after = None
+        while True:
+            if time.monotonic() >= end:
+                return data, gone_all, False
+            docs = by_id(tasks, {"job": job_id, "status": final["status"]}, BATCH, span=span, after=after,
+                         before=cutoff, projection={"_id": 1, "retry_at": 1, "last_update_datetime": 1})
+            if not docs:
+                break
+            after = docs[-1]["_id"]
+            ids = [d["_id"] for d in docs if (d.get("last_update_datetime") or before) < before
+                   and all(d.get(k) == v for k, v in final.items() if k != "status")]
+            for part in in_chunks(ids):
+                data += drop_data(list(CrawlerDownloadData._get_collection().find(
+                    {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))
+                gone = tasks.delete_many({"_id": {"$in": part}, **final,
+                                          "last_update_datetime": {"$lt": before}}).deleted_count
+                counts.move([(job_id, final["status"], None, gone)])
+                gone_all += gone
+    return data, gone_all, True
+
+
+def oldest_left(job_id, before: datetime, span: Span) -> ObjectId:
+    """The lowest ``_id`` of the job's tasks made before ``before`` that retention left (tasks
+    still to download, retried or changed since), else ``before`` itself: the job's new floor."""
+    tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
+    left = [d["_id"] for status in TASK_STATUSES
+            for d in by_id(tasks, {"job": job_id, "status": status}, 1, span=span, before=cutoff,
+                           projection={"_id": 1})]
+    return min(left, default=cutoff)
+
+
+def remove_notifications(before: ObjectId, end: float) -> int:
+    """Delivered or finally failed notifications made before ``before``, in batches until ``end``."""
+    coll, removed = Notification._get_collection(), 0
+    query = {"state": {"$in": [SUCCESS, FAIL]}, "_id": {"$lt": before}}
+    while time.monotonic() < end:
+        ids = [d["_id"] for d in coll.find(query, {"_id": 1}).limit(BATCH)]
+        if not ids:
+            break
+        removed += coll.delete_many({"_id": {"$in": ids}}).deleted_count
+    return removed
+
+
+# --- the archive: read, then remove --------------------------------------------------------
+
+def old_data(job_id, before: ObjectId) -> Iterator[tuple[dict, bytes]]:
+    """(document, body) of the job's data made before ``before`` that its task names, in ``_id``
+    order (a data document no task names is never read)."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    cursor = coll.find({"job": job_id, "_id": {"$lt": before}}, {"requests_body": 0}).sort("_id", 1)
+    for doc in visible(cursor.batch_size(200)):
+        yield doc, body_of(doc, fs)
+
+
+def old_logs(job_id, before: ObjectId) -> Iterator[dict]:
+    """The job's download logs made before ``before``, in ``_id`` order."""
+    yield from CrawlerDownloadLog._get_collection().find(
+        {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000)
+
+
+def remove_data(ids: list) -> None:
+    """Remove the data documents ``ids`` (GridFS bodies first)."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    for doc in coll.find({"_id": {"$in": ids}, "response_body_gridfs": {"$ne": None}},
+                         {"response_body_gridfs": 1}):
+        fs.delete(doc["response_body_gridfs"])
+    coll.delete_many({"_id": {"$in": ids}})
+
+
+def remove_logs(ids: list) -> None:
+    """Remove the download logs ``ids``."""
+    CrawlerDownloadLog._get_collection().delete_many({"_id": {"$in": ids}})

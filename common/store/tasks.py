@@ -1,0 +1,276 @@
+"""The tasks: ``crawler_task`` (one URL of one job each) and, of each job's document, the fields
+that number its tasks (``seq_next``, ``intake``, ``seq_sent``). Every write of them is here.
+
+Indexes (``models.CrawlerTask``), each serving the queries named:
+  (job, uri) unique              intake's duplicates (a URL is stored once per job); a task by URL
+  (job, status, retry_at, seq)   fresh tasks above the cursor; tasks due again by status and time
+  (job, status, _id)             a job's tasks of one status in ``_id`` order: cancel, requeue,
+                                 retention (a task changed before T was made before T), pages
+  (job, _id)                     a job's tasks in ``_id`` order (pages)
+
+The fresh cursor: intake numbers a job's tasks ``seq`` = 1, 2, ... from ``seq_next``, listing
+each chunk's numbers in ``intake`` while its insert runs; ``seq_sent`` says every fresh task
+with a lower-or-equal seq has gone out. Fresh tasks are read in bounded seq windows above the
+cursor, never past a number handed out but not yet inserted, so no task can appear behind it;
+only the dispatcher moves it, by compare-and-set (``advance_cursor``).
+
+Tasks that go again (retryable FAIL whose ``retry_at`` passed; LIVE with ``retry_at`` set:
+recovered, requeued, handed back) are found by status and time and marked DISPATCH when sent.
+
+Invariant: every change of tasks' status here is followed at once by its move in
+``common.store.counts``, with the number the change's own result reports; only ``settle``
+leaves the move to its caller (the writer, which knows each entry's statuses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bson import ObjectId
+from pymongo import UpdateOne
+from pymongo.errors import BulkWriteError
+
+from common.errors import ValidationError
+from common.store import counts
+from common.store.leases import UNSET_LEASE
+from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, CrawlerTask, Job, utcnow
+
+DUPLICATE_KEY = 11000
+EPOCH = datetime(1970, 1, 1)
+INTAKE_STALE = timedelta(minutes=10)  # a reservation older than this belongs to a dead intake
+WINDOW_MIN = 64
+
+
+def _tasks():
+    return CrawlerTask._get_collection()
+
+
+# --- intake ---------------------------------------------------------------------------------
+
+def new_task(job_id, uri: str, host: str, now: datetime) -> dict:
+    """The document of a task intake adds (LIVE, never sent); ``seq`` and ``_id`` come at insert."""
+    return {"job": job_id, "uri": uri, "status": LIVE, "download_times": 0, "recoveries": 0,
+            "host_name": host, "add_datetime": now, "last_update_datetime": now}
+
+
+def known_uris(job_id, uris: list[str]) -> set[str]:
+    """The URLs among ``uris`` the job already has a task for."""
+    return {d["uri"] for d in _tasks().find({"job": job_id, "uri": {"$in": uris}}, {"uri": 1})}
+
+
+def insert_numbered(job_id, docs: list[dict], first: int) -> tuple[int, int]:
+    """Insert ``docs`` numbered ``first``, ``first + 1``, ... (a reservation of this intake);
+    a URL stored meanwhile is skipped by the unique index. Returns (added, duplicates)."""
+    for i, doc in enumerate(docs):
+        doc["seq"], doc["_id"] = first + i, ObjectId()
+    lowest = {job_id: min(d["_id"] for d in docs)}
+    try:
+        added, dupes = len(_tasks().insert_many(docs, ordered=False).inserted_ids), 0
+    except BulkWriteError as exc:
+        details = exc.details
+        added = details["nInserted"]
+        counts.move([(job_id, None, LIVE, added)], lowest)
+        dupes = sum(1 for e in details["writeErrors"] if e["code"] == DUPLICATE_KEY)
+        if dupes != len(details["writeErrors"]):
+            raise
+        return added, dupes
+    counts.move([(job_id, None, LIVE, added)], lowest)
+    return added, dupes
+
+
+def reserve(job_id, count: int) -> int:
+    """Reserve ``count`` seq numbers of a job (compare-and-set on its counter); returns the first."""
+    coll = Job._get_collection()
+    while True:
+        doc = coll.find_one({"_id": job_id}, {"seq_next": 1})
+        if doc is None:
+            raise ValidationError("the job was removed while its tasks were being added")
+        top = doc.get("seq_next", 0)
+        first = top + 1
+        change = {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}
+        if coll.update_one({"_id": job_id, "seq_next": top}, change).modified_count:
+            return first
+
+
+def commit(job_id, first: int, count: int) -> None:
+    """Drop the reservation. One that grew old (a stalled intake; the dispatcher stops honouring
+    reservations at INTAKE_STALE) may lie below the cursor: its tasks are sent as retries."""
+    before = Job._get_collection().find_one_and_update(
+        {"_id": job_id, "intake.seq": first}, {"$pull": {"intake": {"seq": first}}}, projection={"intake": 1})
+    mine = next((r for r in (before or {}).get("intake") or () if r.get("seq") == first), None)
+    if mine is not None and utcnow() - mine["at"] < INTAKE_STALE / 2:
+        return
+    now = utcnow()
+    _tasks().update_many(
+        {"job": job_id, "status": LIVE, "retry_at": None, "seq": {"$gte": first, "$lt": first + count}},
+        {"$set": {"retry_at": now, "last_update_datetime": now}})
+
+
+# --- due selection (the dispatcher) ---------------------------------------------------------
+
+@dataclass
+class Picked:
+    """One due task: its id, target host and (fresh tasks) seq."""
+
+    id: object
+    host: str
+    seq: int = 0
+    uri: str = ""
+    attempts: int = 0
+    status: str = LIVE  # what it was when picked (a task that goes again: FAIL or LIVE)
+
+
+def fresh_limit(job_doc: dict, now: datetime) -> int:
+    """The highest seq whose task is surely inserted: below every live intake reservation."""
+    top = job_doc.get("seq_next", 0)
+    for r in job_doc.get("intake") or ():
+        if r.get("at") and now - r["at"] < INTAKE_STALE:
+            top = min(top, r["seq"] - 1)
+    return top
+
+
+def due_fresh(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], int]:
+    """Up to ``need`` fresh LIVE tasks above the cursor, in seq order, and the seq up to which
+    the job was read (the cursor's new place if all of them go out)."""
+    lo, top = job_doc.get("seq_sent", 0), fresh_limit(job_doc, now)
+    picked: list[Picked] = []
+    window = max(need, WINDOW_MIN)
+    while lo < top and len(picked) < need:
+        hi = min(lo + window, top)
+        flt = {"job": job_doc["_id"], "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
+        docs = sorted(_tasks().find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1}),
+                      key=lambda d: d["seq"])
+        picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"])
+                      for d in docs[: need - len(picked)])
+        if len(picked) >= need:
+            return picked, picked[-1].seq
+        lo = hi
+        window *= 2  # gaps (duplicates, cancelled tasks): widen
+    return picked, max(lo, job_doc.get("seq_sent", 0))
+
+
+def fresh_cursor(picked: list[Picked], read_to: int, sent: int) -> int:
+    """Where the cursor may move once the first ``sent`` picked tasks went out: just below the
+    first one that did not, or to the end of what was read when all went."""
+    return picked[sent].seq - 1 if sent < len(picked) else read_to
+
+
+def advance_cursor(job_id, was: int, to: int) -> bool:
+    """Move the job's cursor from ``was`` to ``to``; False if another dispatcher moved it first."""
+    return Job._get_collection().update_one({"_id": job_id, "seq_sent": was}, {"$set": {"seq_sent": to}}
+                                            ).matched_count == 1
+
+
+def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
+    """Up to ``need`` tasks that go again: retryable FAIL, then LIVE recovered or requeued.
+    Queries name only the fields of the task index (job, status, retry_at): another predicate
+    makes some servers scan the collection, so ``download_times`` is checked here."""
+    picked: list[Picked] = []
+    due = {"$gte": EPOCH, "$lte": now}
+    for status in (FAIL, LIVE):
+        if len(picked) >= need:
+            break
+        if status == FAIL and max_retry_times <= 0:
+            continue
+        for d in _tasks().find({"job": job_id, "status": status, "retry_at": due},
+                               {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1}):
+            if d.get("download_times", 0) < max_retry_times or status == LIVE:
+                picked.append(Picked(d["_id"], d.get("host_name") or "", 0, d["uri"],
+                                     d.get("download_times", 0), status))
+                if len(picked) >= need:
+                    break
+    return picked
+
+
+def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
+    """Tasks that go again, sent in entries (lease, queue, tasks): DISPATCH, if still due
+    (``due_again`` checked the rest). By ``_id`` and one status at a time, as an ``$or`` makes
+    some servers scan every task; the counts move by what each update changed, in one write."""
+    moves = []
+    for lease, queue, picked in entries:
+        for status in (FAIL, LIVE):
+            ids = [t.id for t in picked if t.status == status]
+            if not ids:
+                continue
+            moved = _tasks().update_many(
+                {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
+                {"$set": {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
+                          "last_update_datetime": now}}).modified_count
+            moves.append((job_id, status, DISPATCH, moved))
+    counts.move(moves)
+
+
+# --- settle (the worker's writer) -----------------------------------------------------------
+
+def settle(ops: list) -> int:
+    """Apply guarded settles or hand-backs (``common.store.leases.settle_success``,
+    ``settle_failure``, ``hand_back``) in one bulk write; returns how many tasks changed.
+    The caller moves the counts (it knows each part's statuses)."""
+    return _tasks().bulk_write(ops, ordered=False).modified_count if ops else 0
+
+
+def changed_to(ids: list, status: str, at: datetime) -> int:
+    """How many of ``ids`` are in ``status`` and were changed at ``at``: a settle's read-back
+    when some guarded updates were refused."""
+    return _tasks().count_documents({"_id": {"$in": ids}, "status": status, "last_update_datetime": at})
+
+
+# --- an administrator's changes: cancel, requeue --------------------------------------------
+
+def cancel(job_id, statuses) -> int:
+    """The job's tasks in ``statuses`` become CANCEL, their lease fields cleared; a worker
+    holding one then settles nothing for it. One status at a time, so each change's count is
+    its move. Returns how many changed."""
+    moves = [(job_id, status, CANCEL, _tasks().update_many(
+        {"job": job_id, "status": status},
+        {"$set": {"status": CANCEL, "last_update_datetime": utcnow()}, "$unset": UNSET_LEASE}).modified_count)
+        for status in statuses]
+    counts.move(moves)
+    return sum(n for *_, n in moves)
+
+
+def requeue(job_id, statuses, now: datetime) -> int:
+    """The job's tasks in ``statuses`` go back to LIVE with fresh counters, due at ``now``; one
+    status at a time, as ``cancel``. Returns how many changed."""
+    moves = [(job_id, status, LIVE, _tasks().update_many({"job": job_id, "status": status}, {
+        "$set": {"status": LIVE, "download_times": 0, "recoveries": 0, "failed_reason": None,
+                 "retry_at": now, "last_update_datetime": now}}).modified_count) for status in statuses]
+    counts.move(moves)
+    return sum(n for *_, n in moves)
+
+
+# --- migrate: tasks written by an earlier version -------------------------------------------
+
+def unnumbered(job_id, limit: int) -> list:
+    """Ids of up to ``limit`` of the job's tasks without a ``seq``, in ``_id`` order."""
+    found = _tasks().find({"job": job_id, "seq": None}, {"_id": 1}).sort("_id", 1).limit(limit)
+    return [d["_id"] for d in found]
+
+
+def number(ids: list, first: int) -> None:
+    """Give ``ids`` the seq numbers ``first``, ``first + 1``, ... (those still without one)."""
+    _tasks().bulk_write([UpdateOne({"_id": i, "seq": None}, {"$set": {"seq": first + n}})
+                         for n, i in enumerate(ids)], ordered=False)
+
+
+def dispatched_leases(before: datetime) -> set:
+    """Leases named by DISPATCH tasks sent before ``before``."""
+    return {d["_id"] for d in _tasks().aggregate([
+        {"$match": {"status": DISPATCH, "dispatched_at": {"$lt": before}}}, {"$group": {"_id": "$lease"}}])}
+
+
+def send_again(lease: str, reason: str, now: datetime) -> int:
+    """The DISPATCH tasks of ``lease`` (an entry that can no longer be claimed) go again at
+    once, no attempt counted. Returns how many (counts moved)."""
+    job = (_tasks().find_one({"status": DISPATCH, "lease": lease}, {"job": 1}) or {}).get("job")
+    again = _tasks().update_many(
+        {"status": DISPATCH, "lease": lease},
+        {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
+         "$unset": UNSET_LEASE}).modified_count
+    counts.move([(job, DISPATCH, LIVE, again)])
+    return again
+
+
+def forget_watermarks() -> None:
+    """Remove the per-job ``_id`` watermark earlier versions kept instead of the cursor."""
+    Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})

@@ -1,0 +1,38 @@
+"""What ``downcluster migrate`` moves between databases: the cluster's secrets, token digests
+and console sessions (``cluster_secret``, ``api_token``, ``web_session``) out of the source
+database, which analysts read, into the control database (``MONGO_CONTROL_URI``).
+
+No index of its own: documents are read whole and written by ``_id`` (the target collections'
+indexes are the models').
+
+Invariant: a document is written to the control database before it is removed from the source,
+so a run cut short loses nothing and a second run finishes the move.
+"""
+from __future__ import annotations
+
+from pymongo.errors import DuplicateKeyError
+
+from common.store.models import ApiToken, ClusterSecret, CrawlerTask, WebSession
+
+
+def move_secrets() -> tuple[int, list[str]]:
+    """Move cluster_secret, api_token and web_session documents from the source database to the
+    control database: written there first (same _id), then removed from the source."""
+    source = CrawlerTask._get_collection().database
+    moved, kept = 0, []
+    for model in (ClusterSecret, ApiToken, WebSession):
+        target = model._get_collection()
+        if target.database.name == source.name and target.database.client is source.client:
+            continue  # MONGO_CONTROL_URI names the source database itself: nothing to move
+        old = source[target.name]
+        for doc in old.find():
+            try:
+                target.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+            except DuplicateKeyError:  # a token of that name already lives in the control database
+                kept.append(f"{target.name} {doc.get('name', doc['_id'])}")
+                continue
+            old.delete_one({"_id": doc["_id"]})
+            moved += 1
+        if not old.estimated_document_count():
+            old.drop()
+    return moved, kept
