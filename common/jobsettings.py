@@ -58,6 +58,28 @@ def defaults(cluster) -> dict[str, Any]:
     return out
 
 
+def field_args(name: str) -> dict[str, Any]:
+    """The model field's arguments for setting ``name``, from its declaration: bounds, length and
+    default (a cluster setting's default is read when a document is made)."""
+    s = BY_NAME[name]
+    args: dict[str, Any] = {}
+    if s.kind in (int, float):
+        args.update(min_value=s.low, max_value=s.high)
+    elif s.kind is str:
+        args["max_length"] = s.max_len
+    if isinstance(s.default, str) and s.default.isupper():
+        args["default"] = lambda: getattr(_cluster(), s.default)
+    elif s.default is not None and s.kind is not dict:
+        args["default"] = s.default
+    return args
+
+
+def _cluster():
+    from common.config import settings  # imported when first needed: the model imports this module
+
+    return settings
+
+
 def check(raw: Any) -> dict[str, Any]:
     """Each given setting's type and bounds (one-line ValidationError); the given ones, as given."""
     if raw is None:

@@ -394,10 +394,10 @@ class Bench:
                                             **extra)}
         os.environ.update(self.env)
         self.timer = MongoTimer()  # before the first client is made
-        from common.config import settings
+        from common.config import load, settings
         from common.store.connection import connect_mongo
 
-        settings.reload()
+        load()
         connect_mongo(ensure_indexes=True)
 
     def stop_services(self) -> None:

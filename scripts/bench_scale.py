@@ -110,7 +110,7 @@ def run(bench, tasks: int) -> dict:
 
 def _run(bench, tasks: int) -> dict:
     from common.store import counts
-    from common.config import settings
+    from common.config import load, settings
     from common.store.data import export_fits
     from common.store.leases import tombstone
     from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job, store_now, utcnow
@@ -159,9 +159,10 @@ def _run(bench, tasks: int) -> dict:
             chores.claim(chore.name, chore.every, store_now())
     sent = []
     figures["cron dispatch (retries due, then fresh)"] = _timed(lambda: sent.append(dispatch_once(redis).total))
-    settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
+    full = max(1, redis.llen(queue_key("down_high")))
+    load(flags=dict(settings.flags, Q_DOWN_HIGH_LEN=full))  # the job's queue is full
     figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
-    settings.override(Q_DOWN_HIGH_LEN=CAP)
+    load(flags=dict(settings.flags, Q_DOWN_HIGH_LEN=CAP))
     backlog = [d["_id"] for d in tcoll.find({"job": job.id, "status": "FAIL", "retry_at": None}, {"_id": 1}).limit(BACKLOG)]
     for k in range(0, len(backlog), 50):
         tcoll.update_many({"_id": {"$in": backlog[k:k + 50]}}, {"$set": {"retry_at": now - timedelta(seconds=1)}})

@@ -49,8 +49,10 @@ def test_env_overrides_are_typed_and_local_file_is_below_env(tmp_path: Path):
     s = Settings(environ={"DOWNCLUSTER_SETTINGS": str(local), "DOWNCLUSTER_Q_DOWN_LOW_LEN": "50",
                           "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.5"})
     assert s.Q_DOWN_LOW_LEN == 50 and s.DISPATCH_ORDER == "host" and s.RETRY_BACKOFF_BASE == 0.5
-    s.override(Q_DOWN_LOW_LEN=3)
-    assert s.Q_DOWN_LOW_LEN == 3
+    flagged = Settings(environ={"DOWNCLUSTER_Q_DOWN_LOW_LEN": "50"}, flags={"Q_DOWN_LOW_LEN": 3})
+    assert flagged.Q_DOWN_LOW_LEN == 3  # a command-line flag is above the environment
+    with pytest.raises(AttributeError, match="read-only"):
+        flagged.Q_DOWN_LOW_LEN = 4  # resolved once, then frozen
     with pytest.raises(ConfigError, match="DOWNCLUSTER_Q_DOWN_LOW_LEN"):
         Settings(environ={"DOWNCLUSTER_Q_DOWN_LOW_LEN": "many"})
 
@@ -140,8 +142,8 @@ def test_retry_backoff_jitter_retry_after_and_limits():
     for n, d in enumerate(delays, 1):
         full = 2.0 * 2 ** (n - 1)
         assert full / 2 <= d <= full
-    assert next_retry_at(err, 5, 5, NOW) is None  # retries exhausted
-    assert next_retry_at(DownloadError("HTTP 404", retryable=False), 1, 5, NOW) is None
+    assert next_retry_at(err, 5, 5, NOW, 2.0, 600.0) is None  # retries exhausted
+    assert next_retry_at(DownloadError("HTTP 404", retryable=False), 1, 5, NOW, 2.0, 600.0) is None
     later = next_retry_at(DownloadError("HTTP 429", retry_after=120), 1, 5, NOW, 2.0, 600.0)
     assert (later - NOW).total_seconds() >= 120
     capped = next_retry_at(DownloadError("HTTP 503", retry_after=10 ** 6), 1, 5, NOW, 2.0, 600.0)

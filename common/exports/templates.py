@@ -252,7 +252,7 @@ def _table(data: Any, where: str) -> Table:
         raise ValidationError(f"{where}: unknown key {unknown[0]!r}")
     if "columns" in data and "col" in data:
         raise ValidationError(f"{where}: give col or columns, not both")
-    col = _legacy(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
+    col = _columns(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
     leaves = [x for n in col for x in n.leaves()]
     if len(leaves) > MAX_LEAVES:
         raise ValidationError(f"{where}: more than {MAX_LEAVES} columns")
@@ -313,9 +313,10 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
     return Node(_text(raw.get("title", name), f"{where}.title"), name, fmt, _points(raw.get("width"), f"{where}.width"))
 
 
-def _legacy(raw: Any, where: str) -> tuple[Node, ...]:
-    """``[[columns]]`` with ``header = [...]`` rows and ``field``: neighbours with equal header
-    prefixes share a parent (the same merges as before)."""
+def _columns(raw: Any, where: str) -> tuple[Node, ...]:
+    """The flat form ``[[columns]]`` (docs/exports.md), each with ``field`` and a ``header`` list
+    of titles from the top row down, as a header tree: neighbours with equal header prefixes share
+    a parent."""
     if not isinstance(raw, list) or not raw or len(raw) > MAX_LEAVES:
         raise ValidationError(f"{where}: needs 1-{MAX_LEAVES} [[columns]]")
     columns = []

@@ -124,29 +124,30 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-from common.jobsettings import ENGINES  # noqa: E402  (re-exported: built-in engines, the first the default)
+from common.jobsettings import ENGINES, field_args  # noqa: E402  (re-exported: built-in engines, the first the default)
 
 
 class CrawlerDownloadSetting(Document):
-    """A job's settings: the fields of ``common.jobsettings.SETTINGS`` (a test holds them equal)."""
+    """A job's settings: the fields of ``common.jobsettings.SETTINGS``, each with the bounds, length and
+    default of its declaration there (a test holds the field set equal)."""
 
     PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
-    dispatch_num = IntField(min_value=1, max_value=100_000, default=100)
-    max_retry_times = IntField(min_value=0, max_value=100, default=5)
-    proxy = StringField(default="")
-    cookie = StringField(default="")
+    dispatch_num = IntField(**field_args("dispatch_num"))
+    max_retry_times = IntField(**field_args("max_retry_times"))
+    proxy = StringField(**field_args("proxy"))
+    cookie = StringField(**field_args("cookie"))
     headers = DictField()
-    download_engine = StringField(max_length=16, default=ENGINES[0])
-    download_js = StringField(default="")
-    prior = IntField(min_value=0, max_value=2, default=0)
-    report_mails = StringField(max_length=256, default="")
-    host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
-    host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
+    download_engine = StringField(**field_args("download_engine"))
+    download_js = StringField(**field_args("download_js"))
+    prior = IntField(**field_args("prior"))
+    report_mails = StringField(**field_args("report_mails"))
+    host_concurrency = IntField(**field_args("host_concurrency"))  # 0: the cluster's HOST_CONCURRENCY
+    host_delay = FloatField(**field_args("host_delay"))  # the stricter of this and HOST_DELAY wins
     obey_robots = BooleanField()                           # None: true for the built-in engine
-    allow_private = BooleanField(default=False)            # downloads may reach loopback/private addresses too
-    data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
-    log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
+    allow_private = BooleanField(**field_args("allow_private"))  # downloads may reach loopback/private addresses too
+    data_retention_days = IntField(**field_args("data_retention_days"))  # None: DATA_RETENTION_DAYS; 0: for ever
+    log_retention_days = IntField(**field_args("log_retention_days"))  # None: LOG_RETENTION_DAYS; 0: for ever
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}
