@@ -9,6 +9,9 @@ from typing import Any
 from common.errors import ValidationError
 
 ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
+# ``prior``, a job's queueing class (not its ``priority``, the queue level): entries of an urgent
+# job go to the front of their queue, a foreign job's to the foreign queues
+PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("headers", dict, None, doc="extra request headers, a table of one-line strings"),
     Setting("download_engine", str, ENGINES[0], max_len=16, doc="built-in engine: " + ", ".join(ENGINES)),
     Setting("download_js", str, "", max_len=100_000, lines=True, doc="browser engine: a function body run in the page"),
-    Setting("prior", int, 0, 0, 2, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
+    Setting("prior", int, PRIOR_NORMAL, PRIOR_NORMAL, PRIOR_FOREIGN, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
     Setting("report_mails", str, "", max_len=256, doc="comma-separated addresses for drain reports and alerts"),
     Setting("host_concurrency", int, 0, 0, 10_000, doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)"),
     Setting("host_delay", float, 0.0, 0, 3600, doc="seconds between requests to one host (the stricter of this and HOST_DELAY)"),

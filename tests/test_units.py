@@ -172,6 +172,18 @@ def test_secrets_are_redacted():
     assert strip_credentials("http://u:p@h/x") == "http://***@h/x"
 
 
+def test_remembered_secrets_are_bounded_least_recently_remembered_first():
+    from common import secrets
+
+    remember("kept-secret")
+    for i in range(secrets.MAX_KNOWN - 1):
+        remember(f"filler-{i:05d}")
+    remember("kept-secret")  # remembered again: the most recent
+    remember("one-more-filler")
+    assert len(secrets._known) == secrets.MAX_KNOWN
+    assert "kept-secret" not in redact("x kept-secret y") and "filler-00000" in redact("filler-00000")
+
+
 @pytest.mark.parametrize("code,why", [
     ("def download(:\n", "does not parse"), ("x = 1\n", "no top-level"), ("def download():\n  pass\n", "argument"),
     ("class A:\n  def download(self, t): pass\n", "no top-level"),

@@ -7,7 +7,7 @@ depth, leaves at different depths are merged down to the deepest header row), op
 header tree (``row``: leaves name a value of ``row_field`` and hold ``row_count`` rows, default 1),
 ``title``, ``summary``, ``header`` and ``footer`` (key/value pairs above and below the table) and
 ``status`` (the HTTP status codes this table keeps). The sheet has ``sheet``, ``default_width`` and
-``default_height`` (points). The seed's short forms are accepted: ``{"url": "Address", ...}``
+``default_height`` (points). Short forms are accepted: ``{"url": "Address", ...}``
 (field -> title), ``[{"name": "url", "title": "Address"}, ...]``, ``{"col": [...], "row": [...]}``;
 and the first template form of this project, ``[[columns]]`` with ``header = [...]`` and ``field``.
 
@@ -79,7 +79,7 @@ class Placed:
 
 
 def place(nodes: tuple[Node, ...], rows: bool = False) -> list[Placed]:
-    """Seed 000's layout: a node's level is its depth; the first child starts where its parent
+    """Header layout: a node's level is its depth; the first child starts where its parent
     does and each next one after its elder siblings' breadth; an inner node spans its breadth,
     a leaf spans down to the deepest level (a row leaf spans its row_count)."""
     deepest = max(n.depth() for n in nodes)

@@ -1,7 +1,9 @@
-"""MongoDB documents (mongoengine), two aliases as in the seed: "source" and "log".
+"""MongoDB documents (mongoengine) in three databases, one per connection alias: "source" (jobs,
+tasks, data, leases, exports, notifications), "log" (download, dispatch, alert, registration error
+and notification logs) and "control" (API tokens, web sessions, cluster secrets).
 
-Collection names are mongoengine's defaults for the seed's class names; analysts query them
-directly, so field names and status strings are part of the interface (README "Schema").
+Collection names are mongoengine's defaults for the class names unless ``meta`` names them;
+analysts query them directly, so field names and status strings are part of the interface (README "Schema").
 Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
 and the indexes.
 """
@@ -131,7 +133,6 @@ class CrawlerDownloadSetting(Document):
     """A job's settings: the fields of ``common.jobsettings.SETTINGS``, each with the bounds, length and
     default of its declaration there (a test holds the field set equal)."""
 
-    PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
     dispatch_num = IntField(**field_args("dispatch_num"))
     max_retry_times = IntField(**field_args("max_retry_times"))

@@ -36,6 +36,7 @@ from common.store import counts
 from common.config import settings
 from common.store.connection import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
+from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
 from common.store.leases import give_back, new_lease
 from common.store.models import (
     AGAIN,
@@ -97,7 +98,7 @@ class JobWork:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
         return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "",
-                          foreign=self.prior == 2)
+                          foreign=self.prior == PRIOR_FOREIGN)
 
 
 @dataclass
@@ -276,7 +277,7 @@ class Run:
             mapping = entry_mapping(rq_queue(e.queue, self.redis), lease, entry_timeout(),
                                     settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
             push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
-                       at_front=work.prior == 1, client=pipe)
+                       at_front=work.prior == PRIOR_URGENCY, client=pipe)
         try:
             results = pipe.execute()
         except Exception as exc:  # Redis down: unknown which entries got in; their leases stay QUEUED and
