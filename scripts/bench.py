@@ -394,7 +394,7 @@ class Bench:
                                             **extra)}
         os.environ.update(self.env)
         self.timer = MongoTimer()  # before the first client is made
-        from common.config import load, settings
+        from common.config import load
         from common.store.connection import connect_mongo
 
         load()

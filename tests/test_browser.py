@@ -152,7 +152,7 @@ def test_browser_job_end_to_end(cluster, tmp_path):
 def test_urgent_entries_run_before_normal_ones_queued_earlier(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "1")
     cluster.env["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
-    from common.config import load, settings
+    from common.config import load
     load()
     register(tmp_path, "normal", priority=5)
     add_urls("normal", [f"{cluster.site}/page/{i}" for i in range(5)])

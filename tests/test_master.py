@@ -6,7 +6,7 @@ import threading
 import pytest
 from rq import Queue
 
-from common.config import load, settings
+from common.config import load
 from common.store.models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,

@@ -78,7 +78,7 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
     env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "1", "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
     os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
     try:
-        from common.config import load, settings
+        from common.config import load
 
         load()
         register(tmp_path, "seen", priority=5)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from common.config import load, settings
+from common.config import load
 from common.errors import DownloadError
 from slave.download.engines import wall
 from slave.download.engines.base import Limits

@@ -126,7 +126,7 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-from common.jobsettings import ENGINES, field_args  # noqa: E402  (re-exported: built-in engines, the first the default)
+from common.jobsettings import ENGINES, field_args  # noqa: E402, F401  (ENGINES: re-exported)
 
 
 class CrawlerDownloadSetting(Document):
