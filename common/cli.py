@@ -71,13 +71,13 @@ class LazyGroup(click.Group):
         from common.store.connection import unreachable
         from common.secrets import redact
 
-        from common.config import load, settings
+        from common.config import add_flags, settings
         from common.sentry import capture, init_sentry
 
         _, command, args = self.resolve_command(ctx, ctx.meta["downcluster.args"])
         flags = setting_flags(command, ctx, args)
         if flags:  # before anything reads a setting; without flags they resolve at the first read
-            load(flags={**settings.flags, **flags})  # (flags a test gave before this in-process run kept)
+            add_flags(flags)
         init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process: dispatcher, defender, ...
         try:
             return super().invoke(ctx)

@@ -5,11 +5,11 @@ and its default) < the local file named by ``DOWNCLUSTER_SETTINGS`` < the enviro
 ``DOWNCLUSTER_<NAME>`` < command-line flags. Environment values are converted to the type of
 the default, so ``DOWNCLUSTER_Q_DOWN_LOW_LEN=50`` is the integer 50.
 
-``load`` resolves them and installs the result as ``settings``: the ``downcluster`` command
-calls it once when the process starts, with its flags, before anything reads a setting; a
-process that never calls it (an rq work-horse, a uvicorn worker, a script) resolves from its
-environment at the first read. Assigning a setting raises; tests call ``load`` to resolve the
-settings again for a test's environment.
+A process resolves them once: at the first read of a setting from its environment, or, when the
+``downcluster`` command was given a flag that sets one (``worker --host``, ``web --bind``), by
+``load`` with those flags before anything reads them. Forked children (rq's work-horses) inherit
+them; spawned ones (uvicorn's workers, a plain ``rq worker``) resolve their own. Assigning a
+setting raises; tests call ``load`` to resolve the settings again for a test's environment.
 """
 from __future__ import annotations
 
@@ -108,6 +108,12 @@ def load(env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None =
     (setting name to value, above everything else) and install them as ``settings``."""
     settings._install(env, flags)
     return settings
+
+
+def add_flags(flags: Mapping[str, Any]) -> Settings:
+    """``load`` with ``flags`` above those given before, if any (a test's, when it runs a command
+    in its own process); settings not yet resolved are resolved only once, here."""
+    return load(flags={**settings.__dict__.get("flags", {}), **flags})
 
 
 def flag_env() -> dict[str, str]:

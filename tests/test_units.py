@@ -246,3 +246,22 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
         assert isinstance(field, kinds[s.kind]), s.name
         if s.kind in (int, float):
             assert (field.min_value, field.max_value) == (s.low, s.high), s.name
+
+
+def test_a_setting_flag_is_above_the_environment_and_settings_are_read_only(monkeypatch):
+    from click.testing import CliRunner
+
+    from common.cli import main
+    from common.config import load, settings
+
+    monkeypatch.setenv("DOWNCLUSTER_WEB_BIND", "127.0.0.1:1")
+    try:
+        assert load().WEB_BIND == "127.0.0.1:1"
+        result = CliRunner().invoke(main, ["web", "--bind", "nonsense"])
+        assert result.exit_code == 2 and "got 'nonsense'" in result.output
+        assert settings.WEB_BIND == "nonsense" and dict(settings.flags) == {"WEB_BIND": "nonsense"}
+        with pytest.raises(AttributeError, match="read-only"):
+            settings.WEB_BIND = "127.0.0.1:2"
+    finally:
+        monkeypatch.undo()
+        load()
