@@ -79,12 +79,12 @@ class Settings:
         flags = MappingProxyType(dict(flags or {}))
         values = resolve(os.environ if environ is None else environ, flags)
         # the names are the same at every install, so a concurrent reader sees old or new values
-        self.__dict__.update(values, _values=MappingProxyType(values), flags=flags)
+        self.__dict__.update(values, flags=flags)  # flags last: present once every value is
 
     def __getattr__(self, name: str) -> Any:  # only for names not (yet) set
-        if "_values" not in self.__dict__:  # this process's first read, and no load() before it
-            with _first_read:
-                if "_values" not in self.__dict__:
+        if "flags" not in self.__dict__:  # this process's first read, and no load() before it
+            with _installing:
+                if "flags" not in self.__dict__:
                     self._install(None, None)
             return getattr(self, name)
         raise AttributeError(name)
@@ -95,18 +95,16 @@ class Settings:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"settings are read-only ({name})")
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
 
-
-_first_read = threading.Lock()
+_installing = threading.Lock()
 settings = Settings.__new__(Settings)  # this process's settings: resolved by load(), or at the first read
 
 
 def load(env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None) -> Settings:
     """Resolve the settings from ``env`` (default: this process's environment) and ``flags``
     (setting name to value, above everything else) and install them as ``settings``."""
-    settings._install(env, flags)
+    with _installing:
+        settings._install(env, flags)
     return settings
 
 
