@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps clean services-check
+.PHONY: demo test bench bench-deps clean services-check docs
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,3 +78,7 @@ bench: $(BENCH_STAMP) services-check bench-deps
 
 clean:
 	rm -rf $(VENV) var .pytest_cache *.egg-info
+
+# docs/configuration.md and docs/api-reference.md are generated from settings.py and the API's description.
+docs: $(STAMP)
+	$(BIN)/python scripts/gendocs.py
