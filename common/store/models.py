@@ -25,6 +25,8 @@ from mongoengine import (
     StringField,
 )
 
+from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
+
 
 def utcnow() -> datetime:
     """Naive UTC, as BSON stores it."""
@@ -82,7 +84,7 @@ TASK_STATUSES = (LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD)
 class Job(Document):
     name = StringField(required=True, unique=True, max_length=128)
     status = StringField(choices=(ON, OFF), default=ON)
-    priority = IntField(min_value=-1, max_value=5, default=5)
+    priority = IntField(min_value=PRIORITIES[0], max_value=PRIORITIES[-1], default=DEFAULT_PRIORITY)
     host = StringField(default="")
     # The fresh-task cursor (see master/dispatch/selection.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.

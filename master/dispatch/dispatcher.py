@@ -55,7 +55,7 @@ from common.store.models import (
     store_now,
     utcnow,
 )
-from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
 from master import maintenance as chores
 from master.dispatch import defender
@@ -97,8 +97,9 @@ class JobWork:
     def queue_of(self, picked: Picked) -> str:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
-        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "",
-                          foreign=self.prior == PRIOR_FOREIGN)
+        level = queue_for_priority(self.job.get("priority", DEFAULT_PRIORITY))
+        host = picked.host or self.job.get("host") or ""
+        return queue_name(level, host, foreign=self.prior == PRIOR_FOREIGN)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class DispatchReport:
 def order_key(job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
     get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
-    host, priority, name = get("host", "") or "", get("priority", 5), get("name", "")
+    host, priority, name = get("host", "") or "", get("priority", DEFAULT_PRIORITY), get("name", "")
     host_key = (0 if host else 1, host)
     if order == "host":
         return (*host_key, priority, name)
