@@ -75,11 +75,11 @@ class LazyGroup(click.Group):
         from common.sentry import capture, init_sentry
 
         _, command, args = self.resolve_command(ctx, ctx.meta["downcluster.args"])
-        flags = setting_flags(command, ctx, args)
-        if flags:  # before anything reads a setting; without flags they resolve at the first read
-            add_flags(flags)
-        init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process: dispatcher, defender, ...
         try:
+            flags = setting_flags(command, ctx, args)
+            if flags:  # before anything reads a setting; without flags they resolve at the first read
+                add_flags(flags)
+            init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process
             return super().invoke(ctx)
         except (ValidationError, ConfigError) as exc:
             click.secho(f"error: {redact(str(exc))}", err=True, fg="red")
