@@ -249,8 +249,8 @@ EXPORT_DEDUP_WINDOW = 600
 """Seconds during which an identical export request returns the earlier SUCCESS export."""
 
 EXPORT_URL_TTL = 300
-"""Default lifetime of a signed export link asked for through the API or CLI, in seconds (seed
-000: a temporary link lives 5 minutes; a caller may ask for another ``ttl``)."""
+"""Default lifetime of a signed export link asked for through the API or CLI, in seconds
+(a caller may ask for another ``ttl``, up to EXPORT_URL_MAX_TTL)."""
 
 EXPORT_URL_MAX_TTL = 7 * 24 * 3600
 """The longest lifetime a caller may ask of a signed export link, in seconds."""

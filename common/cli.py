@@ -38,7 +38,29 @@ def import_attribute(path: str):
     return getattr(importlib.import_module(module), attr)
 
 
+class SettingOption(click.Option):
+    """A command-line flag that sets a cluster setting (``setting=NAME``): the highest precedence,
+    applied when the process resolves its settings (LazyGroup.invoke), before anything reads them."""
+
+    def __init__(self, *args, setting: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.setting = setting
+
+
+def setting_flags(command: click.Command, ctx: click.Context, args: list[str]) -> dict:
+    """The settings given as ``command``'s SettingOption flags in ``args`` (unset ones left out)."""
+    options = [p for p in command.params if isinstance(p, SettingOption)]
+    if not options:
+        return {}
+    params = command.make_context(command.name, list(args), parent=ctx, resilient_parsing=True).params
+    return {o.setting: params[o.name] for o in options if params.get(o.name) not in (None, "")}
+
+
 class LazyGroup(click.Group):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["downcluster.args"] = list(args)  # the command and its arguments, for invoke
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
@@ -49,11 +71,15 @@ class LazyGroup(click.Group):
         from common.store.connection import unreachable
         from common.secrets import redact
 
-        from common.config import settings
+        from common.config import add_flags, settings
         from common.sentry import capture, init_sentry
 
-        init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process: dispatcher, defender, ...
+        _, command, args = self.resolve_command(ctx, ctx.meta["downcluster.args"])
         try:
+            flags = setting_flags(command, ctx, args)
+            if flags:  # before anything reads a setting; without flags they resolve at the first read
+                add_flags(flags)
+            init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process
             return super().invoke(ctx)
         except (ValidationError, ConfigError) as exc:
             click.secho(f"error: {redact(str(exc))}", err=True, fg="red")

@@ -32,10 +32,6 @@ class Conflict(ValidationError):
     """The named thing exists but is in a state that forbids the action (HTTP 409)."""
 
 
-class ServiceUnavailable(DownclusterError):
-    """Redis or MongoDB cannot be reached; the message names the service and its host:port."""
-
-
 class DispatchLocked(DownclusterError):
     """Another dispatcher run holds the cluster-wide lock. Safe to retry later."""
 

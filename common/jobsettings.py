@@ -9,6 +9,9 @@ from typing import Any
 from common.errors import ValidationError
 
 ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
+# ``prior``, a job's queueing class (not its ``priority``, the queue level): entries of an urgent
+# job go to the front of their queue, a foreign job's to the foreign queues
+PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("headers", dict, None, doc="extra request headers, a table of one-line strings"),
     Setting("download_engine", str, ENGINES[0], max_len=16, doc="built-in engine: " + ", ".join(ENGINES)),
     Setting("download_js", str, "", max_len=100_000, lines=True, doc="browser engine: a function body run in the page"),
-    Setting("prior", int, 0, 0, 2, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
+    Setting("prior", int, PRIOR_NORMAL, PRIOR_NORMAL, PRIOR_FOREIGN, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
     Setting("report_mails", str, "", max_len=256, doc="comma-separated addresses for drain reports and alerts"),
     Setting("host_concurrency", int, 0, 0, 10_000, doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)"),
     Setting("host_delay", float, 0.0, 0, 3600, doc="seconds between requests to one host (the stricter of this and HOST_DELAY)"),
@@ -56,6 +59,28 @@ def defaults(cluster) -> dict[str, Any]:
             value = getattr(cluster, value)
         out[s.name] = {} if s.kind is dict and value is None else value
     return out
+
+
+def field_args(name: str) -> dict[str, Any]:
+    """The model field's arguments for setting ``name``, from its declaration: bounds, length and
+    default (a cluster setting's default is read when a document is made)."""
+    s = BY_NAME[name]
+    args: dict[str, Any] = {}
+    if s.kind in (int, float):
+        args.update(min_value=s.low, max_value=s.high)
+    elif s.kind is str:
+        args["max_length"] = s.max_len
+    if isinstance(s.default, str) and s.default.isupper():
+        args["default"] = lambda: getattr(_cluster(), s.default)
+    elif s.default is not None and s.kind is not dict:
+        args["default"] = s.default
+    return args
+
+
+def _cluster():
+    from common.config import settings  # imported when first needed: the model imports this module
+
+    return settings
 
 
 def check(raw: Any) -> dict[str, Any]:

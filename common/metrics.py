@@ -24,8 +24,6 @@ PAGES = "downcluster:metrics:pages"
 MINUTE = "downcluster:metrics:minute:"
 DEPTH = "downcluster:metrics:depth:"
 KEEP = 26 * 3600
-REASON_CLASSES = ("http_4xx", "http_5xx", "timeout", "connection", "robots", "too_large", "invalid", "downloader",
-                  "other")
 _HTTP = re.compile(r"^HTTP (\d)\d\d")
 logger = logging.getLogger(__name__)
 

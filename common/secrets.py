@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import OrderedDict
 from typing import Iterable
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
@@ -16,7 +17,12 @@ SENSITIVE_KEYS = (
     "mongo_log_uri", "redis_url",
 )
 
-_known: set[str] = set()
+# The secrets remembered, least recently remembered first, at most MAX_KNOWN. A worker remembers
+# a job's secrets each time it reads the job's settings (every CONTEXT_TTL while it runs the job's
+# entries), so a secret is dropped only once MAX_KNOWN others were remembered after it: thousands
+# of other jobs' settings read by this process meanwhile, far more than it runs at once.
+MAX_KNOWN = 4096
+_known: OrderedDict[str, None] = OrderedDict()
 _known_lock = threading.Lock()
 
 
@@ -25,7 +31,10 @@ def remember(*values: str | None) -> None:
     with _known_lock:
         for value in values:
             if value and len(value) >= 4:
-                _known.add(value)
+                _known[value] = None
+                _known.move_to_end(value)
+        while len(_known) > MAX_KNOWN:
+            _known.popitem(last=False)
 
 
 def redact(text: str, extra: Iterable[str] = ()) -> str:
@@ -33,7 +42,7 @@ def redact(text: str, extra: Iterable[str] = ()) -> str:
     if not text:
         return text
     with _known_lock:
-        literal = sorted(_known.union(v for v in extra if v and len(v) >= 4), key=len, reverse=True)
+        literal = sorted({*_known, *(v for v in extra if v and len(v) >= 4)}, key=len, reverse=True)
     for value in literal:
         text = text.replace(value, "***")
     text = _URL_USERINFO.sub(r"\g<scheme>***@", text)

@@ -8,7 +8,8 @@ import time
 
 import click
 
-from common.config import settings
+from common.cli import SettingOption
+from common.config import flag_env, settings
 from common.store.connection import connect_mongo, redis_conn
 from common.errors import ValidationError
 
@@ -375,7 +376,8 @@ def archive(name: str, before: str, output: str | None) -> None:
 # --- web, token --------------------------------------------------------------------------
 
 @click.command()
-@click.option("--bind", default=None, help="HOST:PORT to serve on (default WEB_BIND, 127.0.0.1:8080).")
+@click.option("--bind", default=None, cls=SettingOption, setting="WEB_BIND",
+              help="HOST:PORT to serve on (default: the WEB_BIND setting).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Server processes (uvicorn workers).")
 def web(bind: str | None, workers: int) -> None:
     """Serve the HTTP API (/api/v1) and the web console (/) with uvicorn."""
@@ -383,15 +385,15 @@ def web(bind: str | None, workers: int) -> None:
 
     from common.errors import ConfigError
 
-    bind = bind or settings.WEB_BIND
+    bind = settings.WEB_BIND  # --bind, if given, was resolved into the settings when the command started
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--bind must be HOST:PORT, got {bind!r}")
     from master.web.routes.metrics import networks
 
     networks(settings.METRICS_ALLOW)  # a bad network is one line here, not a 500 at every scrape
-    os.environ["DOWNCLUSTER_WEB_BIND"] = bind  # for this process and uvicorn's workers (links use it)
-    settings.reload()
+    if workers > 1:  # uvicorn spawns them with this process's environment: the one way to hand them the flags
+        os.environ.update(flag_env())
     click.echo(f"downcluster web on http://{bind}/ (API under /api/v1)", err=True)
     uvicorn.run("master.web.app:create_app", factory=True, host=host.strip("[]"), port=int(port),
                 workers=workers, log_level="info", server_header=False)

@@ -18,6 +18,7 @@ from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.notify import check_mail
 from common.jobsettings import ENGINES
+from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store.models import (
     OFF,
     ON,
@@ -105,8 +106,8 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValidationError(f"name must be 1-128 letters, digits, '_', '.' or '-', got {name!r}")
-    priority = data.get("priority", 5)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -1 <= priority <= 5:
+    priority = data.get("priority", DEFAULT_PRIORITY)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in PRIORITIES:
         raise ValidationError(f"priority must be an integer in -1..5, got {priority!r}")
     host = data.get("host", "")
     if not isinstance(host, str) or not re.match(r"^[A-Za-z0-9_.-]{0,128}$", host):

@@ -18,7 +18,7 @@ and two loopback sample sites (no delay and 100 ms delay, each in its own proces
 4. the peer, on the same store and site with the same pages: scrapy-redis, 2 processes of a
    ``RedisSpider`` with CONCURRENT_REQUESTS 64 and Scrapy's documented MongoDB pipeline (one
    ``insert_one`` per page: url, status, headers, raw body), scripts/bench_peer.py;
-5. (``--with-baseline``) the seed's design: one rq job per URL, 4 forking ``rq worker``
+5. (``--with-baseline``) the naive design: one rq job per URL, 4 forking ``rq worker``
    processes, ``requests.get`` + one ``insert_one`` (``baseline_fetch_and_store`` below).
 
 Prints a table (PASS/MISS against the targets) and writes JSON (default var/bench.json).
@@ -77,10 +77,10 @@ POLL = 0.1                # seconds between the bench's "done yet?" reads of the
 CAP = 100_000              # queue caps (entries) during the bench: never the limit
 
 
-# --- the seed-design baseline's job function (imported by `rq worker` work-horses) ----------
+# --- the naive baseline's job function (imported by `rq worker` work-horses) ----------
 
 def baseline_fetch_and_store(url: str) -> int:
-    """The seed's design: one rq job per URL, ``requests.get``, one ``insert_one`` per response.
+    """The naive design: one rq job per URL, ``requests.get``, one ``insert_one`` per response.
     A forking worker runs each job in a fresh child, so the client is made per job."""
     import pymongo
     import requests
@@ -400,10 +400,10 @@ class Bench:
                                             self.mongo.uri("bench_log"), **extra)}
         os.environ.update(self.env)
         self.timer = MongoTimer()  # before the first client is made
-        from common.config import settings
+        from common.config import load
         from common.store.connection import connect_mongo
 
-        settings.reload()
+        load()
         connect_mongo(ensure_indexes=True)
 
     def stop_services(self) -> None:
@@ -769,7 +769,7 @@ class Bench:
                 "cores_busy": {k: round(v / elapsed, 2) for k, v in sorted(cpu.items())},
                 **({"mb_per_s": round(page_bytes * stored / pages / elapsed / 1e6, 1)} if page_bytes else {})}
 
-    # 5. the seed-design baseline
+    # 5. the naive baseline
     def bench_baseline(self, label: str, base: str, pages: int, timeout: float) -> dict:
         import pymongo
         from rq import Queue, Worker
@@ -982,7 +982,7 @@ def _other_rows(r: dict) -> list[Row]:
     for label in ("0ms", "100ms"):
         b = r.get(f"baseline_{label}")
         if b:
-            rows.append((f"seed-design baseline {label}",
+            rows.append((f"naive baseline {label}",
                          f"{b['pages_per_s']} pages/s ({b['done']} in {b['seconds']} s)",
                          "", f"downcluster x{r.get(f'ratio_{label}', '?')}"))
     return rows
@@ -1011,7 +1011,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=1,
                    help="downcluster worker processes (default 1: what a 2-core host should run)")
     p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
-    p.add_argument("--with-baseline", action="store_true", help="also run the seed-design baseline")
+    p.add_argument("--with-baseline", action="store_true", help="also run the naive baseline")
     p.add_argument("--skip-exports", action="store_true", help="do not measure the 200,000-row exports")
     p.add_argument("--exports-only", action="store_true", help="only measure the exports")
     p.add_argument("--skip-browser", action="store_true",
@@ -1140,7 +1140,7 @@ class Run:
                                  scheduler=sched))
         if args.with_baseline:
             self.phase(f"baseline_{label}",
-                       f"seed-design baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
+                       f"naive baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
                        lambda: bench.bench_baseline(label, site, args.baseline_pages,
                                                     max(60.0, args.baseline_pages / 2)))
 

@@ -1,4 +1,4 @@
-"""The seed's design, for comparison: one rq job per URL, requests.get, one insert per response."""
+"""The naive design, for comparison: one rq job per URL, requests.get, one insert per response."""
 from __future__ import annotations
 
 import os

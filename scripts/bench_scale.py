@@ -112,7 +112,7 @@ def run(bench, tasks: int) -> dict:
 
 def _run(bench, tasks: int) -> dict:
     from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
-    from common.config import settings
+    from common.config import load, settings
     from common.exports.templates import parse_template
     from common.queue.rqbridge import queue_key
     from common.store import counts
@@ -170,9 +170,10 @@ def _run(bench, tasks: int) -> dict:
     sent = []
     figures["cron dispatch (retries due, then fresh)"] = _timed(
         lambda: sent.append(dispatch_once(redis).total))
-    settings.override(Q_DOWN_HIGH_LEN=max(1, redis.llen(queue_key("down_high"))))  # the job's queue is full
+    full = max(1, redis.llen(queue_key("down_high")))
+    load(flags=dict(settings.flags, Q_DOWN_HIGH_LEN=full))  # the job's queue is full
     figures["cron dispatch, queues full"] = _timed(lambda: dispatch_once(redis))
-    settings.override(Q_DOWN_HIGH_LEN=CAP)
+    load(flags=dict(settings.flags, Q_DOWN_HIGH_LEN=CAP))
     failed = tcoll.find({"job": job.id, "status": "FAIL", "retry_at": None}, {"_id": 1}).limit(BACKLOG)
     backlog = [d["_id"] for d in failed]
     for k in range(0, len(backlog), 50):

@@ -8,7 +8,6 @@ OpenAPI description the server publishes. ``--check`` exits 1 when either is out
 from __future__ import annotations
 
 import ast
-import json
 import sys
 from pathlib import Path
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import click
 
-from common.config import settings
+from common.cli import SettingOption
 
 
 @click.command()
 @click.option("--burst", is_flag=True, help="Quit once the queues are empty.")
-@click.option("--host", default="",
+@click.option("--host", default="", cls=SettingOption, setting="HOSTNAME",
               help="This host's name (default: HOSTNAME, else the machine's): its own queues are read before the shared ones.")
 @click.option("--classic", "mode", flag_value="classic",
               help="Run rq's forking Worker (one entry at a time, a fork each) instead of the event loop.")
@@ -26,7 +26,6 @@ def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: 
     """Drain down_super > down_high > down_mid > down_low (host queues first), many entries at once."""
     from slave.worker.loop import run_worker
 
-    if host:
-        settings.override(HOSTNAME=host)
+    # host: HOSTNAME in the settings, resolved when the command started
     run_worker(burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
                max_jobs=max_jobs, foreign=foreign, exports=exports)

@@ -63,15 +63,14 @@ def _drop_test_dbs(mongo_server: MongoServer) -> None:
 def cluster(redis_server, mongo_server, site, monkeypatch):
     """Settings from DOWNCLUSTER_* pointing at the session services, an empty Redis, empty
     test databases with their indexes, and a fresh mongoengine connection."""
-    from common.config import settings
+    from common.config import load
     from common.store.connection import connect_mongo, disconnect_mongo
 
     env = env_for(redis_server.url, mongo_server.uri(TEST_DBS[0]), mongo_server.uri(TEST_DBS[1]),
                   HOSTNAME="testhost")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    settings._overrides.clear()  # a CLI run in an earlier test may have overridden HOSTNAME
-    settings.reload()
+    load()  # this test's environment, no flags (a CLI run in an earlier test may have given --host)
     client = redis_lib.Redis.from_url(redis_server.url)
     client.flushall()  # our own server
     disconnect_mongo()
@@ -80,6 +79,5 @@ def cluster(redis_server, mongo_server, site, monkeypatch):
     yield Cluster(redis=client, env=dict(env), site=site, redis_server=redis_server, mongo_server=mongo_server)
     client.close()
     monkeypatch.undo()  # restore the environment before reloading from it
-    settings._overrides.clear()
-    settings.reload()
+    load()
     disconnect_mongo()

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import pytest
 
-from common.config import settings
+from common.config import load, settings
 from common.errors import ValidationError
 from common.store.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
 from common.notify import check_callback, deliver_due, queue_webhook
@@ -31,7 +31,7 @@ def test_a_backslash_or_userinfo_callback_is_refused_and_reaches_nothing(cluster
         tricks = [f"http://127.0.0.1:{port}\\@8.8.8.8/", f"http://8.8.8.8@127.0.0.1:{port}/",
                   f"http://127.0.0.1:{port}/\\x", f"http://127.0.0.1:{port}/a b", f"http://127.0.0.1:{port}/\x00"]
         for allow in (False, True):  # refused as a URL, whatever the address rules
-            settings.override(WEBHOOK_ALLOW_PRIVATE=allow)
+            load(flags=dict(settings.flags, WEBHOOK_ALLOW_PRIVATE=allow))
             for url in tricks:
                 with pytest.raises(ValidationError, match="callback_url must be http"):
                     exports.request(cluster.redis, "j", "csv", callback_url=url)
@@ -49,7 +49,7 @@ def test_a_private_callback_is_refused_unless_allowed_then_goes_to_the_judged_ad
     with WebhookReceiver() as hook:
         port = hook.server.server_address[1]
         by_name = f"http://localhost:{port}/hook?key=k"
-        settings.override(WEBHOOK_ALLOW_PRIVATE=False)
+        load(flags=dict(settings.flags, WEBHOOK_ALLOW_PRIVATE=False))
         for url in (hook.url, by_name, f"http://[::ffff:127.0.0.1]:{port}/", f"http://2130706433:{port}/"):
             with pytest.raises(ValidationError, match="loopback address"):
                 check_callback(url)
@@ -57,14 +57,14 @@ def test_a_private_callback_is_refused_unless_allowed_then_goes_to_the_judged_ad
         assert deliver_due() == 0 and hook.received == []
         assert _notification(by_name).state == "FAIL"
 
-        settings.override(WEBHOOK_ALLOW_PRIVATE=True)
+        load(flags=dict(settings.flags, WEBHOOK_ALLOW_PRIVATE=True))
         queue_webhook(by_name, "export.succeeded", {"id": "b"})
         assert deliver_due() == 1
         headers, body = hook.received[0]
         # connected to the address judged for "localhost", the name kept in the Host header
         assert headers["host"] == f"localhost:{port}" and body == b'{"id":"b"}'
 
-        settings.override(WEB_BIND=f"127.0.0.1:{port}")  # now the receiver is the cluster's web
+        load(flags=dict(settings.flags, WEB_BIND=f"127.0.0.1:{port}"))  # the receiver is the cluster's web
         with pytest.raises(ValidationError, match=f"127.0.0.1:{port} is a service of this cluster"):
             check_callback(hook.url)
         queue_webhook(hook.url, "export.succeeded", {"id": "c"})

@@ -152,8 +152,8 @@ def test_browser_job_end_to_end(cluster, tmp_path):
 def test_urgent_entries_run_before_normal_ones_queued_earlier(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "1")
     cluster.env["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
-    from common.config import settings
-    settings.reload()
+    from common.config import load
+    load()
     register(tmp_path, "normal", priority=5)
     add_urls("normal", [f"{cluster.site}/page/{i}" for i in range(5)])
     dispatch_once(cluster.redis)
@@ -199,7 +199,7 @@ def test_a_browser_is_restarted_after_max_pages(site):
 
 
 def test_the_browser_reaches_no_private_address_unless_allowed_and_never_the_clusters(cluster, chrome):
-    from common.config import settings
+    from common.config import load, settings
     from tests.receivers import WebhookReceiver
 
     site = cluster.site
@@ -208,7 +208,7 @@ def test_the_browser_reaches_no_private_address_unless_allowed_and_never_the_clu
     assert not refused.retryable
     with WebhookReceiver() as web:  # stands in for the cluster's web: it must see no request
         bind = f"127.0.0.1:{web.server.server_address[1]}"
-        settings.override(WEB_BIND=bind)
+        load(flags=dict(settings.flags, WEB_BIND=bind))
         redirected = _fail(chrome.fetch, f"{site}/redirect-to?url=http://{bind}/x")
         assert redirected.reason == f"refused: {bind} is a service of this cluster" and not redirected.retryable
         js = f"try {{ await fetch('http://{bind}/api'); return 'reached'; }} catch (e) {{ return 'blocked'; }}"

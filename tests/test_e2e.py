@@ -128,8 +128,8 @@ def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
     cluster.env["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
     os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
     try:
-        from common.config import settings
-        settings.reload()
+        from common.config import load
+        load()
         dispatch_once(cluster.redis)
         register(tmp_path, "urgent", priority=-1)
         add_urls("urgent", [f"{cluster.site}/page/999"])

@@ -45,9 +45,9 @@ def quiet_site(site):
 
 
 def test_host_concurrency_holds_across_four_workers(cluster, tmp_path):
-    from common.config import settings
+    from common.config import load, settings
 
-    settings.override(DISPATCH_BATCH_SIZE=4)  # four entries of four: one for each worker
+    load(flags=dict(settings.flags, DISPATCH_BATCH_SIZE=4))  # four entries of four: one for each worker
     register(tmp_path, "j", dispatch_num=100)
     add_urls("j", [f"{cluster.site}/hold/300?{i}" for i in range(16)])
     assert dispatch_once(cluster.redis).total == 16

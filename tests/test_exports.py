@@ -20,7 +20,7 @@ import pytest
 import requests
 from bson import ObjectId
 
-from common.config import settings
+from common.config import load, settings
 from common.errors import ValidationError
 from common.store.models import (CrawlerDownloadData, CrawlerTask, Export, Job, Notification, NotificationLog, utcnow)
 from common.exports.templates import parse_template, place
@@ -195,7 +195,7 @@ def test_identical_requests_are_deduplicated(cluster, tmp_path):
     assert not other.deduplicated
     assert run_export(str(first.export.id), "w1") == "success"
     assert exports.request(cluster.redis, "j", "csv", TEMPLATE, {"status": [200]}).deduplicated  # fresh SUCCESS
-    settings.override(EXPORT_DEDUP_WINDOW=0)
+    load(flags=dict(settings.flags, EXPORT_DEDUP_WINDOW=0))
     assert not exports.request(cluster.redis, "j", "csv", TEMPLATE, {"status": [200]}).deduplicated
     assert Export.objects.count() == 3
 
@@ -215,7 +215,8 @@ def test_bad_requests_store_nothing(cluster, tmp_path):
 
 
 def test_failed_attempts_are_retried_then_fail_with_a_signed_webhook(cluster, tmp_path):
-    settings.override(EXPORT_MAX_RETRIES=2, EXPORT_RETRY_DELAY=0, WEBHOOK_ALLOW_PRIVATE=True, WEBHOOK_SECRET="whsec")
+    load(flags=dict(settings.flags, EXPORT_MAX_RETRIES=2, EXPORT_RETRY_DELAY=0, WEBHOOK_ALLOW_PRIVATE=True,
+                    WEBHOOK_SECRET="whsec"))
     register(tmp_path, "j")
     with WebhookReceiver() as hook:
         export_id = str(exports.request(cluster.redis, "j", "csv", callback_url=hook.url).export.id)
@@ -241,7 +242,7 @@ def test_failed_attempts_are_retried_then_fail_with_a_signed_webhook(cluster, tm
 def test_webhook_retries_after_500s_and_gives_up_on_a_dead_receiver(cluster, tmp_path):
     from common.notify import deliver_due, queue_webhook
 
-    settings.override(WEBHOOK_ALLOW_PRIVATE=True, WEBHOOK_MAX_ATTEMPTS=3)
+    load(flags=dict(settings.flags, WEBHOOK_ALLOW_PRIVATE=True, WEBHOOK_MAX_ATTEMPTS=3))
     with WebhookReceiver([500, 503]) as hook:
         queue_webhook(hook.url, "export.succeeded", {"id": "x"})
         for _ in range(3):
@@ -274,10 +275,10 @@ def test_export_mail_and_signed_link_served_by_web(cluster, tmp_path):
     with SmtpServer() as smtp:
         env = {**cluster.env, "DOWNCLUSTER_SMTP_URL": smtp.url, "DOWNCLUSTER_SECRET_KEY": "s3cret",
                "DOWNCLUSTER_MAIL_FROM": "dc@example.org"}
-        settings.override(SMTP_URL=smtp.url, SECRET_KEY="s3cret", MAIL_FROM="dc@example.org")
+        load(flags=dict(settings.flags, SMTP_URL=smtp.url, SECRET_KEY="s3cret", MAIL_FROM="dc@example.org"))
         _job_with_pages(cluster, tmp_path, cookie="sid=do-not-leak")
         with WebServer(env) as web:
-            settings.override(WEB_BIND=f"127.0.0.1:{web.port}")
+            load(flags=dict(settings.flags, WEB_BIND=f"127.0.0.1:{web.port}"))
             export_id = str(exports.request(cluster.redis, "j", "csv", mails=["ann@example.org"]).export.id)
             assert run_export(export_id, "w1") == "success"
             assert len(smtp.messages) == 1
@@ -337,7 +338,7 @@ def test_api_exports_for_analysts(cluster, tmp_path):
 
 def test_report_mails_summary_once_per_drain_and_rate_limited_alerts(cluster, tmp_path):
     with SmtpServer() as smtp:
-        settings.override(SMTP_URL=smtp.url)
+        load(flags=dict(settings.flags, SMTP_URL=smtp.url))
         register(tmp_path, "j", report_mails="ops@example.org", cookie="sid=do-not-leak")
         add_urls("j", [f"{cluster.site}/page/1", f"{cluster.site}/status/404"])
         dispatch_once(cluster.redis)
@@ -402,7 +403,7 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
     db = Export._get_collection().database
     assert first.state == "RUNNING" and db["export_fs.chunks"].count_documents({"files_id": first.file_id}) > 0
     assert db["export_fs.files"].count_documents({}) == 0  # a partial upload: chunks without a file
-    settings.override(HEARTBEAT_TTL=3)
+    load(flags=dict(settings.flags, HEARTBEAT_TTL=3))
     time.sleep(3.5)
     dispatch_once(cluster.redis)  # the defender's share: recovered, partial chunks removed, sent again
     again = Export.objects.get(id=export_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rq import Queue
 
-from common.config import settings
+from common.config import load, settings
 from common.store.connection import connect_mongo, disconnect_mongo
 from common.store.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
 from common.queue.names import QUEUE_NAMES, cap
@@ -33,7 +33,7 @@ def fast(cluster, monkeypatch):
     for key, value in FAST_RECOVERY.items():
         monkeypatch.setenv(key, value)
         cluster.env[key] = value
-    settings.reload()
+    load()
     return cluster
 
 
@@ -186,7 +186,7 @@ def test_mongodb_stopped_during_writes_then_restarted(fast, tmp_path, monkeypatc
         for key, value in (("DOWNCLUSTER_MONGO_URI", mongo.uri("dc_m")), ("DOWNCLUSTER_MONGO_LOG_URI", mongo.uri("dc_m_log"))):
             monkeypatch.setenv(key, value)
             fast.env[key] = value
-        settings.reload()
+        load()
         disconnect_mongo()
         connect_mongo(ensure_indexes=True)
         register(tmp_path, "m", priority=1, kind="python", code=slow, allow_private=True)
@@ -209,7 +209,7 @@ def test_mongodb_stopped_during_writes_then_restarted(fast, tmp_path, monkeypatc
 def test_flood_stays_within_caps_and_drains(fast, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_Q_DOWN_LOW_LEN", "8")
     fast.env["DOWNCLUSTER_Q_DOWN_LOW_LEN"] = "8"
-    settings.reload()
+    load()
     register(tmp_path, "flood", priority=5, dispatch_num=100_000)
     total = 3000
     add_urls("flood", [f"{fast.site}/page/{i}" for i in range(total)])

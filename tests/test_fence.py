@@ -8,7 +8,7 @@ from datetime import timedelta
 from common.store import leases
 
 from common.queue import rqbridge
-from common.config import settings
+from common.config import load, settings
 from common.store.data import data_filter, data_rows
 from common.errors import DownloadError, NotFound
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
@@ -105,7 +105,7 @@ def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
 
 
 def _two_claimed_entries(cluster, tmp_path, name: str):
-    settings.override(DISPATCH_BATCH_SIZE=2)
+    load(flags=dict(settings.flags, DISPATCH_BATCH_SIZE=2))
     register(tmp_path, name)
     add_urls(name, [f"http://127.0.0.1:1/{name}/{i}" for i in range(4)])
     dispatch_once(cluster.redis)
@@ -146,7 +146,7 @@ def test_a_task_cancelled_mid_download_in_a_batch_with_hand_backs(cluster, tmp_p
 
 
 def test_an_entry_popped_and_not_yet_claimed_is_not_given_back(cluster, tmp_path):
-    settings.override(ABSENCE_GRACE=0)
+    load(flags=dict(settings.flags, ABSENCE_GRACE=0))
     register(tmp_path, "pop")
     add_urls("pop", [f"http://127.0.0.1:1/pop/{i}" for i in range(3)])
     dispatch_once(cluster.redis)
@@ -161,7 +161,7 @@ def test_an_entry_popped_and_not_yet_claimed_is_not_given_back(cluster, tmp_path
 
 
 def test_an_entry_missing_on_two_looks_is_given_back(cluster, tmp_path):
-    settings.override(ABSENCE_GRACE=0)
+    load(flags=dict(settings.flags, ABSENCE_GRACE=0))
     register(tmp_path, "gone")
     add_urls("gone", [f"http://127.0.0.1:1/gone/{i}" for i in range(3)])
     dispatch_once(cluster.redis)

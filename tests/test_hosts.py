@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.config import settings
+from common.config import load, settings
 from common.store.models import CrawlerDownloadLog, CrawlerLease, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import TRAFFIC
@@ -32,8 +32,8 @@ def hosts(cluster, monkeypatch):
     for key, value in LIMITS.items():
         monkeypatch.setenv(f"DOWNCLUSTER_{key}", value)
         cluster.env[f"DOWNCLUSTER_{key}"] = value
-    settings.reload()
-    settings.override(DISPATCH_BATCH_SIZE=2)
+    load()
+    load(flags=dict(settings.flags, DISPATCH_BATCH_SIZE=2))
     TRAFFIC.reset()
     procs: list[subprocess.Popen] = []
     cluster.procs = procs
@@ -130,7 +130,7 @@ def test_a_worker_s_clock_changes_no_lease(hosts, tmp_path, skew):
     defender judges them all along), and when it is killed its leases are still recovered."""
     fast = {**hosts.env, "DOWNCLUSTER_HEARTBEAT_TTL": "3", "DOWNCLUSTER_HOST_CONCURRENCY": "0",
             "DOWNCLUSTER_ABSENCE_GRACE": "0", **clock_skew(skew)}
-    settings.override(HEARTBEAT_TTL=3, ABSENCE_GRACE=0)
+    load(flags=dict(settings.flags, HEARTBEAT_TTL=3, ABSENCE_GRACE=0))
     register(tmp_path, "j", dispatch_num=100, obey_robots=False)
     add_urls("j", [f"{hosts.site}/hold/5000?{i}" for i in range(6)])
     assert dispatch_once(hosts.redis).total == 6

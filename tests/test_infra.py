@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from mongoengine.errors import NotUniqueError
 
-from common.config import settings
+from common.config import load, settings
 from common.store.models import CrawlerDispatchAlertLog, Job
 from sample_site import INVALID_UTF8_BODY, PDF_BODY, SHIFT_JIS_BODY, bytes_body, page_body
 
@@ -137,7 +137,7 @@ def test_cluster_env_and_settings(cluster, monkeypatch):
     assert settings.MONGO_URI.endswith("/dc_test") and settings.MONGO_LOG_URI.endswith("/dc_test_log")
     assert cluster.redis.ping() and cluster.site.startswith("http://127.0.0.1:")
     monkeypatch.setenv("DOWNCLUSTER_Q_DOWN_LOW_LEN", "50")
-    settings.reload()
+    load()
     assert settings.Q_DOWN_LOW_LEN == 50 and isinstance(settings.Q_DOWN_LOW_LEN, int)
 
 

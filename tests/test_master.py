@@ -6,7 +6,7 @@ import threading
 import pytest
 from rq import Queue
 
-from common.config import settings
+from common.config import load
 from common.store.models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
@@ -103,7 +103,7 @@ def test_dispatch_maps_priorities_to_queues_and_marks_tasks(cluster, tmp_path):
 def test_queue_cap_never_exceeded_and_alert_written(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_Q_DOWN_LOW_LEN", "3")
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "1")
-    settings.reload()
+    load()
     register(tmp_path, "l", priority=5, dispatch_num=100)
     add_urls("l", [f"http://127.0.0.1:1/{i}" for i in range(10)])
     for _ in range(3):
@@ -117,7 +117,7 @@ def test_queue_cap_never_exceeded_and_alert_written(cluster, tmp_path, monkeypat
 def test_total_cap_and_dispatch_num(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_MAX_TOTAL_DISPATCH_COUNT_ONCE", "25")
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "10")
-    settings.reload()
+    load()
     register(tmp_path, "a", priority=0, dispatch_num=20)
     register(tmp_path, "b", priority=4, dispatch_num=20)
     add_urls("a", [f"http://127.0.0.1:1/a{i}" for i in range(50)])

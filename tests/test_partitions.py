@@ -19,7 +19,7 @@ from rq import Queue
 
 import sample_site
 from common.store import leases
-from common.config import settings
+from common.config import load
 from common.store.data import data_filter, data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.queue.names import QUEUE_NAMES, cap
@@ -40,7 +40,7 @@ def fast(cluster, monkeypatch):
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
         cluster.env[key] = value
-    settings.reload()
+    load()
     return cluster
 
 

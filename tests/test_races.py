@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from rq import Queue
 
-from common.config import settings
+from common.config import load, settings
 from common.errors import DispatchLocked, DownloadError
 from common.store.models import (
     FRESH,
@@ -184,7 +184,7 @@ def test_a_run_that_lost_its_lock_pushes_nothing_and_stops(cluster, tmp_path, mo
 def test_the_cap_holds_against_a_second_filler(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_Q_DOWN_LOW_LEN", "3")
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_BATCH_SIZE", "1")
-    settings.reload()
+    load()
     register(tmp_path, "l2", dispatch_num=100)
     add_urls("l2", [f"http://127.0.0.1:1/{i}" for i in range(10)])
     real_plan = dispatcher.plan
@@ -250,7 +250,7 @@ def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypa
     from common.store.data import gridfs_of
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "16")
-    settings.reload()
+    load()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g1", n=2)
     CrawlerTask._get_collection().update_one({"_id": outcomes[0].task["_id"]}, {"$set": {"status": "CANCEL"}})
     store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
@@ -264,7 +264,7 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
     from common.store.data import gridfs_of
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "16")
-    settings.reload()
+    load()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g2", n=2)
     data = CrawlerDownloadData._get_collection()
     docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
@@ -314,12 +314,12 @@ def test_settings_that_cannot_work_are_refused(cluster, monkeypatch):
     from common.errors import ConfigError
 
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_ORDER", "random")
-    settings.reload()
+    load()
     with pytest.raises(ConfigError, match="DISPATCH_ORDER"):
         dispatch_once(cluster.redis)
     monkeypatch.setenv("DOWNCLUSTER_DISPATCH_ORDER", "priority")
     monkeypatch.setenv("DOWNCLUSTER_LEASE_TIMEOUT", "60")
-    settings.reload()
+    load()
     with pytest.raises(ConfigError, match="LEASE_TIMEOUT"):
         dispatch_once(cluster.redis)
 

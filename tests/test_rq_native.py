@@ -78,15 +78,15 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
     env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "1", "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
     os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
     try:
-        from common.config import settings
+        from common.config import load
 
-        settings.reload()
+        load()
         register(tmp_path, "seen", priority=5)
         add_urls("seen", [f"{cluster.site}/hold/4000?n={i}" for i in range(3)])
         assert dispatch_once(cluster.redis).total == 3
     finally:
         del os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"]
-        settings.reload()
+        load()
     worker_proc = subprocess.Popen([str(BIN / "downcluster"), "worker"], env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from common.config import settings
+from common.config import load
 from common.errors import DownloadError
 from slave.download.engines import wall
 from slave.download.engines.base import Limits
@@ -106,7 +106,7 @@ def walled(cluster, monkeypatch):
     """The cluster's settings with a web listening on WEB_BIND."""
     web = _Web()
     monkeypatch.setenv("DOWNCLUSTER_WEB_BIND", f"127.0.0.1:{web.port}")
-    settings.reload()
+    load()
     yield cluster, web
     web.close()
 
@@ -160,7 +160,7 @@ def test_sandbox_deny_walls_off_what_the_operator_lists(walled, monkeypatch):
         targets = {"internal": ["127.0.0.1", internal.port, HTTP_GET]}
         assert _probe(targets, allow_private=True)["internal"].startswith("OPEN HTTP/1.0 200")
         monkeypatch.setenv("DOWNCLUSTER_SANDBOX_DENY", f"127.0.0.1:{internal.port}")
-        settings.reload()
+        load()
         assert _probe(targets, allow_private=True) == {"internal": "refused"}
         assert internal.hits == 1
     finally:
@@ -184,7 +184,7 @@ def test_a_job_proxy_listed_in_sandbox_allow_carries_an_ordinary_jobs_downloads(
     cluster, _ = walled
     proxy = _Socks5()
     monkeypatch.setenv("DOWNCLUSTER_SANDBOX_ALLOW", f"127.0.0.1:{proxy.port}")
-    settings.reload()
+    load()
     url = f"{cluster.site}/page/7"
     direct = 'curl -sS --noproxy "*" -m 5 "$1"'
     with pytest.raises(DownloadError) as refused:
@@ -242,7 +242,7 @@ def remote_redis(cluster, monkeypatch, tmp_path):
                     raise
                 time.sleep(0.05)
         monkeypatch.setenv("DOWNCLUSTER_REDIS_URL", url)
-        settings.reload()
+        load()
         yield client
     finally:
         for proc in procs:

@@ -11,7 +11,7 @@ import pytest
 from bson import ObjectId
 
 from common.store import counts
-from common.config import settings
+from common.config import load, settings
 from common.store.leases import claim
 from common.store.models import (
     TASK_STATUSES,
@@ -45,7 +45,7 @@ def _kept(job_id) -> dict[str, int]:
 
 def test_counts_kept_as_tasks_change_equal_a_recount_at_every_step(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("DOWNCLUSTER_RETRY_BACKOFF_BASE", "0.01")  # the worker's retries come due at once
-    settings.override(RETRY_BACKOFF_BASE=0.01, HEARTBEAT_TTL=3, ABSENCE_GRACE=0)
+    load(flags=dict(settings.flags, RETRY_BACKOFF_BASE=0.01, HEARTBEAT_TTL=3, ABSENCE_GRACE=0))
     job = register(tmp_path, "c", dispatch_num=200, max_retry_times=2, obey_robots=False)
     site = cluster.site
     steps = []

@@ -49,8 +49,10 @@ def test_env_overrides_are_typed_and_local_file_is_below_env(tmp_path: Path):
     s = Settings(environ={"DOWNCLUSTER_SETTINGS": str(local), "DOWNCLUSTER_Q_DOWN_LOW_LEN": "50",
                           "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.5"})
     assert s.Q_DOWN_LOW_LEN == 50 and s.DISPATCH_ORDER == "host" and s.RETRY_BACKOFF_BASE == 0.5
-    s.override(Q_DOWN_LOW_LEN=3)
-    assert s.Q_DOWN_LOW_LEN == 3
+    flagged = Settings(environ={"DOWNCLUSTER_Q_DOWN_LOW_LEN": "50"}, flags={"Q_DOWN_LOW_LEN": 3})
+    assert flagged.Q_DOWN_LOW_LEN == 3  # a command-line flag is above the environment
+    with pytest.raises(AttributeError, match="read-only"):
+        flagged.Q_DOWN_LOW_LEN = 4  # resolved once, then frozen
     with pytest.raises(ConfigError, match="DOWNCLUSTER_Q_DOWN_LOW_LEN"):
         Settings(environ={"DOWNCLUSTER_Q_DOWN_LOW_LEN": "many"})
 
@@ -140,8 +142,8 @@ def test_retry_backoff_jitter_retry_after_and_limits():
     for n, d in enumerate(delays, 1):
         full = 2.0 * 2 ** (n - 1)
         assert full / 2 <= d <= full
-    assert next_retry_at(err, 5, 5, NOW) is None  # retries exhausted
-    assert next_retry_at(DownloadError("HTTP 404", retryable=False), 1, 5, NOW) is None
+    assert next_retry_at(err, 5, 5, NOW, 2.0, 600.0) is None  # retries exhausted
+    assert next_retry_at(DownloadError("HTTP 404", retryable=False), 1, 5, NOW, 2.0, 600.0) is None
     later = next_retry_at(DownloadError("HTTP 429", retry_after=120), 1, 5, NOW, 2.0, 600.0)
     assert (later - NOW).total_seconds() >= 120
     capped = next_retry_at(DownloadError("HTTP 503", retry_after=10 ** 6), 1, 5, NOW, 2.0, 600.0)
@@ -168,6 +170,18 @@ def test_secrets_are_redacted():
     out = redact(text)
     assert "pw" not in out and "s3cr3t-cookie" not in out and "xyz" not in out and "a=b" not in out
     assert strip_credentials("http://u:p@h/x") == "http://***@h/x"
+
+
+def test_remembered_secrets_are_bounded_least_recently_remembered_first():
+    from common import secrets
+
+    remember("kept-secret")
+    for i in range(secrets.MAX_KNOWN - 1):
+        remember(f"filler-{i:05d}")
+    remember("kept-secret")  # remembered again: the most recent
+    remember("one-more-filler")
+    assert len(secrets._known) == secrets.MAX_KNOWN
+    assert "kept-secret" not in redact("x kept-secret y") and "filler-00000" in redact("filler-00000")
 
 
 @pytest.mark.parametrize("code,why", [
@@ -232,3 +246,22 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
         assert isinstance(field, kinds[s.kind]), s.name
         if s.kind in (int, float):
             assert (field.min_value, field.max_value) == (s.low, s.high), s.name
+
+
+def test_a_setting_flag_is_above_the_environment_and_settings_are_read_only(monkeypatch):
+    from click.testing import CliRunner
+
+    from common.cli import main
+    from common.config import load, settings
+
+    monkeypatch.setenv("DOWNCLUSTER_WEB_BIND", "127.0.0.1:1")
+    try:
+        assert load().WEB_BIND == "127.0.0.1:1"
+        result = CliRunner().invoke(main, ["web", "--bind", "nonsense"])
+        assert result.exit_code == 2 and "got 'nonsense'" in result.output
+        assert settings.WEB_BIND == "nonsense" and dict(settings.flags) == {"WEB_BIND": "nonsense"}
+        with pytest.raises(AttributeError, match="read-only"):
+            settings.WEB_BIND = "127.0.0.1:2"
+    finally:
+        monkeypatch.undo()
+        load()

@@ -231,8 +231,8 @@ class _Writer:
 
 
 def bucket(table: Table, rows: Iterable[dict] | dict[str, Iterable[dict]]) -> dict[str, list[dict]]:
-    """The rows each row leaf holds, at most its row_count: from rows keyed by leaf name (seed
-    000's three-dimensional form), or from flat rows by their ``_row_head_`` or, failing that,
+    """The rows each row leaf holds, at most its row_count: from rows keyed by leaf name (a
+    mapping of leaf name to its rows), or from flat rows by their ``_row_head_`` or, failing that,
     their ``row_field`` value. Reading stops once every leaf is full."""
     wanted = {leaf.name: leaf.row_count for leaf in table.row_leaves}
     if isinstance(rows, dict):

@@ -7,7 +7,7 @@ depth, leaves at different depths are merged down to the deepest header row), op
 header tree (``row``: leaves name a value of ``row_field`` and hold ``row_count`` rows, default 1),
 ``title``, ``summary``, ``header`` and ``footer`` (key/value pairs above and below the table) and
 ``status`` (the HTTP status codes this table keeps). The sheet has ``sheet``, ``default_width`` and
-``default_height`` (points). The seed's short forms are accepted: ``{"url": "Address", ...}``
+``default_height`` (points). Short forms are accepted: ``{"url": "Address", ...}``
 (field -> title), ``[{"name": "url", "title": "Address"}, ...]``, ``{"col": [...], "row": [...]}``;
 and the first template form of this project, ``[[columns]]`` with ``header = [...]`` and ``field``.
 
@@ -79,7 +79,7 @@ class Placed:
 
 
 def place(nodes: tuple[Node, ...], rows: bool = False) -> list[Placed]:
-    """Seed 000's layout: a node's level is its depth; the first child starts where its parent
+    """Header layout: a node's level is its depth; the first child starts where its parent
     does and each next one after its elder siblings' breadth; an inner node spans its breadth,
     a leaf spans down to the deepest level (a row leaf spans its row_count)."""
     deepest = max(n.depth() for n in nodes)
@@ -252,7 +252,7 @@ def _table(data: Any, where: str) -> Table:
         raise ValidationError(f"{where}: unknown key {unknown[0]!r}")
     if "columns" in data and "col" in data:
         raise ValidationError(f"{where}: give col or columns, not both")
-    col = _legacy(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
+    col = _columns(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
     leaves = [x for n in col for x in n.leaves()]
     if len(leaves) > MAX_LEAVES:
         raise ValidationError(f"{where}: more than {MAX_LEAVES} columns")
@@ -313,9 +313,10 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
     return Node(_text(raw.get("title", name), f"{where}.title"), name, fmt, _points(raw.get("width"), f"{where}.width"))
 
 
-def _legacy(raw: Any, where: str) -> tuple[Node, ...]:
-    """``[[columns]]`` with ``header = [...]`` rows and ``field``: neighbours with equal header
-    prefixes share a parent (the same merges as before)."""
+def _columns(raw: Any, where: str) -> tuple[Node, ...]:
+    """The flat form ``[[columns]]`` (docs/exports.md), each with ``field`` and a ``header`` list
+    of titles from the top row down, as a header tree: neighbours with equal header prefixes share
+    a parent."""
     if not isinstance(raw, list) or not raw or len(raw) > MAX_LEAVES:
         raise ValidationError(f"{where}: needs 1-{MAX_LEAVES} [[columns]]")
     columns = []

@@ -6,6 +6,7 @@ from common.config import settings
 
 QUEUE_NAMES = ("down_super", "down_high", "down_mid", "down_low")
 PRIORITIES = range(-1, 6)
+DEFAULT_PRIORITY = PRIORITIES[-1]  # a job whose manifest names no priority: the lowest
 LOCK_KEY = "downcluster:dispatch:lock"
 # Export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time.
 EXPORT_QUEUE = "down_export"

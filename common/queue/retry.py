@@ -21,11 +21,12 @@ def next_retry_at(
     download_times: int,
     max_retry_times: int,
     now: datetime,
-    base: float = 2.0,
-    cap: float = 600.0,
+    base: float,
+    cap: float,
     rand: random.Random | None = None,
 ) -> datetime | None:
-    """None when the failure is final (not retryable, or ``download_times`` — attempts made,
+    """``base`` and ``cap``: the settings RETRY_BACKOFF_BASE and RETRY_BACKOFF_MAX.
+    None when the failure is final (not retryable, or ``download_times`` — attempts made,
     this one included — reached ``max_retry_times``); else ``now`` plus an exponential,
     jittered delay that is never shorter than the server's Retry-After (capped at ``cap``)."""
     if not error.retryable or download_times >= max_retry_times:

@@ -1,7 +1,9 @@
-"""MongoDB documents (mongoengine), two aliases as in the seed: "source" and "log".
+"""MongoDB documents (mongoengine) in three databases, one per connection alias: "source" (jobs,
+tasks, data, leases, exports, notifications), "log" (download, dispatch, alert, registration error
+and notification logs) and "control" (API tokens, web sessions, cluster secrets).
 
-Collection names are mongoengine's defaults for the seed's class names; analysts query them
-directly, so field names and status strings are part of the interface (README "Schema").
+Collection names are mongoengine's defaults for the class names unless ``meta`` names them;
+analysts query them directly, so field names and status strings are part of the interface (README "Schema").
 Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
 and the indexes.
 """
@@ -22,6 +24,8 @@ from mongoengine import (
     ReferenceField,
     StringField,
 )
+
+from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 
 
 def utcnow() -> datetime:
@@ -80,7 +84,7 @@ TASK_STATUSES = (LIVE, DISPATCH, SUCCESS, FAIL, CANCEL, DEAD)
 class Job(Document):
     name = StringField(required=True, unique=True, max_length=128)
     status = StringField(choices=(ON, OFF), default=ON)
-    priority = IntField(min_value=-1, max_value=5, default=5)
+    priority = IntField(min_value=PRIORITIES[0], max_value=PRIORITIES[-1], default=DEFAULT_PRIORITY)
     host = StringField(default="")
     # The fresh-task cursor (see common/store/tasks.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
@@ -124,29 +128,29 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-from common.jobsettings import ENGINES  # noqa: E402  (re-exported: built-in engines, the first the default)
+from common.jobsettings import ENGINES, field_args  # noqa: E402, F401  (ENGINES: re-exported)
 
 
 class CrawlerDownloadSetting(Document):
-    """A job's settings: the fields of ``common.jobsettings.SETTINGS`` (a test holds them equal)."""
+    """A job's settings: the fields of ``common.jobsettings.SETTINGS``, each with the bounds, length and
+    default of its declaration there (a test holds the field set equal)."""
 
-    PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
     job = ReferenceField(Job, required=True, unique=True)
-    dispatch_num = IntField(min_value=1, max_value=100_000, default=100)
-    max_retry_times = IntField(min_value=0, max_value=100, default=5)
-    proxy = StringField(default="")
-    cookie = StringField(default="")
+    dispatch_num = IntField(**field_args("dispatch_num"))
+    max_retry_times = IntField(**field_args("max_retry_times"))
+    proxy = StringField(**field_args("proxy"))
+    cookie = StringField(**field_args("cookie"))
     headers = DictField()
-    download_engine = StringField(max_length=16, default=ENGINES[0])
-    download_js = StringField(default="")
-    prior = IntField(min_value=0, max_value=2, default=0)
-    report_mails = StringField(max_length=256, default="")
-    host_concurrency = IntField(min_value=0, max_value=10_000, default=0)  # 0: the cluster's HOST_CONCURRENCY
-    host_delay = FloatField(min_value=0, max_value=3600, default=0.0)     # the stricter of this and HOST_DELAY wins
+    download_engine = StringField(**field_args("download_engine"))
+    download_js = StringField(**field_args("download_js"))
+    prior = IntField(**field_args("prior"))
+    report_mails = StringField(**field_args("report_mails"))
+    host_concurrency = IntField(**field_args("host_concurrency"))  # 0: the cluster's HOST_CONCURRENCY
+    host_delay = FloatField(**field_args("host_delay"))  # the stricter of this and HOST_DELAY wins
     obey_robots = BooleanField()                           # None: true for the built-in engine
-    allow_private = BooleanField(default=False)            # downloads may reach loopback/private addresses too
-    data_retention_days = IntField(min_value=0, max_value=36_500)  # None: DATA_RETENTION_DAYS; 0: for ever
-    log_retention_days = IntField(min_value=0, max_value=36_500)   # None: LOG_RETENTION_DAYS; 0: for ever
+    allow_private = BooleanField(**field_args("allow_private"))  # downloads may reach loopback/private addresses too
+    data_retention_days = IntField(**field_args("data_retention_days"))  # None: DATA_RETENTION_DAYS; 0: for ever
+    log_retention_days = IntField(**field_args("log_retention_days"))  # None: LOG_RETENTION_DAYS; 0: for ever
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}

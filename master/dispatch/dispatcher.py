@@ -36,9 +36,10 @@ from common.config import settings
 from common.store import dispatchlogs, jobinfo, leases, tasks
 from common.store.connection import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
+from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
 from common.store.models import AGAIN, FRESH, store_now, utcnow
 from common.store.tasks import Picked, due_again, due_fresh, fresh_cursor
-from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
 from master import maintenance as chores
 from master.dispatch import defender
@@ -81,8 +82,9 @@ class JobWork:
     def queue_of(self, picked: Picked) -> str:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
-        return queue_name(queue_for_priority(self.job.get("priority", 5)), picked.host or self.job.get("host") or "",
-                          foreign=self.prior == 2)
+        level = queue_for_priority(self.job.get("priority", DEFAULT_PRIORITY))
+        host = picked.host or self.job.get("host") or ""
+        return queue_name(level, host, foreign=self.prior == PRIOR_FOREIGN)
 
 
 @dataclass
@@ -107,7 +109,7 @@ class DispatchReport:
 def order_key(job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
     get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
-    host, priority, name = get("host", "") or "", get("priority", 5), get("name", "")
+    host, priority, name = get("host", "") or "", get("priority", DEFAULT_PRIORITY), get("name", "")
     host_key = (0 if host else 1, host)
     if order == "host":
         return (*host_key, priority, name)
@@ -250,7 +252,7 @@ class Run:
             mapping = entry_mapping(rq_queue(e.queue, self.redis), lease, entry_timeout(),
                                     settings.LEASE_TIMEOUT, f"{work.name} x{len(e.tasks)}", utcnow())
             push_entry(self.redis, LOCK_KEY, e.queue, entry_id(lease), mapping, cap(e.queue), self.token,
-                       at_front=work.prior == 1, client=pipe)
+                       at_front=work.prior == PRIOR_URGENCY, client=pipe)
         try:
             results = pipe.execute()
         except Exception as exc:  # Redis down: unknown which entries got in; their leases stay QUEUED and

@@ -7,7 +7,7 @@ Who may see what: an export belongs to the token that requested it; an analyst s
 its own exports and those of the jobs it is granted (``downcluster token grant``), an admin all;
 to anyone else an export does not exist (404).
 
-De-duplication (seeds 001, 004): the MD5 of the canonical (job, format, template, filter) finds
+De-duplication: the MD5 of the canonical (job, format, template, filter) finds
 an earlier export that is PENDING, RUNNING, or SUCCESS and younger than EXPORT_DEDUP_WINDOW;
 that one is returned (``deduplicated``) and the new request's callback and mails join it.
 """
@@ -265,7 +265,8 @@ class TendReport:
 
 
 def tend(redis: Redis) -> TendReport:
-    """Recover, resend, expire, notify. Each part is independent; none raises into the dispatcher."""
+    """Recover, resend, expire, notify, in that order. An error stops the rest and raises; the
+    dispatcher runs this as a chore (master/maintenance.py), which logs it and goes on."""
     from common.store.data import drop_export_file
 
     report = TendReport()

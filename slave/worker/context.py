@@ -34,6 +34,7 @@ class JobContext:
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
+MAX_CONTEXTS = 1024  # above it stale entries go: holds at most this or the jobs read in the last CONTEXT_TTL
 
 
 def load_context(job_id: ObjectId) -> JobContext | None:
@@ -51,7 +52,11 @@ def load_context(job_id: ObjectId) -> JobContext | None:
             kind=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
             max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
             supported=job["supported"])
-    _contexts[job_id] = (time.monotonic(), ctx)
+    at = time.monotonic()
+    _contexts[job_id] = (at, ctx)
+    if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB
+        for key in [k for k, (t, _) in list(_contexts.items()) if at - t >= CONTEXT_TTL]:
+            _contexts.pop(key, None)
     return ctx
 
 

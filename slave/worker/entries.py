@@ -11,7 +11,7 @@ from __future__ import annotations
 from slave.worker.runner import run_one
 
 
-def run_batch(lease: str, *_legacy) -> dict[str, int]:
+def run_batch(lease: str) -> dict[str, int]:
     """Entry point for rq. Returns counts for the rq result (kept 0 s by default)."""
     return run_one(lease) or {"success": 0, "fail": 0}
 

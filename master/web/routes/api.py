@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import json
-import subprocess
-import sys
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response, Security
@@ -16,9 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.store.connection import redis_conn
-from common.errors import ValidationError
+from common.errors import ConfigError, ValidationError
 from common.store.models import ADMIN, ApiToken, iso
 from master import registry, tokens, views
+from master.dispatch.dispatcher import dispatch_once
 from master.ops import stats
 from master.ops import tasks
 from master.intake import add_tasks
@@ -270,15 +268,13 @@ def disable_type(language: Language, _: Admin) -> dict:
 
 @router.post("/dispatch", tags=["cluster"], responses=answers(401, 403, 409))
 def dispatch(_: Admin) -> dict:
-    """One dispatcher run, as ``downcluster dispatch`` (in a child process, so its watchdog
-    can stop a run that overstays without stopping this server)."""
-    proc = subprocess.run([sys.executable, "-m", "common.cli", "dispatch", "--json"], capture_output=True,
-                          text=True, timeout=settings.DISPATCH_USE_POOL_TIMEOUT + 60)
-    line = (proc.stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
-    if proc.returncode == 0:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    status = {75: 409, 2: 422, 1: 503 if "unreachable" in line else 500}.get(proc.returncode, 500)
-    raise ApiError(status, line or f"dispatcher exited with {proc.returncode}")
+    """One dispatcher run, as ``downcluster dispatch --json``, in this process: FastAPI runs a
+    plain ``def`` route in its thread pool, so the event loop goes on meanwhile. 409 when another
+    dispatcher holds the lock. The run has no watchdog here (it ends its process, this server)."""
+    try:
+        return dispatch_once(redis_conn(), watchdog=False).as_dict()
+    except ConfigError as exc:  # a malformed dispatcher setting: what the command exits 2 for
+        raise ApiError(422, str(exc)) from None
 
 
 @router.get("/stats", tags=["cluster"], responses=READ)

@@ -197,7 +197,7 @@ def download_now(name: JobName, token: Reader, format: FORMATS = "csv",
                  since: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
                  until: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
                  ) -> Response:
-    """Seed 000's synchronous download: the file at once when the job's matching rows are at most
+    """The synchronous download: the file at once when the job's matching rows are at most
     EXPORT_SYNC_MAX_ROWS and a slot is free; otherwise 202 and an asynchronous export."""
     flt = ExportFilter(status=[int(s) for s in status.split(",")] if status else None, since=since, until=until)
     return _download(name, SyncIn(format=format, template=template, filter=flt), token)

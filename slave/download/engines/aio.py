@@ -25,6 +25,7 @@ from aiohttp.resolver import DefaultResolver
 from multidict import CIMultiDict
 from yarl import URL
 
+import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
@@ -168,7 +169,7 @@ LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a 
 
 
 async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", cookie: str = "",
-                headers: dict | None = None, user_agent: str = "downcluster/1.0",
+                headers: dict | None = None, user_agent: str = declared.DOWNLOAD_USER_AGENT,
                 large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
     ``allow_private``: loopback, private and link-local addresses may be reached too.

@@ -3,20 +3,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import settings as declared  # the cluster settings' one declaration: their defaults
+
 
 @dataclass
 class Limits:
-    """Per-download limits, taken from settings by the job function."""
+    """Per-download limits: the worker gives each from the effective settings; a field left out
+    takes the declared default of the cluster setting named beside it."""
 
-    timeout: float = 300.0          # total seconds for the whole download
-    maxsize: int = 64 * 1024 * 1024  # body bytes, after decompression
-    max_redirects: int = 10
-    memory_mb: int = 1024            # sandboxed downloaders: address space
-    cpu_seconds: int = 300
-    max_processes: int = 64
-    max_open_files: int = 256
-    max_file_mb: int = 64
-    stderr_bytes: int = 4096
+    timeout: float = float(declared.DOWNLOAD_TIMEOUT)   # total seconds for the whole download
+    maxsize: int = declared.DOWNLOAD_MAXSIZE            # body bytes, after decompression
+    max_redirects: int = declared.DOWNLOAD_MAX_REDIRECTS
+    memory_mb: int = declared.SANDBOX_MEMORY_MB         # sandboxed downloaders: address space
+    cpu_seconds: int = declared.SANDBOX_CPU_SECONDS
+    max_processes: int = declared.SANDBOX_MAX_PROCESSES
+    max_open_files: int = declared.SANDBOX_MAX_OPEN_FILES
+    max_file_mb: int = declared.SANDBOX_MAX_FILE_MB
+    stderr_bytes: int = declared.SANDBOX_STDERR_BYTES
 
 
 @dataclass

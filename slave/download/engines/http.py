@@ -27,6 +27,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import ProxyManager
 
+import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
@@ -38,7 +39,8 @@ __all__ = ["fetch", "new_session", "classify_status", "classify_exception"]
 
 CHUNK = 64 * 1024
 CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than the time left
-MAX_RETRY_AFTER = 600.0         # a server's Retry-After is capped here (settings.RETRY_BACKOFF_MAX)
+MAX_RETRY_AFTER = float(declared.RETRY_BACKOFF_MAX)  # a server's Retry-After is capped here (and by
+# next_retry_at at the effective RETRY_BACKOFF_MAX)
 REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 SECRET_HEADERS = ("cookie", "authorization", "proxy-authorization")
 
@@ -387,7 +389,7 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
-          user_agent: str = "downcluster/1.0", allow_private: bool = False,
+          user_agent: str = declared.DOWNLOAD_USER_AGENT, allow_private: bool = False,
           cut: Cut | None = None) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
     ``allow_private``: loopback, private and link-local addresses may be reached too; ``cut``:
