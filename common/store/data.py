@@ -60,6 +60,21 @@ class Upload:
                                "metadata": self.metadata})
 
 
+def export_upload(file_id, filename: str, metadata: dict) -> Upload:
+    """A new export file (bucket ``export_fs``), written as it streams."""
+    return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
+
+
+def documents(job_id, flt: dict) -> Iterator[tuple[dict, bytes]]:
+    """(document without its request, body) of each of the job's shown data documents matching
+    ``flt`` (see ``data_filter``), oldest first."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
+    for doc in visible(cursor):
+        yield doc, body_of(doc, fs)
+
+
 def drop_export_file(file_id) -> None:
     """Remove an export's file from GridFS, complete or partial (chunks without a files document
     are what an upload cut off leaves)."""
