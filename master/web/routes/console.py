@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse
 from master.web.errors import ApiError
 
 router = APIRouter(include_in_schema=False)
-STATIC = Path(__file__).parent / "static"
+STATIC = Path(__file__).parent.parent / "static"
 FILES = {"app.js": "text/javascript", "app.css": "text/css"}
 
 
