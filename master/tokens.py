@@ -46,7 +46,7 @@ def listing() -> list[dict]:
 
 def grant(name: str, jobs: list[str], remove: bool = False) -> list[str]:
     """Let token NAME see every export of ``jobs`` (or no longer, with ``remove``); its grants after."""
-    from common.store.models import job_named
+    from common.store.jobs import named as job_named
 
     token = control.token(name)
     if token is None:
@@ -79,7 +79,8 @@ def authenticate(secret: str | None) -> control.Token | None:
 def start_session(token: control.Token) -> tuple[str, str]:
     """A new console session for ``token``: (cookie secret, CSRF token)."""
     secret, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
-    control.add_session(digest(secret), token.digest, csrf, utcnow() + timedelta(seconds=settings.WEB_SESSION_TTL))
+    expires_at = utcnow() + timedelta(seconds=settings.WEB_SESSION_TTL)
+    control.add_session(digest(secret), token.digest, csrf, expires_at)
     return secret, csrf
 
 

@@ -139,7 +139,8 @@ def _task(doc: dict, job_name: str) -> dict:
     return {"id": str(doc["_id"]), "job": job_name, "url": doc.get("uri"), "status": doc.get("status"),
             "attempts": doc.get("download_times", 0), "recoveries": doc.get("recoveries", 0),
             "failed_reason": doc.get("failed_reason"), "retry_at": iso(doc.get("retry_at")),
-            "host": doc.get("host_name") or "", "queue": doc.get("queue"), "data_id": str(data) if data else None,
+            "host": doc.get("host_name") or "", "queue": doc.get("queue"),
+            "data_id": str(data) if data else None,
             "add_datetime": iso(doc.get("add_datetime")), "last_update_datetime": iso(doc.get("last_update_datetime")),
             "download_logs": task_logs}
 

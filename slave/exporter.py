@@ -98,7 +98,8 @@ def run_export(export_id: str, worker_id: str) -> str:
     finally:
         beat.halt.set()
     done = store_now()
-    if not exports.settle(oid, worker_id, rows, size, done, timedelta(seconds=settings.EXPORT_TTL)):  # cancelled or recovered at the last moment: the file is not ours to keep
+    if not exports.settle(oid, worker_id, rows, size, done, timedelta(seconds=settings.EXPORT_TTL)):
+        # cancelled or recovered at the last moment: the file is not ours to keep
         drop_export_file(file_id)
         return "stopped"
     publish(oid)

@@ -39,7 +39,8 @@ def publish(export_id) -> None:
         logging.getLogger(__name__).debug("export %s: event not published: %s", export_id, type(exc).__name__)
 
 
-def announce(export: exports.Export, callbacks: list[str] | None = None, mails: list[str] | None = None) -> None:
+def announce(export: exports.Export, callbacks: list[str] | None = None,
+             mails: list[str] | None = None) -> None:
     """Queue and try to deliver the end-of-export notifications (to ``callbacks``/``mails``, by
     default the export's own). Never raises."""
     try:

@@ -70,7 +70,8 @@ def documents(job_id, flt: dict) -> Iterator[tuple[dict, bytes]]:
     ``flt`` (see ``data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
-    cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
+    cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0})
+    cursor = cursor.sort("_id", 1).batch_size(200)
     for doc in visible(cursor):
         yield doc, body_of(doc, fs)
 

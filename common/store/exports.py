@@ -60,7 +60,8 @@ def listing(job_name: str | None, limit: int, seen_by: tuple[str, list[str]] | N
     name and granted jobs) only the ones it requested or was granted."""
     query = Export.objects(job_name=job_name) if job_name else Export.objects
     if seen_by is not None:
-        query = query.filter(__raw__={"$or": [{"requested_by": seen_by[0]}, {"job_name": {"$in": list(seen_by[1])}}]})
+        name, granted = seen_by
+        query = query.filter(__raw__={"$or": [{"requested_by": name}, {"job_name": {"$in": list(granted)}}]})
     return list(query.order_by("-created_at").limit(limit))
 
 
@@ -78,7 +79,8 @@ def reload(export: Export) -> Export:
 
 def by_state() -> dict:
     """How many exports there are in each state (states without any left out)."""
-    return {row["_id"]: row["n"] for row in _coll().aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}])}
+    rows = _coll().aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}])
+    return {row["_id"]: row["n"] for row in rows}
 
 
 def open_file(file_id):
@@ -96,14 +98,14 @@ def recover_dead(now: datetime, dead_before: datetime, max_recoveries: int) -> I
     """Give RUNNING exports whose worker stopped beating before ``dead_before`` back to PENDING
     (FAIL after ``max_recoveries``); yields (doc with its ``file_id``, final) for each."""
     coll = _coll()
-    for doc in coll.find({"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, {"file_id": 1, "recoveries": 1}):
+    dead = {"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}
+    for doc in coll.find(dead, {"file_id": 1, "recoveries": 1}):
         final = doc.get("recoveries", 0) + 1 >= max_recoveries
         update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
                            "error": "its worker died" + (f" {max_recoveries} times" if final else ""),
                            **({"finished_at": now} if final else {})},
                   "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
-        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}},
-                           update).modified_count:
+        if coll.update_one({"_id": doc["_id"], **dead}, update).modified_count:
             yield doc, final
 
 
@@ -132,7 +134,8 @@ def expire(now: datetime) -> Iterator[dict]:
     """SUCCESS exports past ``expires_at`` -> EXPIRED; yields each (with its ``file_id``)."""
     coll = _coll()
     for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
-        if coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}}).modified_count:
+        expired = coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}})
+        if expired.modified_count:
             yield doc
 
 
@@ -142,11 +145,13 @@ def claim(export_id, worker_id: str, now: datetime, default_limit: int, file_id)
     """PENDING -> RUNNING for ``worker_id`` (counting the attempt); the export after, or None if
     it was not PENDING."""
     coll = _coll()
-    limit = (coll.find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time") or default_limit
+    limit = (coll.find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time")
+    limit = limit or default_limit
     return coll.find_one_and_update(
         {"_id": export_id, "state": PENDING},
         {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
-                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0, "error": None},
+                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0,
+                  "error": None},
          "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
         return_document=ReturnDocument.AFTER)
 
@@ -176,7 +181,8 @@ def settle(export_id, worker_id: str, rows: int, size: int, done: datetime, ttl:
 
 
 def fail(export_id, worker_id: str, reason: str, now: datetime, final: bool, retry_at: datetime) -> bool:
-    """RUNNING by ``worker_id`` -> FAIL (``final``) or PENDING again from ``retry_at``; whether it still was."""
+    """RUNNING by ``worker_id`` -> FAIL (``final``) or PENDING again from ``retry_at``; whether it
+    still was."""
     update = {"state": FAIL, "finished_at": now} if final else {"state": PENDING, "retry_at": retry_at}
     return bool(_coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
                                    {"$set": {**update, "error": reason, "worker": None}}).modified_count)

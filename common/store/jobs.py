@@ -84,7 +84,8 @@ def store(name: str, priority: int, host: str, code: str, dtype, fields: dict) -
     download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
     download.code, download.types, download.status, download.last_update_datetime = code, dtype, ON, now
     download.save()
-    setting = CrawlerDownloadSetting.objects(job=job).first() or CrawlerDownloadSetting(job=job, add_datetime=now)
+    setting = CrawlerDownloadSetting.objects(job=job).first()
+    setting = setting or CrawlerDownloadSetting(job=job, add_datetime=now)
     for key, value in fields.items():
         setattr(setting, key, value)
     setting.last_update_datetime = now
@@ -106,7 +107,8 @@ def type_rows() -> list[dict]:
 
 
 def set_support(language: str, supported: bool) -> None:
-    CrawlerDownloadType.objects(language=language).update_one(set__is_support="support" if supported else "unsupport")
+    support = "support" if supported else "unsupport"
+    CrawlerDownloadType.objects(language=language).update_one(set__is_support=support)
 
 
 def type_names() -> dict:
@@ -133,7 +135,8 @@ def reported() -> list[tuple[dict, str]]:
     out = []
     for s in CrawlerDownloadSetting._get_collection().find({"report_mails": {"$nin": ["", None]}},
                                                             {"job": 1, "report_mails": 1}):
-        job = Job._get_collection().find_one({"_id": s["job"]}, {"name": 1, "report_counts": 1, "alert_mail_at": 1})
+        job = Job._get_collection().find_one({"_id": s["job"]},
+                                             {"name": 1, "report_counts": 1, "alert_mail_at": 1})
         if job is not None:
             out.append((job, s["report_mails"]))
     return out
@@ -141,8 +144,9 @@ def reported() -> list[tuple[dict, str]]:
 
 def claim_summary(job: dict, counts: dict, now: datetime) -> bool:
     """Record ``counts`` as the job's reported summary unless another run did first; whether this one did."""
-    return bool(Job._get_collection().update_one({"_id": job["_id"], "report_counts": job.get("report_counts")},
-                                                 {"$set": {"report_counts": counts, "report_at": now}}).modified_count)
+    done = Job._get_collection().update_one({"_id": job["_id"], "report_counts": job.get("report_counts")},
+                                            {"$set": {"report_counts": counts, "report_at": now}})
+    return bool(done.modified_count)
 
 
 def claim_alert(job: dict, last, now: datetime) -> bool:

@@ -36,6 +36,7 @@ def alerts_since(job_id, since: datetime) -> tuple[int, list[str]]:
     job written after ``since``."""
     coll = CrawlerDispatchAlertLog._get_collection()
     full = coll.count_documents({"job": job_id, "type": "queue_full", "add_datetime": {"$gt": since}})
-    stalls = coll.find({"job": job_id, "type": "queue_stall", "add_datetime": {"$gt": since}}, {"reason": 1}).limit(5)
+    stalls = coll.find({"job": job_id, "type": "queue_stall", "add_datetime": {"$gt": since}},
+                       {"reason": 1}).limit(5)
     return full, [s["reason"] for s in stalls]
 

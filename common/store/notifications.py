@@ -34,8 +34,9 @@ def delivered(doc: dict) -> None:
 def failed(doc: dict, error: str, final: bool, next_at: datetime) -> None:
     """An attempt failed: FAIL for good if ``final``, else PENDING again from ``next_at``."""
     Notification._get_collection().update_one(
-        {"_id": doc["_id"]}, {"$set": {"state": FAIL if final else PENDING, "last_error": error, "next_at": next_at},
-                              "$unset": {"claimed_until": 1}})
+        {"_id": doc["_id"]},
+        {"$set": {"state": FAIL if final else PENDING, "last_error": error, "next_at": next_at},
+         "$unset": {"claimed_until": 1}})
 
 
 def log_attempt(target: str, kind: str, event: str, status: str, attempt: int, error: str | None) -> None:

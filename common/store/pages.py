@@ -42,8 +42,10 @@ LOGS = {
 }
 TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
                "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
-DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1, "response_body_gridfs": 1,
-               "size": {"$cond": [{"$ifNull": ["$response_body", False]}, {"$binarySize": "$response_body"}, 0]}}
+DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1,
+               "response_body_gridfs": 1,
+               "size": {"$cond": [{"$ifNull": ["$response_body", False]},
+                                  {"$binarySize": "$response_body"}, 0]}}
 
 
 # --- tasks -------------------------------------------------------------------------------
@@ -53,8 +55,8 @@ def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
         flt["status"] = status
-    return by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after, newest=newest,
-                 projection=TASK_FIELDS)
+    return by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after,
+                 newest=newest, projection=TASK_FIELDS)
 
 
 def task(job_id, task_id: ObjectId | None, uri: str | None) -> dict | None:
@@ -72,7 +74,8 @@ def data_of(task: dict) -> ObjectId | None:
     """The id of the data document of the task's settled lease, or None."""
     if not task.get("data_lease"):
         return None
-    doc = CrawlerDownloadData._get_collection().find_one({"task": task["_id"], "lease": task["data_lease"]}, {"_id": 1})
+    doc = CrawlerDownloadData._get_collection().find_one({"task": task["_id"], "lease": task["data_lease"]},
+                                                         {"_id": 1})
     return doc["_id"] if doc else None
 
 
@@ -85,7 +88,8 @@ def data(job_id, limit: int, after: ObjectId | None) -> list[dict]:
     docs: list[dict] = []
     span = counts.span(job_id)
     while len(docs) <= limit:
-        raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS, computed=True)
+        raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS,
+                    computed=True)
         keep = shown(raw)
         docs += [d for d in raw if d["_id"] in keep]
         if len(raw) <= limit:
@@ -103,7 +107,8 @@ def data(job_id, limit: int, after: ObjectId | None) -> list[dict]:
 def body(data_id: ObjectId) -> tuple[int, Iterator[bytes]] | None:
     """(length, chunks) of a shown data document's body, byte-exact (GridFS bodies streamed), or None."""
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": data_id}, {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
+    doc = coll.find_one({"_id": data_id},
+                        {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
     if doc is None or not shown([doc]):
         return None
     if doc.get("response_body_gridfs"):
@@ -115,7 +120,8 @@ def body(data_id: ObjectId) -> tuple[int, Iterator[bytes]] | None:
 
 # --- logs --------------------------------------------------------------------------------
 
-def logs(kind: str, limit: int, after: ObjectId | None, job_id=None, job_name: str | None = None) -> list[dict]:
+def logs(kind: str, limit: int, after: ObjectId | None, job_id=None,
+         job_name: str | None = None) -> list[dict]:
     """Up to ``limit`` of log ``kind`` (one of LOGS), newest first: of job ``job_id`` (the
     registration log: of ``job_name``), or of every job."""
     model = LOGS[kind]
@@ -165,7 +171,8 @@ def time_span(job_id) -> dict:
     """{"first": the first task's add time, "last": the last change}, or {} for a job without tasks."""
     return next(CrawlerTask._get_collection().aggregate([
         {"$match": {"job": job_id}},
-        {"$group": {"_id": None, "first": {"$min": "$add_datetime"}, "last": {"$max": "$last_update_datetime"}}}]), {})
+        {"$group": {"_id": None, "first": {"$min": "$add_datetime"},
+                    "last": {"$max": "$last_update_datetime"}}}]), {})
 
 
 def dead_since(job_id, since) -> int:

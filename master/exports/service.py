@@ -24,9 +24,9 @@ from redis import Redis
 
 from common.config import settings
 from common.errors import Conflict, NotFound, ValidationError
-from common.store import exports
+from common.store import exports, jobs
 from common.store.control import Token
-from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, job_named, store_now, utcnow
+from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
 from common.exports.events import publish
@@ -109,7 +109,7 @@ class Checked:
 def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None) -> Checked:
     if not isinstance(job_name, str):
         raise ValidationError("job must be a string")
-    job = job_named(job_name)
+    job = jobs.named(job_name)
     if fmt not in EXPORT_FORMATS:
         raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
     if template is not None and not isinstance(template, str):
