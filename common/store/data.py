@@ -1,6 +1,12 @@
-"""Reading stored data (bodies byte-exact from the document or GridFS, the export rows) and
-writing export files to GridFS. Data is read through ``visible``: only documents that their
-task names (the fence, ``common/store/leases.py``)."""
+"""Stored data: ``crawler_download_data`` (a download's response; large bodies in the GridFS
+bucket ``crawler_download_data_fs``) and export files (GridFS bucket ``export_fs``). Reading
+bodies byte-exact, the export rows, and writing export files.
+
+Indexes: ``(task, lease)`` finds the data of a task's settled lease; ``(job, _id)`` reads a job's
+data in ``_id`` (time) order, window by window (``common.store.paging``).
+Invariant: data is read through ``visible`` / ``shown``: only documents that their task names
+(the fence, ``common/store/leases.py``); an export file without a files document is a dead
+writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 
 import gridfs
