@@ -29,7 +29,8 @@ import urllib3
 from common import netguard
 from common.config import settings
 from common.errors import AddressRefused, ValidationError
-from common.store.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, utcnow
+from common.store import notifications
+from common.store.models import utcnow
 from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
@@ -96,38 +97,33 @@ def check_callback(url: str) -> str:
 
 
 def queue_webhook(url: str, event: str, payload: dict) -> None:
-    Notification(kind="webhook", target=url, event=event, body=json.dumps(payload, separators=(",", ":"))).save()
+    notifications.add("webhook", url, event, json.dumps(payload, separators=(",", ":")))
 
 
 def queue_mail(to: str, event: str, subject: str, text: str) -> None:
     if not settings.SMTP_URL:
         logger.info("SMTP_URL is not set: mail %s to %s not sent", event, to)
         return
-    Notification(kind="mail", target=to, event=event, subject=subject, body=text).save()
+    notifications.add("mail", to, event, text, subject=subject)
 
 
 def deliver_due(limit: int = 50) -> int:
     """Attempt the deliveries that are due (each claimed by one process at a time); how many were
     delivered. Never raises."""
     delivered = 0
-    coll = Notification._get_collection()
     for _ in range(limit):
-        now = utcnow()
         try:
-            doc = coll.find_one_and_update(
-                {"state": PENDING, "next_at": {"$lte": now},
-                 "$or": [{"claimed_until": None}, {"claimed_until": {"$lt": now}}]},
-                {"$set": {"claimed_until": now + CLAIM}, "$inc": {"attempts": 1}}, return_document=True)
+            doc = notifications.claim(utcnow(), CLAIM)
         except Exception as exc:  # MongoDB away: try again on the next pass
             logger.warning("notifications not read: %s", type(exc).__name__)
             return delivered
         if doc is None:
             return delivered
-        delivered += _attempt(coll, doc)
+        delivered += _attempt(doc)
     return delivered
 
 
-def _attempt(coll, doc: dict) -> int:
+def _attempt(doc: dict) -> int:
     error = None
     try:
         if doc["kind"] == "webhook":
@@ -138,16 +134,14 @@ def _attempt(coll, doc: dict) -> int:
         error = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500] if str(exc) else type(exc).__name__
     attempt, now = doc["attempts"], utcnow()
     try:
-        NotificationLog(target=_shown(doc), kind=doc["kind"], event=doc["event"], status="SENT" if error is None else "FAIL",
-                        attempt=attempt, error=error).save()
+        notifications.log_attempt(_shown(doc), doc["kind"], doc["event"], "SENT" if error is None else "FAIL",
+                                  attempt, error)
         if error is None:
-            coll.update_one({"_id": doc["_id"]}, {"$set": {"state": SUCCESS, "last_error": None}, "$unset": {"claimed_until": 1}})
+            notifications.delivered(doc)
             return 1
         final = attempt >= settings.WEBHOOK_MAX_ATTEMPTS or error.startswith("ValidationError")
         delay = backoff(attempt, base=30, cap=3600, jitter=False)  # the first retry within a minute
-        coll.update_one({"_id": doc["_id"]}, {"$set": {"state": FAIL if final else PENDING, "last_error": error,
-                                                       "next_at": now + timedelta(seconds=delay)},
-                                              "$unset": {"claimed_until": 1}})
+        notifications.failed(doc, error, final, now + timedelta(seconds=delay))
     except Exception as exc:
         logger.warning("notification state not written: %s", type(exc).__name__)
     return 0

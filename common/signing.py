@@ -10,13 +10,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import secrets
 import time
 
-from pymongo.errors import DuplicateKeyError
 
 from common.config import settings
-from common.store.models import ClusterSecret
+from common.store import control
 
 
 def key(name: str) -> bytes:
@@ -24,14 +22,7 @@ def key(name: str) -> bytes:
     value = getattr(settings, name)
     if value:
         return value.encode()
-    found = ClusterSecret.objects(id=name).first()
-    if found is None:
-        try:
-            ClusterSecret(id=name, value=secrets.token_hex(32)).save(force_insert=True)
-        except DuplicateKeyError:  # another process made it first: use theirs
-            pass
-        found = ClusterSecret.objects.get(id=name)
-    return found.value.encode()
+    return control.secret(name).encode()
 
 
 def _mac(secret: bytes, message: str) -> str:

@@ -19,17 +19,8 @@ from common.errors import NotFound, ValidationError
 from common.notify import check_mail
 from common.jobsettings import ENGINES
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store.models import (
-    OFF,
-    ON,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerDownloadType,
-    CrawlerRegistrationErrorLog,
-    Job,
-    job_named,
-    utcnow,
-)
+from common.store import jobs
+from common.store.models import OFF, ON
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
@@ -167,37 +158,20 @@ def load_manifest(path: str | Path) -> JobSpec:
 
 def ensure_download_types() -> None:
     """Create the supported CrawlerDownloadType rows the first time they are needed."""
-    for language in DOWNLOADER_TYPES:
-        CrawlerDownloadType.objects(language=language).update_one(
-            set_on_insert__is_support="support", set_on_insert__add_datetime=utcnow(), upsert=True
-        )
+    jobs.ensure_types(DOWNLOADER_TYPES)
 
 
-def store(spec: JobSpec) -> tuple[Job, bool]:
+def store(spec: JobSpec) -> tuple[jobs.Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
     ensure_download_types()
-    dtype = CrawlerDownloadType.objects.get(language=spec.type)
+    dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
-    now = utcnow()
-    job = Job.objects(name=spec.name).first()
-    created = job is None
-    job = job or Job(name=spec.name, add_datetime=now)
-    job.priority, job.host, job.last_update_datetime = spec.priority, spec.host, now
-    job.save()
-    download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
-    download.code, download.types, download.status, download.last_update_datetime = spec.code, dtype, ON, now
-    download.save()
-    setting = CrawlerDownloadSetting.objects(job=job).first() or CrawlerDownloadSetting(job=job, add_datetime=now)
     fields = {**jobsettings.defaults(settings), **spec.settings}
-    for key, value in fields.items():
-        setattr(setting, key, value)
-    setting.last_update_datetime = now
-    setting.save()
-    return job, created
+    return jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields)
 
 
-def register(path: str | Path) -> Job:
+def register(path: str | Path) -> jobs.Job:
     """Validate and store the manifest at ``path``; on rejection log it and re-raise."""
     def guess() -> str:
         try:
@@ -207,7 +181,7 @@ def register(path: str | Path) -> Job:
     return _logged(lambda: load_manifest(path), str(path), guess)[0]
 
 
-def register_text(manifest: str, code: str | None = None) -> tuple[Job, bool]:
+def register_text(manifest: str, code: str | None = None) -> tuple[jobs.Job, bool]:
     """Validate and store a manifest given as text, with its code (the API's door); (job, created)."""
     def load() -> JobSpec:
         if not isinstance(manifest, str) or "\0" in manifest or len(manifest) > MAX_CODE_BYTES:
@@ -216,11 +190,11 @@ def register_text(manifest: str, code: str | None = None) -> tuple[Job, bool]:
     return _logged(load, "(api)", lambda: _guess_name(manifest))
 
 
-def _logged(load, label: str, guess) -> tuple[Job, bool]:
+def _logged(load, label: str, guess) -> tuple[jobs.Job, bool]:
     try:
         return store(load())
     except ValidationError as exc:
-        CrawlerRegistrationErrorLog(name=guess(), manifest=label, reason=str(exc), hostname=settings.HOSTNAME).save()
+        jobs.log_rejected(guess(), label, str(exc), settings.HOSTNAME)
         raise
 
 
@@ -231,13 +205,10 @@ def _guess_name(text: str) -> str:
         return ""
 
 
-def set_status(name: str, status: str) -> Job:
+def set_status(name: str, status: str) -> jobs.Job:
     if status not in (ON, OFF):
         raise ValidationError(f"status must be ON or OFF, got {status!r}")
-    job = job_named(name)
-    job.update(set__status=status, set__last_update_datetime=utcnow())
-    job.reload()
-    return job
+    return jobs.set_status(jobs.named(name), status)
 
 
 # --- downloader types (administrators deploy which languages the platform supports) ---
@@ -245,11 +216,7 @@ def set_status(name: str, status: str) -> Job:
 def type_rows() -> list[dict]:
     """Every downloader type, whether it is supported, and how many jobs use it."""
     ensure_download_types()
-    used: dict = {}
-    for row in CrawlerDownload._get_collection().aggregate([{"$group": {"_id": "$types", "n": {"$sum": 1}}}]):
-        used[row["_id"]] = row["n"]
-    return [{"language": t.language, "is_support": t.is_support, "jobs": used.get(t.id, 0),
-             "add_datetime": t.add_datetime} for t in CrawlerDownloadType.objects.order_by("language")]
+    return jobs.type_rows()
 
 
 def set_type_support(language: str, supported: bool) -> dict:
@@ -258,5 +225,5 @@ def set_type_support(language: str, supported: bool) -> dict:
     ensure_download_types()
     if language not in DOWNLOADER_TYPES:
         raise NotFound(f"no downloader type {str(language)[:40]!r} (one of {', '.join(DOWNLOADER_TYPES)})")
-    CrawlerDownloadType.objects(language=language).update_one(set__is_support="support" if supported else "unsupport")
+    jobs.set_support(language, supported)
     return next(r for r in type_rows() if r["language"] == language)

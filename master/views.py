@@ -14,37 +14,14 @@ from bson import ObjectId
 from bson.errors import InvalidId
 from redis import Redis
 
-from common.store import counts
 from common.config import settings
-from common.store.data import gridfs_of, shown
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
-from common.store.paging import Span, by_id
-from common.store.models import (
-    job_named,
-    RUNNING,
-    TASK_STATUSES,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
-    CrawlerDownload,
-    CrawlerDownloadData,
-    CrawlerDownloadLog,
-    CrawlerDownloadSetting,
-    CrawlerLease,
-    CrawlerRegistrationErrorLog,
-    CrawlerTask,
-    Job,
-    iso,
-)
+from common.store import jobs, logs, pages
+from common.store.models import TASK_STATUSES, iso
 from master.ops.stats import COLUMNS, collect, task_counts
 
 OBJECT_ID = re.compile(r"^[0-9a-fA-F]{24}$")
-LOGS = {
-    "download": CrawlerDownloadLog,
-    "dispatch": CrawlerDispatchLog,
-    "alert": CrawlerDispatchAlertLog,
-    "registration": CrawlerRegistrationErrorLog,
-}
 
 
 def plain(value: Any, what: str) -> str:
@@ -94,14 +71,11 @@ def _page(cursor_docs: list[dict], limit: int) -> dict:
 
 def job_rows() -> list[dict]:
     """Every job with its status, priority, downloader type, host and task counts."""
-    kinds = {d["job"]: d["types"] for d in CrawlerDownload._get_collection().find({}, {"job": 1, "types": 1})}
-    from common.store.models import CrawlerDownloadType
-
-    names = {t.id: t.language for t in CrawlerDownloadType.objects}
+    kinds = jobs.type_names()
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
-    return [{"name": j.name, "status": j.status, "priority": j.priority, "type": names.get(kinds.get(j.id), "?"),
+    return [{"name": j.name, "status": j.status, "priority": j.priority, "type": kinds.get(j.id, "?"),
              "host": j.host or "", "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
-            for j in Job.objects.order_by("priority", "name")]
+            for j in jobs.ordered()]
 
 
 MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their queue",
@@ -110,10 +84,9 @@ MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their q
 
 def job_detail(name: Any) -> dict:
     """One job: its row, its settings with secrets masked, and its last failures."""
-    job = job_named(name)
+    job = jobs.named(name)
     row = next(r for r in job_rows() if r["name"] == job.name)
-    s = CrawlerDownloadSetting.objects(job=job).first()
-    d = CrawlerDownload.objects(job=job).only("code").first()
+    s = jobs.settings_of(job)
     if s:
         row["settings"] = {
             "dispatch_num": s.dispatch_num, "max_retry_times": s.max_retry_times,
@@ -124,28 +97,20 @@ def job_detail(name: Any) -> dict:
             "host_concurrency": s.host_concurrency or None, "host_delay": s.host_delay or 0.0,
             "obey_robots": s.obey_robots is not False, "allow_private": bool(s.allow_private),
         }
-    row["code_chars"] = len(d.code) if d else 0
+    row["code_chars"] = jobs.code_chars(job)
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
     return row
 
 
 # --- tasks, data, bodies, logs -----------------------------------------------------------
 
-TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
-               "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
-
-
 def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = None, newest: bool = False) -> dict:
-    job = job_named(name)
-    flt: dict[str, Any] = {"job": job.id}
-    if status is not None:
-        if plain(status, "status") not in TASK_STATUSES:
-            raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
-        flt["status"] = status
+    job = jobs.named(name)
+    if status is not None and plain(status, "status") not in TASK_STATUSES:
+        raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = by_id(CrawlerTask._get_collection(), flt, n + 1, span=counts.span(job.id), after=mark, newest=newest,
-                 projection=TASK_FIELDS)
+    docs = pages.tasks(job.id, status, n + 1, mark, newest)
     page = _page(docs, n)
     return {"tasks": page["items"], "next": page["next"]}
 
@@ -153,67 +118,39 @@ def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = Non
 def task_detail(name: Any, key: Any) -> dict:
     """One task of job ``name`` by its id or its URL: status, attempts, reasons, the data document
     that is its page (if any) and every download log of it, newest first."""
-    job = job_named(name)
-    tasks = CrawlerTask._get_collection()
+    job = jobs.named(name)
     key = plain(key, "task")
-    found = None
-    if OBJECT_ID.match(key):
-        found = tasks.find_one({"_id": ObjectId(key), "job": job.id})
-    found = found or tasks.find_one({"job": job.id, "uri": key})
+    found = pages.task(job.id, ObjectId(key) if OBJECT_ID.match(key) else None, key)
     if found is None:
         raise NotFound(f"job {job.name} has no task {key[:80]!r} (an id or a URL as added)")
     return _task(found, job.name)
 
 
 def task_by_id(task_id: Any) -> dict:
-    found = CrawlerTask._get_collection().find_one({"_id": object_id(task_id, "id")})
+    found = pages.task_by_id(object_id(task_id, "id"))
     if found is None:
         raise NotFound(f"no task {str(task_id)[:40]!r}")
-    job = Job._get_collection().find_one({"_id": found["job"]}, {"name": 1}) or {"name": str(found["job"])}
-    return _task(found, job["name"])
+    return _task(found, jobs.name_of(found["job"]))
 
 
 def _task(doc: dict, job_name: str) -> dict:
-    data = None
-    if doc.get("data_lease"):
-        data = CrawlerDownloadData._get_collection().find_one({"task": doc["_id"], "lease": doc["data_lease"]}, {"_id": 1})
-    logs = [_clean(d) for d in CrawlerDownloadLog._get_collection().find(
-        {"task": doc["_id"]}, {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
-                               "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}).sort("_id", -1).limit(100)]
+    data = pages.data_of(doc)
+    task_logs = [_clean(d) for d in logs.of_task(doc["_id"])]
     return {"id": str(doc["_id"]), "job": job_name, "url": doc.get("uri"), "status": doc.get("status"),
             "attempts": doc.get("download_times", 0), "recoveries": doc.get("recoveries", 0),
             "failed_reason": doc.get("failed_reason"), "retry_at": iso(doc.get("retry_at")),
-            "host": doc.get("host_name") or "", "queue": doc.get("queue"), "data_id": str(data["_id"]) if data else None,
+            "host": doc.get("host_name") or "", "queue": doc.get("queue"),
+            "data_id": str(data) if data else None,
             "add_datetime": iso(doc.get("add_datetime")), "last_update_datetime": iso(doc.get("last_update_datetime")),
-            "download_logs": logs}
-
-
-DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1, "response_body_gridfs": 1,
-               "size": {"$cond": [{"$ifNull": ["$response_body", False]}, {"$binarySize": "$response_body"}, 0]}}
+            "download_logs": task_logs}
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
     """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first."""
-    job = job_named(name)
+    job = jobs.named(name)
     n = clamp(limit)
     mark = object_id(after, "after") if after is not None else None
-    coll = CrawlerDownloadData._get_collection()
-    docs: list[dict] = []
-    span = counts.span(job.id)
-    while len(docs) <= n:
-        raw = by_id(coll, {"job": job.id}, n + 1, span=span, after=mark, projection=DATA_FIELDS, computed=True)
-        keep = shown(raw)
-        docs += [d for d in raw if d["_id"] in keep]
-        if len(raw) <= n:
-            break
-        mark = raw[-1]["_id"]
-    for d in docs:
-        d.pop("lease", None)
-    page = _page(docs[:n + 1], n)
-    for item in page["items"]:
-        gridfs_id = item.pop("response_body_gridfs", None)
-        if gridfs_id:
-            item["size"] = gridfs_of(coll.database).get(ObjectId(gridfs_id)).length
+    page = _page(pages.data(job.id, n, mark), n)
     return {"data": page["items"], "next": page["next"]}
 
 
@@ -223,35 +160,25 @@ def body(data_id: Any) -> tuple[int, Iterator[bytes]]:
         oid = object_id(data_id)
     except ValidationError:
         raise NotFound(f"no data document {str(data_id)[:40]!r}") from None
-    coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": oid}, {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
-    if doc is None or not shown([doc]):
+    found = pages.body(oid)
+    if found is None:
         raise NotFound(f"no data document {data_id}")
-    if doc.get("response_body_gridfs"):
-        stored = gridfs_of(coll.database).get(doc["response_body_gridfs"])
-        return stored.length, iter(lambda: stored.read(256 * 1024), b"")
-    raw = bytes(doc.get("response_body") or b"")
-    return len(raw), iter((raw,))
+    return found
 
 
 def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -> dict:
     """A page of one log, newest first."""
-    model = LOGS.get(plain(kind, "log"))
-    if model is None:
-        raise NotFound(f"no log {kind!r}: one of {', '.join(LOGS)}")
-    flt: dict[str, Any] = {}
-    span = Span()
-    if job is not None and model is CrawlerRegistrationErrorLog:
-        flt = {"name": plain(job, "job")}
+    if plain(kind, "log") not in pages.LOGS:
+        raise NotFound(f"no log {kind!r}: one of {', '.join(pages.LOGS)}")
+    job_id = job_name = None
+    if job is not None and kind == "registration":
+        job_name = plain(job, "job")
     elif job is not None:
-        job_id = job_named(job).id
-        flt, span = {"job": job_id}, counts.span(job_id)
-    elif model is CrawlerDownloadLog:
-        span = counts.span()
+        job_id = jobs.named(job).id
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = by_id(model._get_collection(), flt, n + 1, span=span, after=mark, newest=True)
-    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    docs = pages.logs(kind, n + 1, mark, job_id=job_id, job_name=job_name)
+    names = jobs.names()
     for d in docs:
         if "job" in d:
             d["job"] = names.get(d["job"], str(d["job"]))
@@ -263,10 +190,8 @@ def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -
 
 def workers(redis: Redis) -> list[dict]:
     """Workers that announced themselves within their TTL, with the jobs of the entries they run."""
-    running: dict[str, set] = {}
-    for lease in CrawlerLease._get_collection().find({"state": RUNNING}, {"worker": 1, "job": 1}):
-        running.setdefault(lease.get("worker"), set()).add(lease["job"])
-    names = {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    running = pages.running_by_worker()
+    names = jobs.names()
     out = []
     for key in sorted(redis.scan_iter(WORKER_KEY_PREFIX + "*", count=500)):
         info = {k.decode(): v.decode() for k, v in redis.hgetall(key).items()}

@@ -18,13 +18,13 @@ import time
 from datetime import timedelta
 
 from bson import ObjectId
-from pymongo import ReturnDocument
 
 from common.config import settings
 from common.errors import ValidationError
-from common.store.data import EXPORT_BUCKET, Upload, drop_export_file, export_source, export_total
+from common.store import exports, jobs
+from common.store.data import drop_export_file, export_source, export_total, export_upload
 from common.exports.events import announce, publish
-from common.store.models import EXPORT_RUNNING, FAIL, PENDING, SUCCESS, CrawlerDownloadData, Export, Job, store_now, utcnow
+from common.store.models import store_now, utcnow
 from common.secrets import redact
 from common.sentry import capture
 from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits
@@ -41,13 +41,10 @@ class Stopped(Exception):
 class _Progress:
     def __init__(self, oid: ObjectId, worker_id: str) -> None:
         self.oid, self.worker_id = oid, worker_id
-        self.coll = Export._get_collection()
         self.rows, self.last = 0, time.monotonic()
 
     def write(self) -> None:
-        held = self.coll.update_one({"_id": self.oid, "state": EXPORT_RUNNING, "worker": self.worker_id},
-                                    {"$set": {"rows_done": self.rows}})
-        if not held.matched_count:
+        if not exports.progress(self.oid, self.worker_id, self.rows):
             raise Stopped()
         self.last = time.monotonic()
         publish(self.oid)
@@ -70,8 +67,7 @@ class _Beat(threading.Thread):
     def run(self) -> None:
         while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
             try:
-                Export._get_collection().update_one({"_id": self.oid, "state": EXPORT_RUNNING, "worker": self.worker_id},
-                                                    {"$currentDate": {"beat_at": True}})
+                exports.beat(self.oid, self.worker_id)
             except Exception as exc:  # MongoDB away: the defender may recover it; the export then stops
                 logger.warning("export heartbeat failed: %s", type(exc).__name__)
 
@@ -82,15 +78,8 @@ def run_export(export_id: str, worker_id: str) -> str:
         oid = ObjectId(export_id)
     except Exception:
         return "skipped"
-    coll = Export._get_collection()
     now, file_id = store_now(), ObjectId()  # the store's clock, as the defender's judgement of beat_at
-    limit = (coll.find_one({"_id": oid}, {"max_exec_time": 1}) or {}).get("max_exec_time") or settings.EXPORT_MAX_EXEC_TIME
-    doc = coll.find_one_and_update(
-        {"_id": oid, "state": PENDING},
-        {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
-                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0, "error": None},
-         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
-        return_document=ReturnDocument.AFTER)
+    doc = exports.claim(oid, worker_id, now, settings.EXPORT_MAX_EXEC_TIME, file_id)
     if doc is None:
         return "skipped"  # cancelled, already taken or finished
     publish(oid)
@@ -109,29 +98,25 @@ def run_export(export_id: str, worker_id: str) -> str:
     finally:
         beat.halt.set()
     done = store_now()
-    settled = coll.update_one(
-        {"_id": oid, "state": EXPORT_RUNNING, "worker": worker_id},
-        {"$set": {"state": SUCCESS, "rows_done": rows, "rows_total": rows, "bytes": size, "finished_at": done,
-                  "expires_at": done + timedelta(seconds=settings.EXPORT_TTL), "beat_at": done}})
-    if not settled.modified_count:  # cancelled or recovered at the last moment: the file is not ours to keep
+    if not exports.settle(oid, worker_id, rows, size, done, timedelta(seconds=settings.EXPORT_TTL)):
+        # cancelled or recovered at the last moment: the file is not ours to keep
         drop_export_file(file_id)
         return "stopped"
     publish(oid)
-    announce(Export.objects.get(id=oid))
+    announce(exports.get(oid))
     return "success"
 
 
 def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
-    if not Job.objects(id=doc["job"]).only("id").first():
+    if not jobs.exists(doc["job"]):
         raise RuntimeError(f"job {doc['job_name']} no longer exists")
     template = parse_template(doc.get("template"))
     check_fits(template, doc["format"])
-    flt, data = doc.get("filter") or {}, CrawlerDownloadData._get_collection()
-    Export._get_collection().update_one({"_id": doc["_id"], "worker": worker_id},
-                                        {"$set": {"rows_total": export_total(doc["job"], flt, template)}})
+    flt = doc.get("filter") or {}
+    exports.set_total(doc["_id"], worker_id, export_total(doc["job"], flt, template))
     publish(doc["_id"])
     name = f"{doc['job_name']}-{doc['_id']}.{doc['format']}"
-    upload = Upload(data.database, EXPORT_BUCKET, file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
+    upload = export_upload(file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
     rows_for = export_source(doc["job"], flt, template, doc["format"], progress.wrap)
     rows = WRITERS[doc["format"]](template, rows_for, upload)
     progress.write()  # last check: still ours, not cancelled
@@ -143,16 +128,13 @@ def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
     final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(exc, ValidationError)  # a template no longer valid
     now = utcnow()
-    update = {"state": FAIL, "finished_at": now} if final else \
-        {"state": PENDING, "retry_at": now + timedelta(seconds=settings.EXPORT_RETRY_DELAY)}
-    coll = Export._get_collection()
-    changed = coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "worker": worker_id},
-                              {"$set": {**update, "error": reason, "worker": None}})
+    changed = exports.fail(doc["_id"], worker_id, reason, now, final,
+                           now + timedelta(seconds=settings.EXPORT_RETRY_DELAY))
     logger.warning("export %s attempt %s failed: %s", doc["_id"], doc["attempts"], reason)
     if not isinstance(exc, (RuntimeError, ValidationError)):
         capture(exc)
-    if changed.modified_count:
+    if changed:
         publish(doc["_id"])
-    if final and changed.modified_count:
-        announce(Export.objects.get(id=doc["_id"]))
+    if final and changed:
+        announce(exports.get(doc["_id"]))
     return "failed" if final else "retry"

@@ -8,7 +8,8 @@ import json
 import logging
 
 from common.config import settings
-from common.store.models import SUCCESS, Export, iso
+from common.store import exports
+from common.store.models import SUCCESS, iso
 from common.notify import deliver_due, queue_mail, queue_webhook
 from common.signing import export_url
 
@@ -31,14 +32,15 @@ def publish(export_id) -> None:
     from common.store.connection import redis_conn
 
     try:
-        doc = Export._get_collection().find_one({"_id": export_id}, {k: 1 for k in EVENT_FIELDS})
+        doc = exports.event_doc(export_id, EVENT_FIELDS)
         if doc is not None:
             redis_conn().publish(channel(export_id), json.dumps(snapshot(doc)))
     except Exception as exc:
         logging.getLogger(__name__).debug("export %s: event not published: %s", export_id, type(exc).__name__)
 
 
-def announce(export: Export, callbacks: list[str] | None = None, mails: list[str] | None = None) -> None:
+def announce(export: exports.Export, callbacks: list[str] | None = None,
+             mails: list[str] | None = None) -> None:
     """Queue and try to deliver the end-of-export notifications (to ``callbacks``/``mails``, by
     default the export's own). Never raises."""
     try:

@@ -61,7 +61,8 @@ class Node:
     def canonical(self) -> dict:
         out: dict[str, Any] = {"title": self.title}
         if self.leaf:
-            out.update(name=self.name, format=self.format, width=self.width, row_count=self.row_count)
+            out |= {"name": self.name, "format": self.format, "width": self.width,
+                    "row_count": self.row_count}
         else:
             out["children"] = [c.canonical() for c in self.children]
         return out

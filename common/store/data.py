@@ -1,6 +1,12 @@
-"""Reading stored data (bodies byte-exact from the document or GridFS, the export rows) and
-writing export files to GridFS. Data is read through ``visible``: only documents that their
-task names (the fence, ``common/store/leases.py``)."""
+"""Stored data: ``crawler_download_data`` (a download's response; large bodies in the GridFS
+bucket ``crawler_download_data_fs``) and export files (GridFS bucket ``export_fs``). Reading
+bodies byte-exact, the export rows, and writing export files.
+
+Indexes: ``(task, lease)`` finds the data of a task's settled lease; ``(job, _id)`` reads a job's
+data in ``_id`` (time) order, window by window (``common.store.paging``).
+Invariant: data is read through ``visible`` / ``shown``: only documents that their task names
+(the fence, ``common/store/leases.py``); an export file without a files document is a dead
+writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 
 import gridfs
@@ -58,6 +64,22 @@ class Upload:
         self.files.insert_one({"_id": self.file_id, "length": self.length, "chunkSize": self.CHUNK,
                                "uploadDate": datetime.now(timezone.utc), "filename": self.filename,
                                "metadata": self.metadata})
+
+
+def export_upload(file_id, filename: str, metadata: dict) -> Upload:
+    """A new export file (bucket ``export_fs``), written as it streams."""
+    return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
+
+
+def documents(job_id, flt: dict) -> Iterator[tuple[dict, bytes]]:
+    """(document without its request, body) of each of the job's shown data documents matching
+    ``flt`` (see ``data_filter``), oldest first."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0})
+    cursor = cursor.sort("_id", 1).batch_size(200)
+    for doc in visible(cursor):
+        yield doc, body_of(doc, fs)
 
 
 def drop_export_file(file_id) -> None:

@@ -16,22 +16,17 @@ import io
 import json
 from typing import IO, Iterator
 
-from common.store.data import body_of, data_filter, export_source, gridfs_of, text_of, visible
+from common.store.data import documents, export_source, text_of
 from common.errors import ValidationError
-from common.store.models import CrawlerDownloadData, job_named
+from common.store import jobs
 from common.exports.tabular import WRITERS
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
 
 
 def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
-    job = job_named(job_name)
-    coll = CrawlerDownloadData._get_collection()
-    fs = gridfs_of(coll.database)
-    query = data_filter(job.id, flt or {})
-    cursor = coll.find(query, {"requests_body": 0, "requests_headers": 0}).sort("_id", 1).batch_size(200)
-    for doc in visible(cursor):
-        body = body_of(doc, fs)
+    job = jobs.named(job_name)
+    for doc, body in documents(job.id, flt or {}):
         meta = {
             "task_id": str(doc["task"]), "url": doc.get("url"), "status_code": doc.get("status_code"),
             "encoding": doc.get("encoding"), "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),

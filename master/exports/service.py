@@ -24,25 +24,13 @@ from redis import Redis
 
 from common.config import settings
 from common.errors import Conflict, NotFound, ValidationError
-from common.store.models import (
-    ADMIN,
-    ApiToken,
-    job_named,
-    CANCELLED,
-    EXPIRED,
-    EXPORT_FORMATS,
-    EXPORT_RUNNING,
-    FAIL,
-    PENDING,
-    SUCCESS,
-    Export,
-    iso,
-    store_now,
-    utcnow,
-)
+from common.store import exports, jobs
+from common.store.control import Token
+from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
 from common.exports.events import publish
+from common.store.data import drop_export_file
 from common.notify import check_callback, check_mail, deliver_due
 from common.signing import export_url
 from common.exports.tabular import check_fits
@@ -53,7 +41,7 @@ from master.views import object_id
 
 @dataclass
 class Requested:
-    export: Export
+    export: exports.Export
     deduplicated: bool
 
 
@@ -121,7 +109,7 @@ class Checked:
 def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None) -> Checked:
     if not isinstance(job_name, str):
         raise ValidationError("job must be a string")
-    job = job_named(job_name)
+    job = jobs.named(job_name)
     if fmt not in EXPORT_FORMATS:
         raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
     if template is not None and not isinstance(template, str):
@@ -153,48 +141,44 @@ def request(redis: Redis, job_name: Any, fmt: Any, template: Any = "", flt: Any 
     key = digest(job.name, fmt, parsed.canonical(), cleaned)
     with redis.lock(f"downcluster:export:dedup:{key}", timeout=30, blocking_timeout=30):
         now = utcnow()
-        earlier = Export.objects(digest=key).filter(
-            __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
-                             {"state": SUCCESS, "created_at": {"$gte": now - timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)}}]}
-        ).order_by("-created_at").first()
+        earlier = exports.earlier(key, now, timedelta(seconds=settings.EXPORT_DEDUP_WINDOW))
         if earlier is not None:
             _join(earlier, callbacks, mails)
             return Requested(earlier, True)
-        export = Export(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned, digest=key,
-                        callback_urls=callbacks, mails=mails, requested_by=requested_by, created_at=now, retry_at=now,
-                        max_exec_time=max_exec_time)
-        export.save(force_insert=True)
+        export = exports.add(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned,
+                             digest=key, callback_urls=callbacks, mails=mails, requested_by=requested_by,
+                             created_at=now, retry_at=now, max_exec_time=max_exec_time)
     push(redis, export)
     return Requested(export, False)
 
 
-def _join(export: Export, callbacks: list[str], mails: list[str]) -> None:
+def _join(export: exports.Export, callbacks: list[str], mails: list[str]) -> None:
     """Add a de-duplicated request's targets; if the export already ended, tell them now."""
     if not callbacks and not mails:
         return
-    Export.objects(id=export.id).update_one(add_to_set__callback_urls=callbacks, add_to_set__mails=mails)
+    exports.join(export.id, callbacks, mails)
     if export.state == SUCCESS:
         from common.exports.events import announce
 
         announce(export, callbacks, mails)
 
 
-def push(redis: Redis, export: Export) -> None:
+def push(redis: Redis, export: exports.Export) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
     rq_queue(EXPORT_QUEUE, redis).enqueue_call(
         EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
         failure_ttl=7 * 24 * 3600, timeout=(export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
-    Export.objects(id=export.id, state=PENDING).update_one(set__queued_at=utcnow())
+    exports.mark_queued(export.id, utcnow())
 
 
-def may_see(token: ApiToken | None, export: Export) -> bool:
+def may_see(token: Token | None, export: exports.Export) -> bool:
     """None is the operator at the command line, who sees everything."""
     return token is None or token.role == ADMIN or export.requested_by == token.name or export.job_name in token.jobs
 
 
-def get(export_id: Any, token: ApiToken | None = None) -> Export:
+def get(export_id: Any, token: Token | None = None) -> exports.Export:
     try:
-        export = Export.objects(id=object_id(export_id)).first()
+        export = exports.get(object_id(export_id))
     except ValidationError:  # not an id: no such export
         export = None
     if export is None or not may_see(token, export):
@@ -202,7 +186,7 @@ def get(export_id: Any, token: ApiToken | None = None) -> Export:
     return export
 
 
-def describe(export: Export, ttl: int | None = None) -> dict:
+def describe(export: exports.Export, ttl: int | None = None) -> dict:
     return {"id": str(export.id), "job": export.job_name, "format": export.format, "state": export.state,
             "rows_done": export.rows_done, "rows_total": export.rows_total, "bytes": export.bytes,
             "attempts": export.attempts, "error": export.error,
@@ -212,11 +196,9 @@ def describe(export: Export, ttl: int | None = None) -> dict:
             "expires_at": iso(export.expires_at)}
 
 
-def listing(job_name: str | None = None, limit: int = 50, token: ApiToken | None = None) -> list[Export]:
-    query = Export.objects(job_name=job_name) if job_name else Export.objects
-    if token is not None and token.role != ADMIN:
-        query = query.filter(__raw__={"$or": [{"requested_by": token.name}, {"job_name": {"$in": list(token.jobs)}}]})
-    return list(query.order_by("-created_at").limit(limit))
+def listing(job_name: str | None = None, limit: int = 50, token: Token | None = None) -> list[exports.Export]:
+    seen_by = (token.name, list(token.jobs)) if token is not None and token.role != ADMIN else None
+    return exports.listing(job_name, limit, seen_by)
 
 
 def check_ttl(ttl: Any) -> int:
@@ -228,7 +210,7 @@ def check_ttl(ttl: Any) -> int:
     return ttl
 
 
-def link(export_id: Any, ttl: int | None = None, token: ApiToken | None = None) -> tuple[str, datetime]:
+def link(export_id: Any, ttl: int | None = None, token: Token | None = None) -> tuple[str, datetime]:
     """A signed link to a finished export's file and when it ends (``ttl`` seconds, default
     EXPORT_URL_TTL, at most EXPORT_URL_MAX_TTL)."""
     export = get(export_id, token)
@@ -238,19 +220,15 @@ def link(export_id: Any, ttl: int | None = None, token: ApiToken | None = None) 
     return export_url(str(export.id), seconds), utcnow() + timedelta(seconds=seconds)
 
 
-def cancel(redis: Redis, export_id: Any, token: ApiToken | None = None) -> Export:
+def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> exports.Export:
     """PENDING or RUNNING -> CANCEL (a running worker sees it at its next progress write, stops
     and removes its partial file)."""
     export = get(export_id, token)
-    done = Export._get_collection().update_one(
-        {"_id": export.id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
-        {"$set": {"state": CANCELLED, "finished_at": utcnow(), "error": "cancelled"}})
-    if not done.modified_count:
+    if not exports.cancel(export.id, utcnow()):
         raise Conflict(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
     rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
     publish(export.id)
-    export.reload()
-    return export
+    return exports.reload(export)
 
 
 # --- tending (every dispatcher run) ------------------------------------------------------
@@ -264,55 +242,40 @@ class TendReport:
     notified: int = 0
 
 
+def _stopped(doc: dict, final: bool) -> None:
+    """An attempt was taken from its worker: remove its file, tell listeners (and, if it is
+    final, the export's callbacks and mails)."""
+    drop_export_file(doc.get("file_id"))
+    publish(doc["_id"])
+    if final:
+        from common.exports.events import announce
+
+        announce(exports.get(doc["_id"]))
+
+
 def tend(redis: Redis) -> TendReport:
     """Recover, resend, expire, notify, in that order. An error stops the rest and raises; the
     dispatcher runs this as a chore (master/maintenance.py), which logs it and goes on."""
-    from common.store.data import drop_export_file
-
     report = TendReport()
-    coll = Export._get_collection()
     now = store_now()  # the clock the exporter stamps beat_at with
     dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
-    for doc in coll.find({"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, {"file_id": 1, "recoveries": 1}):
-        final = doc.get("recoveries", 0) + 1 >= settings.MAX_RECOVERIES
-        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
-                           "error": "its worker died" + (f" {settings.MAX_RECOVERIES} times" if final else ""),
-                           **({"finished_at": now} if final else {})},
-                  "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
-        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}, update).modified_count:
-            drop_export_file(doc.get("file_id"))
-            report.recovered += 1
-            publish(doc["_id"])
-            if final:
-                from common.exports.events import announce
-
-                announce(Export.objects.get(id=doc["_id"]))
-    for doc in coll.find({"state": EXPORT_RUNNING, "deadline_at": {"$lt": now}}, {"file_id": 1, "attempts": 1, "max_exec_time": 1}):
-        # over its time limit: stopped and retried even if its worker still beats (it finds the
-        # export no longer its own at its next progress write and stops)
-        limit = doc.get("max_exec_time") or settings.EXPORT_MAX_EXEC_TIME
-        final = doc.get("attempts", 0) >= settings.EXPORT_MAX_RETRIES
-        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
-                           "error": f"ran over its time limit of {limit} s (max_exec_time)",
-                           **({"finished_at": now} if final else {})}, "$unset": {"queued_at": 1}}
-        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "deadline_at": {"$lt": now}}, update).modified_count:
-            drop_export_file(doc.get("file_id"))
-            report.overran += 1
-            publish(doc["_id"])
-            if final:
-                from common.exports.events import announce
-
-                announce(Export.objects.get(id=doc["_id"]))
-    for doc in coll.find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1}):
+    for doc, final in exports.recover_dead(now, dead_before, settings.MAX_RECOVERIES):
+        report.recovered += 1
+        _stopped(doc, final)
+    # over its time limit: stopped and retried even if its worker still beats (it finds the
+    # export no longer its own at its next progress write and stops)
+    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME, settings.EXPORT_MAX_RETRIES):
+        report.overran += 1
+        _stopped(doc, final)
+    for doc in exports.due(now):
         if doc.get("queued_at") and entry_exists(redis, export_entry_id(doc["_id"])):
             continue  # its entry waits in the queue
-        push(redis, Export.objects.get(id=doc["_id"]))
+        push(redis, exports.get(doc["_id"]))
         report.sent += 1
-    for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
-        if coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}}).modified_count:
-            drop_export_file(doc.get("file_id"))
-            report.expired += 1
-            publish(doc["_id"])
+    for doc in exports.expire(now):
+        drop_export_file(doc.get("file_id"))
+        report.expired += 1
+        publish(doc["_id"])
     report.notified = deliver_due()
     return report
 

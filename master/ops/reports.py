@@ -15,18 +15,8 @@ from datetime import datetime, timedelta
 
 from common.store import counts as tallies
 from common.config import settings
-from common.store.models import (
-    DEAD,
-    DISPATCH,
-    FAIL,
-    LIVE,
-    SUCCESS,
-    CrawlerDispatchAlertLog,
-    CrawlerDownloadSetting,
-    CrawlerTask,
-    Job,
-    utcnow,
-)
+from common.store import jobs, logs, pages
+from common.store.models import DEAD, FAIL, SUCCESS, utcnow
 from common.notify import queue_mail
 
 EPOCH = datetime(1970, 1, 1)
@@ -36,40 +26,24 @@ def send_reports(now: datetime | None = None) -> int:
     """Queue the summaries and alerts that are due; how many mails were queued."""
     now = now or utcnow()
     sent = 0
-    for s in CrawlerDownloadSetting._get_collection().find({"report_mails": {"$nin": ["", None]}},
-                                                            {"job": 1, "report_mails": 1}):
-        job = Job._get_collection().find_one({"_id": s["job"]}, {"name": 1, "report_counts": 1, "alert_mail_at": 1})
-        if job is None:
-            continue
-        mails = [m.strip() for m in s["report_mails"].split(",") if m.strip()]
+    for job, report_mails in jobs.reported():
+        mails = [m.strip() for m in report_mails.split(",") if m.strip()]
         sent += _summary(job, mails, now) + _alert(job, mails, now)
     return sent
 
 
-def _drained(job_id) -> bool:
-    tasks = CrawlerTask._get_collection()
-    return (tasks.find_one({"job": job_id, "status": {"$in": [LIVE, DISPATCH]}}, {"_id": 1}) is None
-            and tasks.find_one({"job": job_id, "status": FAIL, "retry_at": {"$ne": None}}, {"_id": 1}) is None)
-
-
 def _summary(job: dict, mails: list[str], now: datetime) -> int:
-    if not _drained(job["_id"]):
+    if not pages.drained(job["_id"]):
         return 0
-    tasks = CrawlerTask._get_collection()
     counts = {k: n for k, n in tallies.of_jobs([job["_id"]]).get(job["_id"], {}).items() if n}
     if not counts or counts == (job.get("report_counts") or {}):
         return 0  # nothing new since the last summary
-    if not Job._get_collection().update_one({"_id": job["_id"], "report_counts": job.get("report_counts")},
-                                            {"$set": {"report_counts": counts, "report_at": now}}).modified_count:
+    if not jobs.claim_summary(job, counts, now):
         return 0  # another run reported it
     done = sum(counts.get(s, 0) for s in (SUCCESS, FAIL, DEAD))
     rate = f"{100 * counts.get(SUCCESS, 0) / done:.1f}%" if done else "-"
-    reasons = list(tasks.aggregate([
-        {"$match": {"job": job["_id"], "status": {"$in": [FAIL, DEAD]}}},
-        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": 5}]))
-    span = next(tasks.aggregate([{"$match": {"job": job["_id"]}},
-                                 {"$group": {"_id": None, "first": {"$min": "$add_datetime"},
-                                             "last": {"$max": "$last_update_datetime"}}}]), {})
+    reasons = pages.failure_reasons(job["_id"])
+    span = pages.time_span(job["_id"])
     lines = [f"Job {job['name']} has no task left to download.", "", "Tasks by status:"]
     lines += [f"  {status:<9}{n}" for status, n in sorted(counts.items())]
     lines += ["", f"Success rate: {rate} ({counts.get(SUCCESS, 0)} of {done} finished tasks)", ""]
@@ -86,16 +60,11 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
     if last and now - last < timedelta(seconds=settings.ALERT_MAIL_INTERVAL):
         return 0
     since = last or EPOCH
-    dead = CrawlerTask._get_collection().count_documents(
-        {"job": job["_id"], "status": DEAD, "last_update_datetime": {"$gt": since}})
-    full = CrawlerDispatchAlertLog._get_collection().count_documents(
-        {"job": job["_id"], "type": "queue_full", "add_datetime": {"$gt": since}})
-    stalls = list(CrawlerDispatchAlertLog._get_collection().find(
-        {"job": job["_id"], "type": "queue_stall", "add_datetime": {"$gt": since}}, {"reason": 1}).limit(5))
+    dead = pages.dead_since(job["_id"], since)
+    full, stalls = logs.alerts_since(job["_id"], since)
     if not dead and not full and not stalls:
         return 0
-    if not Job._get_collection().update_one({"_id": job["_id"], "alert_mail_at": last},
-                                            {"$set": {"alert_mail_at": now}}).modified_count:
+    if not jobs.claim_alert(job, last, now):
         return 0
     lines = [f"Job {job['name']} needs attention:"]
     if dead:
@@ -103,7 +72,7 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
                      f"`downcluster task requeue {job['name']} --status DEAD` sends them again.")
     if full:
         lines.append(f"  {full} queue_full alert(s): its queue was at its cap when the dispatcher ran.")
-    lines += [f"  {s['reason']}" for s in stalls]
+    lines += [f"  {reason}" for reason in stalls]
     lines.append(f"At most one such mail per {settings.ALERT_MAIL_INTERVAL} s per job.")
     for to in mails:
         queue_mail(to, "job.alert", f"downcluster alert: job {job['name']}", "\n".join(lines) + "\n")

@@ -13,7 +13,8 @@ import time
 from redis import Redis
 
 from common.config import settings
-from common.store.models import QUEUED, CrawlerDispatchAlertLog, CrawlerLease, utcnow
+from common.store import logs, pages
+from common.store.models import utcnow
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import rq_queue
 from master.ops.stats import queue_stats
@@ -42,7 +43,6 @@ def check_stalls(redis: Redis) -> list[str]:
     if not limit:
         return []
     now, stamp = time.time(), utcnow()
-    leases = CrawlerLease._get_collection()
     stalled = []
     for q in queue_stats(redis):
         if q["queue"] == EXPORT_QUEUE:
@@ -52,11 +52,9 @@ def check_stalls(redis: Redis) -> list[str]:
             continue  # young, or workers are taking from it: a backlog, not a stall
         if not redis.set(QUIET_KEY + q["queue"], "1", nx=True, ex=int(limit)):
             continue  # already told within the period
-        jobs = leases.distinct("job", {"queue": q["queue"], "state": QUEUED})
+        jobs = pages.jobs_queued_in(q["queue"])
         reason = (f"queue {q['queue']} has not drained: its oldest entry waited {q['oldest_age_s']:.0f} s "
                   f"(QUEUE_STALL_ALERT {limit} s) and no worker took from it; {q['depth']} entries wait")
-        CrawlerDispatchAlertLog._get_collection().insert_many([
-            {"job": job, "type": "queue_stall", "reason": reason, "content_bytes": len(reason.encode()),
-             "hostname": settings.HOSTNAME, "add_datetime": stamp} for job in (jobs or [None])])
+        logs.add_alerts(jobs or [None], "queue_stall", reason, settings.HOSTNAME, stamp)
         stalled.append(q["queue"])
     return stalled

@@ -14,7 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from common.config import settings
 from common.store.connection import redis_conn
 from common.errors import ConfigError, ValidationError
-from common.store.models import ADMIN, ApiToken, iso
+from common.store.control import Token
+from common.store.models import ADMIN, iso
 from master import registry, tokens, views
 from master.dispatch.dispatcher import dispatch_once
 from master.ops import stats
@@ -36,7 +37,7 @@ SESSION = APIKeyCookie(name=COOKIE, auto_error=False, scheme_name="session",
 
 # --- who is asking -----------------------------------------------------------------------
 
-def bearer(auth: str) -> ApiToken:
+def bearer(auth: str) -> Token:
     """The token of an ``Authorization: Bearer`` header value (401 otherwise): every door's check."""
     scheme, _, secret = auth.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -48,7 +49,7 @@ def bearer(auth: str) -> ApiToken:
 
 
 def caller(request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
-           _session: Annotated[str | None, Security(SESSION)]) -> ApiToken:
+           _session: Annotated[str | None, Security(SESSION)]) -> Token:
     """The token behind a request: ``Authorization: Bearer`` or a console session (whose
     state-changing requests must carry the session's X-CSRF-Token)."""
     auth = request.headers.get("authorization")
@@ -67,14 +68,14 @@ def caller(request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | N
     raise ApiError(401, "missing token: send it as a Bearer token in the Authorization header")
 
 
-def admin(token: Annotated[ApiToken, Depends(caller)]) -> ApiToken:
+def admin(token: Annotated[Token, Depends(caller)]) -> Token:
     if token.role != ADMIN:
         raise ApiError(403, f"role {token.role} may not change anything: an admin token is needed")
     return token
 
 
-Reader = Annotated[ApiToken, Depends(caller)]
-Admin = Annotated[ApiToken, Depends(admin)]
+Reader = Annotated[Token, Depends(caller)]
+Admin = Annotated[Token, Depends(admin)]
 
 
 class Strict(BaseModel):

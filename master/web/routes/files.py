@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
-from gridfs import GridFSBucket
 from gridfs.errors import NoFile
 
-from common.store.data import EXPORT_BUCKET
-from common.store.models import SUCCESS, Export
+from common.store import exports
+from common.store.models import SUCCESS
 from common.signing import check_export_sig
 from common.exports.tabular import CONTENT_TYPES
 from master.exports.service import get
@@ -37,13 +36,12 @@ def export_file(export_id: ObjectIdPath,
     return stream_file(get(export_id))
 
 
-def stream_file(export: Export) -> StreamingResponse:
+def stream_file(export: exports.Export) -> StreamingResponse:
     """A finished export's file from GridFS, streamed 256 KiB at a time."""
     if export.state != SUCCESS:
         raise ApiError(410 if export.state in ("EXPIRED", "CANCEL") else 409, f"the export is {export.state}")
-    bucket = GridFSBucket(Export._get_collection().database, bucket_name=EXPORT_BUCKET)
     try:
-        stored = bucket.open_download_stream(export.file_id)
+        stored = exports.open_file(export.file_id)
     except NoFile:
         raise ApiError(410, "the export's file is gone") from None
     name = f"{export.job_name}-{export.id}.{export.format}"

@@ -18,7 +18,8 @@ from common.config import settings
 from common.store.connection import redis_conn
 from common.errors import ConfigError
 from common.metrics import page_counters
-from common.store.models import EXPORT_STATES, TASK_STATUSES, Export
+from common.store import exports as export_store
+from common.store.models import EXPORT_STATES, TASK_STATUSES
 from master import views
 from master.ops import stats
 from master.web.routes.api import bearer
@@ -90,9 +91,7 @@ class Cluster:
         rate = stats.success_rate(self.redis)
         yield GaugeMetricFamily("downcluster_success_rate_last_hour", "Share of downloads that succeeded (-1: none)",
                                 value=-1 if rate["rate"] is None else rate["rate"])
-        by_state = dict.fromkeys(EXPORT_STATES, 0)
-        for row in Export._get_collection().aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}]):
-            by_state[row["_id"]] = row["n"]
+        by_state = {**dict.fromkeys(EXPORT_STATES, 0), **export_store.by_state()}
         exports = GaugeMetricFamily("downcluster_exports", "Exports by state", labels=["state"])
         for state, n in by_state.items():
             exports.add_metric([state], n)

@@ -1,0 +1,188 @@
+"""Export documents (``export``): an asynchronous export of a job's data, PENDING -> RUNNING ->
+SUCCESS | FAIL | CANCEL, and EXPIRED once its file (GridFS bucket ``export_fs``) is removed.
+
+Indexes: ``(digest, created_at)`` finds an identical export underway or fresh (de-duplication);
+``(state, retry_at)`` the PENDING exports due and the RUNNING ones to judge; ``(job_name,
+-created_at)`` and ``(requested_by, -created_at)`` the listings, newest first.
+Invariant: every change of state is a compare-and-set on the state it leaves (and, for a
+RUNNING export, on the worker that holds it), so a cancelled or recovered attempt can never
+settle; times a worker writes and the defender judges are by the store's clock.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Iterator
+
+from gridfs import GridFSBucket
+from pymongo import ReturnDocument
+
+from common.store.data import EXPORT_BUCKET
+from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export
+
+
+def _coll():
+    return Export._get_collection()
+
+
+# --- requests (the master) ---------------------------------------------------------------
+
+def earlier(key: str, now: datetime, window: timedelta) -> Export | None:
+    """The newest export with digest ``key`` underway, or finished with SUCCESS within ``window``."""
+    return Export.objects(digest=key).filter(
+        __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
+                         {"state": SUCCESS, "created_at": {"$gte": now - window}}]}
+    ).order_by("-created_at").first()
+
+
+def add(**fields) -> Export:
+    """Insert a new (PENDING) export of ``fields``."""
+    export = Export(**fields)
+    export.save(force_insert=True)
+    return export
+
+
+def join(export_id, callbacks: list[str], mails: list[str]) -> None:
+    """Add the callbacks and mails of a request that joined the export."""
+    Export.objects(id=export_id).update_one(add_to_set__callback_urls=callbacks, add_to_set__mails=mails)
+
+
+def mark_queued(export_id, now: datetime) -> None:
+    """Note when a PENDING export's queue entry was pushed."""
+    Export.objects(id=export_id, state=PENDING).update_one(set__queued_at=now)
+
+
+def get(export_id) -> Export | None:
+    return Export.objects(id=export_id).first()
+
+
+def listing(job_name: str | None, limit: int, seen_by: tuple[str, list[str]] | None = None) -> list[Export]:
+    """Up to ``limit`` exports (of job ``job_name``), newest first; with ``seen_by`` (a token's
+    name and granted jobs) only the ones it requested or was granted."""
+    query = Export.objects(job_name=job_name) if job_name else Export.objects
+    if seen_by is not None:
+        name, granted = seen_by
+        query = query.filter(__raw__={"$or": [{"requested_by": name}, {"job_name": {"$in": list(granted)}}]})
+    return list(query.order_by("-created_at").limit(limit))
+
+
+def cancel(export_id, now: datetime) -> bool:
+    """PENDING or RUNNING -> CANCEL; whether it was either."""
+    return bool(_coll().update_one({"_id": export_id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
+                                   {"$set": {"state": CANCELLED, "finished_at": now, "error": "cancelled"}})
+                .modified_count)
+
+
+def reload(export: Export) -> Export:
+    export.reload()
+    return export
+
+
+def by_state() -> dict:
+    """How many exports there are in each state (states without any left out)."""
+    rows = _coll().aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}])
+    return {row["_id"]: row["n"] for row in rows}
+
+
+def open_file(file_id):
+    """A reader of an export's file (``gridfs.errors.NoFile`` if it is gone)."""
+    return GridFSBucket(_coll().database, bucket_name=EXPORT_BUCKET).open_download_stream(file_id)
+
+
+def event_doc(export_id, fields) -> dict | None:
+    return _coll().find_one({"_id": export_id}, {k: 1 for k in fields})
+
+
+# --- tending (every dispatcher run) ------------------------------------------------------
+
+def recover_dead(now: datetime, dead_before: datetime, max_recoveries: int) -> Iterator[tuple[dict, bool]]:
+    """Give RUNNING exports whose worker stopped beating before ``dead_before`` back to PENDING
+    (FAIL after ``max_recoveries``); yields (doc with its ``file_id``, final) for each."""
+    coll = _coll()
+    dead = {"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}
+    for doc in coll.find(dead, {"file_id": 1, "recoveries": 1}):
+        final = doc.get("recoveries", 0) + 1 >= max_recoveries
+        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
+                           "error": "its worker died" + (f" {max_recoveries} times" if final else ""),
+                           **({"finished_at": now} if final else {})},
+                  "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
+        if coll.update_one({"_id": doc["_id"], **dead}, update).modified_count:
+            yield doc, final
+
+
+def stop_overrun(now: datetime, default_limit: int, max_retries: int) -> Iterator[tuple[dict, bool]]:
+    """Stop RUNNING exports past their deadline, PENDING again (FAIL after ``max_retries``
+    attempts); yields (doc with its ``file_id``, final) for each."""
+    coll = _coll()
+    for doc in coll.find({"state": EXPORT_RUNNING, "deadline_at": {"$lt": now}},
+                         {"file_id": 1, "attempts": 1, "max_exec_time": 1}):
+        limit = doc.get("max_exec_time") or default_limit
+        final = doc.get("attempts", 0) >= max_retries
+        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
+                           "error": f"ran over its time limit of {limit} s (max_exec_time)",
+                           **({"finished_at": now} if final else {})}, "$unset": {"queued_at": 1}}
+        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "deadline_at": {"$lt": now}},
+                           update).modified_count:
+            yield doc, final
+
+
+def due(now: datetime) -> Iterator[dict]:
+    """The PENDING exports due by ``now``: their ``_id`` and ``queued_at``."""
+    return _coll().find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1})
+
+
+def expire(now: datetime) -> Iterator[dict]:
+    """SUCCESS exports past ``expires_at`` -> EXPIRED; yields each (with its ``file_id``)."""
+    coll = _coll()
+    for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
+        expired = coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}})
+        if expired.modified_count:
+            yield doc
+
+
+# --- an attempt (the exporter) -----------------------------------------------------------
+
+def claim(export_id, worker_id: str, now: datetime, default_limit: int, file_id) -> dict | None:
+    """PENDING -> RUNNING for ``worker_id`` (counting the attempt); the export after, or None if
+    it was not PENDING."""
+    coll = _coll()
+    limit = (coll.find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time")
+    limit = limit or default_limit
+    return coll.find_one_and_update(
+        {"_id": export_id, "state": PENDING},
+        {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
+                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0,
+                  "error": None},
+         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
+        return_document=ReturnDocument.AFTER)
+
+
+def progress(export_id, worker_id: str, rows: int) -> bool:
+    """Record rows done; whether the export is still RUNNING by ``worker_id``."""
+    return bool(_coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+                                   {"$set": {"rows_done": rows}}).matched_count)
+
+
+def beat(export_id, worker_id: str) -> None:
+    """Stamp ``beat_at`` with the store's clock while ``worker_id`` holds the export."""
+    _coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+                       {"$currentDate": {"beat_at": True}})
+
+
+def set_total(export_id, worker_id: str, total: int) -> None:
+    _coll().update_one({"_id": export_id, "worker": worker_id}, {"$set": {"rows_total": total}})
+
+
+def settle(export_id, worker_id: str, rows: int, size: int, done: datetime, ttl: timedelta) -> bool:
+    """RUNNING by ``worker_id`` -> SUCCESS; whether it still was."""
+    return bool(_coll().update_one(
+        {"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+        {"$set": {"state": SUCCESS, "rows_done": rows, "rows_total": rows, "bytes": size, "finished_at": done,
+                  "expires_at": done + ttl, "beat_at": done}}).modified_count)
+
+
+def fail(export_id, worker_id: str, reason: str, now: datetime, final: bool, retry_at: datetime) -> bool:
+    """RUNNING by ``worker_id`` -> FAIL (``final``) or PENDING again from ``retry_at``; whether it
+    still was."""
+    update = {"state": FAIL, "finished_at": now} if final else {"state": PENDING, "retry_at": retry_at}
+    return bool(_coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+                                   {"$set": {**update, "error": reason, "worker": None}}).modified_count)

@@ -1,0 +1,181 @@
+"""What people read of tasks, leases, data and logs (the console, the API, the CLI, report mails):
+pages in ``_id`` order read window by window (``common.store.paging``), single documents, and
+the few counts that report mails give. Writes live with each collection's own module.
+
+Indexes these reads use: ``crawler_task`` ``(job, _id)`` and ``(job, status, _id)`` (a job's tasks,
+of one status or all, in ``_id`` order), ``(job, uri)`` (a task by its URL);
+``crawler_download_data`` ``(job, _id)`` (a job's data) and ``(task, lease)`` (the data of a
+task's settled lease); the logs' ``(job, _id)``; ``crawler_lease`` ``(state, beat_at)``.
+Invariant: data pages and bodies show only documents their task names (``common.store.data.shown``);
+every filter value comes from the caller already checked, never as an operator.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from bson import ObjectId
+
+from common.store import counts
+from common.store.data import gridfs_of, shown
+from common.store.models import (
+    DEAD,
+    DISPATCH,
+    FAIL,
+    LIVE,
+    QUEUED,
+    RUNNING,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerLease,
+    CrawlerRegistrationErrorLog,
+    CrawlerTask,
+)
+from common.store.paging import Span, by_id
+
+LOGS = {
+    "download": CrawlerDownloadLog,
+    "dispatch": CrawlerDispatchLog,
+    "alert": CrawlerDispatchAlertLog,
+    "registration": CrawlerRegistrationErrorLog,
+}
+TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
+               "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
+DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1,
+               "response_body_gridfs": 1,
+               "size": {"$cond": [{"$ifNull": ["$response_body", False]},
+                                  {"$binarySize": "$response_body"}, 0]}}
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest: bool) -> list[dict]:
+    """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order."""
+    flt: dict[str, Any] = {"job": job_id}
+    if status is not None:
+        flt["status"] = status
+    return by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after,
+                 newest=newest, projection=TASK_FIELDS)
+
+
+def task(job_id, task_id: ObjectId | None, uri: str | None) -> dict | None:
+    """The job's task with id ``task_id``, else the one whose URL is ``uri``, or None."""
+    coll = CrawlerTask._get_collection()
+    found = coll.find_one({"_id": task_id, "job": job_id}) if task_id is not None else None
+    return found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None)
+
+
+def task_by_id(task_id: ObjectId) -> dict | None:
+    return CrawlerTask._get_collection().find_one({"_id": task_id})
+
+
+def data_of(task: dict) -> ObjectId | None:
+    """The id of the data document of the task's settled lease, or None."""
+    if not task.get("data_lease"):
+        return None
+    doc = CrawlerDownloadData._get_collection().find_one({"task": task["_id"], "lease": task["data_lease"]},
+                                                         {"_id": 1})
+    return doc["_id"] if doc else None
+
+
+# --- data --------------------------------------------------------------------------------
+
+def data(job_id, limit: int, after: ObjectId | None) -> list[dict]:
+    """Up to ``limit`` + 1 of the job's shown data documents after ``after``, oldest first, with
+    their body's ``size`` (GridFS bodies too) and without their lease."""
+    coll = CrawlerDownloadData._get_collection()
+    docs: list[dict] = []
+    span = counts.span(job_id)
+    while len(docs) <= limit:
+        raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS,
+                    computed=True)
+        keep = shown(raw)
+        docs += [d for d in raw if d["_id"] in keep]
+        if len(raw) <= limit:
+            break
+        after = raw[-1]["_id"]
+    docs = docs[:limit + 1]
+    for i, d in enumerate(docs):
+        d.pop("lease", None)
+        gridfs_id = d.pop("response_body_gridfs", None)
+        if gridfs_id and i < limit:  # the one past the page only says there is more
+            d["size"] = gridfs_of(coll.database).get(gridfs_id).length
+    return docs
+
+
+def body(data_id: ObjectId) -> tuple[int, Iterator[bytes]] | None:
+    """(length, chunks) of a shown data document's body, byte-exact (GridFS bodies streamed), or None."""
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": data_id},
+                        {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
+    if doc is None or not shown([doc]):
+        return None
+    if doc.get("response_body_gridfs"):
+        stored = gridfs_of(coll.database).get(doc["response_body_gridfs"])
+        return stored.length, iter(lambda: stored.read(256 * 1024), b"")
+    raw = bytes(doc.get("response_body") or b"")
+    return len(raw), iter((raw,))
+
+
+# --- logs --------------------------------------------------------------------------------
+
+def logs(kind: str, limit: int, after: ObjectId | None, job_id=None,
+         job_name: str | None = None) -> list[dict]:
+    """Up to ``limit`` of log ``kind`` (one of LOGS), newest first: of job ``job_id`` (the
+    registration log: of ``job_name``), or of every job."""
+    model = LOGS[kind]
+    flt: dict[str, Any] = {}
+    span = Span()
+    if model is CrawlerRegistrationErrorLog:
+        flt = {"name": job_name} if job_name is not None else {}
+    elif job_id is not None:
+        flt, span = {"job": job_id}, counts.span(job_id)
+    elif model is CrawlerDownloadLog:
+        span = counts.span()
+    return by_id(model._get_collection(), flt, limit, span=span, after=after, newest=True)
+
+
+# --- leases ------------------------------------------------------------------------------
+
+def running_by_worker() -> dict[str, set]:
+    """The jobs of the running leases, by worker."""
+    running: dict[str, set] = {}
+    for lease in CrawlerLease._get_collection().find({"state": RUNNING}, {"worker": 1, "job": 1}):
+        running.setdefault(lease.get("worker"), set()).add(lease["job"])
+    return running
+
+
+def jobs_queued_in(queue: str) -> list:
+    """The jobs with entries waiting in ``queue``."""
+    return CrawlerLease._get_collection().distinct("job", {"queue": queue, "state": QUEUED})
+
+
+# --- what report mails tell --------------------------------------------------------------
+
+def drained(job_id) -> bool:
+    """Whether the job has no LIVE, DISPATCH or retryable FAIL task."""
+    coll = CrawlerTask._get_collection()
+    return (coll.find_one({"job": job_id, "status": {"$in": [LIVE, DISPATCH]}}, {"_id": 1}) is None
+            and coll.find_one({"job": job_id, "status": FAIL, "retry_at": {"$ne": None}}, {"_id": 1}) is None)
+
+
+def failure_reasons(job_id, n: int = 5) -> list[dict]:
+    """The job's ``n`` most frequent failure reasons: [{"_id": reason, "n": tasks}]."""
+    return list(CrawlerTask._get_collection().aggregate([
+        {"$match": {"job": job_id, "status": {"$in": [FAIL, DEAD]}}},
+        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": n}]))
+
+
+def time_span(job_id) -> dict:
+    """{"first": the first task's add time, "last": the last change}, or {} for a job without tasks."""
+    return next(CrawlerTask._get_collection().aggregate([
+        {"$match": {"job": job_id}},
+        {"$group": {"_id": None, "first": {"$min": "$add_datetime"},
+                    "last": {"$max": "$last_update_datetime"}}}]), {})
+
+
+def dead_since(job_id, since) -> int:
+    """How many of the job's tasks became DEAD after ``since``."""
+    return CrawlerTask._get_collection().count_documents(
+        {"job": job_id, "status": DEAD, "last_update_datetime": {"$gt": since}})
