@@ -74,6 +74,22 @@ def mongo_client(alias: str = "source") -> MongoClient:
     return mongoengine.get_connection(alias)
 
 
+def mongo_answers(seconds: float) -> bool:
+    """Whether the source database answers a ping within ``seconds`` (a web started while
+    MongoDB is away still starts, and answers 503s until it is back)."""
+    from pymongo.errors import PyMongoError
+
+    client: MongoClient = MongoClient(settings.MONGO_URI, serverSelectionTimeoutMS=int(seconds * 1000),
+                                      connect=False)
+    try:
+        client.admin.command("ping")
+        return True
+    except PyMongoError:
+        return False
+    finally:
+        client.close()
+
+
 def _hosts_of(url: str) -> str:
     """host:port[,host:port] of a mongodb:// or redis:// URL, never its credentials."""
     netloc = urlsplit(url).netloc.rpartition("@")[2]

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.store.connection import connect_mongo, unreachable
+from common.store.connection import connect_mongo, mongo_answers, unreachable
 from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
 from master.web.routes import api
 from master.web.routes import console
@@ -109,7 +109,7 @@ def create_app() -> FastAPI:
     from common.sentry import init_sentry
 
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)
-    connect_mongo(ensure_indexes=_mongo_reachable_quickly())
+    connect_mongo(ensure_indexes=mongo_answers(seconds=1.0))
     app = FastAPI(title="downcluster", version="1.0.0", openapi_url="/api/v1/openapi.json",
                   docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
                   generate_unique_id_function=operation_id,
@@ -188,18 +188,3 @@ def _allowed(request: Request) -> list[str]:
                       for route in request.app.router.routes)}
     methods |= {"HEAD"} if "GET" in methods else set()
     return sorted(methods | {"OPTIONS"})
-
-
-def _mongo_reachable_quickly() -> bool:
-    """Build indexes at start when MongoDB answers; a web started while it is away still serves 503s."""
-    from pymongo import MongoClient
-    from pymongo.errors import PyMongoError
-
-    client = MongoClient(settings.MONGO_URI, serverSelectionTimeoutMS=1000, connect=False)
-    try:
-        client.admin.command("ping")
-        return True
-    except PyMongoError:
-        return False
-    finally:
-        client.close()
