@@ -72,7 +72,7 @@ def _counts(job) -> dict:
 def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(cluster, tmp_path, monkeypatch):
     from datetime import timedelta
 
-    from common.config import settings
+    from common.config import load, settings
     from common.store.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
     from master.ops import retention
     from tests.test_exports import _job_with_pages
@@ -107,7 +107,7 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     for model in (CrawlerDispatchLog, NotificationLog):  # MongoDB expires these by itself
         ttl = [ix for ix in model._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
         assert [(list(ix["key"]), ix["expireAfterSeconds"]) for ix in ttl] == [(["add_datetime"], 90 * 86400)]
-    monkeypatch.setattr(settings, "EVENT_LOG_RETENTION_DAYS", 0)
+    load(flags=dict(settings.flags, EVENT_LOG_RETENTION_DAYS=0))
     retention.ensure_ttl()
     assert not [ix for ix in NotificationLog._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
 
@@ -190,7 +190,7 @@ def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
 def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_path, monkeypatch):
     import time as clock
 
-    from common.config import settings
+    from common.config import load, settings
     from common.store.models import CrawlerDispatchAlertLog
     from common.notify import deliver_due
     from master.ops import reports
@@ -201,11 +201,11 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
 
     register(tmp_path, "st", report_mails="ops@example.org")
     add_urls("st", [f"{cluster.site}/page/{i}" for i in range(3)])
-    monkeypatch.setattr(settings, "QUEUE_STALL_ALERT", 1)
+    load(flags=dict(settings.flags, QUEUE_STALL_ALERT=1))
     dispatch_once(cluster.redis)  # entries wait; no worker runs (the run notes each queue's head)
     end, stalled = clock.monotonic() + 30, []
     with SmtpServer() as smtp:
-        monkeypatch.setattr(settings, "SMTP_URL", smtp.url)
+        load(flags=dict(settings.flags, SMTP_URL=smtp.url))
         while clock.monotonic() < end and not stalled:  # until the head has waited, unmoved, past the limit
             stalled = check_stalls(cluster.redis)
             clock.sleep(0.1)
@@ -321,7 +321,7 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
 
     from rq import Queue
 
-    from common.config import settings
+    from common.config import load, settings
     from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
     from master.ops.stalls import check_stalls
@@ -329,8 +329,8 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
 
     register(tmp_path, "deep")
     add_urls("deep", [f"{cluster.site}/page/{i}" for i in range(3)])
-    monkeypatch.setattr(settings, "QUEUE_STALL_ALERT", 1)
-    monkeypatch.setattr(settings, "DISPATCH_BATCH_SIZE", 1)
+    load(flags=dict(settings.flags, QUEUE_STALL_ALERT=1))
+    load(flags=dict(settings.flags, DISPATCH_BATCH_SIZE=1))
     dispatch_once(cluster.redis)  # three entries; the run notes the head
     end = clock.monotonic() + 30
     while clock.monotonic() < end and not any((q["oldest_age_s"] or 0) > 1.5 for q in stats.queue_stats(cluster.redis)):
@@ -340,9 +340,9 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
 
 
 def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, monkeypatch):
-    from common.config import settings
+    from common.config import load, settings
 
-    monkeypatch.setattr(settings, "METRICS_ALLOW", "10.0.0.0/8,nonsense")
+    load(flags=dict(settings.flags, METRICS_ALLOW="10.0.0.0/8,nonsense"))
     result = cli("web", "--bind", "127.0.0.1:1")
     assert result.exit_code == 2 and "METRICS_ALLOW: 'nonsense' is not a network" in result.output
 

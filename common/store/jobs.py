@@ -15,6 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from common.store.models import (
+    OFF,
     ON,
     CrawlerDownload,
     CrawlerDownloadSetting,
@@ -153,3 +154,41 @@ def claim_alert(job: dict, last, now: datetime) -> bool:
     """Record an alert mail at ``now`` unless another run did since ``last``; whether this one did."""
     return bool(Job._get_collection().update_one({"_id": job["_id"], "alert_mail_at": last},
                                                  {"$set": {"alert_mail_at": now}}).modified_count)
+
+
+# --- what the dispatcher and the workers read (one read per collection named, whatever the
+# number of tasks) ---
+
+def on_jobs() -> list[dict]:
+    """The ON jobs, each with ``name``, ``priority``, ``host`` and its cursor fields (``seq_sent``,
+    ``seq_next``, ``intake``: ``common.store.tasks``)."""
+    fields = {"name": 1, "priority": 1, "host": 1, "seq_sent": 1, "seq_next": 1, "intake": 1}
+    return list(Job._get_collection().find({"status": ON}, fields))
+
+
+def dispatch_settings(job_ids: list) -> dict:
+    """{job id: its settings document's ``dispatch_num``, ``max_retry_times`` and ``prior``}."""
+    return {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
+        {"job": {"$in": job_ids}}, {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1})}
+
+
+def context(job_id) -> dict | None:
+    """What a worker needs of a job (None if it is gone): ``name``; ``status`` (OFF when its
+    downloader is); ``download_id`` and ``code`` of its downloader; ``language`` of its type
+    ("none": the built-in engine) and whether that type is ``supported``; ``settings``, its
+    settings document (``{}`` if none)."""
+    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1})
+    if job is None:
+        return None
+    download = CrawlerDownload._get_collection().find_one({"job": job_id})
+    conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
+    language, supported = "none", True
+    if download is not None and download.get("types"):
+        t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]},
+                                                           {"language": 1, "is_support": 1})
+        language = t["language"] if t else "none"
+        supported = t is None or t.get("is_support", "support") == "support"
+    off = download is not None and download.get("status") == OFF
+    return {"name": job["name"], "status": OFF if off else job.get("status", OFF),
+            "download_id": download["_id"] if download else None, "code": (download or {}).get("code", ""),
+            "language": language, "supported": supported, "settings": conf}

@@ -1,10 +1,12 @@
 """The log alias's records of downloads and dispatches: ``crawler_download_log`` (one per
-download attempt), ``crawler_dispatch_alert_log`` (``queue_full`` and ``queue_stall`` alerts)
+download attempt), ``crawler_dispatch_log`` (one per queue entry a dispatcher run wrote or
+failed to write), ``crawler_dispatch_alert_log`` (``queue_full`` and ``queue_stall`` alerts)
 (``notification_log``, the delivery attempts, is written by ``common.store.notifications``).
 
 Indexes: ``crawler_download_log`` by ``task`` (a task's attempts) and ``(job, _id)`` (a job's, by
 time: the ``_id`` is made when the log is written, so it orders and ranges by time without an
-index on ``add_datetime``). The alert log has no index of its own: it is small, kept for
+index on ``add_datetime``). The dispatch and alert logs have no index of their own (every index
+would cost each insert): it is small, kept for
 LOG_RETENTION_DAYS by a TTL index on ``add_datetime``.
 Invariant: logs are appended, never changed; only retention removes them.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from common.store.models import CrawlerDispatchAlertLog, CrawlerDownloadLog
+from common.config import settings
+from common.store.models import FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadLog
 
 DOWNLOAD_FIELDS = {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
                    "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}
@@ -24,11 +27,26 @@ def of_task(task_id, limit: int = 100) -> list[dict]:
                 .sort("_id", -1).limit(limit))
 
 
-def add_alerts(job_ids: list, kind: str, reason: str, hostname: str, at: datetime) -> None:
-    """One ``kind`` alert with ``reason`` for each of ``job_ids`` (None: a cluster-wide alert)."""
-    CrawlerDispatchAlertLog._get_collection().insert_many([
-        {"job": job, "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
-         "hostname": hostname, "add_datetime": at} for job in job_ids])
+def add_alerts(alerts: list[tuple], at: datetime) -> None:
+    """Insert alerts, each (job id or None for a cluster-wide one, type, reason), written by this host."""
+    if alerts:
+        CrawlerDispatchAlertLog._get_collection().insert_many([
+            {"job": job_id, "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
+             "hostname": settings.HOSTNAME, "add_datetime": at}
+            for job_id, kind, reason in alerts])
+
+
+def entry_log(job_id, queue: str, lease: str, count: int, now: datetime, why: str | None = None) -> dict:
+    """The record of one queue entry: SUCCESS when pushed, else FAIL with ``why``."""
+    log = {"job": job_id, "queue": queue, "lease": lease, "count": count, "hostname": settings.HOSTNAME,
+           "add_datetime": now}
+    return {**log, "status": SUCCESS} if why is None else {**log, "status": FAIL, "reason": why}
+
+
+def add_entry_logs(records: list[dict]) -> None:
+    """Insert queue entries' records (``entry_log``)."""
+    if records:
+        CrawlerDispatchLog._get_collection().insert_many(records, ordered=False)
 
 
 def alerts_since(job_id, since: datetime) -> tuple[int, list[str]]:

@@ -33,7 +33,9 @@ from datetime import datetime
 from redis import Redis
 
 from common.config import settings
-from common.store import dispatchlogs, jobinfo, leases, tasks
+from common.store import leases, tasks
+from common.store.jobs import dispatch_settings, on_jobs
+from common.store import logs as store_logs
 from common.store.connection import redis_conn, unreachable
 from common.errors import ConfigError, DispatchLocked
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
@@ -189,7 +191,7 @@ def check_settings() -> None:
 # --- selection ---------------------------------------------------------------------------
 
 def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
-    conf = jobinfo.dispatch_settings([j["_id"] for j in jobs])
+    conf = dispatch_settings([j["_id"] for j in jobs])
 
     def load(job: dict) -> JobWork:
         c = conf.get(job["_id"], {})
@@ -262,7 +264,7 @@ class Run:
         logs = []
         for lease, e, res in zip(lease_ids, work.entries, results):
             if res == PUSHED:
-                logs.append(dispatchlogs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now))
+                logs.append(store_logs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now))
                 with self._mutex:
                     self.report.tasks[e.queue] += len(e.tasks)
                     self.report.entries[e.queue] += 1
@@ -274,10 +276,10 @@ class Run:
             # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
             if res is not None:
                 release_entry(work.job["_id"], lease, e.kind, e.ids, why, now)
-            logs.append(dispatchlogs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now, why))
+            logs.append(store_logs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now, why))
             with self._mutex:
                 self.report.failed_entries += 1
-        dispatchlogs.record(logs)
+        store_logs.add_entry_logs(logs)
 
 
 def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
@@ -287,7 +289,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     now = store_now()  # the clock leases and retry times are judged by
     run = Run(redis, token, now)
     run.report.recovered = recovered.recovered + recovered.requeued
-    jobs = sorted(jobinfo.on_jobs(), key=lambda j: order_key(j, settings.DISPATCH_ORDER))
+    jobs = sorted(on_jobs(), key=lambda j: order_key(j, settings.DISPATCH_ORDER))
     if not jobs:
         chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
         return run.report
@@ -301,7 +303,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
         list(pool.map(run.send, works))
     if alerts:
-        dispatchlogs.alert([(w.job["_id"], kind, reason) for w, kind, reason in alerts], now)
+        store_logs.add_alerts([(w.job["_id"], kind, reason) for w, kind, reason in alerts], now)
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")

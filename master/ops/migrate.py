@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from common.store import counts, jobinfo, leases, tasks
+from common.store import counts, jobs, leases, tasks
 from common.store.models import utcnow
 from common.store.upgrade import move_secrets
 
@@ -34,7 +34,7 @@ class MigrationReport:
 
 def migrate() -> MigrationReport:
     report = MigrationReport()
-    for job_id in jobinfo.names():
+    for job_id in jobs.names():
         while ids := tasks.unnumbered(job_id, CHUNK):
             first = tasks.reserve(job_id, len(ids))
             try:

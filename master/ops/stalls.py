@@ -55,6 +55,6 @@ def check_stalls(redis: Redis) -> list[str]:
         jobs = pages.jobs_queued_in(q["queue"])
         reason = (f"queue {q['queue']} has not drained: its oldest entry waited {q['oldest_age_s']:.0f} s "
                   f"(QUEUE_STALL_ALERT {limit} s) and no worker took from it; {q['depth']} entries wait")
-        logs.add_alerts(jobs or [None], "queue_stall", reason, settings.HOSTNAME, stamp)
+        logs.add_alerts([(job, "queue_stall", reason) for job in jobs or [None]], stamp)
         stalled.append(q["queue"])
     return stalled

@@ -8,7 +8,7 @@ from typing import Any
 from redis import Redis
 
 from common.store import counts as tallies
-from common.store import jobinfo, leases
+from common.store import jobs, leases
 from common.store.models import QUEUED, TASK_STATUSES
 from common.sitelimits import throttled
 from common.metrics import pages_in, sample_depths
@@ -35,7 +35,7 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
 
 
 def task_counts() -> list[dict[str, Any]]:
-    names = jobinfo.names()
+    names = jobs.names()
     counts: dict[Any, dict[str, int]] = {job: {**dict.fromkeys(COLUMNS, 0), **c}
                                          for job, c in tallies.of_jobs().items() if any(c.values())}
     # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps

@@ -11,7 +11,7 @@ from bson import ObjectId
 
 from common.config import settings
 from common.jobsettings import SETTING_NAMES
-from common.store import jobinfo
+from common.store import jobs
 from common.store.models import ENGINES
 from common.secrets import remember
 from slave.download.engines.base import Limits
@@ -42,7 +42,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     hit = _contexts.get(job_id)
     if hit and time.monotonic() - hit[0] < CONTEXT_TTL:
         return hit[1]
-    job = jobinfo.context(job_id)
+    job = jobs.context(job_id)
     ctx = None
     if job is not None:
         conf = {k: job["settings"][k] for k in SETTING_NAMES if k in job["settings"]}
