@@ -20,13 +20,15 @@ Per task the dispatcher writes nothing on the fresh path: its cost is per entry 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import threading
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -36,8 +38,9 @@ from common.config import settings
 from common.store import leases, tasks
 from common.store.jobs import dispatch_settings, on_jobs
 from common.store import logs as store_logs
-from common.store.connection import redis_conn, unreachable
-from common.errors import ConfigError, DispatchLocked
+from common.errors import ConfigError, DispatchLocked, ValidationError
+from common.secrets import redact
+from common.store.connection import connect_mongo, redis_conn, unreachable
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
 from common.store.models import AGAIN, FRESH, store_now, utcnow
 from common.store.tasks import Picked, due_again, due_fresh, fresh_cursor
@@ -341,6 +344,39 @@ def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> Dispatch
     redis = redis or redis_conn()
     with DispatchLock(redis) as lock:
         return _timed_run(redis, lock, watchdog)
+
+
+def dispatch_in_child(flags: dict) -> tuple[int, dict | str]:
+    """One ``dispatch_once`` in a process of its own (``spawn``): its watchdog ends that child,
+    never the caller (the web server). Returns (200, the report) or (an HTTP status, one line):
+    409 another dispatcher holds the lock, 422 a malformed setting, 503 a service unreachable,
+    500 anything else (sent to Sentry by the child)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        try:
+            return pool.submit(_child_run, flags).result()
+        except BrokenProcessPool:
+            return 500, f"the dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT={settings.DISPATCH_USE_POOL_TIMEOUT}s " \
+                        "and was stopped"
+
+
+def _child_run(flags: dict) -> tuple[int, dict | str]:
+    from common.config import load
+    from common.sentry import capture
+
+    load(flags=flags)
+    try:
+        connect_mongo()
+        return 200, dispatch_once().as_dict()
+    except DispatchLocked as exc:
+        return 409, str(exc)
+    except (ConfigError, ValidationError) as exc:
+        return 422, redact(str(exc))
+    except Exception as exc:
+        line = unreachable(exc)
+        if line is None:
+            capture(exc)
+        return (503, line) if line else (500, redact(f"{type(exc).__name__}: {exc}"))
 
 
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:

@@ -13,11 +13,11 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.store.connection import redis_conn
-from common.errors import ConfigError, ValidationError
+from common.errors import ValidationError
 from common.store.control import Token
 from common.store.models import ADMIN, iso
 from master import registry, tokens, views
-from master.dispatch.dispatcher import dispatch_once
+from master.dispatch.dispatcher import dispatch_in_child
 from master.ops import stats
 from master.ops import tasks
 from master.intake import add_tasks
@@ -269,13 +269,12 @@ def disable_type(language: Language, _: Admin) -> dict:
 
 @router.post("/dispatch", tags=["cluster"], responses=answers(401, 403, 409))
 def dispatch(_: Admin) -> dict:
-    """One dispatcher run, as ``downcluster dispatch --json``, in this process: FastAPI runs a
-    plain ``def`` route in its thread pool, so the event loop goes on meanwhile. 409 when another
-    dispatcher holds the lock. The run has no watchdog here (it ends its process, this server)."""
-    try:
-        return dispatch_once(redis_conn(), watchdog=False).as_dict()
-    except ConfigError as exc:  # a malformed dispatcher setting: what the command exits 2 for
-        raise ApiError(422, str(exc)) from None
+    """One dispatcher run, as ``downcluster dispatch --json`` (in a child process of its own, so
+    its watchdog can stop a run that overstays without stopping this server)."""
+    status, answer = dispatch_in_child(dict(settings.flags))
+    if status != 200 or not isinstance(answer, dict):
+        raise ApiError(status, str(answer))
+    return answer
 
 
 @router.get("/stats", tags=["cluster"], responses=READ)
