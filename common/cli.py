@@ -68,11 +68,10 @@ class LazyGroup(click.Group):
         return import_attribute(COMMANDS[name]) if name in COMMANDS else None
 
     def invoke(self, ctx: click.Context):
-        from common.store.connection import unreachable
-        from common.secrets import redact
-
         from common.config import add_flags, settings
+        from common.secrets import redact
         from common.sentry import capture, init_sentry
+        from common.store.connection import unreachable
 
         _, command, args = self.resolve_command(ctx, ctx.meta["downcluster.args"])
         try:

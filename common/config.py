@@ -21,7 +21,6 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 import settings as defaults
-
 from common.errors import ConfigError
 
 ENV_PREFIX = "DOWNCLUSTER_"

@@ -29,11 +29,11 @@ import urllib3
 from common import netguard
 from common.config import settings
 from common.errors import AddressRefused, ValidationError
-from common.store import notifications
-from common.store.models import utcnow
 from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
+from common.store import notifications
+from common.store.models import utcnow
 
 logger = logging.getLogger(__name__)
 MAIL_RE = re.compile(r"^[^@\s,<>]+@[^@\s,<>]+\.[^@\s,<>]+$")

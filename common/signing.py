@@ -12,7 +12,6 @@ import hmac
 import re
 import time
 
-
 from common.config import settings
 from common.store import control
 

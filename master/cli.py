@@ -10,8 +10,8 @@ import click
 
 from common.cli import SettingOption
 from common.config import flag_env, settings
-from common.store.connection import connect_mongo, redis_conn
 from common.errors import ValidationError
+from common.store.connection import connect_mongo, redis_conn
 
 
 def _connect() -> None:
@@ -362,8 +362,8 @@ def type_disable(language: str) -> None:
 def archive(name: str, before: str, output: str | None) -> None:
     """Save job NAME's data and download logs stored before a date to a gzip JSON Lines file, then
     remove them from MongoDB (only once the file is complete)."""
-    from master.ops.archive import archive as run
     from master.exports.service import parse_time
+    from master.ops.archive import archive as run
 
     _connect()
     stamp = parse_time(before, "--before")

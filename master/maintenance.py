@@ -17,10 +17,10 @@ from typing import Callable
 
 from redis import Redis
 
-from common.store import state
-from common.store.models import store_now
 from common.secrets import redact
 from common.sentry import capture
+from common.store import state
+from common.store.models import store_now
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +35,7 @@ class Chore:
 def table() -> tuple[Chore, ...]:
     from master.dispatch import defender
     from master.exports import service as exports
-    from master.ops import reports
-    from master.ops import retention
+    from master.ops import reports, retention
     from master.ops.stalls import check_stalls
 
     return (

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 from common import jobsettings
 from common.config import settings
 from common.errors import NotFound, ValidationError
-from common.notify import check_mail
 from common.jobsettings import ENGINES
+from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import jobs
 from common.store.models import OFF, ON

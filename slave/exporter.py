@@ -21,14 +21,14 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import ValidationError
-from common.store import exports, jobs
-from common.store.data import drop_export_file, export_source, export_total, export_upload
 from common.exports.events import announce, publish
-from common.store.models import store_now, utcnow
-from common.secrets import redact
-from common.sentry import capture
 from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits
 from common.exports.templates import parse_template
+from common.secrets import redact
+from common.sentry import capture
+from common.store import exports, jobs
+from common.store.data import drop_export_file, export_source, export_total, export_upload
+from common.store.models import store_now, utcnow
 
 logger = logging.getLogger(__name__)
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0

@@ -8,10 +8,10 @@ import json
 import logging
 
 from common.config import settings
-from common.store import exports
-from common.store.models import SUCCESS, iso
 from common.notify import deliver_due, queue_mail, queue_webhook
 from common.signing import export_url
+from common.store import exports
+from common.store.models import SUCCESS, iso
 
 FINAL_STATES = ("SUCCESS", "FAIL", "CANCEL", "EXPIRED")
 EVENT_FIELDS = ("state", "rows_done", "rows_total", "bytes", "attempts", "error", "finished_at")

@@ -101,7 +101,8 @@ def unreachable(exc: BaseException) -> str | None:
     ``exc`` is not a connection failure."""
     from pymongo.errors import ConnectionFailure, OperationFailure
     from redis.exceptions import AuthenticationError, ResponseError
-    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
 
     if isinstance(exc, OperationFailure) and exc.code in MONGO_AUTH_CODES:
         return f"MongoDB refused the credentials at {_hosts_of(settings.MONGO_URI)}"

@@ -9,10 +9,10 @@ Invariant: data is read through ``visible`` / ``shown``: only documents that the
 writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 
-import gridfs
-
 import hashlib
 from typing import Any, Iterable, Iterator
+
+import gridfs
 
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
 from common.store.paging import OutOfTime, scan

@@ -37,10 +37,11 @@ from typing import Iterable
 
 from pymongo import ReturnDocument, UpdateMany, UpdateOne
 
-from common.store import counts
 from common.config import settings
+from common.store import counts
 from common.store.data import gridfs_of, named
 from common.store.models import (
+    DEAD,
     DISPATCH,
     FAIL,
     FRESH,
@@ -49,7 +50,6 @@ from common.store.models import (
     QUEUED,
     RUNNING,
     SUCCESS,
-    DEAD,
     CrawlerDownloadData,
     CrawlerLease,
     CrawlerTask,

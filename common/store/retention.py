@@ -23,10 +23,24 @@ from bson import ObjectId
 
 from common.store import counts
 from common.store.data import body_of, gridfs_of, visible
-from common.store.models import (CANCEL, DEAD, FAIL, SUCCESS, TASK_STATUSES, CrawlerDispatchAlertLog,
-                                 CrawlerDispatchLog, CrawlerDownloadData, CrawlerDownloadLog,
-                                 CrawlerDownloadSetting, CrawlerRegistrationErrorLog, CrawlerTask, Job,
-                                 Notification, NotificationLog, id_at)
+from common.store.models import (
+    CANCEL,
+    DEAD,
+    FAIL,
+    SUCCESS,
+    TASK_STATUSES,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerDownloadSetting,
+    CrawlerRegistrationErrorLog,
+    CrawlerTask,
+    Job,
+    Notification,
+    NotificationLog,
+    id_at,
+)
 from common.store.paging import Span, by_id, in_chunks
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)

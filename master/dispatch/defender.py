@@ -26,11 +26,11 @@ from datetime import datetime
 
 from redis import Redis
 
-from common.store import leases
 from common.config import settings
+from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
+from common.store import leases
 from common.store.connection import redis_conn
 from common.store.models import LOST, QUEUED, store_now
-from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
 
 logger = logging.getLogger(__name__)
 

@@ -35,17 +35,26 @@ from datetime import datetime
 from redis import Redis
 
 from common.config import settings
-from common.store import leases, tasks
-from common.store.jobs import dispatch_settings, on_jobs
-from common.store import logs as store_logs
 from common.errors import ConfigError, DispatchLocked, ValidationError
-from common.secrets import redact
-from common.store.connection import connect_mongo, redis_conn, unreachable
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
+from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.rqbridge import (
+    FULL,
+    NOT_OWNER,
+    PUSHED,
+    entry_id,
+    entry_mapping,
+    push_entry,
+    queue_key,
+    rq_queue,
+)
+from common.secrets import redact
+from common.store import leases, tasks
+from common.store import logs as store_logs
+from common.store.connection import connect_mongo, redis_conn, unreachable
+from common.store.jobs import dispatch_settings, on_jobs
 from common.store.models import AGAIN, FRESH, store_now, utcnow
 from common.store.tasks import Picked, due_again, due_fresh, fresh_cursor
-from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
-from common.queue.rqbridge import FULL, NOT_OWNER, PUSHED, entry_id, entry_mapping, push_entry, queue_key, rq_queue
 from master import maintenance as chores
 from master.dispatch import defender
 from master.dispatch.lock import DispatchLock

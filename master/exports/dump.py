@@ -16,10 +16,10 @@ import io
 import json
 from typing import IO, Iterator
 
-from common.store.data import documents, export_source, text_of
 from common.errors import ValidationError
-from common.store import jobs
 from common.exports.tabular import WRITERS
+from common.store import jobs
+from common.store.data import documents, export_source, text_of
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
 

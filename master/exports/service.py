@@ -24,19 +24,18 @@ from redis import Redis
 
 from common.config import settings
 from common.errors import Conflict, NotFound, ValidationError
-from common.store import exports, jobs
-from common.store.control import Token
-from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
-from common.queue.names import EXPORT_QUEUE
-from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
 from common.exports.events import publish
-from common.store.data import drop_export_file
-from common.notify import check_callback, check_mail, deliver_due
-from common.signing import export_url
 from common.exports.tabular import check_fits
 from common.exports.templates import parse_template
+from common.notify import check_callback, check_mail, deliver_due
+from common.queue.names import EXPORT_QUEUE
+from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
+from common.signing import export_url
+from common.store import exports, jobs
+from common.store.control import Token
+from common.store.data import drop_export_file
+from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
 from master.views import object_id
-
 
 
 @dataclass

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from common.store import counts as tallies
 from common.config import settings
+from common.notify import queue_mail
+from common.store import counts as tallies
 from common.store import jobs, logs, pages
 from common.store.models import DEAD, FAIL, SUCCESS, utcnow
-from common.notify import queue_mail
 
 EPOCH = datetime(1970, 1, 1)
 

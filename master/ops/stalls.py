@@ -13,10 +13,10 @@ import time
 from redis import Redis
 
 from common.config import settings
-from common.store import logs, pages
-from common.store.models import utcnow
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import rq_queue
+from common.store import logs, pages
+from common.store.models import utcnow
 from master.ops.stats import queue_stats
 
 HEADS = "downcluster:stall:heads"

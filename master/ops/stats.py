@@ -7,13 +7,13 @@ from typing import Any
 
 from redis import Redis
 
-from common.store import counts as tallies
-from common.store import jobs, leases
-from common.store.models import QUEUED, TASK_STATUSES
-from common.sitelimits import throttled
 from common.metrics import pages_in, sample_depths
 from common.queue.names import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
 from common.queue.rqbridge import oldest_enqueued_at, our_queues, rq_queue
+from common.sitelimits import throttled
+from common.store import counts as tallies
+from common.store import jobs, leases
+from common.store.models import QUEUED, TASK_STATUSES
 
 COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
 

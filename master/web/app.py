@@ -22,15 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.store.connection import connect_mongo, mongo_answers, unreachable
 from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
-from master.web.routes import api
-from master.web.routes import console
-from master.web.routes import exports
-from master.web.routes import files
-from master.web.routes import metrics
+from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
+from master.web.routes import api, console, exports, files, metrics
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
@@ -150,7 +146,8 @@ def create_app() -> FastAPI:
         return error(503, unreachable(exc) or "a service is unreachable")
 
     from pymongo.errors import ConnectionFailure
-    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
 
     for cls in (ConnectionFailure, RedisConnectionError, RedisTimeout):
         app.add_exception_handler(cls, _unreachable)

@@ -20,17 +20,14 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import DownloadError
-from common.sitelimits import host_of
-from common.store import attempts
 from common.secrets import redact
 from common.sentry import capture
-from slave.worker.context import JobContext, limits_from_settings
-from slave.download.engines import aio
-from slave.download.engines import browser
-from slave.download.engines import http
-from slave.download.engines import sandbox
+from common.sitelimits import host_of
+from common.store import attempts
+from slave.download.engines import aio, browser, http, sandbox
 from slave.download.engines.base import Download
 from slave.download.etiquette import SANDBOXED, Etiquette, Handback, long_lease
+from slave.worker.context import JobContext, limits_from_settings
 from slave.worker.writer import Outcome
 
 logger = logging.getLogger(__name__)

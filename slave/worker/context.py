@@ -11,9 +11,9 @@ from bson import ObjectId
 
 from common.config import settings
 from common.jobsettings import SETTING_NAMES
+from common.secrets import remember
 from common.store import jobs
 from common.store.models import ENGINES
-from common.secrets import remember
 from slave.download.engines.base import Limits
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries

@@ -13,11 +13,11 @@ import time
 import uuid
 from typing import Any
 
-from common.store import leases
 from common.config import host_name, settings
+from common.queue.names import WORKER_KEY_PREFIX
+from common.store import leases
 from common.store.connection import redis_conn
 from common.store.models import sync_store_clock
-from common.queue.names import WORKER_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from rq import Worker
 from rq.serializers import JSONSerializer
 
 from common.config import host_name, settings
-from common.store.connection import redis_conn
 from common.queue.names import worker_queue_names
 from common.queue.rqbridge import JsonJob, rq_queue
 from common.secrets import install_logging_filter
 from common.sentry import init_sentry
+from common.store.connection import redis_conn
 from slave.worker.rqworker import ClassicSimpleWorker, ClassicWorker
 
 

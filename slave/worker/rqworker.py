@@ -19,12 +19,11 @@ import math
 import threading
 import time
 
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import now
-from rq import worker_registration
 from rq.worker import BaseWorker, SimpleWorker, Worker, WorkerStatus
 
 from common.errors import ConfigError

@@ -26,20 +26,17 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-
-from common.store import leases
-
-
-from common.queue import rqbridge
 from common.config import settings
-from common.store.connection import connect_mongo, redis_conn
-from common.store.models import OFF, store_time
 from common.notify import deliver_due
+from common.queue import rqbridge
 from common.queue.names import EXPORT_QUEUE
 from common.secrets import redact
 from common.sentry import capture
-from slave.worker.context import load_context
+from common.store import leases
+from common.store.connection import connect_mongo, redis_conn
+from common.store.models import OFF, store_time
 from slave.download.fetching import Engines
+from slave.worker.context import load_context
 from slave.worker.heartbeat import Heartbeat, new_worker_id
 from slave.worker.rqworker import LoopWorker
 from slave.worker.writer import RunningEntry, Writer

@@ -26,12 +26,12 @@ from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, 
 from common.config import settings
 from common.errors import DownloadError
 from common.metrics import count_pages, reason_class
+from common.queue.retry import backoff, next_retry_at
+from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
 from common.store.connection import redis_conn
 from common.store.models import FAIL, LIVE, SUCCESS, store_time
-from common.secrets import redact
 from slave.download.engines.base import Download
-from common.queue.retry import backoff, next_retry_at
 
 if TYPE_CHECKING:
     from slave.worker.context import JobContext

@@ -8,21 +8,20 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticError
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticError
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
-from common.store.connection import redis_conn
 from common.errors import ValidationError
+from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import ADMIN, iso
 from master import registry, tokens, views
 from master.dispatch.dispatcher import dispatch_in_child
-from master.ops import stats
-from master.ops import tasks
 from master.intake import add_tasks
-from master.web.contract import (READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus,
-                                 answers)
+from master.ops import stats, tasks
+from master.web.contract import READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus, answers
 from master.web.errors import ApiError
 
 router = APIRouter()

@@ -22,18 +22,18 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
+from common.errors import NotFound
+from common.exports.events import FINAL_STATES, channel, snapshot
+from common.exports.tabular import CONTENT_TYPES, WRITERS
+from common.notify import MAIL_RE
 from common.store.connection import redis_client, redis_conn
 from common.store.data import export_fits, export_source
-from common.exports.events import FINAL_STATES, channel, snapshot
-from common.errors import NotFound
 from common.store.models import ADMIN
-from common.notify import MAIL_RE
-from common.exports.tabular import CONTENT_TYPES, WRITERS
 from master import tokens, views
 from master.exports import service as exports
-from master.web.routes.api import COOKIE, Reader, Strict, bearer
 from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, answers
 from master.web.errors import ApiError
+from master.web.routes.api import COOKIE, Reader, Strict, bearer
 from master.web.routes.files import stream_file
 
 router = APIRouter(tags=["exports"])

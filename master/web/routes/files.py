@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from gridfs.errors import NoFile
 
+from common.exports.tabular import CONTENT_TYPES
+from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
-from common.signing import check_export_sig
-from common.exports.tabular import CONTENT_TYPES
 from master.exports.service import get
 from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError

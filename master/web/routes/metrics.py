@@ -15,15 +15,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.config import settings
-from common.store.connection import redis_conn
 from common.errors import ConfigError
 from common.metrics import page_counters
 from common.store import exports as export_store
+from common.store.connection import redis_conn
 from common.store.models import EXPORT_STATES, TASK_STATUSES
 from master import views
 from master.ops import stats
-from master.web.routes.api import bearer
 from master.web.errors import ApiError
+from master.web.routes.api import bearer
 
 router = APIRouter()
 
