@@ -1,1 +1,1 @@
-"""The master: job registry, task intake, dispatcher, defender, stats and export."""
+"""The master: job registration, task intake, dispatching, maintenance, operations, exports and the web."""

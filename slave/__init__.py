@@ -1,1 +1,2 @@
-"""The slave: rq worker entry, the batch job function and the downloader engines."""
+"""The slave: the worker (rq's view of it, running queue entries, storing what they produced),
+one download (engines and etiquette), and export attempts."""
