@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps clean services-check
+.PHONY: demo test test-unit bench bench-deps clean services-check
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,9 +52,13 @@ services-check:
 demo: $(STAMP) services-check
 	$(BIN)/python scripts/demo.py
 
+# tests/unit starts no services (the inner loop); tests/integration and tests/e2e use real ones.
 PYTEST_ARGS ?=
 test: $(STAMP) services-check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)

@@ -308,7 +308,7 @@ def test_export_mail_and_signed_link_served_by_web(cluster, tmp_path):
 
 
 def test_api_exports_for_analysts(cluster, tmp_path):
-    from tests.test_web import new_token
+    from tests.integration.test_web_api import new_token
 
     register(tmp_path, "j")
     token = new_token("ann", "analyst")

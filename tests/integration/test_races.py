@@ -304,7 +304,7 @@ def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
               "dispatcher.dispatch_once()\n")
     env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_USE_POOL_TIMEOUT": "1"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     assert proc.returncode == 3 and "exceeded DISPATCH_USE_POOL_TIMEOUT" in proc.stderr
     assert not cluster.redis.exists(LOCK_KEY)
     assert dispatch_once(cluster.redis).total == 1

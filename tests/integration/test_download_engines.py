@@ -559,7 +559,7 @@ def test_a_hung_downloader_dies_with_its_worker(mode):
     worker = subprocess.Popen([sys.executable, "-c",
                                "from slave.download.engines.sandbox import run_python, run_shell\n"
                                "from slave.download.engines.base import Limits\n" + call],
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                              cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     try:
         deadline = time.monotonic() + 20
         while len(boxed_processes(worker.pid)) < 3 and time.monotonic() < deadline:  # supervisor, downloader, sleeps

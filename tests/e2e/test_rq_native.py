@@ -25,7 +25,7 @@ from common.queue.names import worker_queue_names
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
