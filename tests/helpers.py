@@ -9,6 +9,25 @@ from common.cli import main
 from common.store.models import CrawlerTask, Job
 
 
+# An export template of the first form: header paths grouped by their common prefixes.
+TEMPLATE = '''
+sheet = "pages"
+[[columns]]
+header = ["Request", "URL"]
+field = "url"
+[[columns]]
+header = ["Response", "Status"]
+field = "status_code"
+[[columns]]
+header = ["Response", "Size"]
+field = "response_size"
+[[columns]]
+header = ["Fetched", "At"]
+field = "add_datetime"
+format = "yyyy-mm-dd hh:mm:ss"
+'''
+
+
 def clock_skew(seconds: float) -> dict[str, str]:
     """Environment that runs a Python process with its wall clock ``seconds`` off (tests/clockskew)."""
     return {"PYTHONPATH": str(Path(__file__).parent / "clockskew"), "DOWNCLUSTER_TEST_CLOCK_SKEW": str(seconds)}

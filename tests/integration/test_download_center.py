@@ -123,7 +123,7 @@ def test_seed_template_in_excel_openpyxl_and_libreoffice(cluster, tmp_path):
 def test_a_long_single_table_prints_its_headers_on_every_page(cluster, tmp_path):
     import openpyxl
 
-    from tests.integration.test_exports import TEMPLATE
+    from tests.helpers import TEMPLATE
 
     _job_with_pages(cluster, tmp_path, n=3)
     got = exports.request(cluster.redis, "j", "xlsx", TEMPLATE)

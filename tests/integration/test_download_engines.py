@@ -16,7 +16,6 @@ import threading
 import time
 import tracemalloc
 import zlib
-from email.utils import formatdate
 from urllib.parse import quote
 
 import pytest
@@ -234,16 +233,6 @@ def test_the_sandbox_engines_store_the_encoding_a_browser_would_use(site):
     assert shell.encoding == "cp932", shell.encoding  # no headers from a shell downloader: the document decides
 
 
-def test_encoding_unit_cases():
-    from slave.download.engines.charset import body_encoding
-
-    assert body_encoding({"Content-Type": "text/html"}, b"<p>plain ascii</p>") == "utf-8"
-    assert body_encoding({"content-type": "text/plain; charset=UTF-16"}, "hi".encode("utf-16-be")) == "utf-16-be"
-    assert body_encoding({"Content-Type": "application/octet-stream"}, bytes(range(256))) is None
-    assert body_encoding({}, b"\xff\xfeh\x00i\x00") == "utf-16-le"
-    assert body_encoding({"Content-Type": "application/json"}, '{"a": "é"}'.encode()) == "utf-8"
-
-
 def test_sixteen_concurrent_fetches_share_one_session(site, session):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda n: engine.fetch(f"{site}/page/{n}", limits=Limits(timeout=10),
@@ -261,35 +250,6 @@ def test_404_is_not_retryable(site, get):
 def test_503_with_retry_after_is_retryable(site, get):
     err, _ = _fail(get, f"{site}/retry-after/120", timeout=10)
     assert err.reason == "HTTP 503" and err.retryable and err.retry_after == 120
-
-
-def test_classify_status():
-    assert engine.classify_status(200, None) is None and engine.classify_status(304, None) is None
-    for code in (408, 429, 500, 502):
-        assert engine.classify_status(code, None).retryable
-    for code in (400, 403, 404, 410):
-        assert not engine.classify_status(code, "5").retryable
-    assert engine.classify_status(429, "99999").retry_after == 600
-    assert engine.classify_status(503, "soon").retry_after is None
-    assert engine.classify_status(503, "Wed, 21 Oct 2015 07:28:00 GMT").retry_after == 0
-    future = engine.classify_status(503, formatdate(time.time() + 120, usegmt=True)).retry_after
-    assert 115 <= future <= 120
-
-
-def test_classify_exception():
-    cert = ssl.SSLCertVerificationError(1, "certificate verify failed")
-    cert.verify_message = "self-signed certificate"
-    tls = engine.classify_exception(requests.exceptions.SSLError(cert))
-    assert not tls.retryable and tls.reason == "TLS certificate error: self-signed certificate"
-    assert not engine.classify_exception(requests.exceptions.TooManyRedirects("x")).retryable
-    assert not engine.classify_exception(requests.exceptions.InvalidURL("bad")).retryable
-    assert not engine.classify_exception(requests.exceptions.InvalidSchema("ftp")).retryable
-    refused = engine.classify_exception(requests.exceptions.ConnectionError(ConnectionRefusedError(111, "x")))
-    assert refused.retryable and refused.reason == "connection refused"
-    dns = engine.classify_exception(requests.exceptions.ConnectionError(socket.gaierror(-2, "Name unknown")))
-    assert dns.retryable and dns.reason.startswith("DNS lookup failed")
-    assert engine.classify_exception(requests.exceptions.ReadTimeout("x")).retryable
-    assert "\n" not in engine.classify_exception(RuntimeError("a\nb")).reason
 
 
 def test_connection_reset_is_retryable(site, get):
