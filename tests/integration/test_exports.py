@@ -22,12 +22,13 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import ValidationError
-from common.store.models import (CrawlerDownloadData, CrawlerTask, Export, Job, Notification, NotificationLog, utcnow)
+from common.store.models import (CrawlerDownloadData, CrawlerTask, Export, Job, Notification, NotificationLog,
+                                 store_now, utcnow)
 from master.exports import service as exports
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from slave.exporter import run_export
-from tests.helpers import TEMPLATE, add_urls, burst_worker, cli, register
+from tests.helpers import TEMPLATE, add_urls, burst_worker, cli, register, wait_for
 from tests.receivers import SmtpServer, WebhookReceiver
 from tests.web_helpers import WebServer
 
@@ -197,8 +198,7 @@ def test_export_mail_and_signed_link_served_by_web(cluster, tmp_path):
             assert requests.get(url[:-1] + ("0" if url[-1] != "0" else "1"), timeout=10).status_code == 403
             assert requests.get(url.replace(export_id, str(ObjectId())), timeout=10).status_code == 403
             short = cli("export", "url", export_id, "--ttl", "1").stdout.strip().splitlines()[-1]
-            time.sleep(2.1)
-            assert requests.get(short, timeout=10).status_code == 410
+            wait_for(lambda: requests.get(short, timeout=10).status_code == 410, what="a 1 s link to expire")
             Export._get_collection().update_one({"_id": ObjectId(export_id)}, {"$set": {"expires_at": utcnow()}})
             assert exports.tend(cluster.redis).expired == 1
             assert requests.get(url, timeout=10).status_code == 410
@@ -285,10 +285,7 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
     worker = subprocess.Popen([str(BIN / "downcluster"), "worker"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        end = time.monotonic() + 60
-        while (Export.objects.get(id=export_id).rows_done or 0) < 5000:
-            assert time.monotonic() < end, "the export did not start"
-            time.sleep(0.05)
+        wait_for(lambda: (Export.objects.get(id=export_id).rows_done or 0) >= 5000, what="the export to start")
         # rq sees the export lane's work as it sees downloads: an execution of the worker
         from rq import Worker
         from rq.job import Job as RqJob
@@ -307,7 +304,8 @@ def test_a_worker_killed_mid_export_is_recovered_and_succeeds_once(cluster, tmp_
     assert first.state == "RUNNING" and db["export_fs.chunks"].count_documents({"files_id": first.file_id}) > 0
     assert db["export_fs.files"].count_documents({}) == 0  # a partial upload: chunks without a file
     settings.override(HEARTBEAT_TTL=3)
-    time.sleep(3.5)
+    wait_for(lambda: store_now() - Export.objects.get(id=export_id).beat_at > timedelta(seconds=3),
+             what="the dead worker's last beat to be older than HEARTBEAT_TTL")
     dispatch_once(cluster.redis)  # the defender's share: recovered, partial chunks removed, sent again
     again = Export.objects.get(id=export_id)
     assert again.state == "PENDING" and again.recoveries == 1

@@ -298,7 +298,7 @@ def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
     add_urls("wd", ["http://127.0.0.1:1/x"])
     script = ("import time\n"
               "from common.store.connection import connect_mongo\n"
-              "from master import dispatcher\n"
+              "from master.dispatch import dispatcher\n"
               "connect_mongo()\n"
               "dispatcher._load_works = lambda jobs, now: time.sleep(30)\n"
               "dispatcher.dispatch_once()\n")
@@ -335,6 +335,10 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
         o.download.release = lambda n=n: freed.append(n)
     outcomes[0].download.headers = {"bad\0name": "x"}
 
+    async def released():
+        while len(freed) < len(outcomes):
+            await asyncio.sleep(0.01)
+
     async def main():
         w = writer.Writer("w1")
         w.start()
@@ -342,7 +346,7 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
         for o in outcomes:
             w.submit(entry, o)
         counts = await asyncio.wait_for(entry.done, 30)
-        await asyncio.sleep(0.05)  # the releases are scheduled on this loop after the write
+        await asyncio.wait_for(released(), 30)  # the releases are scheduled on this loop after the write
         w.stop()
         return counts
 
