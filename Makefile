@@ -52,6 +52,7 @@ services-check:
 demo: $(STAMP) services-check
 	$(BIN)/python scripts/demo.py
 
+# tests/unit starts no services (the inner loop); tests/integration and tests/e2e use real ones.
 PYTEST_ARGS ?=
 test: $(STAMP) services-check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -60,6 +61,9 @@ test: $(STAMP) services-check
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)

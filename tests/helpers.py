@@ -1,12 +1,33 @@
-"""Small helpers shared by the integration tests."""
+"""Small helpers shared by the tests."""
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from common.cli import main
-from common.store.models import CrawlerTask, Job
+from common.store.models import CrawlerLease, CrawlerTask, Job, store_now
+
+
+# An export template of the first form: header paths grouped by their common prefixes.
+TEMPLATE = '''
+sheet = "pages"
+[[columns]]
+header = ["Request", "URL"]
+field = "url"
+[[columns]]
+header = ["Response", "Status"]
+field = "status_code"
+[[columns]]
+header = ["Response", "Size"]
+field = "response_size"
+[[columns]]
+header = ["Fetched", "At"]
+field = "add_datetime"
+format = "yyyy-mm-dd hh:mm:ss"
+'''
 
 
 def clock_skew(seconds: float) -> dict[str, str]:
@@ -87,3 +108,25 @@ def store_outcomes(ctx, lease: str, kind: str, outcomes: list, now) -> dict:
     from slave.worker import writer
 
     return writer.store_many([writer.Part(ctx, lease, kind, outcomes)], now)[0]
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """``predicate()``'s first truthy value, asked every 0.05 s; AssertionError naming ``what``
+    after ``timeout`` seconds. A generous timeout costs nothing when the event comes."""
+    end = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def heartbeats_stale(ttl: float) -> bool:
+    """No RUNNING lease showed life (``beat_at``, else ``started_at``) in the last ``ttl`` seconds
+    of the store's clock: the defender now judges every running entry's worker dead."""
+    fresh = store_now() - timedelta(seconds=ttl)
+    return not any((lease.get("beat_at") or lease.get("started_at") or fresh) >= fresh
+                   for lease in CrawlerLease._get_collection().find({"state": "RUNNING"},
+                                                                    {"beat_at": 1, "started_at": 1}))

@@ -1,5 +1,5 @@
 """The rq adapter: how downcluster's queue entries are rq jobs, and everything it does below
-rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/test_rqbridge.py``
+rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/integration/test_rqbridge.py``
 fails when rq changes a format relied on here.
 
 Entries are real rq jobs: a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,

@@ -304,7 +304,7 @@ def test_watchdog_ends_a_stuck_run_and_releases_the_lock(cluster, tmp_path):
               "dispatcher.dispatch_once()\n")
     env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_USE_POOL_TIMEOUT": "1"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     assert proc.returncode == 3 and "exceeded DISPATCH_USE_POOL_TIMEOUT" in proc.stderr
     assert not cluster.redis.exists(LOCK_KEY)
     assert dispatch_once(cluster.redis).total == 1
@@ -335,6 +335,10 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
         o.download.release = lambda n=n: freed.append(n)
     outcomes[0].download.headers = {"bad\0name": "x"}
 
+    async def released():
+        while len(freed) < len(outcomes):
+            await asyncio.sleep(0.01)
+
     async def main():
         w = writer.Writer("w1")
         w.start()
@@ -342,7 +346,7 @@ def test_an_unstorable_large_body_still_frees_its_slot(cluster, tmp_path):
         for o in outcomes:
             w.submit(entry, o)
         counts = await asyncio.wait_for(entry.done, 30)
-        await asyncio.sleep(0.05)  # the releases are scheduled on this loop after the write
+        await asyncio.wait_for(released(), 30)  # the releases are scheduled on this loop after the write
         w.stop()
         return counts
 

@@ -23,11 +23,11 @@ from master.dispatch.dispatcher import dispatch_once
 from services import env_for
 from slave.exporter import Stopped, _Progress, run_export
 from tests.helpers import add_urls, burst_worker, cli, register
-from tests.test_exports import _file, _job_with_pages
-from tests.test_web import new_token
+from tests.integration.test_exports import _file, _job_with_pages
+from tests.integration.test_web_api import new_token
 from tests.web_helpers import WebServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VAR = ROOT / "var"
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 REPORT = {
@@ -123,7 +123,7 @@ def test_seed_template_in_excel_openpyxl_and_libreoffice(cluster, tmp_path):
 def test_a_long_single_table_prints_its_headers_on_every_page(cluster, tmp_path):
     import openpyxl
 
-    from tests.test_exports import TEMPLATE
+    from tests.helpers import TEMPLATE
 
     _job_with_pages(cluster, tmp_path, n=3)
     got = exports.request(cluster.redis, "j", "xlsx", TEMPLATE)

@@ -1,7 +1,7 @@
 """rq's own tools see ``downcluster worker`` as an rq worker and its entries as rq jobs: with
 ``rq info`` (a subprocess), rq's API (``Worker.all``, the registries) and rq-dashboard (started on
-loopback), while three entries run and after they drain; and nothing outside the rq adapter
-spells an rq key or touches a private rq attribute."""
+loopback), while three entries run and after they drain (that nothing outside the rq adapter
+spells an rq key or touches a private rq attribute is checked in tests/unit/test_rq_adapter.py)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +25,6 @@ from common.queue.names import worker_queue_names
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
 
@@ -154,42 +153,3 @@ def test_a_plain_rq_worker_runs_the_same_entries(cluster, tmp_path):
     w = SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json")
     assert w.work(burst=True)
     assert statuses("plain") == {"SUCCESS": 3}
-
-
-RQ_KEY = re.compile(r"""["']rq:(job|queue|wip|worker|workers|queues|finished|failed|deferred|scheduled|pubsub|executions?|results?)\b""")
-PRIVATE = re.compile(r"\b(job|queue|worker|registry|execution|rq_job)\._[a-z]\w*")
-
-
-def test_nothing_outside_the_rq_adapter_spells_an_rq_key_or_a_private_attribute():
-    offenders = []
-    for path in sorted((ROOT / "common").rglob("*.py")) + sorted((ROOT / "master").rglob("*.py")) + \
-            sorted((ROOT / "slave").rglob("*.py")) + sorted((ROOT / "scripts").rglob("*.py")):
-        if path.name == "rqbridge.py":
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if RQ_KEY.search(line) or PRIVATE.search(line):
-                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert offenders == []
-
-
-def test_no_two_modules_import_each_other():
-    import ast
-
-    graph: dict[str, set[str]] = {}
-    for pkg in ("common", "master", "slave"):
-        for path in (ROOT / pkg).rglob("*.py"):
-            mod = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            deps = set()
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    deps.add(node.module)
-                    deps.update(f"{node.module}.{a.name}" for a in node.names)
-                elif isinstance(node, ast.Import):
-                    deps.update(a.name for a in node.names)
-            graph[mod] = deps
-    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
-                    if b in graph and b != a and a in graph[b]})
-    assert pairs == []
-    crossing = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
-                      if (a.startswith("master") and b.startswith("slave")) or (a.startswith("slave") and b.startswith("master")))
-    assert crossing == []

@@ -1,6 +1,6 @@
 """The schema table of docs/schema.md is the truth: the collections and fields it lists are exactly what
 the models declare, and every field a real run stores (``make demo``, read back in
-tests/test_commands.py with ``stored_fields``) is listed."""
+tests/e2e/test_make_commands.py with ``stored_fields``) is listed."""
 from __future__ import annotations
 
 import pymongo

@@ -12,7 +12,7 @@ import requests
 from common.store.models import CrawlerRegistrationErrorLog, Export, Job
 from services import env_for
 from tests.helpers import cli, register
-from tests.test_web import new_token
+from tests.integration.test_web_api import new_token
 from tests.web_helpers import WebServer
 
 DEEP = 50_000

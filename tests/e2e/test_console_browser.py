@@ -20,7 +20,7 @@ from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, cli, register, statuses
 from tests.web_helpers import WebServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [pytest.mark.slow,

@@ -17,7 +17,7 @@ from tests.helpers import add_urls, cli, register
 from tests.web_helpers import WebServer
 
 BIN = Path(sys.executable).parent
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where schemathesis.toml is
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,6 @@ from common.queue import rqbridge
 from common.queue.names import LOCK_KEY
 
 
-def test_the_rq_version_is_the_one_the_adapter_matches():
-    assert rq.__version__ == rqbridge.RQ_VERSION
-
-
 def test_key_names_are_rqs_own(cluster):
     q = Queue("down_low", connection=cluster.redis)
     assert rqbridge.queue_key("down_low") == q.key

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -30,7 +30,7 @@ def test_make_demo_runs_the_whole_cluster():
     import pymongo
 
     from services import MongoServer
-    from tests.test_schema import stored_fields
+    from tests.unit.test_schema_doc import stored_fields
 
     with MongoServer(storage=str(ROOT / "var" / "mongo")) as mongo:
         client = pymongo.MongoClient(mongo.uri("admin"))
@@ -43,6 +43,6 @@ def test_make_demo_runs_the_whole_cluster():
 
 def test_make_test_runs_the_suite():
     # The whole suite would run this test again; the README's command with a subset proves the wiring.
-    proc = _make("test", "PYTEST_ARGS=tests/test_units.py", timeout=900)
+    proc = _make("test", "PYTEST_ARGS=tests/unit", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert " passed" in proc.stdout

@@ -75,7 +75,7 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     from common.config import load, settings
     from common.store.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
     from master.ops import retention
-    from tests.test_exports import _job_with_pages
+    from tests.integration.test_exports import _job_with_pages
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")  # the ~2 KB pages go to GridFS
     _job_with_pages(cluster, tmp_path, n=3, name="keep")
@@ -119,7 +119,7 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
 
     from common.store.models import Job, utcnow
     from sample_site import page_body
-    from tests.test_exports import _job_with_pages
+    from tests.integration.test_exports import _job_with_pages
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")
     _job_with_pages(cluster, tmp_path, n=3, name="old")
@@ -155,7 +155,7 @@ def _samples(text: str) -> dict:
 
 def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
     from master.exports import service as exports
-    from tests.test_exports import _job_with_pages
+    from tests.integration.test_exports import _job_with_pages
     from tests.web_helpers import WebServer
 
     _job_with_pages(cluster, tmp_path, n=3)
@@ -182,7 +182,7 @@ def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
     import re
     from pathlib import Path
 
-    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
     used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"downcluster_\w+", t["expr"])}
     assert len(used) >= 8 and used <= {name for name, _ in got}
 
@@ -226,7 +226,7 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
     from master.ops import reports
     from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
-    from tests.test_sentry_secrets import PROXY, Recording, _leaks
+    from tests.integration.test_sentry_scrubbing import PROXY, Recording, _leaks
 
     transport = Recording()
     init_sentry("", transport=transport)
@@ -274,7 +274,7 @@ def test_a_disabled_language_refuses_jobs_and_fails_its_tasks(cluster, tmp_path)
 
 def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
     from common.store.models import CrawlerTask
-    from tests.test_exports import _job_with_pages
+    from tests.integration.test_exports import _job_with_pages
     from tests.web_helpers import WebServer
 
     _job_with_pages(cluster, tmp_path, n=2)
@@ -350,7 +350,7 @@ def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, mon
 def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster, tmp_path):
     from common.store.models import CrawlerDownloadData
     from master.ops import retention
-    from tests.test_exports import _job_with_pages
+    from tests.integration.test_exports import _job_with_pages
 
     _job_with_pages(cluster, tmp_path, n=2, name="century", data_retention_days=36_500, log_retention_days=36_500)
     report = retention.enforce()  # a cutoff in 1926: nothing is that old

@@ -81,7 +81,7 @@ def test_stream_is_chunked_and_a_client_may_leave_mid_stream(site):
 def test_gzip_bomb_headers_and_prefix(site):
     t0 = time.monotonic()
     resp, body = get(site, "/gzip-bomb")
-    assert time.monotonic() - t0 < 5  # built lazily, but fast
+    assert time.monotonic() - t0 < 30  # built lazily, but in seconds (a loaded machine is slower)
     assert resp.getheader("Content-Encoding") == "gzip"
     assert int(resp.getheader("Content-Length")) == len(body) < 2 * 1024 * 1024
     first = zlib.decompressobj(31).decompress(body, 16 * 1024 * 1024)

@@ -33,7 +33,7 @@ from tests.boxes import boxed_processes, eventually_no_boxed_processes
 
 pytestmark = pytest.mark.skipif(wall.check() is not None, reason=f"no sandbox here: {wall.check()}")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LIMITS = Limits(timeout=30, maxsize=1024 * 1024, max_processes=32)
 
@@ -179,7 +179,7 @@ def test_loopback_and_link_local_are_refused_unless_the_job_allows_private(walle
 def test_a_job_proxy_listed_in_sandbox_allow_carries_an_ordinary_jobs_downloads(walled, monkeypatch):
     """A job without allow_private reaches no loopback address itself, but its proxy (allowed
     by the operator) fetches for it: the shell downloader's curl honours ALL_PROXY."""
-    from tests.test_engines import _Socks5
+    from tests.integration.test_download_engines import _Socks5
 
     cluster, _ = walled
     proxy = _Socks5()
@@ -418,7 +418,7 @@ def test_a_page_in_the_browser_engine_reaches_no_cluster_service(walled):
 
     if browser.chromium_path() is None:
         pytest.skip("chromium is not installed (make test installs it as root)")
-    from tests.test_browser import _Loop
+    from tests.e2e.test_browser_engine import _Loop
 
     cluster, web = walled
     site = _Web()

@@ -21,7 +21,7 @@ from slave.worker import context
 from slave.worker import writer
 from slave.download.engines.base import Download
 from tests.helpers import add_urls, register, statuses, store_outcomes
-from tests.test_races import _claimed_entry, _stale
+from tests.integration.test_races import _claimed_entry, _stale
 
 import pytest
 

@@ -22,7 +22,7 @@ from mongoengine import Document
 
 from common.store import models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("master", "slave", "common")
 STORE = ROOT / "common" / "store"
 RAW = {"_get_collection", "get_collection", "get_database"}

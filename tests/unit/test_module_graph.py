@@ -1,0 +1,29 @@
+"""The packages' import graph, read from the source: no two modules import each other, and the
+master and the slave never import one another."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_no_two_modules_import_each_other():
+    graph: dict[str, set[str]] = {}
+    for pkg in ("common", "master", "slave"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            mod = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            deps = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    deps.add(node.module)
+                    deps.update(f"{node.module}.{a.name}" for a in node.names)
+                elif isinstance(node, ast.Import):
+                    deps.update(a.name for a in node.names)
+            graph[mod] = deps
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
+                    if b in graph and b != a and a in graph[b]})
+    assert pairs == []
+    crossing = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                      if (a.startswith("master") and b.startswith("slave")) or (a.startswith("slave") and b.startswith("master")))
+    assert crossing == []

@@ -1,0 +1,42 @@
+"""URLs a task may hold, and secrets redacted from what is written or shown."""
+from __future__ import annotations
+
+import pytest
+
+from common.errors import ValidationError
+from common.secrets import redact, remember
+from common.urls import check_url, strip_credentials
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a;b", "https://例え.jp/パス", "http://h/$(x)`y`",
+                                 "http://127.0.0.1:8080/-rf"])
+def test_check_url_accepts(url):
+    assert check_url(url) == url
+
+
+@pytest.mark.parametrize("url,why", [("ftp://h/x", "scheme"), ("file:///etc/passwd", "scheme"),
+                                     ("http://h/a\nb", "whitespace"), ("-rf", "scheme"), ("http:///x", "host"),
+                                     ("http://h/" + "a" * 9000, "longer"), ("http://h:99999/", "malformed")])
+def test_check_url_rejects(url, why):
+    with pytest.raises(ValidationError, match=why):
+        check_url(url)
+
+
+def test_secrets_are_redacted():
+    remember("s3cr3t-cookie")
+    text = "fail via http://user:pw@proxy:3128 with Cookie: a=b and s3cr3t-cookie; Authorization: Bearer xyz"
+    out = redact(text)
+    assert "pw" not in out and "s3cr3t-cookie" not in out and "xyz" not in out and "a=b" not in out
+    assert strip_credentials("http://u:p@h/x") == "http://***@h/x"
+
+
+def test_remembered_secrets_are_bounded_least_recently_remembered_first():
+    from common import secrets
+
+    remember("kept-secret")
+    for i in range(secrets.MAX_KNOWN - 1):
+        remember(f"filler-{i:05d}")
+    remember("kept-secret")  # remembered again: the most recent
+    remember("one-more-filler")
+    assert len(secrets._known) == secrets.MAX_KNOWN
+    assert "kept-secret" not in redact("x kept-secret y") and "filler-00000" in redact("filler-00000")
