@@ -27,24 +27,74 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("dispatch_num", int, "DEFAULT_DISPATCH_NUM", 1, 100_000, doc="tasks of the job per dispatcher run"),
+    Setting(
+        "dispatch_num", int, "DEFAULT_DISPATCH_NUM", 1, 100_000, doc="tasks of the job per dispatcher run"
+    ),
     Setting("max_retry_times", int, "DEFAULT_MAX_RETRY_TIMES", 0, 100, doc="attempts before a FAIL is final"),
     Setting("proxy", str, "", doc="http://, https:// or socks5:// proxy URL (a secret: never logged)"),
     Setting("cookie", str, "", doc="Cookie header sent with every request (a secret: never logged)"),
     Setting("headers", dict, None, doc="extra request headers, a table of one-line strings"),
     Setting("download_engine", str, ENGINES[0], max_len=16, doc="built-in engine: " + ", ".join(ENGINES)),
-    Setting("download_js", str, "", max_len=100_000, lines=True, doc="browser engine: a function body run in the page"),
-    Setting("prior", int, PRIOR_NORMAL, PRIOR_NORMAL, PRIOR_FOREIGN, doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)"),
-    Setting("report_mails", str, "", max_len=256, doc="comma-separated addresses for drain reports and alerts"),
-    Setting("host_concurrency", int, 0, 0, 10_000, doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)"),
-    Setting("host_delay", float, 0.0, 0, 3600, doc="seconds between requests to one host (the stricter of this and HOST_DELAY)"),
+    Setting(
+        "download_js",
+        str,
+        "",
+        max_len=100_000,
+        lines=True,
+        doc="browser engine: a function body run in the page",
+    ),
+    Setting(
+        "prior",
+        int,
+        PRIOR_NORMAL,
+        PRIOR_NORMAL,
+        PRIOR_FOREIGN,
+        doc="0 normal, 1 urgency (front of the queue), 2 foreign (foreign queues)",
+    ),
+    Setting(
+        "report_mails", str, "", max_len=256, doc="comma-separated addresses for drain reports and alerts"
+    ),
+    Setting(
+        "host_concurrency",
+        int,
+        0,
+        0,
+        10_000,
+        doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)",
+    ),
+    Setting(
+        "host_delay",
+        float,
+        0.0,
+        0,
+        3600,
+        doc="seconds between requests to one host (the stricter of this and HOST_DELAY)",
+    ),
     Setting("obey_robots", bool, None, doc="built-in engine: obey robots.txt (unset: true)"),
-    Setting("allow_private", bool, False, doc="downloads (every engine and downloader) may reach loopback, private "
-                                              "and link-local addresses (intranet crawls); the cluster's own services never"),
-    Setting("data_retention_days", int, None, 0, 36_500,
-            doc="days this job's data and final tasks are kept (0: for ever; unset: the cluster's DATA_RETENTION_DAYS)"),
-    Setting("log_retention_days", int, None, 0, 36_500,
-            doc="days this job's download logs are kept (0: for ever; unset: the cluster's LOG_RETENTION_DAYS)"),
+    Setting(
+        "allow_private",
+        bool,
+        False,
+        doc="downloads (every engine and downloader) may reach loopback, private "
+        "and link-local addresses (intranet crawls); the cluster's own services never",
+    ),
+    Setting(
+        "data_retention_days",
+        int,
+        None,
+        0,
+        36_500,
+        doc="days this job's data and final tasks are kept "
+        "(0: for ever; unset: the cluster's DATA_RETENTION_DAYS)",
+    ),
+    Setting(
+        "log_retention_days",
+        int,
+        None,
+        0,
+        36_500,
+        doc="days this job's download logs are kept (0: for ever; unset: the cluster's LOG_RETENTION_DAYS)",
+    ),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 SETTING_NAMES = tuple(BY_NAME)
@@ -95,10 +145,14 @@ def check(raw: Any) -> dict[str, Any]:
     for name, value in raw.items():
         s = BY_NAME[name]
         if s.kind in (int, float):
-            ok_type = not isinstance(value, bool) and isinstance(value, (int,) if s.kind is int else (int, float))
+            ok_type = not isinstance(value, bool) and isinstance(
+                value, (int,) if s.kind is int else (int, float)
+            )
             if not ok_type or not s.low <= value <= s.high:
                 what = "an integer" if s.kind is int else "a number"
-                raise ValidationError(f"settings.{name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}")
+                raise ValidationError(
+                    f"settings.{name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
+                )
         elif s.kind is bool:
             if not isinstance(value, bool):
                 raise ValidationError(f"settings.{name} must be true or false, got {value!r}")
@@ -111,6 +165,7 @@ def check(raw: Any) -> dict[str, Any]:
                 raise ValidationError(f"settings.{name} must be one line of at most {s.max_len} characters")
         elif s.kind is dict:
             if not isinstance(value, dict) or not all(
-                    isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()):
+                isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
+            ):
                 raise ValidationError(f"settings.{name} must be a table of one-line strings")
     return dict(raw)

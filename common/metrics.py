@@ -36,11 +36,14 @@ def reason_class(reason: str | None) -> str:
     http = _HTTP.match(reason)
     if http:
         return "http_4xx" if http.group(1) == "4" else "http_5xx" if http.group(1) == "5" else "other"
-    for klass, words in (("timeout", ("timeout", "timed out")), ("robots", ("robots.txt",)),
-                         ("too_large", ("larger than", "too large", "too big")),
-                         ("invalid", ("invalid", "unsupported", "not an http")),
-                         ("connection", ("connect", "refused", "reset", "dns", "resolve", "unreachable", "ssl")),
-                         ("downloader", ("downloader", "exit", "killed", "sandbox", "traceback"))):
+    for klass, words in (
+        ("timeout", ("timeout", "timed out")),
+        ("robots", ("robots.txt",)),
+        ("too_large", ("larger than", "too large", "too big")),
+        ("invalid", ("invalid", "unsupported", "not an http")),
+        ("connection", ("connect", "refused", "reset", "dns", "resolve", "unreachable", "ssl")),
+        ("downloader", ("downloader", "exit", "killed", "sandbox", "traceback")),
+    ):
         if any(w in text for w in words):
             return klass
     return "other"
@@ -112,7 +115,13 @@ def series(redis: Redis, hours: int = 24) -> dict:
     for i, m in enumerate(minutes):
         counts, depth = got[2 * i], got[2 * i + 1]
         if counts:
-            pages.append({"minute": m * 60, "stored": int(counts.get(b"stored", 0)), "failed": int(counts.get(b"failed", 0))})
+            pages.append(
+                {
+                    "minute": m * 60,
+                    "stored": int(counts.get(b"stored", 0)),
+                    "failed": int(counts.get(b"failed", 0)),
+                }
+            )
         if depth:
             depths.append({"minute": m * 60, **{k.decode(): int(v) for k, v in depth.items()}})
     return {"from": minutes[0] * 60, "to": minutes[-1] * 60 + 59, "pages": pages, "depths": depths}

@@ -72,7 +72,10 @@ def callback_target(url: str) -> CallbackTarget:
     if found is None:
         raise ValidationError("callback_url must be http(s)://host[:port]/path in printable ASCII, "
                               "without user info or backslashes")
-    scheme, port = found["scheme"].lower(), int(found["port"] or (443 if found["scheme"].lower() == "https" else 80))
+    scheme, port = (
+        found["scheme"].lower(),
+        int(found["port"] or (443 if found["scheme"].lower() == "https" else 80)),
+    )
     host = (found["ip6"] or found["host"]).lower().rstrip(".")
     if found["ip6"] and netguard.parse_ip(host) is None or not 0 < port < 65536 or not host:
         raise ValidationError("callback_url has an invalid host or port")
@@ -131,7 +134,9 @@ def _attempt(doc: dict) -> int:
         else:
             _mail(doc["target"], doc["subject"], doc["body"])
     except Exception as exc:  # any failure of the receiver or the network is retried
-        error = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500] if str(exc) else type(exc).__name__
+        error = (
+            redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500] if str(exc) else type(exc).__name__
+        )
     attempt, now = doc["attempts"], utcnow()
     try:
         notifications.log_attempt(_shown(doc), doc["kind"], doc["event"], "SENT" if error is None else "FAIL",
@@ -152,7 +157,9 @@ def _shown(doc: dict) -> str:
     if doc["kind"] != "webhook":
         return doc["target"]
     parts = urlsplit(doc["target"])
-    return redact(f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}")
+    return redact(
+        f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+    )
 
 
 def _post(url: str, event: str, body: bytes) -> None:

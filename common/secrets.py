@@ -9,7 +9,9 @@ from collections import OrderedDict
 from typing import Iterable
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
-_HEADER_SECRET = re.compile(r"(?i)(authorization|proxy-authorization|cookie|set-cookie)(['\"]?\s*[:=]\s*['\"]?)[^'\"\n,}]+")
+_HEADER_SECRET = re.compile(
+    r"(?i)(authorization|proxy-authorization|cookie|set-cookie)(['\"]?\s*[:=]\s*['\"]?)[^'\"\n,}]+"
+)
 
 SENSITIVE_KEYS = (
     "proxy", "proxies", "cookie", "cookies", "authorization", "proxy-authorization",

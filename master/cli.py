@@ -33,7 +33,8 @@ def job_register(manifest: str) -> None:
 
     _connect()
     stored = register(manifest)
-    click.echo(f"registered job {stored.name} (priority {stored.priority}{', host ' + stored.host if stored.host else ''})")
+    host = f", host {stored.host}" if stored.host else ""
+    click.echo(f"registered job {stored.name} (priority {stored.priority}{host})")
 
 
 @job.command("list")
@@ -59,7 +60,9 @@ def job_show(name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(j, indent=2))
         return
-    click.echo(f"name: {j['name']}\nstatus: {j['status']}\npriority: {j['priority']}\nhost: {j['host'] or '-'}")
+    click.echo(
+        f"name: {j['name']}\nstatus: {j['status']}\npriority: {j['priority']}\nhost: {j['host'] or '-'}"
+    )
     click.echo(f"type: {j['type']}\ncode: {j['code_chars']} characters")
     s = j.get("settings") or {}
     for key in ("dispatch_num", "max_retry_times", "download_engine", "report_mails", "host_concurrency",
@@ -137,13 +140,27 @@ def task_show(name: str, key: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    for k in ("id", "job", "url", "status", "attempts", "recoveries", "failed_reason", "retry_at", "host", "data_id",
-              "add_datetime", "last_update_datetime"):
+    for k in (
+        "id",
+        "job",
+        "url",
+        "status",
+        "attempts",
+        "recoveries",
+        "failed_reason",
+        "retry_at",
+        "host",
+        "data_id",
+        "add_datetime",
+        "last_update_datetime",
+    ):
         click.echo(f"{k}: {'-' if info[k] in (None, '') else info[k]}")
     click.echo(f"download logs ({len(info['download_logs'])}, newest first):")
     for log in info["download_logs"]:
-        click.echo(f"  {log.get('add_datetime')}  {log.get('status'):<8}{log.get('spend_time', 0) / 1000:>9.0f} ms  "
-                   f"{log.get('downloads_hostname') or '-'}  {log.get('failed_reason') or ''}")
+        click.echo(
+            f"  {log.get('add_datetime')}  {log.get('status'):<8}{log.get('spend_time', 0) / 1000:>9.0f} ms  "
+            f"{log.get('downloads_hostname') or '-'}  {log.get('failed_reason') or ''}"
+        )
 
 
 @task.command("cancel")
@@ -207,19 +224,25 @@ def defender() -> None:
     from master.exports.service import tend
 
     report = recover(redis_conn())  # takes the dispatcher lock
-    click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, {report.requeued} sent again (never started)")
+    click.echo(f"recovered {report.recovered} tasks, {report.dead} dead, "
+               f"{report.requeued} sent again (never started)")
     for reason in report.reasons:
         click.echo(f"  {reason}")
     click.echo(f"removed {sweep()} data documents that no task names")
     from master.ops.retention import enforce
 
     kept = enforce(budget=600.0)
-    click.echo(f"retention: removed {kept.data} data documents, {kept.tasks} final tasks, {kept.download_logs} "
-               f"download logs, {kept.notifications} notifications" + ("" if kept.finished else " (more next run)"))
+    click.echo(
+        f"retention: removed {kept.data} data documents, {kept.tasks} final tasks, {kept.download_logs} "
+        f"download logs, {kept.notifications} notifications" + ("" if kept.finished else " (more next run)")
+    )
     tended = tend(redis_conn())
-    click.echo(f"exports: {tended.recovered} recovered, {tended.overran} over their time limit, {tended.sent} sent again, "
-               f"{tended.expired} expired; "
-               f"{tended.notified} notifications delivered")
+    click.echo(
+        f"exports: {tended.recovered} recovered, {tended.overran} over their time limit, "
+        f"{tended.sent} sent again, "
+        f"{tended.expired} expired; "
+        f"{tended.notified} notifications delivered"
+    )
 
 
 @click.command()
@@ -233,13 +256,17 @@ def migrate() -> None:
     click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again; "
                f"moved {report.secrets_moved} secrets, tokens and sessions to the control database")
     for left in report.secrets_kept or []:
-        click.echo(f"  left in the source database (the control database has another of that name): {left}", err=True)
+        click.echo(
+            f"  left in the source database (the control database has another of that name): {left}", err=True
+        )
 
 
 @click.command()
 @click.option("--cron", default="*/5 * * * *", show_default=True, help="When to dispatch.")
 @click.option("--burst", is_flag=True, help="Install the schedule, run what is due, and exit.")
-@click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between checks for due runs.")
+@click.option(
+    "--interval", type=float, default=10.0, show_default=True, help="Seconds between checks for due runs."
+)
 def scheduler(cron: str, burst: bool, interval: float) -> None:
     """Run the dispatcher on a cron schedule through rq-scheduler (foreground)."""
     from master.dispatch.schedule import run_scheduler
@@ -273,22 +300,35 @@ def data() -> None:
     """Read stored download data."""
 
 
-TEMPLATE_OPTION = click.option("--template", type=click.File("r", encoding="utf-8"), default=None,
-                               help="Export template (TOML or JSON: columns, header trees, row headers, tables).")
-STATUS_OPTION = click.option("--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable).")
-SINCE_OPTION = click.option("--since", default=None,
-                            help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).")
+TEMPLATE_OPTION = click.option(
+    "--template",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="Export template (TOML or JSON: columns, header trees, row headers, tables).",
+)
+STATUS_OPTION = click.option(
+    "--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable)."
+)
+SINCE_OPTION = click.option(
+    "--since",
+    default=None,
+    help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).",
+)
 UNTIL_OPTION = click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
 
 
 @data.command("export")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), default="jsonl", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), default="jsonl", show_default=True
+)
 @TEMPLATE_OPTION
 @STATUS_OPTION
 @SINCE_OPTION
 @UNTIL_OPTION
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="-", help="File to write (default stdout).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default="-", help="File to write (default stdout)."
+)
 def data_export(name: str, fmt: str, template, codes, since, until, output: str) -> None:
     """Stream job NAME's stored data as CSV, JSON Lines or Excel, here and now.
 
@@ -313,7 +353,9 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
             os.unlink(output)
             raise
     if output != "-":
-        click.echo(f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True)
+        click.echo(
+            f"exported {count} documents of {name} to {output} in {time.monotonic() - started:.1f}s", err=True
+        )
 
 
 @click.group("type")
@@ -350,13 +392,19 @@ def type_disable(language: str) -> None:
 
     _connect()
     row = set_type_support(language, False)
-    click.echo(f"downloader type {row['language']} is not supported; {row['jobs']} job(s) use it: their tasks fail "
-               "with that reason until it is enabled again")
+    click.echo(
+        f"downloader type {row['language']} is not supported; {row['jobs']} job(s) use it: their tasks fail "
+        "with that reason until it is enabled again"
+    )
 
 
 @click.command()
 @click.argument("name")
-@click.option("--before", required=True, help="Archive what was stored before this RFC 3339 date-time (2026-01-01T00:00:00Z).")
+@click.option(
+    "--before",
+    required=True,
+    help="Archive what was stored before this RFC 3339 date-time (2026-01-01T00:00:00Z).",
+)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The archive to write (default NAME-before-DATE.jsonl.gz here); never overwritten.")
 def archive(name: str, before: str, output: str | None) -> None:
@@ -470,16 +518,30 @@ def export() -> None:
 @UNTIL_OPTION
 @click.option("--callback", default=None, help="URL to POST a signed JSON webhook to when it ends.")
 @click.option("--mail", "mails", multiple=True, help="Address to mail when it ends (repeatable).")
-@click.option("--max-exec-time", type=int, default=None,
-              help="Seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME).")
-def export_request(name: str, fmt: str, template, codes, since, until, callback, mails, max_exec_time) -> None:
+@click.option(
+    "--max-exec-time",
+    type=int,
+    default=None,
+    help="Seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME).",
+)
+def export_request(
+    name: str, fmt: str, template, codes, since, until, callback, mails, max_exec_time
+) -> None:
     """Request an export of job NAME's data; prints its id alone on the last line."""
     from master.exports.service import request
 
     _connect()
-    got = request(redis_conn(), name, fmt, template.read() if template else "",
-                  {"status": list(codes), "since": since, "until": until}, callback, list(mails), requested_by="cli",
-                  max_exec_time=max_exec_time)
+    got = request(
+        redis_conn(),
+        name,
+        fmt,
+        template.read() if template else "",
+        {"status": list(codes), "since": since, "until": until},
+        callback,
+        list(mails),
+        requested_by="cli",
+        max_exec_time=max_exec_time,
+    )
     if got.deduplicated:
         click.echo(f"an identical export is {got.export.state}: reusing it", err=True)
     click.echo(str(got.export.id))
@@ -512,7 +574,10 @@ def export_list(name: str | None) -> None:
     click.echo(f"{'id':<26}{'job':<20}{'format':<7}{'state':<9}{'rows':>10}{'bytes':>12}  created")
     for e in listing(name):
         rows = f"{e.rows_done}/{e.rows_total if e.rows_total is not None else '?'}"
-        click.echo(f"{str(e.id):<26}{e.job_name:<20}{e.format:<7}{e.state:<9}{rows:>10}{e.bytes:>12}  {e.created_at:%Y-%m-%d %H:%M}")
+        click.echo(
+            f"{str(e.id):<26}{e.job_name:<20}{e.format:<7}{e.state:<9}{rows:>10}{e.bytes:>12}  "
+            f"{e.created_at:%Y-%m-%d %H:%M}"
+        )
 
 
 @export.command("url")

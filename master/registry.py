@@ -48,7 +48,7 @@ def validate_settings(raw: Any) -> dict[str, Any]:
     if proxy:
         try:
             parts = urlsplit(proxy)
-            parts.port
+            _ = parts.port  # raises ValueError on a port that is not a number
         except ValueError:
             raise ValidationError("settings.proxy is not a valid URL") from None
         if parts.scheme not in ("http", "https", "socks5", "socks5h") or not parts.hostname:

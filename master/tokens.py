@@ -40,8 +40,16 @@ def create(name: str, role: str) -> str:
 
 
 def listing() -> list[dict]:
-    return [{"name": t.name, "role": t.role, "created": t.add_datetime, "last_used": t.last_used_at, "jobs": t.jobs}
-            for t in control.tokens()]
+    return [
+        {
+            "name": t.name,
+            "role": t.role,
+            "created": t.add_datetime,
+            "last_used": t.last_used_at,
+            "jobs": t.jobs,
+        }
+        for t in control.tokens()
+    ]
 
 
 def grant(name: str, jobs: list[str], remove: bool = False) -> list[str]:

@@ -89,13 +89,20 @@ def job_detail(name: Any) -> dict:
     s = jobs.settings_of(job)
     if s:
         row["settings"] = {
-            "dispatch_num": s.dispatch_num, "max_retry_times": s.max_retry_times,
-            "download_engine": s.download_engine, "prior": s.prior, "prior_meaning": MEANING_OF_PRIOR.get(s.prior, "?"),
-            "report_mails": s.report_mails, "headers": sorted(s.headers or {}),  # header names only
-            "proxy": "***" if s.proxy else "", "cookie": "***" if s.cookie else "",
+            "dispatch_num": s.dispatch_num,
+            "max_retry_times": s.max_retry_times,
+            "download_engine": s.download_engine,
+            "prior": s.prior,
+            "prior_meaning": MEANING_OF_PRIOR.get(s.prior, "?"),
+            "report_mails": s.report_mails,
+            "headers": sorted(s.headers or {}),  # header names only
+            "proxy": "***" if s.proxy else "",
+            "cookie": "***" if s.cookie else "",
             "download_js_chars": len(s.download_js or ""),
-            "host_concurrency": s.host_concurrency or None, "host_delay": s.host_delay or 0.0,
-            "obey_robots": s.obey_robots is not False, "allow_private": bool(s.allow_private),
+            "host_concurrency": s.host_concurrency or None,
+            "host_delay": s.host_delay or 0.0,
+            "obey_robots": s.obey_robots is not False,
+            "allow_private": bool(s.allow_private),
         }
     row["code_chars"] = jobs.code_chars(job)
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
@@ -104,7 +111,9 @@ def job_detail(name: Any) -> dict:
 
 # --- tasks, data, bodies, logs -----------------------------------------------------------
 
-def task_page(name: Any, status: Any = None, limit: Any = None, after: Any = None, newest: bool = False) -> dict:
+def task_page(
+    name: Any, status: Any = None, limit: Any = None, after: Any = None, newest: bool = False
+) -> dict:
     job = jobs.named(name)
     if status is not None and plain(status, "status") not in TASK_STATUSES:
         raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
@@ -136,13 +145,22 @@ def task_by_id(task_id: Any) -> dict:
 def _task(doc: dict, job_name: str) -> dict:
     data = pages.data_of(doc)
     task_logs = [_clean(d) for d in logs.of_task(doc["_id"])]
-    return {"id": str(doc["_id"]), "job": job_name, "url": doc.get("uri"), "status": doc.get("status"),
-            "attempts": doc.get("download_times", 0), "recoveries": doc.get("recoveries", 0),
-            "failed_reason": doc.get("failed_reason"), "retry_at": iso(doc.get("retry_at")),
-            "host": doc.get("host_name") or "", "queue": doc.get("queue"),
-            "data_id": str(data) if data else None,
-            "add_datetime": iso(doc.get("add_datetime")), "last_update_datetime": iso(doc.get("last_update_datetime")),
-            "download_logs": task_logs}
+    return {
+        "id": str(doc["_id"]),
+        "job": job_name,
+        "url": doc.get("uri"),
+        "status": doc.get("status"),
+        "attempts": doc.get("download_times", 0),
+        "recoveries": doc.get("recoveries", 0),
+        "failed_reason": doc.get("failed_reason"),
+        "retry_at": iso(doc.get("retry_at")),
+        "host": doc.get("host_name") or "",
+        "queue": doc.get("queue"),
+        "data_id": str(data) if data else None,
+        "add_datetime": iso(doc.get("add_datetime")),
+        "last_update_datetime": iso(doc.get("last_update_datetime")),
+        "download_logs": task_logs,
+    }
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:

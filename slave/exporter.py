@@ -126,7 +126,9 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
 
 def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
-    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(exc, ValidationError)  # a template no longer valid
+    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(
+        exc, ValidationError
+    )  # a template no longer valid
     now = utcnow()
     changed = exports.fail(doc["_id"], worker_id, reason, now, final,
                            now + timedelta(seconds=settings.EXPORT_RETRY_DELAY))

@@ -76,7 +76,9 @@ def cluster(redis_server, mongo_server, site, monkeypatch):
     disconnect_mongo()
     _drop_test_dbs(mongo_server)
     connect_mongo(ensure_indexes=True)
-    yield Cluster(redis=client, env=dict(env), site=site, redis_server=redis_server, mongo_server=mongo_server)
+    yield Cluster(
+        redis=client, env=dict(env), site=site, redis_server=redis_server, mongo_server=mongo_server
+    )
     client.close()
     monkeypatch.undo()  # restore the environment before reloading from it
     load()

@@ -10,7 +10,6 @@ from click.testing import CliRunner
 from common.cli import main
 from common.store.models import CrawlerLease, CrawlerTask, Job, store_now
 
-
 # An export template of the first form: header paths grouped by their common prefixes.
 TEMPLATE = '''
 sheet = "pages"
@@ -32,7 +31,10 @@ format = "yyyy-mm-dd hh:mm:ss"
 
 def clock_skew(seconds: float) -> dict[str, str]:
     """Environment that runs a Python process with its wall clock ``seconds`` off (tests/clockskew)."""
-    return {"PYTHONPATH": str(Path(__file__).parent / "clockskew"), "DOWNCLUSTER_TEST_CLOCK_SKEW": str(seconds)}
+    return {
+        "PYTHONPATH": str(Path(__file__).parent / "clockskew"),
+        "DOWNCLUSTER_TEST_CLOCK_SKEW": str(seconds),
+    }
 
 
 def cli(*args: str, input: str | None = None):

@@ -59,4 +59,6 @@ def announce(export: exports.Export, callbacks: list[str] | None = None,
             queue_mail(address, event, subject, "\n".join(lines) + "\n")
         deliver_due()
     except Exception as exc:  # notifications must never break the export's own outcome
-        logging.getLogger(__name__).warning("export %s: notifications not queued: %s", export.id, type(exc).__name__)
+        logging.getLogger(__name__).warning(
+            "export %s: notifications not queued: %s", export.id, type(exc).__name__
+        )

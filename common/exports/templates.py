@@ -162,8 +162,12 @@ class Template:
         return any(c.name == "response_headers" for t in self.tables for c in t.columns)
 
     def canonical(self) -> dict:
-        return {"sheet": self.sheet, "default_width": self.default_width, "default_height": self.default_height,
-                "tables": [t.canonical() for t in self.tables]}
+        return {
+            "sheet": self.sheet,
+            "default_width": self.default_width,
+            "default_height": self.default_height,
+            "tables": [t.canonical() for t in self.tables],
+        }
 
 
 DEFAULT = Template((Table(tuple(Node(f, f) for f in FIELDS)),))
@@ -181,8 +185,9 @@ def parse_template(text: str | None) -> Template:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValidationError(f"template is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
-                from None
+            raise ValidationError(
+                f"template is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
         except RecursionError:  # the parser recurses once per level
             raise ValidationError("template nests too deeply") from None
     else:
@@ -211,7 +216,9 @@ def from_data(data: Any) -> Template:
     widths = {k: _points(data.get(k), k) for k in ("default_width", "default_height")}
     if "tables" in data:
         if set(data) & TABLE_KEYS:
-            raise ValidationError(f"template: with tables, {sorted(set(data) & TABLE_KEYS)[0]!r} goes inside each table")
+            raise ValidationError(
+                f"template: with tables, {sorted(set(data) & TABLE_KEYS)[0]!r} goes inside each table"
+            )
         raw = data["tables"]
         if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_TABLES:
             raise ValidationError(f"template: tables must be a list of 1-{MAX_TABLES} tables")
@@ -253,7 +260,11 @@ def _table(data: Any, where: str) -> Table:
         raise ValidationError(f"{where}: unknown key {unknown[0]!r}")
     if "columns" in data and "col" in data:
         raise ValidationError(f"{where}: give col or columns, not both")
-    col = _columns(data["columns"], where) if "columns" in data else _tree(data.get("col"), f"{where}.col", rows=False)
+    col = (
+        _columns(data["columns"], where)
+        if "columns" in data
+        else _tree(data.get("col"), f"{where}.col", rows=False)
+    )
     leaves = [x for n in col for x in n.leaves()]
     if len(leaves) > MAX_LEAVES:
         raise ValidationError(f"{where}: more than {MAX_LEAVES} columns")
@@ -269,12 +280,20 @@ def _table(data: Any, where: str) -> Table:
     elif row_field:
         raise ValidationError(f"{where}: row_field without row headers")
     status = data.get("status", [])
-    if not isinstance(status, list) or not all(isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599
-                                                for s in status):
+    if not isinstance(status, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in status
+    ):
         raise ValidationError(f"{where}: status must be a list of HTTP status codes")
-    return Table(col, row, row_field, _text(data.get("title", ""), f"{where}.title"),
-                 _text(data.get("summary", ""), f"{where}.summary", 2048), _pairs(data.get("header"), f"{where}.header"),
-                 _pairs(data.get("footer"), f"{where}.footer"), tuple(sorted(set(status))))
+    return Table(
+        col,
+        row,
+        row_field,
+        _text(data.get("title", ""), f"{where}.title"),
+        _text(data.get("summary", ""), f"{where}.summary", 2048),
+        _pairs(data.get("header"), f"{where}.header"),
+        _pairs(data.get("footer"), f"{where}.footer"),
+        tuple(sorted(set(status))),
+    )
 
 
 def _tree(raw: Any, where: str, rows: bool, level: int = 1) -> tuple[Node, ...]:
@@ -311,7 +330,12 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
     fmt = raw.get("format", "")
     if not isinstance(fmt, str) or len(fmt) > 64:
         raise ValidationError(f"{where}: format must be an Excel number format of at most 64 characters")
-    return Node(_text(raw.get("title", name), f"{where}.title"), name, fmt, _points(raw.get("width"), f"{where}.width"))
+    return Node(
+        _text(raw.get("title", name), f"{where}.title"),
+        name,
+        fmt,
+        _points(raw.get("width"), f"{where}.width"),
+    )
 
 
 def _columns(raw: Any, where: str) -> tuple[Node, ...]:
@@ -326,17 +350,25 @@ def _columns(raw: Any, where: str) -> tuple[Node, ...]:
             raise ValidationError(f"{where}: column {i} takes only header, field, format and width")
         fld = col.get("field")
         if fld not in FIELDS:
-            raise ValidationError(f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})")
+            raise ValidationError(
+                f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})"
+            )
         header = col.get("header", [fld])
         header = [header] if isinstance(header, str) else header
-        if not isinstance(header, list) or not header or not all(isinstance(h, str) and len(h) <= 255 for h in header):
+        if (
+            not isinstance(header, list)
+            or not header
+            or not all(isinstance(h, str) and len(h) <= 255 for h in header)
+        ):
             raise ValidationError(f"{where}: column {i}: header must be a string or a list of strings")
         if len(header) > MAX_DEPTH:
             raise ValidationError(f"{where}: column {i}: more than {MAX_DEPTH} header rows")
         fmt = col.get("format", "")
         if not isinstance(fmt, str) or len(fmt) > 64:
             raise ValidationError(f"{where}: column {i}: format must be a short string")
-        columns.append((tuple(header), Node(header[-1], fld, fmt, _points(col.get("width"), f"column {i} width"))))
+        columns.append(
+            (tuple(header), Node(header[-1], fld, fmt, _points(col.get("width"), f"column {i} width")))
+        )
     if len({len(h) for h, _ in columns}) != 1:
         raise ValidationError(f"{where}: every column needs the same number of header rows (ragged header)")
     return _group(columns, 0)

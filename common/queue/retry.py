@@ -9,7 +9,9 @@ from datetime import datetime, timedelta
 from common.errors import DownloadError
 
 
-def backoff(attempt: int, base: float, cap: float, jitter: bool = True, rand: random.Random | None = None) -> float:
+def backoff(
+    attempt: int, base: float, cap: float, jitter: bool = True, rand: random.Random | None = None
+) -> float:
     """Seconds to wait before try ``attempt`` + 1 (``attempt`` >= 1 failed so far): ``base``
     doubled each time up to ``cap``; with ``jitter`` a uniform draw from its upper half."""
     delay = min(cap, base * 2 ** max(0, attempt - 1))

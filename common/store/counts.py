@@ -87,5 +87,7 @@ def recount(job_id=None) -> dict:
     elif job_id not in counted:
         coll.delete_one({"_id": job_id})
     for job, c in counted.items():
-        coll.replace_one({"_id": job}, {"_id": job, **c, "first": firsts[job], "last": lasts[job]}, upsert=True)
+        coll.replace_one(
+            {"_id": job}, {"_id": job, **c, "first": firsts[job], "last": lasts[job]}, upsert=True
+        )
     return dict(counted)

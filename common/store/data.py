@@ -43,7 +43,9 @@ class Upload:
         self.buffer += data
         self.length += len(data)
         while len(self.buffer) >= self.CHUNK:
-            self.pending.append({"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer[:self.CHUNK])})
+            self.pending.append(
+                {"files_id": self.file_id, "n": self.n, "data": bytes(self.buffer[: self.CHUNK])}
+            )
             del self.buffer[:self.CHUNK]
             self.n += 1
             if len(self.pending) >= self.BATCH:
@@ -118,7 +120,11 @@ def shown(docs: list[dict]) -> set:
     lost = {x["_id"] for x in LostLease._get_collection().find({"_id": {"$in": leases}}, {"_id": 1})}
     doubtful = [d for d in docs if d.get("lease") in open_ or d.get("lease") in lost]
     doubtful_ids, keep = {d["_id"] for d in doubtful}, named(doubtful)
-    return {d["_id"] for d in docs if d.get("lease") is not None and (d["_id"] not in doubtful_ids or d["_id"] in keep)}
+    return {
+        d["_id"]
+        for d in docs
+        if d.get("lease") is not None and (d["_id"] not in doubtful_ids or d["_id"] in keep)
+    }
 
 
 def visible(cursor: Iterable[dict], batch: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> Iterator[dict]:
@@ -173,7 +179,9 @@ def restrict(query: dict, status: tuple[int, ...]) -> dict:
     return {**query, "status_code": {"$in": sorted(codes)}}
 
 
-def data_rows(query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False) -> Iterator[dict]:
+def data_rows(
+    query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False
+) -> Iterator[dict]:
     """The export fields of each data document matching ``query``, one at a time (a small cursor
     batch; a GridFS body is read only when a body field is asked for): in the order they were
     stored, or with ``task_order`` in the order their URLs were added (what a printed sheet
@@ -257,7 +265,11 @@ def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
                 within=DECIDE_WITHIN, projection={"status_code": 1, "add_datetime": 1})
     for doc in docs:
         code, at = doc.get("status_code"), doc.get("add_datetime")
-        if (codes and code not in codes) or (since and (at is None or at < since)) or (until and (at is None or at >= until)):
+        if (
+            (codes and code not in codes)
+            or (since and (at is None or at < since))
+            or (until and (at is None or at >= until))
+        ):
             continue
         for i, table in enumerate(template.tables):
             if (not table.status or code in table.status) and (caps[i] is None or rows[i] < caps[i]):

@@ -21,12 +21,12 @@ outcome per task, so (task, data_lease) names exactly one ``crawler_download_dat
 Data is inserted before the settle (a settle must never name data that is not stored), so an
 insert is not itself guarded: a stale worker's insert, or one retried or delivered late over a
 connection that a partition held, may land after its lease was given back. Such a document is
-an orphan that no task names. Readers read data only through ``common.store.data.visible`` (the data export, the
-export center, the API and console), so an orphan is never read, whatever the interleaving (the
-check is made document by document only for leases still open or tombstoned, ``tombstone``); the
-writer removes its own refused data at once, and ``sweep_orphans`` (the defender's share)
-removes whatever is left once its lease is gone and DATA_SWEEP_GRACE has passed, longer than an
-in-flight write can live.
+an orphan that no task names. Readers read data only through ``common.store.data.visible``
+(the data export, the export center, the API and console), so an orphan is never read,
+whatever the interleaving (the check is made document by document only for leases still open or
+tombstoned, ``tombstone``); the writer removes its own refused data at once, and
+``sweep_orphans`` (the defender's share) removes whatever is left once its lease is gone and
+DATA_SWEEP_GRACE has passed, longer than an in-flight write can live.
 """
 from __future__ import annotations
 
@@ -101,7 +101,10 @@ def claim(lease_id: str, worker_id: str) -> dict | None:
 def lease_tasks(lease: dict) -> list[dict]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
-    return [{"_id": i, "uri": u, "download_times": n} for i, u, n in zip(lease["ids"], lease["uris"], lease["attempts"])]
+    return [
+        {"_id": i, "uri": u, "download_times": n}
+        for i, u, n in zip(lease["ids"], lease["uris"], lease["attempts"])
+    ]
 
 
 def beat(lease_ids: Iterable[str], worker_id: str) -> None:
@@ -127,12 +130,23 @@ def settle_success(ids: list, lease: str, kind: str, now: datetime) -> UpdateMan
          "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
 
 
-def settle_failure(task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime) -> UpdateOne:
+def settle_failure(
+    task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime
+) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
     return UpdateOne(
         {"_id": task_id, **held_by(lease, kind)},
-        {"$set": {"status": FAIL, "retry_at": retry_at, "failed_reason": reason[:10240], "last_update_datetime": now},
-         "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
+        {
+            "$set": {
+                "status": FAIL,
+                "retry_at": retry_at,
+                "failed_reason": reason[:10240],
+                "last_update_datetime": now,
+            },
+            "$inc": {"download_times": 1},
+            "$unset": UNSET_LEASE,
+        },
+    )
 
 
 def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime) -> UpdateOne:
@@ -176,7 +190,11 @@ def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: floa
         if started and now - started > timedelta(seconds=lease_timeout):
             return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
         if beat_at and now - beat_at > timedelta(seconds=heartbeat_ttl):
-            return f"worker died while downloading ({lease.get('worker') or '?'}: no heartbeat for {heartbeat_ttl:g}s)", True
+            return (
+                f"worker died while downloading ({lease.get('worker') or '?'}: "
+                f"no heartbeat for {heartbeat_ttl:g}s)",
+                True,
+            )
     return None
 
 
@@ -210,7 +228,9 @@ def mark_missing(lease_ids: list[str], now: datetime) -> None:
 
 def unmark_missing(lease_ids: list[str]) -> None:
     if lease_ids:
-        CrawlerLease._get_collection().update_many({"_id": {"$in": lease_ids}}, {"$unset": {"missing_at": ""}})
+        CrawlerLease._get_collection().update_many(
+            {"_id": {"$in": lease_ids}}, {"$unset": {"missing_at": ""}}
+        )
 
 
 def mark_lost(lease: dict, reason: str) -> bool:
@@ -218,7 +238,12 @@ def mark_lost(lease: dict, reason: str) -> bool:
     guard = {"_id": lease["_id"], "state": lease["state"]}
     if lease["state"] == RUNNING:
         guard["beat_at"] = lease.get("beat_at")
-    return CrawlerLease._get_collection().update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}}).modified_count == 1
+    return (
+        CrawlerLease._get_collection()
+        .update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}})
+        .modified_count
+        == 1
+    )
 
 
 def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[int, int, int]:
@@ -234,13 +259,30 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     if attempt:
         dead = tasks.update_many(
             {**flt, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
-            {"$set": {"status": DEAD, "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
-                      "retry_at": None, "last_update_datetime": now}, "$inc": {"recoveries": 1},
-             "$unset": UNSET_LEASE},
+            {
+                "$set": {
+                    "status": DEAD,
+                    "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
+                    "retry_at": None,
+                    "last_update_datetime": now,
+                },
+                "$inc": {"recoveries": 1},
+                "$unset": UNSET_LEASE,
+            },
         ).modified_count
-        recovered = tasks.update_many(flt, {
-            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}", "last_update_datetime": now},
-            "$inc": {"recoveries": 1}, "$unset": UNSET_LEASE}).modified_count
+        recovered = tasks.update_many(
+            flt,
+            {
+                "$set": {
+                    "status": LIVE,
+                    "retry_at": now,
+                    "failed_reason": f"recovered: {reason}",
+                    "last_update_datetime": now,
+                },
+                "$inc": {"recoveries": 1},
+                "$unset": UNSET_LEASE,
+            },
+        ).modified_count
         held = held_by(lease_id, lease["kind"])["status"]
         counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
     else:
@@ -281,7 +323,10 @@ def settled_of(lease: str, ids: list) -> set:
     """The tasks among ``ids`` that name data of ``lease`` (a success settled under it)."""
     if not ids:
         return set()
-    return {d["_id"] for d in CrawlerTask._get_collection().find({"_id": {"$in": ids}, "data_lease": lease}, {"_id": 1})}
+    return {
+        d["_id"]
+        for d in CrawlerTask._get_collection().find({"_id": {"$in": ids}, "data_lease": lease}, {"_id": 1})
+    }
 
 
 def drop_unsettled(lease: str, ids: list) -> int:
@@ -311,8 +356,13 @@ def sweep_orphans(now: datetime | None = None, grace: float | None = None, budge
     now = now or utcnow()
     grace = settings.DATA_SWEEP_GRACE if grace is None else grace
     tombs, data = LostLease._get_collection(), CrawlerDownloadData._get_collection()
-    due = list(tombs.find({"swept": None, "at": {"$lte": now - timedelta(seconds=grace)}}).sort("at", 1).limit(batch))
-    open_ = {x["_id"] for x in CrawlerLease._get_collection().find({"_id": {"$in": [t["_id"] for t in due]}}, {"_id": 1})}
+    due = list(
+        tombs.find({"swept": None, "at": {"$lte": now - timedelta(seconds=grace)}}).sort("at", 1).limit(batch)
+    )
+    open_ = {
+        x["_id"]
+        for x in CrawlerLease._get_collection().find({"_id": {"$in": [t["_id"] for t in due]}}, {"_id": 1})
+    }
     end, removed = time.monotonic() + budget, 0
     for tomb in due:
         if time.monotonic() > end:
@@ -325,5 +375,7 @@ def sweep_orphans(now: datetime | None = None, grace: float | None = None, budge
         removed += _drop_data([d for d in docs if d["_id"] not in keep])
         tombs.update_one({"_id": tomb["_id"]}, {"$set": {"swept": now}})
     if removed:
-        logger.warning("defender: removed %s data documents that no task names (orphans of lost attempts)", removed)
+        logger.warning(
+            "defender: removed %s data documents that no task names (orphans of lost attempts)", removed
+        )
     return removed

@@ -58,7 +58,10 @@ def store_time() -> datetime:
     return utcnow() + _store_offset
 
 
-OBJECT_ID_TIMES = (datetime(1970, 1, 1), datetime(2106, 2, 7, 6, 28, 15))  # what an ObjectId's 4-byte time holds
+OBJECT_ID_TIMES = (
+    datetime(1970, 1, 1),
+    datetime(2106, 2, 7, 6, 28, 15),
+)  # what an ObjectId's 4-byte time holds
 
 
 def id_at(when: datetime):
@@ -147,9 +150,13 @@ class CrawlerDownloadSetting(Document):
     report_mails = StringField(**field_args("report_mails"))
     host_concurrency = IntField(**field_args("host_concurrency"))  # 0: the cluster's HOST_CONCURRENCY
     host_delay = FloatField(**field_args("host_delay"))  # the stricter of this and HOST_DELAY wins
-    obey_robots = BooleanField()                           # None: true for the built-in engine
-    allow_private = BooleanField(**field_args("allow_private"))  # downloads may reach loopback/private addresses too
-    data_retention_days = IntField(**field_args("data_retention_days"))  # None: DATA_RETENTION_DAYS; 0: for ever
+    obey_robots = BooleanField()  # None: true for the built-in engine
+    allow_private = BooleanField(
+        **field_args("allow_private")
+    )  # downloads may reach loopback/private addresses too
+    data_retention_days = IntField(
+        **field_args("data_retention_days")
+    )  # None: DATA_RETENTION_DAYS; 0: for ever
     log_retention_days = IntField(**field_args("log_retention_days"))  # None: LOG_RETENTION_DAYS; 0: for ever
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
@@ -400,8 +407,15 @@ class Export(Document):
     started_at = DateTimeField()
     finished_at = DateTimeField()
     expires_at = DateTimeField()
-    meta = {"db_alias": "source", "indexes": [("digest", "created_at"), ("state", "retry_at"), ("job_name", "-created_at"),
-                                              ("requested_by", "-created_at")]}
+    meta = {
+        "db_alias": "source",
+        "indexes": [
+            ("digest", "created_at"),
+            ("state", "retry_at"),
+            ("job_name", "-created_at"),
+            ("requested_by", "-created_at"),
+        ],
+    }
 
 
 class Notification(Document):
@@ -431,7 +445,10 @@ class NotificationLog(Document):
     attempt = IntField()
     error = StringField(max_length=2048)
     add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log", "collection": "notification_log"}  # add_datetime: a TTL index (master/ops/retention.py)
+    meta = {
+        "db_alias": "log",
+        "collection": "notification_log",
+    }  # add_datetime: a TTL index (master/ops/retention.py)
 
 
 class ClusterSecret(Document):

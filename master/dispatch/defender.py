@@ -5,8 +5,8 @@ It judges leases (``crawler_lease``), never tasks, and only by facts that cannot
 verdicts are ``common.store.leases.lease_verdict``):
   * QUEUED and absent from every queue on two looks at least ABSENCE_GRACE apart: the entry was
     lost (Redis flushed or restarted) or popped by a worker that died (or froze) before claiming
-    it; a live worker claims what it pops well within the grace. Not an attempt: nothing is counted. An entry still waiting in
-    its queue is never touched, however long it waits.
+    it; a live worker claims what it pops well within the grace. Not an attempt: nothing is
+    counted. An entry still waiting in its queue is never touched, however long it waits.
   * RUNNING with no heartbeat (``beat_at``, written to MongoDB by the worker, so a Redis restart
     does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
     attempt died. Its tasks get ``recoveries`` + 1; at MAX_RECOVERIES they end DEAD (poison).
@@ -84,7 +84,9 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
         report.reasons.append(f"{recovered + dead + again} tasks: {reason}")
         try:
             delete_entry(redis, entry_id(lease["_id"]))
-        except Exception:  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
+        except (
+            Exception
+        ):  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
             pass
     leases.mark_missing(missing, now)
     leases.unmark_missing(seen)

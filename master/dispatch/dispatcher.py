@@ -1,8 +1,9 @@
 """The dispatcher: move due tasks of ON jobs into the rq priority queues, within every cap.
 
 One run (``dispatch_download``):
-  1. take the cluster-wide lock (a second dispatcher exits at once; a ``--loop`` stands by) and arm a watchdog that
-     ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the way out);
+  1. take the cluster-wide lock (a second dispatcher exits at once; a ``--loop`` stands by) and
+     arm a watchdog that ends the run after DISPATCH_USE_POOL_TIMEOUT (releasing the lock on the
+     way out);
   2. recover leases whose entry was lost or whose worker died (the defender, time-bounded);
   3. per ON job: up to ``dispatch_num`` due tasks, those that go again first, then fresh ones
      above the job's seq cursor (``common.store.tasks``);
@@ -114,8 +115,14 @@ class DispatchReport:
         return sum(self.tasks.values())
 
     def as_dict(self) -> dict:
-        return {"tasks": dict(self.tasks), "entries": dict(self.entries), "total": self.total,
-                "recovered": self.recovered, "failed_entries": self.failed_entries, "alerts": list(self.alerts)}
+        return {
+            "tasks": dict(self.tasks),
+            "entries": dict(self.entries),
+            "total": self.total,
+            "recovered": self.recovered,
+            "failed_entries": self.failed_entries,
+            "alerts": list(self.alerts),
+        }
 
 
 # --- pure parts --------------------------------------------------------------------------
@@ -161,7 +168,9 @@ def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: 
     return entries, taken, why
 
 
-def plan(works: list[JobWork], free: dict[str, int], total: int, batch_size: int) -> list[tuple[JobWork, str, str]]:
+def plan(
+    works: list[JobWork], free: dict[str, int], total: int, batch_size: int
+) -> list[tuple[JobWork, str, str]]:
     """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
@@ -192,10 +201,14 @@ def entry_timeout() -> int:
 def check_settings() -> None:
     """Refuse settings that would break the run's guarantees (one line each)."""
     if settings.DISPATCH_ORDER not in ORDERS:
-        raise ConfigError(f"DISPATCH_ORDER must be one of {', '.join(ORDERS)}; got {settings.DISPATCH_ORDER!r}")
+        raise ConfigError(
+            f"DISPATCH_ORDER must be one of {', '.join(ORDERS)}; got {settings.DISPATCH_ORDER!r}"
+        )
     if settings.LEASE_TIMEOUT <= entry_timeout():
-        raise ConfigError(f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed an entry's longest run "
-                          f"({entry_timeout()}s from DOWNLOAD_TIMEOUT, DISPATCH_BATCH_SIZE, DOWNLOAD_CONCURRENCY)")
+        raise ConfigError(
+            f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed an entry's longest run "
+            f"({entry_timeout()}s from DOWNLOAD_TIMEOUT, DISPATCH_BATCH_SIZE, DOWNLOAD_CONCURRENCY)"
+        )
     if settings.DISPATCH_BATCH_SIZE < 1:
         raise ConfigError("DISPATCH_BATCH_SIZE must be at least 1")
 
@@ -296,8 +309,11 @@ class Run:
 
 def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     start = time.monotonic()
-    recovered = defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True) if defend \
+    recovered = (
+        defender.recover(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 3, locked=True)
+        if defend
         else defender.RecoveryReport()
+    )
     now = store_now()  # the clock leases and retry times are judged by
     run = Run(redis, token, now)
     run.report.recovered = recovered.recovered + recovered.requeued
@@ -328,7 +344,10 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
 
 def _watchdog(lock: DispatchLock) -> threading.Timer:
     def fire() -> None:
-        logger.error("dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: stopped", settings.DISPATCH_USE_POOL_TIMEOUT)
+        logger.error(
+            "dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT=%ss: stopped",
+            settings.DISPATCH_USE_POOL_TIMEOUT,
+        )
         lock.release()
         os._exit(3)
 
@@ -365,8 +384,11 @@ def dispatch_in_child(flags: dict) -> tuple[int, dict | str]:
         try:
             return pool.submit(_child_run, flags).result()
         except BrokenProcessPool:
-            return 500, f"the dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT={settings.DISPATCH_USE_POOL_TIMEOUT}s " \
-                        "and was stopped"
+            return (
+                500,
+                f"the dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT="
+                f"{settings.DISPATCH_USE_POOL_TIMEOUT}s and was stopped",
+            )
 
 
 def _child_run(flags: dict) -> tuple[int, dict | str]:

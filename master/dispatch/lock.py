@@ -23,7 +23,9 @@ class DispatchLock:
 
     def __init__(self, redis: Redis) -> None:
         # not thread-local: the keeper and the watchdog threads must be able to renew and release it
-        self.lock = redis.lock(LOCK_KEY, timeout=settings.DISPATCH_LOCK_TTL, blocking=False, thread_local=False)
+        self.lock = redis.lock(
+            LOCK_KEY, timeout=settings.DISPATCH_LOCK_TTL, blocking=False, thread_local=False
+        )
         self.lost = threading.Event()
         self._halt = threading.Event()
         self._missed = None  # our token, when Redis was away as we released (a failover keeps the lock)
@@ -54,7 +56,8 @@ class DispatchLock:
         return self
 
     def _renew(self) -> bool | None:
-        """Push the lock's expiry (token-checked): True, False if it is no longer ours, None if Redis failed."""
+        """Push the lock's expiry (token-checked): True; False if it is no longer ours; None if
+        Redis failed."""
         try:
             return bool(self.lock.reacquire())
         except LockError:

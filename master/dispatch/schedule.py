@@ -62,11 +62,15 @@ def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float 
                 sched.enqueue_jobs()
             finally:
                 sched.remove_lock()
-        worker = SimpleWorker([rq_queue(QUEUE, redis)], connection=redis, serializer=JSONSerializer, job_class=JsonJob)
+        worker = SimpleWorker(
+            [rq_queue(QUEUE, redis)], connection=redis, serializer=JSONSerializer, job_class=JsonJob
+        )
         worker.work(burst=True, logging_level="WARNING")
         if burst:
             return
-        if getattr(worker, "_shutdown_requested_date", None) is not None:  # SIGTERM/SIGINT came while it worked
+        if (
+            getattr(worker, "_shutdown_requested_date", None) is not None
+        ):  # SIGTERM/SIGINT came while it worked
             logger.info("scheduler: stopping")
             return
         for sig in (signal.SIGTERM, signal.SIGINT):  # the worker installs its own while it works

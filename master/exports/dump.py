@@ -4,9 +4,9 @@ Without a template, CSV and JSON Lines carry every document whole (JSON Lines ke
 byte-exact, base64); with a template, or as Excel, the file is what the export center writes
 (``common/exports/tabular.py``) for the same template and filter.
 
-Documents that their task names (``common.store.data.visible``) are read in ``_id`` order with a small cursor batch, one at a time, so memory stays
-bounded whatever the job's size. JSONL keeps the body byte-exact (base64) next to a decoded
-text; CSV carries the decoded text.
+Documents that their task names (``common.store.data.visible``) are read in ``_id`` order with a
+small cursor batch, one at a time, so memory stays bounded whatever the job's size. JSONL keeps
+the body byte-exact (base64) next to a decoded text; CSV carries the decoded text.
 """
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]
     job = jobs.named(job_name)
     for doc, body in documents(job.id, flt or {}):
         meta = {
-            "task_id": str(doc["task"]), "url": doc.get("url"), "status_code": doc.get("status_code"),
-            "encoding": doc.get("encoding"), "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
+            "task_id": str(doc["task"]),
+            "url": doc.get("url"),
+            "status_code": doc.get("status_code"),
+            "encoding": doc.get("encoding"),
+            "hostname": doc.get("hostname"),
+            "remote_ip": doc.get("remote_ip"),
             "add_datetime": doc["add_datetime"].isoformat() if doc.get("add_datetime") else None,
         }
         yield meta, body

@@ -90,9 +90,16 @@ def check_filter(raw: Any) -> dict:
 
 
 def digest(job: str, fmt: str, template_canonical: dict, flt: dict) -> str:
-    canonical = json.dumps({"job": job, "format": fmt, "template": template_canonical,
-                            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()}},
-                           sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(
+        {
+            "job": job,
+            "format": fmt,
+            "template": template_canonical,
+            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.md5(canonical.encode()).hexdigest()
 
 
@@ -127,8 +134,17 @@ def check_exec_time(value: Any) -> int | None:
     return value
 
 
-def request(redis: Redis, job_name: Any, fmt: Any, template: Any = "", flt: Any = None, callback_url: Any = None,
-            mails: Any = (), requested_by: str = "", max_exec_time: Any = None) -> Requested:
+def request(
+    redis: Redis,
+    job_name: Any,
+    fmt: Any,
+    template: Any = "",
+    flt: Any = None,
+    callback_url: Any = None,
+    mails: Any = (),
+    requested_by: str = "",
+    max_exec_time: Any = None,
+) -> Requested:
     """Check and queue an export (or return the identical one already underway or fresh)."""
     checked = check(job_name, fmt, template, flt)
     job, parsed, cleaned = checked.job, checked.template, checked.filter
@@ -172,7 +188,12 @@ def push(redis: Redis, export: exports.Export) -> None:
 
 def may_see(token: Token | None, export: exports.Export) -> bool:
     """None is the operator at the command line, who sees everything."""
-    return token is None or token.role == ADMIN or export.requested_by == token.name or export.job_name in token.jobs
+    return (
+        token is None
+        or token.role == ADMIN
+        or export.requested_by == token.name
+        or export.job_name in token.jobs
+    )
 
 
 def get(export_id: Any, token: Token | None = None) -> exports.Export:
@@ -186,13 +207,23 @@ def get(export_id: Any, token: Token | None = None) -> exports.Export:
 
 
 def describe(export: exports.Export, ttl: int | None = None) -> dict:
-    return {"id": str(export.id), "job": export.job_name, "format": export.format, "state": export.state,
-            "rows_done": export.rows_done, "rows_total": export.rows_total, "bytes": export.bytes,
-            "attempts": export.attempts, "error": export.error,
-            "url": export_url(str(export.id), ttl) if export.state == SUCCESS else None,
-            "requested_by": export.requested_by, "max_exec_time": export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME,
-            "created_at": iso(export.created_at), "finished_at": iso(export.finished_at),
-            "expires_at": iso(export.expires_at)}
+    return {
+        "id": str(export.id),
+        "job": export.job_name,
+        "format": export.format,
+        "state": export.state,
+        "rows_done": export.rows_done,
+        "rows_total": export.rows_total,
+        "bytes": export.bytes,
+        "attempts": export.attempts,
+        "error": export.error,
+        "url": export_url(str(export.id), ttl) if export.state == SUCCESS else None,
+        "requested_by": export.requested_by,
+        "max_exec_time": export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME,
+        "created_at": iso(export.created_at),
+        "finished_at": iso(export.finished_at),
+        "expires_at": iso(export.expires_at),
+    }
 
 
 def listing(job_name: str | None = None, limit: int = 50, token: Token | None = None) -> list[exports.Export]:
@@ -224,7 +255,9 @@ def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> exports.
     and removes its partial file)."""
     export = get(export_id, token)
     if not exports.cancel(export.id, utcnow()):
-        raise Conflict(f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled")
+        raise Conflict(
+            f"export {export_id} is {export.state}: only PENDING or RUNNING exports can be cancelled"
+        )
     rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
     publish(export.id)
     return exports.reload(export)

@@ -66,11 +66,19 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
     try:
         with open(partial, "xb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
             for doc, body in store.old_data(job.id, cutoff):
-                record = {"kind": "data", "task_id": str(doc["task"]), "url": doc.get("url"),
-                          "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
-                          "hostname": doc.get("hostname"), "remote_ip": doc.get("remote_ip"),
-                          "add_datetime": iso(doc.get("add_datetime")), "response_headers": doc.get("response_headers"),
-                          "body_base64": base64.b64encode(body).decode("ascii"), "body_text": text_of(body, doc.get("encoding"))}
+                record = {
+                    "kind": "data",
+                    "task_id": str(doc["task"]),
+                    "url": doc.get("url"),
+                    "status_code": doc.get("status_code"),
+                    "encoding": doc.get("encoding"),
+                    "hostname": doc.get("hostname"),
+                    "remote_ip": doc.get("remote_ip"),
+                    "add_datetime": iso(doc.get("add_datetime")),
+                    "response_headers": doc.get("response_headers"),
+                    "body_base64": base64.b64encode(body).decode("ascii"),
+                    "body_text": text_of(body, doc.get("encoding")),
+                }
                 out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
                 data_ids.add(doc["_id"])
                 report.data += 1

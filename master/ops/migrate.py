@@ -29,7 +29,9 @@ class MigrationReport:
     numbered: int = 0
     sent_again: int = 0
     secrets_moved: int = 0
-    secrets_kept: list[str] | None = None  # documents left in the source: the control database has another by that name
+    secrets_kept: list[str] | None = (
+        None  # documents left in the source: the control database has another by that name
+    )
 
 
 def migrate() -> MigrationReport:

@@ -47,11 +47,18 @@ def _summary(job: dict, mails: list[str], now: datetime) -> int:
     lines = [f"Job {job['name']} has no task left to download.", "", "Tasks by status:"]
     lines += [f"  {status:<9}{n}" for status, n in sorted(counts.items())]
     lines += ["", f"Success rate: {rate} ({counts.get(SUCCESS, 0)} of {done} finished tasks)", ""]
-    lines += ["Most frequent failure reasons:"] + ([f"  {r['n']:>6}  {r['_id'] or '-'}" for r in reasons] or ["  none"])
+    lines += ["Most frequent failure reasons:"] + (
+        [f"  {r['n']:>6}  {r['_id'] or '-'}" for r in reasons] or ["  none"]
+    )
     if span.get("first"):
         lines += ["", f"Time span: {span['first']:%Y-%m-%d %H:%M:%S} to {span['last']:%Y-%m-%d %H:%M:%S} UTC"]
     for to in mails:
-        queue_mail(to, "job.report", f"downcluster: job {job['name']} drained, success {rate}", "\n".join(lines) + "\n")
+        queue_mail(
+            to,
+            "job.report",
+            f"downcluster: job {job['name']} drained, success {rate}",
+            "\n".join(lines) + "\n",
+        )
     return len(mails)
 
 

@@ -81,6 +81,11 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
         report.notifications = store.remove_notifications(before, end)
     report.finished = time.monotonic() < end
     if report.data or report.tasks or report.download_logs or report.notifications:
-        logger.info("retention: removed %s data documents, %s final tasks, %s download logs, %s notifications",
-                    report.data, report.tasks, report.download_logs, report.notifications)
+        logger.info(
+            "retention: removed %s data documents, %s final tasks, %s download logs, %s notifications",
+            report.data,
+            report.tasks,
+            report.download_logs,
+            report.notifications,
+        )
     return report

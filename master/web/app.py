@@ -75,7 +75,9 @@ class Guard:
         seen = set()
         for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
             if not QUERY_KEY.match(key):
-                return await send_error(send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only")
+                return await send_error(
+                    send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only"
+                )
             if key in seen:
                 return await send_error(send, 422, f"query parameter {key!r} given twice")
             if len(value) > LONG_QUERY.get(key, 1024):
@@ -106,11 +108,16 @@ def create_app() -> FastAPI:
 
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)
     connect_mongo(ensure_indexes=mongo_answers(seconds=1.0))
-    app = FastAPI(title="downcluster", version="1.0.0", openapi_url="/api/v1/openapi.json",
-                  docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
-                  generate_unique_id_function=operation_id,
-                  description="The downcluster HTTP API: `Authorization: Bearer TOKEN` on every call but "
-                              "`POST /session` and signed file links. Every error is `{\"error\": \"one line\"}`.")
+    app = FastAPI(
+        title="downcluster",
+        version="1.0.0",
+        openapi_url="/api/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,  # their pages load scripts from a CDN
+        generate_unique_id_function=operation_id,
+        description="The downcluster HTTP API: `Authorization: Bearer TOKEN` on every call but "
+        '`POST /session` and signed file links. Every error is `{"error": "one line"}`.',
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):

@@ -65,8 +65,12 @@ class Engines:
     def __init__(self) -> None:
         self.client = aio.Client()
         self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
-        self.browsers = browser.Pool(settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB)
-        self.blocking = ThreadPoolExecutor(max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download")
+        self.browsers = browser.Pool(
+            settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB
+        )
+        self.blocking = ThreadPoolExecutor(
+            max_workers=settings.DOWNLOAD_CONCURRENCY, thread_name_prefix="download"
+        )
         self.limits = limits_from_settings()
         self.etiquette = Etiquette()
         self._local = threading.local()
@@ -160,11 +164,19 @@ class Engines:
             token = await self.etiquette.slot(host, conc, max(delay, crawl_delay),
                                               long_lease() if ctx.kind in SANDBOXED else None)
             cut = http.Cut()
-            return await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut), None, lead
+            return (
+                await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut),
+                None,
+                lead,
+            )
         except BaseException as exc:
             if lead:  # failures are not shared: a waiter leads next
                 await self.etiquette.give_up_lead(lead)
-            if isinstance(exc, DownloadError) and exc.retry_after and exc.reason.startswith(("HTTP 429", "HTTP 503")):
+            if (
+                isinstance(exc, DownloadError)
+                and exc.retry_after
+                and exc.reason.startswith(("HTTP 429", "HTTP 503"))
+            ):
                 await self.etiquette.pause(host, exc.retry_after)
             raise
         finally:
@@ -188,7 +200,9 @@ class Engines:
             await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
             found = None
 
-    async def _fetch(self, ctx: JobContext, task: dict, token: str = "", cut: http.Cut | None = None) -> Download:
+    async def _fetch(
+        self, ctx: JobContext, task: dict, token: str = "", cut: http.Cut | None = None
+    ) -> Download:
         """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
         url, limits = task["uri"], self.limits
         loop = asyncio.get_running_loop()
@@ -201,13 +215,23 @@ class Engines:
             elif ctx.kind == "shell":
                 proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
                 private = bool(ctx.settings.get("allow_private"))
-                result = await loop.run_in_executor(self.blocking, self._sandboxed, token, lambda lim: sandbox.run_shell(
-                    ctx.code, url, lim, proxy, cookie, private))
+                result = await loop.run_in_executor(
+                    self.blocking,
+                    self._sandboxed,
+                    token,
+                    lambda lim: sandbox.run_shell(ctx.code, url, lim, proxy, cookie, private),
+                )
             elif ctx.engine == "requests":
                 result = await loop.run_in_executor(self.blocking, self._requests, url, ctx, cut)
             elif ctx.engine == "browser":
-                result = await browser.fetch(url, limits=limits, pool=self.browsers, **_request_shape(ctx),
-                                             js=ctx.settings.get("download_js") or "", idle_max=settings.BROWSER_IDLE_MAX)
+                result = await browser.fetch(
+                    url,
+                    limits=limits,
+                    pool=self.browsers,
+                    **_request_shape(ctx),
+                    js=ctx.settings.get("download_js") or "",
+                    idle_max=settings.BROWSER_IDLE_MAX,
+                )
             else:
                 result = await aio.fetch(url, limits=limits, client=self.client, **_request_shape(ctx),
                                          large_gate=self.large_gate)

@@ -2,8 +2,10 @@
 
 By default one process runs many entries at once on an event loop (slave/worker/runner.py), taking
 the next entry in strict queue order whenever fewer than WORKER_INFLIGHT downloads are in
-flight; rq sees it as a worker with an execution per entry (slave/worker/rqworker.py). ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a
-time; on Redis's clock, see slave/worker/rqworker.py), exactly what a plain ``rq worker down_super down_high down_mid down_low`` does.
+flight; rq sees it as a worker with an execution per entry (slave/worker/rqworker.py).
+``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a time;
+on Redis's clock, see slave/worker/rqworker.py), exactly what a plain
+``rq worker down_super down_high down_mid down_low`` does.
 """
 from __future__ import annotations
 
@@ -50,7 +52,13 @@ def run_worker(burst: bool = False, mode: str = "async", name: str | None = None
     if mode == "async":
         from slave.worker.runner import serve
 
-        serve(worker_queue_names(host_name(), foreign), burst=burst, max_jobs=max_jobs, exports=exports, name=name)
+        serve(
+            worker_queue_names(host_name(), foreign),
+            burst=burst,
+            max_jobs=max_jobs,
+            exports=exports,
+            name=name,
+        )
         return True
     worker = build_worker(simple=mode == "simple", name=name, foreign=foreign)
     return worker.work(burst=burst, logging_level=logging_level, max_jobs=max_jobs)

@@ -65,8 +65,13 @@ class RedisClock:
         for queue in self.queues:
             if queue.acquire_maintenance_lock():
                 self.log.info("Worker %s: cleaning registries for queue: %s", self.name, queue.name)
-                for registry in (queue.finished_job_registry, queue.started_job_registry, queue.failed_job_registry,
-                                 queue.deferred_job_registry, queue.ready_job_registry):
+                for registry in (
+                    queue.finished_job_registry,
+                    queue.started_job_registry,
+                    queue.failed_job_registry,
+                    queue.deferred_job_registry,
+                    queue.ready_job_registry,
+                ):
                     registry.cleanup(timestamp=stamp, exception_handlers=self._exc_handlers)
                 worker_registration.clean_worker_registry(queue)
                 queue.intermediate_queue.cleanup(self, queue)
@@ -101,7 +106,9 @@ class LoopWorker(RedisClock, BaseWorker):
         try:
             self.register_birth()
         except ValueError:  # rq: a live worker of that name exists
-            raise ConfigError(f"a live rq worker is already named {self.name!r}: choose another --name") from None
+            raise ConfigError(
+                f"a live rq worker is already named {self.name!r}: choose another --name"
+            ) from None
         self.subscribe()
         self.set_state(WorkerStatus.IDLE)
 
@@ -148,7 +155,9 @@ class LoopWorker(RedisClock, BaseWorker):
         keeps it with ``reason``; its lease is recovered by the defender."""
         job, queue = self._end(execution)
         with self._lock:
-            self.handle_job_failure(job, queue, queue.started_job_registry, exc_string=reason, execution=execution)
+            self.handle_job_failure(
+                job, queue, queue.started_job_registry, exc_string=reason, execution=execution
+            )
             self._idle_when_done()
 
     def _end(self, execution: Execution) -> tuple[Job, Queue]:

@@ -141,7 +141,9 @@ class Loop:
     def __init__(self, runner: Runner, worker: LoopWorker, queues: list[str], exports: bool) -> None:
         self.runner, self.rq, self.queues, self.exports = runner, worker, queues, exports
         self.redis = redis_conn()
-        self.export_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exports") if exports else None
+        self.export_pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="exports") if exports else None
+        )
         self.export_running: asyncio.Task | None = None
         self.last_notify = 0.0
 
@@ -164,17 +166,24 @@ class Loop:
             room = self._room(running)
             got = None
             try:
-                names = (self.queues if room else []) + ([EXPORT_QUEUE] if self.exports and self._export_idle() else [])
+                names = (self.queues if room else []) + (
+                    [EXPORT_QUEUE] if self.exports and self._export_idle() else []
+                )
                 if names:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
-                    got = await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names) if running else \
-                        await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
+                    got = (
+                        await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names)
+                        if running
+                        else await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
+                    )
             except Exception as exc:  # Redis away: keep finishing what runs, try again
                 logger.warning("cannot read the queues: %s", type(exc).__name__)
                 await asyncio.sleep(1.0)
             if got:
                 try:
                     task = await self._start(*got)
-                except Exception as exc:  # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+                except (
+                    Exception
+                ) as exc:  # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
                     logger.warning("entry %s not started: %s", got[1], redact(f"{type(exc).__name__}: {exc}"))
                     continue
                 if task is not None:
@@ -187,7 +196,9 @@ class Loop:
                         break
                     self._notify_when_idle(loop)
                 continue
-            done, _ = await asyncio.wait(running, timeout=0.05 if room else None, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                running, timeout=0.05 if room else None, return_when=asyncio.FIRST_COMPLETED
+            )
             running -= done
         pending = running | ({self.export_running} if self.export_running else set())
         if pending:
@@ -215,10 +226,17 @@ class Loop:
         lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)
         if lease is not None:
             self.runner.pending += 1
-            return asyncio.create_task(self._run(execution, self.runner.run_entry(lease, pending=True), entry))
+            return asyncio.create_task(
+                self._run(execution, self.runner.run_entry(lease, pending=True), entry)
+            )
         if queue_name == EXPORT_QUEUE:
-            self.export_running = asyncio.create_task(self._run(
-                execution, loop.run_in_executor(self.export_pool, _export, export, self.runner.worker_id), entry))
+            self.export_running = asyncio.create_task(
+                self._run(
+                    execution,
+                    loop.run_in_executor(self.export_pool, _export, export, self.runner.worker_id),
+                    entry,
+                )
+            )
             return None
         why = "an export entry in a download queue: requeue it on down_export"
         logger.warning("%s: %s in %s", why, entry, queue_name)
@@ -229,7 +247,9 @@ class Loop:
         loop = asyncio.get_running_loop()
         try:
             await work
-        except Exception as exc:  # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
+        except (
+            Exception
+        ) as exc:  # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
             reason = redact(f"{type(exc).__name__}: {exc}")
             logger.error("entry %s failed: %s", entry, reason)
             capture(exc)

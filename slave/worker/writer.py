@@ -50,7 +50,7 @@ class Outcome:
     error: DownloadError | None
     spend_us: int
     request_size: int = 0
-    deferred: float | None = None        # handed back (busy or closed host): due again in this many s, no attempt
+    deferred: float | None = None  # handed back (busy or closed host): due again in this many s, no attempt
     coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
     coalesced_from: object = None        # the task whose stored download this one copied
     data_id: object = None               # set by store_many: the data document written
@@ -70,7 +70,9 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
             delay = backoff(attempt, base=0.2, cap=5.0, jitter=False)
             if time.monotonic() + delay > end:
                 raise
-            logger.warning("MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay)
+            logger.warning(
+                "MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay
+            )
             time.sleep(delay)
 
 
@@ -146,12 +148,20 @@ def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, 
         back_ids = [o.task["_id"] for q, o in later if q is p]
         c["success"] = len(leases.settled_of(p.lease, ok_ids))
         if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
-            with_retries(lambda: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now), "tombstone")
+            with_retries(
+                lambda p=p, ok_ids=ok_ids: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused",
+                                                            ok_ids, now),
+                "tombstone",
+            )
         if bad_ids:
             c["fail"] = tasks.changed_to(bad_ids, FAIL, now)
         if back_ids:
             c["handed_back"] = tasks.changed_to(back_ids, LIVE, now)
-        dropped = with_retries(lambda: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
+        dropped = (
+            with_retries(lambda p=p, ok_ids=ok_ids: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup")
+            if ok_ids
+            else 0
+        )
         if dropped:
             logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
     return got
@@ -173,8 +183,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         ok = [(p, o) for p, o in ok if id(o) in kept]
         big = [(o, d) for o, d in zip(outs, data_docs) if attempts.body_file(d)]
         for o, d in big:
-            with_retries(lambda: attempts.put_body(attempts.body_file(d), o.download.body,
-                                                   f"{o.task['_id']}-{d['lease']}"), "GridFS put")
+            with_retries(lambda o=o, d=d: attempts.put_body(attempts.body_file(d), o.download.body,
+                                                           f"{o.task['_id']}-{d['lease']}"), "GridFS put")
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
     later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
@@ -193,9 +203,20 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         times = o.task.get("download_times", 0) + 1
         retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
                                  settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
-        settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
-    backs = [leases.hand_back(o.task["_id"], p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
-                              o.deferred, now) for p, o in later]
+        settles.append(
+            leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now)
+        )
+    backs = [
+        leases.hand_back(
+            o.task["_id"],
+            p.lease,
+            p.kind,
+            redact(o.error.reason if o.error else "handed back"),
+            o.deferred,
+            now,
+        )
+        for p, o in later
+    ]
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(lambda: tasks.settle(backs), "hand back")
     counted = _counted(parts, ok, bad, later, settled, handed, now)
@@ -275,7 +296,10 @@ class Writer(threading.Thread):
             try:
                 self._write(batch)
             finally:
-                for _, outcome in batch:  # stored (or given up): the body goes now, whoever still holds the outcome
+                for (
+                    _,
+                    outcome,
+                ) in batch:  # stored (or given up): the body goes now, whoever still holds the outcome
                     if outcome is not None:
                         outcome.download = None
                 self.written += len(batch)
@@ -309,7 +333,9 @@ class Writer(threading.Thread):
                 self._publish(groups)
             finished = [e for e in groups if e.written >= e.total]
             if finished:
-                with_retries(lambda: leases.finish([e.lease_id for e in finished], self.worker_id), "lease finish")
+                with_retries(
+                    lambda: leases.finish([e.lease_id for e in finished], self.worker_id), "lease finish"
+                )
             for e in finished:
                 e.resolve()
         except Exception as exc:  # MongoDB gone past the retries: these entries are given up

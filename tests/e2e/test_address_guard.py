@@ -10,10 +10,10 @@ import pytest
 
 from common.config import load, settings
 from common.errors import ValidationError
-from common.store.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
 from common.notify import check_callback, deliver_due, queue_webhook
-from master.exports import service as exports
+from common.store.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
 from master.dispatch.dispatcher import dispatch_once
+from master.exports import service as exports
 from tests.helpers import add_urls, burst_worker, register
 from tests.receivers import WebhookReceiver
 
@@ -42,7 +42,9 @@ def test_a_backslash_or_userinfo_callback_is_refused_and_reaches_nothing(cluster
         assert hook.received == []
         for url in tricks:
             note = _notification(url)
-            assert note.state == "FAIL" and note.attempts == 1 and note.last_error.startswith("ValidationError")
+            assert (
+                note.state == "FAIL" and note.attempts == 1 and note.last_error.startswith("ValidationError")
+            )
 
 
 def test_a_private_callback_is_refused_unless_allowed_then_goes_to_the_judged_address(cluster):
@@ -113,8 +115,9 @@ def test_builtin_engines_refuse_private_addresses_unless_the_job_allows(cluster,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["aiohttp", "requests"])
-def test_the_clusters_services_stay_refused_at_every_hop_even_with_allow_private(cluster, tmp_path, monkeypatch,
-                                                                                  engine):
+def test_the_clusters_services_stay_refused_at_every_hop_even_with_allow_private(
+    cluster, tmp_path, monkeypatch, engine
+):
     with WebhookReceiver() as web:  # stands in for the cluster's web: it must see no request
         bind = f"127.0.0.1:{web.server.server_address[1]}"
         monkeypatch.setenv("DOWNCLUSTER_WEB_BIND", bind)

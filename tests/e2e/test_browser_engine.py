@@ -16,9 +16,9 @@ import pytest
 from common.errors import DownloadError
 from common.store.models import CrawlerDownloadData, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
+from sample_site import page_body
 from slave.download.engines import browser
 from slave.download.engines.base import Limits
-from sample_site import page_body
 from tests.helpers import add_urls, cli, register, sent, statuses, write_job
 
 pytestmark = pytest.mark.skipif(browser.chromium_path() is None,
@@ -121,8 +121,10 @@ def test_cookie_and_headers_reach_the_site_and_contexts_do_not_share_cookies(sit
 
 def test_registration_of_download_js(cluster, tmp_path):
     ok = tmp_path / "br.toml"
-    ok.write_text('name = "br"\ntype = "none"\n[settings]\ndownload_engine = "browser"\n'
-                  "download_js = \"\"\"\nwindow.scrollTo(0, document.body.scrollHeight);\nreturn document.title;\n\"\"\"\n")
+    ok.write_text(
+        'name = "br"\ntype = "none"\n[settings]\ndownload_engine = "browser"\n'
+        'download_js = """\nwindow.scrollTo(0, document.body.scrollHeight);\nreturn document.title;\n"""\n'
+    )
     result = cli("job", "register", str(ok))
     assert result.exit_code == 0, result.output
     assert "download_js: " in cli("job", "show", "br").output
@@ -173,8 +175,9 @@ def test_foreign_entries_are_taken_only_by_foreign_workers(cluster, tmp_path):
     report = dispatch_once(cluster.redis)
     assert dict(report.tasks) == {"down_mid#foreign": 3}
     env = {**os.environ, **cluster.env}
-    plain = subprocess.run([str(BIN / "downcluster"), "worker", "--burst"], env=env, capture_output=True, text=True,
-                           timeout=120)
+    plain = subprocess.run(
+        [str(BIN / "downcluster"), "worker", "--burst"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert plain.returncode == 0 and statuses("abroad") == {"LIVE": 3} and sent("abroad") == 3
     foreign = subprocess.run([str(BIN / "downcluster"), "worker", "--burst", "--foreign"], env=env,
                              capture_output=True, text=True, timeout=120)
@@ -204,17 +207,26 @@ def test_the_browser_reaches_no_private_address_unless_allowed_and_never_the_clu
 
     site = cluster.site
     refused = _fail(chrome.fetch, f"{site}/js/render/1", allow_private=False)
-    assert refused.reason == "refused: 127.0.0.1 is a loopback address (set allow_private = true for intranet crawls)"
+    assert (
+        refused.reason
+        == "refused: 127.0.0.1 is a loopback address (set allow_private = true for intranet crawls)"
+    )
     assert not refused.retryable
     with WebhookReceiver() as web:  # stands in for the cluster's web: it must see no request
         bind = f"127.0.0.1:{web.server.server_address[1]}"
         load(flags=dict(settings.flags, WEB_BIND=bind))
         redirected = _fail(chrome.fetch, f"{site}/redirect-to?url=http://{bind}/x")
-        assert redirected.reason == f"refused: {bind} is a service of this cluster" and not redirected.retryable
-        js = f"try {{ await fetch('http://{bind}/api'); return 'reached'; }} catch (e) {{ return 'blocked'; }}"
+        assert (
+            redirected.reason == f"refused: {bind} is a service of this cluster" and not redirected.retryable
+        )
+        js = (
+            f"try {{ await fetch('http://{bind}/api'); return 'reached'; }} catch (e) {{ return 'blocked'; }}"
+        )
         got = chrome.fetch(f"{site}/js/render/2", js=js)  # a page's own request to the service
         assert got.body == b"blocked"
         assert web.received == []
     assert b"rendered by javascript 3" in chrome.fetch(f"{site}/js/render/3").body  # allowed: still works
     # a script's own request that may go is answered while the script runs (it used to wait in Fetch)
-    assert chrome.fetch(f"{site}/js/render/4", js="return await (await fetch('/page/1')).text();").body == page_body(1)
+    assert chrome.fetch(
+        f"{site}/js/render/4", js="return await (await fetch('/page/1')).text();"
+    ).body == page_body(1)

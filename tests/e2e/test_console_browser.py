@@ -23,8 +23,10 @@ from tests.web_helpers import WebServer
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver"),
+]
 
 
 @pytest.fixture
@@ -107,8 +109,12 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         wait_text(browser, "#who", "console (admin)")
         assert "down_low\n1\n1000" in wait_text(browser, "#view table", "down_low").replace(" ", "\n")
         # the charts: pages stored per minute (3 stored by the worker above) and queue depth as sampled
-        stored = browser.find_element(By.CSS_SELECTOR, '#chart-pages path[data-series="stored"]').get_attribute("d")
-        assert stored.count("L") > 10 and browser.find_element(By.CSS_SELECTOR, '#chart-depth path[data-series="down_low"]')
+        stored = browser.find_element(
+            By.CSS_SELECTOR, '#chart-pages path[data-series="stored"]'
+        ).get_attribute("d")
+        assert stored.count("L") > 10 and browser.find_element(
+            By.CSS_SELECTOR, '#chart-depth path[data-series="down_low"]'
+        )
         assert "pages per minute" in browser.find_element(By.ID, "chart-pages").text
         var = ROOT / "var"
         var.mkdir(exist_ok=True)

@@ -153,7 +153,10 @@ def test_retry_after_pauses_the_host_for_every_job(cluster, tmp_path):
 def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
     ROBOTS[int(urlsplit(cluster.site).port)] = (200, "User-agent: *\nDisallow: /private/\nCrawl-delay: 0.3\n")
     register(tmp_path, "j")
-    add_urls("j", [f"{cluster.site}/private/{i}" for i in range(3)] + [f"{cluster.site}/page/{i}" for i in range(4)])
+    add_urls(
+        "j",
+        [f"{cluster.site}/private/{i}" for i in range(3)] + [f"{cluster.site}/page/{i}" for i in range(4)],
+    )
     dispatch_once(cluster.redis)
     workers(cluster, 2)
     assert statuses("j") == {"FAIL": 3, "SUCCESS": 4}

@@ -86,7 +86,9 @@ def test_a_worker_cut_off_from_redis_stops_its_downloads_before_its_slots_can_ex
     assert dispatch_once(hosts.redis).total == 8
     relay = Relay(hosts.redis_server.port)
     try:
-        start(hosts, "worker", "--no-exports", "--max-jobs", "1", "--name", "a", env=relayed(hosts, redis=relay))
+        start(
+            hosts, "worker", "--no-exports", "--max-jobs", "1", "--name", "a", env=relayed(hosts, redis=relay)
+        )
         wait_for(lambda: TRAFFIC.active.get(site_host(hosts)) == 2, 60, "A's two downloads in flight")
         relay.partition()
         cut = time.monotonic()
@@ -112,7 +114,9 @@ def test_slots_outlive_their_lease_while_renewed_even_with_mongodb_silent(hosts,
     assert dispatch_once(hosts.redis).total == 4
     relay = Relay(hosts.mongo_server.port)
     try:
-        start(hosts, "worker", "--no-exports", "--max-jobs", "1", "--name", "a", env=relayed(hosts, mongo=relay))
+        start(
+            hosts, "worker", "--no-exports", "--max-jobs", "1", "--name", "a", env=relayed(hosts, mongo=relay)
+        )
         wait_for(lambda: TRAFFIC.active.get(site_host(hosts)) == 2, 60, "A's two downloads in flight")
         relay.partition()
         b = start(hosts, "worker", "--no-exports", "--burst", "--name", "b")

@@ -109,7 +109,20 @@ class Net:
             ns = self.ns[name]
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", self.hub, "link", "add", f"to-{name}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip(
+                "-n",
+                self.hub,
+                "link",
+                "add",
+                f"to-{name}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ns,
+            )
             _ip("-n", self.hub, "link", "set", f"to-{name}", "master", "br0", "up")
             for address in addresses:
                 _ip("-n", ns, "addr", "add", f"{address}/25", "dev", "eth0")
@@ -164,7 +177,9 @@ class Cluster:
 
     def spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.tmp / f"{name}.log", "ab")
-        self.procs.append(subprocess.Popen(argv, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(argv, env=self.env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        )
 
     def worker(self, host: str, prefix: tuple = ()) -> None:
         """``downcluster worker`` on ``host``: its namespace, its hostname, no HOSTNAME setting."""
@@ -193,8 +208,11 @@ class Cluster:
         """task id -> the hostname of the one data document it names (asserting there is one)."""
         out = {}
         for task in self.db["crawler_task"].find({"job": self.job_id(name)}, {"data_lease": 1}):
-            docs = list(self.db["crawler_download_data"].find({"task": task["_id"], "lease": task["data_lease"]},
-                                                             {"hostname": 1}))
+            docs = list(
+                self.db["crawler_download_data"].find(
+                    {"task": task["_id"], "lease": task["data_lease"]}, {"hostname": 1}
+                )
+            )
             assert len(docs) == 1, task
             out[task["_id"]] = docs[0]["hostname"]
         return out
@@ -284,9 +302,12 @@ def test_a_host_lost_then_a_host_partitioned_lose_and_repeat_nothing(multi):
     multi.net.heal("alpha")
     wait_for(lambda: multi.done("cut"), 240, "the cut job to finish")
     assert len(multi.visible("cut")) == 60
-    print(f"\nhost lost (SIGKILL): its leases given back {recovered:.1f} s after the kill (HEARTBEAT_TTL 4 s), "
-          f"pages downloaded twice {multi.twice('lost')}; host partitioned: leases given back {given_back:.1f} s "
-          f"after the cut, healed, pages downloaded twice {multi.twice('cut')} (stale attempts, never visible)")
+    print(
+        f"\nhost lost (SIGKILL): its leases given back {recovered:.1f} s after the kill (HEARTBEAT_TTL 4 s), "
+        f"pages downloaded twice {multi.twice('lost')}; "
+        f"host partitioned: leases given back {given_back:.1f} s "
+        f"after the cut, healed, pages downloaded twice {multi.twice('cut')} (stale attempts, never visible)"
+    )
 
 
 @pytest.mark.parametrize("skew", [-120, 120])
@@ -310,10 +331,14 @@ def test_a_worker_whose_clock_is_off_keeps_its_leases(multi, skew):
         if multi.redis.type(key) == "hash":
             births[key.split(":")[2].split(".")[0]] = multi.redis.hget(key, "birth")
     apart = _seconds(births["alpha"]) - _seconds(births["beta"])
-    assert abs(apart - skew) < abs(skew) / 2, births  # the skew took: alpha stamps its own records two minutes off
+    assert abs(apart - skew) < abs(skew) / 2, (
+        births
+    )  # the skew took: alpha stamps its own records two minutes off
     tasks = multi.db["crawler_task"]
     lost = tasks.count_documents({"job": multi.job_id("skew"), "recoveries": {"$gt": 0}})
-    abandoned = sum((multi.tmp / f"{host}.log").read_text().count("AbandonedJobError") for host in ("alpha", "beta"))
+    abandoned = sum(
+        (multi.tmp / f"{host}.log").read_text().count("AbandonedJobError") for host in ("alpha", "beta")
+    )
     by = multi.visible("skew").values()
     print(f"\nclock skew: alpha's clock {skew:+d} s (rq birth stamps {apart:+.0f} s apart); "
           f"alpha stored {sum(h == 'alpha' for h in by)}, beta {sum(h == 'beta' for h in by)}; "

@@ -20,8 +20,8 @@ from rq import Queue, Worker
 from rq.job import Job as RqJob
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from common.store.models import CrawlerLease
 from common.queue.names import worker_queue_names
+from common.store.models import CrawlerLease
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 
@@ -55,9 +55,12 @@ def get_json(url: str):
 def dashboard(cluster):
     """rq-dashboard on loopback, reading the test's Redis."""
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "rq-dashboard"), "--json", "--bind", "127.0.0.1", "--port", str(port)],
-                            env={**os.environ, "RQ_DASHBOARD_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(BIN / "rq-dashboard"), "--json", "--bind", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "RQ_DASHBOARD_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up():
@@ -74,7 +77,12 @@ def dashboard(cluster):
 
 
 def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, tmp_path, dashboard):
-    env = {**os.environ, **cluster.env, "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "1", "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
+    env = {
+        **os.environ,
+        **cluster.env,
+        "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "1",
+        "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
+    }
     os.environ["DOWNCLUSTER_DISPATCH_BATCH_SIZE"] = "1"
     try:
         from common.config import load
@@ -106,21 +114,36 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
         assert sorted(started.get_job_ids()) == entries
         for entry in entries:
             job = RqJob.fetch(entry, connection=redis, serializer="json")
-            assert job.get_status() == "started" and job.worker_name == worker.name and job.started_at is not None
+            assert (
+                job.get_status() == "started"
+                and job.worker_name == worker.name
+                and job.started_at is not None
+            )
             assert job.origin == "down_low" and job.func_name == "slave.worker.entries.run_batch"
 
         # rq info, as an operator runs it
-        info = subprocess.run([str(BIN / "rq"), "info", "--serializer", "json"], capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]})
+        info = subprocess.run(
+            [str(BIN / "rq"), "info", "--serializer", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]},
+        )
         assert info.returncode == 0, info.stderr
         assert re.search(r"down_low\s+\|?\S*\s*0, 3 executing", info.stdout), info.stdout
         assert "1 workers" in info.stdout and worker.name in info.stdout
-        assert re.search(re.escape(worker.name) + r".*: busy " + re.escape(", ".join(ours)), info.stdout), info.stdout
+        assert re.search(re.escape(worker.name) + r".*: busy " + re.escape(", ".join(ours)), info.stdout), (
+            info.stdout
+        )
 
         # rq's API as a JSON-aware tool calls it: the worker's current work (rq-dashboard 0.9's
         # workers page calls Worker.all without a serializer, unpickles, and fails: not used here)
         current = Worker.all(connection=redis, serializer="json")[0].get_current_job()
-        assert current is not None and current.id in entries and current.func_name == "slave.worker.entries.run_batch"
+        assert (
+            current is not None
+            and current.id in entries
+            and current.func_name == "slave.worker.entries.run_batch"
+        )
         # rq-dashboard (--json): each running entry's page and the started registry
         for entry in entries:
             page = get_json(dashboard + f"/0/data/job/{entry}.json")
@@ -150,6 +173,8 @@ def test_a_plain_rq_worker_runs_the_same_entries(cluster, tmp_path):
     dispatch_once(cluster.redis)
     from rq import SimpleWorker
 
-    w = SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json")
+    w = SimpleWorker(
+        [Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json"
+    )
     assert w.work(burst=True)
     assert statuses("plain") == {"SUCCESS": 3}

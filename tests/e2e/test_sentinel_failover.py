@@ -76,16 +76,34 @@ def test_killing_the_redis_master_mid_run_loses_and_repeats_nothing(cluster, tmp
                          f"sentinel failover-timeout {SERVICE} 5000\n")
         procs.append(subprocess.Popen(["redis-server", str(replica)], stdout=subprocess.DEVNULL,
                                       start_new_session=True))
-        _wait(lambda: _info(replica_port, password).get("master_link_status") == "up", 30, "the replica in sync")
+        _wait(
+            lambda: _info(replica_port, password).get("master_link_status") == "up", 30, "the replica in sync"
+        )
         # started after the replica is in sync, the Sentinel learns of it from its first INFO of the master
         # (else only at the next, 10 s later: a failover before that finds no replica to promote)
-        procs.append(subprocess.Popen(["redis-sentinel", str(sentinel)], stdout=open(tmp_path / "sentinel.log", "wb"),
-                                      start_new_session=True))
-        _wait(lambda: _replicas_seen(sentinel_port, password) == ["slave"], 60, "the Sentinel to know the replica")
+        procs.append(
+            subprocess.Popen(
+                ["redis-sentinel", str(sentinel)],
+                stdout=open(tmp_path / "sentinel.log", "wb"),
+                start_new_session=True,
+            )
+        )
+        _wait(
+            lambda: _replicas_seen(sentinel_port, password) == ["slave"],
+            60,
+            "the Sentinel to know the replica",
+        )
         url = f"redis+sentinel://:{password}@127.0.0.1:{sentinel_port}/{SERVICE}/0"
-        env = {**os.environ, **cluster.env, "DOWNCLUSTER_REDIS_URL": url, "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
-               "DOWNCLUSTER_ABSENCE_GRACE": "1", "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "5",
-               "DOWNCLUSTER_DISPATCH_LOOP_INTERVAL": "0.2", "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.2"}
+        env = {
+            **os.environ,
+            **cluster.env,
+            "DOWNCLUSTER_REDIS_URL": url,
+            "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
+            "DOWNCLUSTER_ABSENCE_GRACE": "1",
+            "DOWNCLUSTER_DISPATCH_BATCH_SIZE": "5",
+            "DOWNCLUSTER_DISPATCH_LOOP_INTERVAL": "0.2",
+            "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.2",
+        }
         register(tmp_path, "ha", priority=3, obey_robots=False)
         count = 300
         add_urls("ha", [f"{cluster.site}/hold/20?{i}" for i in range(count)])
@@ -114,6 +132,8 @@ def test_killing_the_redis_master_mid_run_loses_and_repeats_nothing(cluster, tmp
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # each started in a session of its own
             proc.wait()
-        for proc in cluster_procs:  # a SIGKILLed worker leaves its sandbox wall's table (the next worker sweeps it)
+        for (
+            proc
+        ) in cluster_procs:  # a SIGKILLed worker leaves its sandbox wall's table (the next worker sweeps it)
             subprocess.run(["nft", "delete", "table", "inet", f"downcluster_{proc.pid}"], capture_output=True)
         master.stop()

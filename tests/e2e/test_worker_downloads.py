@@ -47,7 +47,9 @@ def _body(doc) -> bytes:
 
 
 def test_three_downloader_types_store_byte_exact_data(cluster, tmp_path):
-    register(tmp_path, "py", priority=-1, kind="python", code=PYTHON_DOWNLOADER, allow_private=True)  # the site is on loopback
+    register(
+        tmp_path, "py", priority=-1, kind="python", code=PYTHON_DOWNLOADER, allow_private=True
+    )  # the site is on loopback
     register(tmp_path, "sh", priority=2, kind="shell", code=SHELL_DOWNLOADER, allow_private=True)
     register(tmp_path, "eng", priority=5, cookie="sid=topsecret")
     for offset, name in enumerate(("py", "sh", "eng")):
@@ -55,7 +57,7 @@ def test_three_downloader_types_store_byte_exact_data(cluster, tmp_path):
     assert dispatch_once(cluster.redis).total == 60
     proc = rq_worker(cluster)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for offset, name in enumerate(("py", "sh", "eng")):
+    for name in ("py", "sh", "eng"):
         assert statuses(name) == {"SUCCESS": 20}, name
         job = Job.objects.get(name=name)
         docs = list(CrawlerDownloadData.objects(job=job))
@@ -143,8 +145,10 @@ def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
 
 
 def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
-    slow = 'import time, urllib.request\ndef download(task):\n    time.sleep(1.5)\n' \
-           '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    slow = (
+        "import time, urllib.request\ndef download(task):\n    time.sleep(1.5)\n"
+        '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    )
     register(tmp_path, "cx", priority=0, kind="python", code=slow, allow_private=True)
     add_urls("cx", [f"{cluster.site}/page/{i}" for i in range(3)])
     dispatch_once(cluster.redis)
@@ -166,9 +170,8 @@ def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
 
 
 def test_body_over_16_mib_goes_to_gridfs_byte_exact(cluster, tmp_path):
-    from sample_site import bytes_body
-
     from master.exports.dump import rows
+    from sample_site import bytes_body
 
     size = 17 * 1024 * 1024
     register(tmp_path, "big", priority=0)
@@ -210,20 +213,42 @@ def test_worker_memory_stays_bounded_with_large_bodies(cluster, tmp_path):
     add_urls("big8", [f"{cluster.site}/bytes/{size + i}" for i in range(count)])
     dispatch_once(cluster.redis)
     # a fixed mmap threshold: freed large bodies go back to the system, so RSS shows what is held
-    env = {**os.environ, **cluster.env, "MALLOC_MMAP_THRESHOLD_": "131072", "DOWNCLUSTER_WORKER_LARGE_BODIES": "2",
-           "DOWNCLUSTER_STORE_FLUSH_BYTES": str(size),
-           "DOWNCLUSTER_HOST_WAIT_MAX": "600"}  # on a loaded machine pages waiting for a slot are not handed back
+    env = {
+        **os.environ,
+        **cluster.env,
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "DOWNCLUSTER_WORKER_LARGE_BODIES": "2",
+        "DOWNCLUSTER_STORE_FLUSH_BYTES": str(size),
+        "DOWNCLUSTER_HOST_WAIT_MAX": "600",
+    }  # on a loaded machine pages waiting for a slot are not handed back
     wrapper = ("import resource, subprocess, sys\n"
                "p = subprocess.run(sys.argv[1:])\n"
                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
                "sys.exit(p.returncode)\n")
-    proc = subprocess.run([sys.executable, "-c", wrapper, str(BIN / "downcluster"), "worker", "--burst",
-                           "--logging-level", "WARNING"], env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            wrapper,
+            str(BIN / "downcluster"),
+            "worker",
+            "--burst",
+            "--logging-level",
+            "WARNING",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak_mb = int(proc.stdout.strip().splitlines()[-1])
     left = [(t.uri, t.status, t.failed_reason) for t in CrawlerTask.objects(status__ne="SUCCESS")]
     noted = [line for line in proc.stderr.splitlines() if " WARNING " in line or " ERROR " in line]
-    assert statuses("big8") == {"SUCCESS": count}, (left, noted[-20:])  # the worker's own word on what it left
+    assert statuses("big8") == {"SUCCESS": count}, (
+        left,
+        noted[-20:],
+    )  # the worker's own word on what it left
     doc = CrawlerDownloadData.objects(url=f"{cluster.site}/bytes/{size + 7}").get()
     assert bytes(doc.response_body) == bytes_body(size + 7)
     assert peak_mb < 240, f"worker peak RSS {peak_mb} MB for {count * 8} MiB of bodies"

@@ -13,19 +13,30 @@ from pathlib import Path
 import pytest
 from rq import Queue
 
-from common.config import load, settings
-from common.store.connection import connect_mongo, disconnect_mongo
-from common.store.models import CrawlerDispatchAlertLog, CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
-from common.queue.names import QUEUE_NAMES, cap
-from master.dispatch.dispatcher import dispatch_once
 import sample_site
+from common.config import load, settings
+from common.queue.names import QUEUE_NAMES, cap
+from common.store.connection import connect_mongo, disconnect_mongo
+from common.store.models import (
+    CrawlerDispatchAlertLog,
+    CrawlerDownloadData,
+    CrawlerLease,
+    CrawlerTask,
+    utcnow,
+)
+from master.dispatch.dispatcher import dispatch_once
 from services import MongoServer
 from tests.helpers import add_urls, register, statuses
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3", "DOWNCLUSTER_ABSENCE_GRACE": "0",
-                 "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01", "DOWNCLUSTER_DOWNLOAD_TIMEOUT": "60"}
+FAST_RECOVERY = {
+    "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
+    "DOWNCLUSTER_HEARTBEAT_TTL": "3",
+    "DOWNCLUSTER_ABSENCE_GRACE": "0",
+    "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
+    "DOWNCLUSTER_DOWNLOAD_TIMEOUT": "60",
+}
 
 
 @pytest.fixture
@@ -38,10 +49,23 @@ def fast(cluster, monkeypatch):
 
 
 def start_worker(cluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "rq"), "worker", "--serializer", "json", *args,
-                             "down_super", "down_high", "down_mid", "down_low"],
-                            env={**os.environ, **cluster.env, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            str(BIN / "rq"),
+            "worker",
+            "--serializer",
+            "json",
+            *args,
+            "down_super",
+            "down_high",
+            "down_mid",
+            "down_low",
+        ],
+        env={**os.environ, **cluster.env, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def burst(cluster) -> None:
@@ -161,8 +185,10 @@ def test_redis_flush_or_restart_loses_no_task(fast, tmp_path, fault):
 def test_redis_restart_mid_download_is_not_a_death(fast, tmp_path):
     """The heartbeat lives in MongoDB: a Redis restart while entries run recovers nothing, and
     the running entry settles its tasks with their data (issue 13, item 2)."""
-    slow = 'import time, urllib.request\ndef download(task):\n    time.sleep(2.5)\n' \
-           '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    slow = (
+        "import time, urllib.request\ndef download(task):\n    time.sleep(2.5)\n"
+        '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    )
     register(tmp_path, "rr", priority=1, kind="python", code=slow, allow_private=True)
     add_urls("rr", [f"{fast.site}/page/{i}" for i in range(4)])
     dispatch_once(fast.redis)
@@ -180,10 +206,15 @@ def test_redis_restart_mid_download_is_not_a_death(fast, tmp_path):
 
 
 def test_mongodb_stopped_during_writes_then_restarted(fast, tmp_path, monkeypatch):
-    slow = 'import time, urllib.request\ndef download(task):\n    time.sleep(2)\n' \
-           '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    slow = (
+        "import time, urllib.request\ndef download(task):\n    time.sleep(2)\n"
+        '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    )
     with MongoServer(storage=str(tmp_path / "db")) as mongo:
-        for key, value in (("DOWNCLUSTER_MONGO_URI", mongo.uri("dc_m")), ("DOWNCLUSTER_MONGO_LOG_URI", mongo.uri("dc_m_log"))):
+        for key, value in (
+            ("DOWNCLUSTER_MONGO_URI", mongo.uri("dc_m")),
+            ("DOWNCLUSTER_MONGO_LOG_URI", mongo.uri("dc_m_log")),
+        ):
             monkeypatch.setenv(key, value)
             fast.env[key] = value
         load()
@@ -236,7 +267,8 @@ def test_poison_task_killing_its_worker_ends_dead(fast, tmp_path):
         dispatch_once(fast.redis)
         worker = start_worker(fast)
         try:
-            wait_for(lambda: children(worker.pid) and hung(key), what="the hanging download to start")
+            wait_for(lambda worker=worker, key=key: children(worker.pid) and hung(key),
+                     what="the hanging download to start")
             os.killpg(os.getpgid(children(worker.pid)[0]), signal.SIGKILL)
             os.kill(worker.pid, signal.SIGKILL)
         finally:

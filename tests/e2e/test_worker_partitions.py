@@ -18,11 +18,11 @@ import pytest
 from rq import Queue
 
 import sample_site
-from common.store import leases
 from common.config import load
+from common.queue.names import QUEUE_NAMES, cap
+from common.store import leases
 from common.store.data import data_filter, data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
-from common.queue.names import QUEUE_NAMES, cap
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register, statuses
 from tests.relay import Relay
@@ -30,9 +30,15 @@ from tests.relay import Relay
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 N = 300
-FAST = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3", "DOWNCLUSTER_ABSENCE_GRACE": "0",
-        "DOWNCLUSTER_HOST_CONCURRENCY": "0", "DOWNCLUSTER_COALESCE_WINDOW": "0", "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
-        "DOWNCLUSTER_MONGO_TIMEOUT": "2"}
+FAST = {
+    "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
+    "DOWNCLUSTER_HEARTBEAT_TTL": "3",
+    "DOWNCLUSTER_ABSENCE_GRACE": "0",
+    "DOWNCLUSTER_HOST_CONCURRENCY": "0",
+    "DOWNCLUSTER_COALESCE_WINDOW": "0",
+    "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
+    "DOWNCLUSTER_MONGO_TIMEOUT": "2",
+}
 
 
 @pytest.fixture
@@ -53,8 +59,13 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def worker(env: dict, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "downcluster"), "worker", "--no-exports", *args], env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [str(BIN / "downcluster"), "worker", "--no-exports", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def urls(site: str, name: str) -> list[str]:
@@ -167,7 +178,9 @@ def test_partition_on_the_data_insert_with_old_connections_resuming_late(fast, t
     env = {**fast.env, "DOWNCLUSTER_REDIS_URL": fast.redis_server.url_at(rr.port),
            "DOWNCLUSTER_MONGO_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test",
            "DOWNCLUSTER_MONGO_LOG_URI": f"mongodb://127.0.0.1:{mr.port}/dc_test_log"}
-    mr.partition_on(b"\x02insert\x00", b"crawler_download_data")  # A's first data insert is held: the cut lands on it
+    mr.partition_on(
+        b"\x02insert\x00", b"crawler_download_data"
+    )  # A's first data insert is held: the cut lands on it
     env["DOWNCLUSTER_MONGO_SOCKET_TIMEOUT"] = "2"  # A gives up on it and sends it again on a new connection
     a = worker(env, "--name", "a")
     try:
@@ -175,7 +188,9 @@ def test_partition_on_the_data_insert_with_old_connections_resuming_late(fast, t
         rr.partition()
         recover_and_finish(fast)
         rr.heal(old_after=12.0)
-        mr.heal(old_after=12.0)  # new connections at once; the held insert arrives 12 s later, after the retry
+        mr.heal(
+            old_after=12.0
+        )  # new connections at once; the held insert arrives 12 s later, after the retry
         wait_for(mr.delivered_late.is_set, 30, "the held insert to arrive")
     finally:
         stop(a)
@@ -201,8 +216,16 @@ def test_pause_that_ends_in_a_busy_cluster(fast, tmp_path):
     finally:
         os.killpg(a.pid, signal.SIGCONT)
     try:
-        wait_for(lambda: CrawlerTask.objects(job=Job.objects.get(name="busy").id, failed_reason__contains="robots").count()
-                 >= 50, 60, "A handing back the busy pages")
+        wait_for(
+            lambda: (
+                CrawlerTask.objects(
+                    job=Job.objects.get(name="busy").id, failed_reason__contains="robots"
+                ).count()
+                >= 50
+            ),
+            60,
+            "A handing back the busy pages",
+        )
     finally:
         stop(a)
         busy.shutdown()

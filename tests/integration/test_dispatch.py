@@ -7,6 +7,8 @@ import pytest
 from rq import Queue
 
 from common.config import load
+from common.errors import DispatchLocked
+from common.queue.names import LOCK_KEY
 from common.store.models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
@@ -17,14 +19,16 @@ from common.store.models import (
     CrawlerTask,
     Job,
 )
-from common.queue.names import LOCK_KEY
 from master.dispatch.dispatcher import dispatch_once
-from common.errors import DispatchLocked
 from tests.helpers import add_urls, burst_worker, cli, register, sent, statuses
 
 
 def _nothing_stored():
-    return Job.objects.count() == 0 and CrawlerDownload.objects.count() == 0 and CrawlerDownloadSetting.objects.count() == 0
+    return (
+        Job.objects.count() == 0
+        and CrawlerDownload.objects.count() == 0
+        and CrawlerDownloadSetting.objects.count() == 0
+    )
 
 
 @pytest.mark.parametrize("body,code,why", [
@@ -44,7 +48,10 @@ def test_invalid_manifest_stores_nothing_and_exits_2(cluster, tmp_path, body, co
     assert result.exit_code == 2
     assert why in result.output and len(result.output.strip().splitlines()) == 1
     assert _nothing_stored()
-    assert CrawlerRegistrationErrorLog.objects.count() == 1 and why in CrawlerRegistrationErrorLog.objects.first().reason
+    assert (
+        CrawlerRegistrationErrorLog.objects.count() == 1
+        and why in CrawlerRegistrationErrorLog.objects.first().reason
+    )
 
 
 def test_register_then_update_and_enable_disable(cluster, tmp_path):
@@ -90,7 +97,12 @@ def test_dispatch_maps_priorities_to_queues_and_marks_tasks(cluster, tmp_path):
     # fresh tasks go out without a write of their own: LIVE, listed by their entry's lease
     assert statuses("s") == {"LIVE": 40} and sent("s") == 30
     lease = CrawlerLease.objects(job=Job.objects.get(name="s")).first()
-    assert lease.state == "QUEUED" and lease.queue == "down_super" and len(lease.ids) == 30 and lease.kind == "FRESH"
+    assert (
+        lease.state == "QUEUED"
+        and lease.queue == "down_super"
+        and len(lease.ids) == 30
+        and lease.kind == "FRESH"
+    )
     assert Job.objects.get(name="s").seq_sent == 30
     assert CrawlerDispatchLog.objects(status="SUCCESS").count() == 4
     report = dispatch_once(cluster.redis)  # the rest, then nothing is dispatched twice
@@ -135,11 +147,17 @@ def test_retryable_fail_redispatched_until_max_retry_times(cluster, tmp_path):
     add_urls("r", ["http://127.0.0.1:1/a", "http://127.0.0.1:1/b"])
     past = dt.datetime(2000, 1, 1)
     coll = CrawlerTask._get_collection()
-    coll.update_one({"uri": "http://127.0.0.1:1/a"}, {"$set": {"status": "FAIL", "download_times": 1, "retry_at": past}})
-    coll.update_one({"uri": "http://127.0.0.1:1/b"}, {"$set": {"status": "FAIL", "download_times": 2, "retry_at": past}})
+    coll.update_one(
+        {"uri": "http://127.0.0.1:1/a"}, {"$set": {"status": "FAIL", "download_times": 1, "retry_at": past}}
+    )
+    coll.update_one(
+        {"uri": "http://127.0.0.1:1/b"}, {"$set": {"status": "FAIL", "download_times": 2, "retry_at": past}}
+    )
     dispatch_once(cluster.redis)
     a = CrawlerTask.objects.get(uri="http://127.0.0.1:1/a")
-    assert a.status == "DISPATCH" and a.lease and a.queue == "down_low" and a.dispatched_at  # a retry is marked
+    assert (
+        a.status == "DISPATCH" and a.lease and a.queue == "down_low" and a.dispatched_at
+    )  # a retry is marked
     assert CrawlerTask.objects.get(uri="http://127.0.0.1:1/b").status == "FAIL"  # 2 >= max_retry_times
     job.reload()
     assert job.status == "ON" and sent("r") == 1
@@ -182,13 +200,14 @@ def test_concurrent_dispatchers_enqueue_each_task_once(cluster, tmp_path):
         barrier = threading.Barrier(2)
         results = []
 
-        def go():
+        def go(barrier: threading.Barrier, results: list) -> None:
             barrier.wait()
             try:
                 results.append(dispatch_once(cluster.redis).total)
             except DispatchLocked:
                 results.append("locked")
-        threads = [threading.Thread(target=go) for _ in range(2)]
+
+        threads = [threading.Thread(target=go, args=(barrier, results)) for _ in range(2)]
         [t.start() for t in threads]
         [t.join() for t in threads]
         assert len(results) == 2 and (results.count("locked") == 1 or "locked" not in results)
@@ -271,11 +290,26 @@ def test_scheduler_in_the_foreground_dispatches_when_due(cluster, tmp_path):
     register(tmp_path, "fg")
     add_urls("fg", ["http://127.0.0.1:1/x"])
     env = {**os.environ, **cluster.env}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "downcluster"), "scheduler", "--cron", "* * * * *",
-                             "--interval", "0.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "downcluster"),
+            "scheduler",
+            "--cron",
+            "* * * * *",
+            "--interval",
+            "0.5",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
-        while cluster.redis.zscore("rq:scheduler:scheduled_jobs", JOB_ID) is None and time.monotonic() < deadline:
+        while (
+            cluster.redis.zscore("rq:scheduler:scheduled_jobs", JOB_ID) is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         cluster.redis.zadd("rq:scheduler:scheduled_jobs", {JOB_ID: int(time.time()) - 1})  # due now
         while sent("fg") == 0 and time.monotonic() < deadline:
@@ -299,10 +333,31 @@ def test_migrate_numbers_old_tasks_and_frees_old_entries(cluster, tmp_path):
     job = register(tmp_path, "old")
     past = dt.datetime(2020, 1, 1)
     CrawlerTask._get_collection().insert_many(
-        [{"job": job.id, "uri": f"http://127.0.0.1:1/{i}", "status": "LIVE", "download_times": 0, "recoveries": 0}
-         for i in range(5)]
-        + [{"job": job.id, "uri": f"http://127.0.0.1:1/d{i}", "status": "DISPATCH", "lease": "gone", "queue": "down_low",
-            "dispatched_at": past, "download_times": 0, "recoveries": 0, "_id": ObjectId()} for i in range(3)])
+        [
+            {
+                "job": job.id,
+                "uri": f"http://127.0.0.1:1/{i}",
+                "status": "LIVE",
+                "download_times": 0,
+                "recoveries": 0,
+            }
+            for i in range(5)
+        ]
+        + [
+            {
+                "job": job.id,
+                "uri": f"http://127.0.0.1:1/d{i}",
+                "status": "DISPATCH",
+                "lease": "gone",
+                "queue": "down_low",
+                "dispatched_at": past,
+                "download_times": 0,
+                "recoveries": 0,
+                "_id": ObjectId(),
+            }
+            for i in range(3)
+        ]
+    )
     assert dispatch_once(cluster.redis).total == 0  # unnumbered: invisible to this version
     out = cli("migrate").output
     assert "numbered 8 tasks" in out and "sent 3 tasks" in out

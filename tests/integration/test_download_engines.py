@@ -22,14 +22,21 @@ import pytest
 import requests
 
 from common.errors import DownloadError
+from common.store.data import text_of
+from sample_site import (
+    CHARSET_ROUTES,
+    CHARSET_TEXT,
+    INVALID_UTF8_BODY,
+    LATIN1_BODY,
+    PDF_BODY,
+    SHIFT_JIS_BODY,
+    page_body,
+)
 from slave.download.engines import aio
 from slave.download.engines import http as engine
 from slave.download.engines.base import Limits
 from slave.download.engines.sandbox import run_python, run_shell
 from tests.boxes import boxed_processes, eventually_no_boxed_processes
-
-from common.store.data import text_of
-from sample_site import CHARSET_ROUTES, CHARSET_TEXT, INVALID_UTF8_BODY, LATIN1_BODY, PDF_BODY, SHIFT_JIS_BODY, page_body
 
 MiB = 1024 * 1024
 
@@ -226,11 +233,24 @@ def test_the_sandbox_engines_store_the_encoding_a_browser_would_use(site):
             "def download(task):\n"
             "    with urllib.request.urlopen(task['url']) as r:\n"
             "        return {'status_code': r.status, 'headers': dict(r.headers), 'body': r.read()}\n")
-    got = run_python(code, {"url": f"{site}/charset/meta-windows-1251", "task_id": "t", "job": "j", "attempt": 1,
-                            "settings": {"allow_private": True}}, Limits(timeout=30))
+    got = run_python(
+        code,
+        {
+            "url": f"{site}/charset/meta-windows-1251",
+            "task_id": "t",
+            "job": "j",
+            "attempt": 1,
+            "settings": {"allow_private": True},
+        },
+        Limits(timeout=30),
+    )
     assert got.encoding == "cp1251" and CHARSET_TEXT["windows-1251"] in text_of(got.body, got.encoding)
-    shell = run_shell('curl -s "$1"', f"{site}/charset/meta-shift_jis", Limits(timeout=30), allow_private=True)
-    assert shell.encoding == "cp932", shell.encoding  # no headers from a shell downloader: the document decides
+    shell = run_shell(
+        'curl -s "$1"', f"{site}/charset/meta-shift_jis", Limits(timeout=30), allow_private=True
+    )
+    assert shell.encoding == "cp932", (
+        shell.encoding
+    )  # no headers from a shell downloader: the document decides
 
 
 def test_sixteen_concurrent_fetches_share_one_session(site, session):
@@ -412,7 +432,9 @@ def test_python_success_is_byte_exact():
     assert got.status_code == 201
     assert got.headers == {"Content-Type": "text/plain; charset=latin-1", "X-N": "3"}
     assert got.url == task["url"] and got.remote_ip == "10.0.0.1" and got.request_body == b"q=1"
-    assert got.request_headers == {"A": "b"} and got.encoding == "cp1252"  # WHATWG: the label latin-1 means windows-1252
+    assert (
+        got.request_headers == {"A": "b"} and got.encoding == "cp1252"
+    )  # WHATWG: the label latin-1 means windows-1252
 
 
 def test_python_str_body_is_utf8_and_prints_do_not_corrupt_it():
@@ -492,17 +514,19 @@ def test_python_downloader_reads_neither_the_workers_environment_nor_its_files(t
     secret = tmp_path / "deploy.env"
     secret.write_text("DOWNCLUSTER_SENTRY_DSN=https://key@sentry/1\n")
     secret.chmod(0o600)
-    code = ("import os\n"
-            "def probe(path):\n"
-            "    try:\n"
-            "        open(path, 'rb').read()\n"
-            "        return 'read'\n"
-            "    except OSError as exc:\n"
-            "        return type(exc).__name__\n"
-            "def download(task):\n"
-            "    s = task['settings']\n"
-            "    body = ' '.join([probe(f\"/proc/{s['pid']}/environ\"), probe(s['path']), str(os.getuid())])\n"
-            "    return {'status_code': 200, 'headers': {}, 'body': body}\n")
+    code = (
+        "import os\n"
+        "def probe(path):\n"
+        "    try:\n"
+        "        open(path, 'rb').read()\n"
+        "        return 'read'\n"
+        "    except OSError as exc:\n"
+        "        return type(exc).__name__\n"
+        "def download(task):\n"
+        "    s = task['settings']\n"
+        "    body = ' '.join([probe(f\"/proc/{s['pid']}/environ\"), probe(s['path']), str(os.getuid())])\n"
+        "    return {'status_code': 200, 'headers': {}, 'body': body}\n"
+    )
     got = run_python(code, {"settings": {"pid": os.getpid(), "path": str(secret)}}, PY_LIMITS).body.decode()
     env_probe, file_probe, uid = got.split()
     # the worker's /proc entry is not even visible (pid namespace), nor is the host's /tmp
@@ -514,16 +538,21 @@ def test_python_downloader_reads_neither_the_workers_environment_nor_its_files(t
 def test_a_hung_downloader_dies_with_its_worker(mode):
     """Kill the worker (here a process running the sandbox) and its hung downloader, with the
     children it started in new sessions, is gone within seconds."""
-    call = ("run_python('import os, time\\ndef download(task):\\n    os.system(\"setsid sleep 120 &\")\\n"
-            "    time.sleep(120)\\n', {}, Limits(timeout=120))"
-            if mode == "python" else "run_shell('setsid sleep 120 & sleep 120', 'http://x/', Limits(timeout=120))")
+    call = (
+        'run_python(\'import os, time\\ndef download(task):\\n    os.system("setsid sleep 120 &")\\n'
+        "    time.sleep(120)\\n', {}, Limits(timeout=120))"
+        if mode == "python"
+        else "run_shell('setsid sleep 120 & sleep 120', 'http://x/', Limits(timeout=120))"
+    )
     worker = subprocess.Popen([sys.executable, "-c",
                                "from slave.download.engines.sandbox import run_python, run_shell\n"
                                "from slave.download.engines.base import Limits\n" + call],
                               cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     try:
         deadline = time.monotonic() + 20
-        while len(boxed_processes(worker.pid)) < 3 and time.monotonic() < deadline:  # supervisor, downloader, sleeps
+        while (
+            len(boxed_processes(worker.pid)) < 3 and time.monotonic() < deadline
+        ):  # supervisor, downloader, sleeps
             time.sleep(0.05)
         assert len(boxed_processes(worker.pid)) >= 3
         os.kill(worker.pid, signal.SIGKILL)
@@ -559,13 +588,17 @@ def test_shell_environment_has_no_secrets(monkeypatch):
 def test_url_is_only_an_argument():
     url = "-n http://x/;touch /tmp/semi $(touch /tmp/dollar) `touch /tmp/tick`\ntouch /tmp/newline '\""
     got = run_shell('printf "%s|%s|" "$1" "$DOWNLOAD_URL"; ls -A /tmp', url, SH_LIMITS)
-    assert got.body == f"{url}|{url}|.downcluster\n".encode()  # nothing ran: the box's /tmp holds only our script
+    assert (
+        got.body == f"{url}|{url}|.downcluster\n".encode()
+    )  # nothing ran: the box's /tmp holds only our script
 
 
 @pytest.mark.slow
 def test_shell_sleep_is_killed_with_its_grandchildren():
     before = boxed_processes()
-    err, took = _fail(run_shell, "sh -c 'exec sleep 1000' & setsid sleep 1000 & sleep 1000", "u", Limits(timeout=2))
+    err, took = _fail(
+        run_shell, "sh -c 'exec sleep 1000' & setsid sleep 1000 & sleep 1000", "u", Limits(timeout=2)
+    )
     assert err.reason == "timed out after 2s" and err.retryable and took < 12  # not the 1000 s it sleeps
     assert eventually_no_boxed_processes(before) == set()
 

@@ -64,16 +64,26 @@ def _counts(job) -> dict:
     from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
 
     db = CrawlerDownloadData._get_collection().database
-    return {"data": CrawlerDownloadData.objects(job=job).count(), "tasks": CrawlerTask.objects(job=job).count(),
-            "logs": CrawlerDownloadLog.objects(job=job).count(),
-            "gridfs": db["crawler_download_data_fs.files"].count_documents({})}
+    return {
+        "data": CrawlerDownloadData.objects(job=job).count(),
+        "tasks": CrawlerTask.objects(job=job).count(),
+        "logs": CrawlerDownloadLog.objects(job=job).count(),
+        "gridfs": db["crawler_download_data_fs.files"].count_documents({}),
+    }
 
 
 def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(cluster, tmp_path, monkeypatch):
     from datetime import timedelta
 
     from common.config import load, settings
-    from common.store.models import (CrawlerDispatchLog, CrawlerDownloadSetting, Job, Notification, NotificationLog, utcnow)
+    from common.store.models import (
+        CrawlerDispatchLog,
+        CrawlerDownloadSetting,
+        Job,
+        Notification,
+        NotificationLog,
+        utcnow,
+    )
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
@@ -182,8 +192,15 @@ def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
     import re
     from pathlib import Path
 
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
-    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"downcluster_\w+", t["expr"])}
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    )
+    used = {
+        m
+        for p in dashboard["panels"]
+        for t in p["targets"]
+        for m in re.findall(r"downcluster_\w+", t["expr"])
+    }
     assert len(used) >= 8 and used <= {name for name, _ in got}
 
 
@@ -191,10 +208,10 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
     import time as clock
 
     from common.config import load, settings
-    from common.store.models import CrawlerDispatchAlertLog
     from common.notify import deliver_due
-    from master.ops import reports
+    from common.store.models import CrawlerDispatchAlertLog
     from master.dispatch.dispatcher import dispatch_once
+    from master.ops import reports
     from master.ops.stalls import check_stalls
     from tests.helpers import add_urls, register
     from tests.receivers import SmtpServer
@@ -212,7 +229,9 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
         assert stalled == ["down_low"]
         assert check_stalls(cluster.redis) == []  # told once per period
         alert = CrawlerDispatchAlertLog.objects.get(type="queue_stall")
-        assert "down_low has not drained" in alert.reason and alert.content_bytes == len(alert.reason.encode())
+        assert "down_low has not drained" in alert.reason and alert.content_bytes == len(
+            alert.reason.encode()
+        )
         assert reports.send_reports() == 1
         deliver_due()
         assert [m["To"] for m in smtp.messages] == ["ops@example.org"]
@@ -223,9 +242,8 @@ def test_cli_processes_and_dispatcher_housekeeping_report_to_sentry_scrubbed(clu
     import sentry_sdk
 
     from common.sentry import init_sentry
-    from master.ops import reports
-    from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
+    from master.ops import reports, stats
     from tests.integration.test_sentry_scrubbing import PROXY, Recording, _leaks
 
     transport = Recording()
@@ -322,8 +340,8 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
     from rq import Queue
 
     from common.config import load, settings
-    from master.ops import stats
     from master.dispatch.dispatcher import dispatch_once
+    from master.ops import stats
     from master.ops.stalls import check_stalls
     from tests.helpers import add_urls, register
 
@@ -333,7 +351,9 @@ def test_a_deep_backlog_that_workers_take_from_is_not_a_stall(cluster, tmp_path,
     load(flags=dict(settings.flags, DISPATCH_BATCH_SIZE=1))
     dispatch_once(cluster.redis)  # three entries; the run notes the head
     end = clock.monotonic() + 30
-    while clock.monotonic() < end and not any((q["oldest_age_s"] or 0) > 1.5 for q in stats.queue_stats(cluster.redis)):
+    while clock.monotonic() < end and not any(
+        (q["oldest_age_s"] or 0) > 1.5 for q in stats.queue_stats(cluster.redis)
+    ):
         clock.sleep(0.1)
     Queue("down_low", connection=cluster.redis).pop_job_id()  # a worker takes the head
     assert check_stalls(cluster.redis) == []  # old entries, but the queue moves
@@ -352,9 +372,17 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
-    _job_with_pages(cluster, tmp_path, n=2, name="century", data_retention_days=36_500, log_retention_days=36_500)
+    _job_with_pages(
+        cluster, tmp_path, n=2, name="century", data_retention_days=36_500, log_retention_days=36_500
+    )
     report = retention.enforce()  # a cutoff in 1926: nothing is that old
-    assert report.finished and report.data == report.download_logs == 0 and CrawlerDownloadData.objects.count() == 2
-    result = cli("archive", "century", "--before", "9999-12-31T23:59:59Z", "-o", str(tmp_path / "all.jsonl.gz"))
+    assert (
+        report.finished
+        and report.data == report.download_logs == 0
+        and CrawlerDownloadData.objects.count() == 2
+    )
+    result = cli(
+        "archive", "century", "--before", "9999-12-31T23:59:59Z", "-o", str(tmp_path / "all.jsonl.gz")
+    )
     assert result.exit_code == 0, result.output
     assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 0

@@ -10,6 +10,9 @@ from rq import Queue
 
 from common.config import load, settings
 from common.errors import DispatchLocked, DownloadError
+from common.queue.names import LOCK_KEY
+from common.store import leases
+from common.store import tasks as task_store
 from common.store.models import (
     FRESH,
     LIVE,
@@ -20,17 +23,12 @@ from common.store.models import (
     Job,
     utcnow,
 )
-from common.queue.names import LOCK_KEY
 from master import intake
-from master.dispatch import defender
-from master.dispatch import dispatcher
-from common.store import tasks as task_store
+from master.dispatch import defender, dispatcher
 from master.dispatch.dispatcher import dispatch_once
 from master.dispatch.lock import DispatchLock
-from common.store import leases
-from slave.worker import context
-from slave.worker import writer
 from slave.download.engines.base import Download
+from slave.worker import context, writer
 from tests.helpers import add_urls, register, sent, statuses, store_outcomes
 
 
@@ -103,8 +101,15 @@ def _claimed_entry(cluster, tmp_path, name: str, n: int = 3):
     lease = CrawlerLease._get_collection().find_one({})
     lease = leases.claim(lease["_id"], "w1")
     ctx = context.load_context(lease["job"])
-    outcomes = [writer.Outcome(task=t, download=Download(200, {"X": "1"}, b"body-" + str(t["_id"]).encode(), t["uri"]),
-                               error=None, spend_us=5) for t in leases.lease_tasks(lease)]
+    outcomes = [
+        writer.Outcome(
+            task=t,
+            download=Download(200, {"X": "1"}, b"body-" + str(t["_id"]).encode(), t["uri"]),
+            error=None,
+            spend_us=5,
+        )
+        for t in leases.lease_tasks(lease)
+    ]
     return lease, ctx, outcomes
 
 
@@ -217,7 +222,9 @@ def test_a_lock_left_behind_while_redis_was_away_is_taken_back_at_once(cluster):
 
     relay = Relay(cluster.redis_server.port)
     try:
-        mine = DispatchLock(redis_lib.Redis.from_url(cluster.redis_server.url_at(relay.port), socket_timeout=0.5))
+        mine = DispatchLock(
+            redis_lib.Redis.from_url(cluster.redis_server.url_at(relay.port), socket_timeout=0.5)
+        )
         assert mine.acquire()
         relay.partition()
         mine.release()  # times out: the key stays
@@ -242,7 +249,11 @@ def test_one_unstorable_result_fails_alone(cluster, tmp_path):
     got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     assert got == {"success": 2, "fail": 1, "handed_back": 0}
     bad = CrawlerTask.objects.get(id=outcomes[1].task["_id"])
-    assert bad.status == "FAIL" and bad.retry_at is None and bad.failed_reason.startswith("response not storable")
+    assert (
+        bad.status == "FAIL"
+        and bad.retry_at is None
+        and bad.failed_reason.startswith("response not storable")
+    )
     _success_has_its_data()
 
 
@@ -256,7 +267,10 @@ def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypa
     store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     fs = gridfs_of(CrawlerDownloadData._get_collection().database)
     kept = CrawlerDownloadData.objects.get()
-    assert kept.task.id == outcomes[1].task["_id"] and fs.get(kept.response_body_gridfs).read() == outcomes[1].download.body
+    assert (
+        kept.task.id == outcomes[1].task["_id"]
+        and fs.get(kept.response_body_gridfs).read() == outcomes[1].download.body
+    )
     assert len(list(fs.find())) == 1  # the cancelled task's file went with its document
 
 
@@ -280,7 +294,11 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
 def test_a_download_error_is_never_stored_as_data(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "e1", n=2)
     outcomes[0].download, outcomes[0].error = None, DownloadError("HTTP 503", retryable=True)
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {"success": 1, "fail": 1, "handed_back": 0}
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {
+        "success": 1,
+        "fail": 1,
+        "handed_back": 0,
+    }
     assert statuses("e1") == {"SUCCESS": 1, "FAIL": 1}
     _success_has_its_data()
 

@@ -39,11 +39,22 @@ def test_a_pushed_entry_is_an_rq_job_that_rq_reads(cluster):
     job = Job.fetch("dc-abc", connection=cluster.redis, serializer="json")
     assert job.func_name == rqbridge.DOWNLOAD_FUNCTION and list(job.args) == ["abc"]
     data = cluster.redis.hget(Job.key_for("dc-abc"), "data")
-    assert json.loads(zlib.decompress(data)) == [rqbridge.DOWNLOAD_FUNCTION, None, ["abc"], {}]  # JSON, not pickle
+    assert json.loads(zlib.decompress(data)) == [
+        rqbridge.DOWNLOAD_FUNCTION,
+        None,
+        ["abc"],
+        {},
+    ]  # JSON, not pickle
     assert job.origin == "down_mid" and job.get_status() == JobStatus.QUEUED
-    assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(tzinfo=job.enqueued_at.tzinfo)
-    assert job.timeout == 300 and job.result_ttl == 0 and job.failure_ttl == 60 and job.description == "job x1"
-    assert rqbridge.oldest_enqueued_at(cluster.redis, "down_mid").replace(tzinfo=None) == datetime(2026, 11, 23, 12, 0)
+    assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(
+        tzinfo=job.enqueued_at.tzinfo
+    )
+    assert (
+        job.timeout == 300 and job.result_ttl == 0 and job.failure_ttl == 60 and job.description == "job x1"
+    )
+    assert rqbridge.oldest_enqueued_at(cluster.redis, "down_mid").replace(tzinfo=None) == datetime(
+        2026, 11, 23, 12, 0
+    )
 
 
 def test_the_push_holds_the_cap_and_the_lock(cluster):
@@ -51,7 +62,9 @@ def test_the_push_holds_the_cap_and_the_lock(cluster):
     assert _push(cluster, "down_low", "b", cap=1) == rqbridge.FULL
     assert _push(cluster, "down_low", "c", cap=5, token="other") == rqbridge.NOT_OWNER
     assert Queue("down_low", connection=cluster.redis).job_ids == ["dc-a"]
-    assert not Job.exists("dc-b", connection=cluster.redis) and not Job.exists("dc-c", connection=cluster.redis)
+    assert not Job.exists("dc-b", connection=cluster.redis) and not Job.exists(
+        "dc-c", connection=cluster.redis
+    )
 
 
 def test_pop_is_strict_order_and_at_front_jumps_its_queue(cluster):
@@ -91,7 +104,9 @@ def test_a_planted_pickle_entry_is_refused_unread(cluster, tmp_path, entry):
     mark = tmp_path / "mark"
     planted = rq.Queue("down_low", connection=cluster.redis).enqueue_call(
         "os.getcwd", args=(_Mark(str(mark)),), job_id=entry, meta={"x": _Mark(str(mark))})
-    assert planted.id == entry and cluster.redis.hget(Job.key_for(entry), "meta").startswith(b"\x80")  # pickle
+    assert planted.id == entry and cluster.redis.hget(Job.key_for(entry), "meta").startswith(
+        b"\x80"
+    )  # pickle
     with pytest.raises(rqbridge.ForeignEntry):
         rqbridge.fetch_entry(cluster.redis, entry)
     assert rqbridge.oldest_enqueued_at(cluster.redis, "down_low") is not None  # read as text only

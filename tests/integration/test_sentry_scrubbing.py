@@ -9,9 +9,9 @@ import sentry_sdk
 from rq import Queue, SimpleWorker
 from sentry_sdk.transport import Transport
 
-from common.store.models import CrawlerDownloadLog, CrawlerTask
 from common.secrets import install_logging_filter, remember
 from common.sentry import init_sentry
+from common.store.models import CrawlerDownloadLog, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register
 
@@ -59,7 +59,9 @@ def test_failed_reason_and_logs_hide_proxy_credentials(cluster, tmp_path, caplog
     add_urls("px", [f"{cluster.site}/page/1"])
     dispatch_once(cluster.redis)
     with caplog.at_level(logging.DEBUG):
-        SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json").work(burst=True)
+        SimpleWorker(
+            [Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json"
+        ).work(burst=True)
         logging.getLogger("x").warning("proxy was %s", PROXY)
     task = CrawlerTask.objects.get()
     assert task.status == "FAIL" and task.failed_reason
@@ -83,7 +85,9 @@ def test_a_failing_entry_reaches_sentry_once(cluster, tmp_path, monkeypatch):
         add_urls("once", ["http://127.0.0.1:9/x"])
         dispatch_once(cluster.redis)
         monkeypatch.setattr(runner.leases, "lease_tasks", broken)
-        SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json").work(burst=True)
+        SimpleWorker(
+            [Queue("down_high", connection=cluster.redis)], connection=cluster.redis, serializer="json"
+        ).work(burst=True)
         sentry_sdk.flush()
         hits = [e for e in transport.events() if "entry exploded" in json.dumps(e, default=str)]
         assert len(hits) == 1

@@ -5,30 +5,35 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from common.store import leases
+import pytest
 
-from common.queue import rqbridge
 from common.config import load, settings
-from common.store.data import data_filter, data_rows
 from common.errors import DownloadError, NotFound
+from common.queue import rqbridge
+from common.store import leases
+from common.store.data import data_filter, data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from master import views
 from master.dispatch import defender
-from master.ops import tasks
 from master.dispatch.dispatcher import dispatch_once
 from master.exports.dump import rows as export_rows
-from slave.worker import context
-from slave.worker import writer
+from master.ops import tasks
 from slave.download.engines.base import Download
+from slave.worker import context, writer
 from tests.helpers import add_urls, register, statuses, store_outcomes
 from tests.integration.test_races import _claimed_entry, _stale
 
-import pytest
-
 
 def _outcomes(lease: dict, body: bytes = b"body-") -> list[writer.Outcome]:
-    return [writer.Outcome(task=t, download=Download(200, {"X": "1"}, body + str(t["_id"]).encode(), t["uri"]),
-                           error=None, spend_us=5) for t in leases.lease_tasks(lease)]
+    return [
+        writer.Outcome(
+            task=t,
+            download=Download(200, {"X": "1"}, body + str(t["_id"]).encode(), t["uri"]),
+            error=None,
+            spend_us=5,
+        )
+        for t in leases.lease_tasks(lease)
+    ]
 
 
 def _visible_everywhere(name: str) -> dict:
@@ -85,7 +90,9 @@ def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
     docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
     CrawlerDownloadData._get_collection().insert_many(docs)  # inserted, its settle not yet come
     ids = [o.task["_id"] for o in outcomes]
-    leases.tombstone(lease["_id"], lease["job"], "a settle was refused", ids)  # as the writer does, then ends it
+    leases.tombstone(
+        lease["_id"], lease["job"], "a settle was refused", ids
+    )  # as the writer does, then ends it
     later = utcnow() + timedelta(seconds=5)
     assert leases.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
     assert _visible_everywhere("alive") == {}
@@ -100,7 +107,9 @@ def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "many")
     assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
     leases.finish([lease["_id"]], "w1")
-    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # no tombstone: nothing read
+    assert (
+        leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0
+    )  # no tombstone: nothing read
     _one_named_document_per_success("many")
 
 
@@ -109,7 +118,10 @@ def _two_claimed_entries(cluster, tmp_path, name: str):
     register(tmp_path, name)
     add_urls(name, [f"http://127.0.0.1:1/{name}/{i}" for i in range(4)])
     dispatch_once(cluster.redis)
-    got = [leases.claim(doc["_id"], "w1") for doc in CrawlerLease._get_collection().find({}).sort("created_at", 1)]
+    got = [
+        leases.claim(doc["_id"], "w1")
+        for doc in CrawlerLease._get_collection().find({}).sort("created_at", 1)
+    ]
     assert len(got) == 2
     return got, context.load_context(got[0]["job"])
 
@@ -123,7 +135,10 @@ def test_hand_backs_sharing_a_bulk_write_with_refused_settles(cluster, tmp_path)
              for t in leases.lease_tasks(live)]
     counts = writer.store_many([writer.Part(ctx, stale["_id"], FRESH, ok),
                                 writer.Part(ctx, live["_id"], FRESH, later)], utcnow())
-    assert counts == [{"success": 0, "fail": 0, "handed_back": 0}, {"success": 0, "fail": 0, "handed_back": 2}]
+    assert counts == [
+        {"success": 0, "fail": 0, "handed_back": 0},
+        {"success": 0, "fail": 0, "handed_back": 2},
+    ]
     assert CrawlerDownloadData.objects.count() == 0  # the refused successes kept nothing
     assert statuses("mix") == {"LIVE": 4}
     _one_named_document_per_success("mix")
@@ -135,8 +150,9 @@ def test_a_task_cancelled_mid_download_in_a_batch_with_hand_backs(cluster, tmp_p
     CrawlerTask._get_collection().update_one({"_id": cancelled}, {"$set": {"status": "CANCEL"}})
     outcomes[3] = writer.Outcome(task=outcomes[3].task, download=None, error=DownloadError("host busy"),
                                  spend_us=0, deferred=5.0)
-    outcomes[2] = writer.Outcome(task=outcomes[2].task, download=None, error=DownloadError("HTTP 404", retryable=False),
-                                 spend_us=3)
+    outcomes[2] = writer.Outcome(
+        task=outcomes[2].task, download=None, error=DownloadError("HTTP 404", retryable=False), spend_us=3
+    )
     got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
     assert got == {"success": 1, "fail": 1, "handed_back": 1}
     assert CrawlerDownloadData._get_collection().count_documents({"task": cancelled}) == 0

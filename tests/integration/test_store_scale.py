@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from bson import ObjectId
 
-from common.store import counts
 from common.config import load, settings
+from common.store import counts
 from common.store.leases import claim
 from common.store.models import (
     TASK_STATUSES,
@@ -25,9 +25,9 @@ from common.store.models import (
     utcnow,
 )
 from master import maintenance as chores
+from master.dispatch.dispatcher import dispatch_once
 from master.ops import retention
 from master.ops import tasks as task_ops
-from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, burst_worker, register
 
 
@@ -87,7 +87,9 @@ def test_counts_kept_as_tasks_change_equal_a_recount_at_every_step(cluster, tmp_
     check("retention")
     print(f"\ncounts equal to a recount after each of: {', '.join(steps)}; retention removed {removed} tasks")
 
-    CrawlerTask._get_collection().insert_one({"job": job.id, "uri": "http://x/raw", "status": "LIVE"})  # behind its back
+    CrawlerTask._get_collection().insert_one(
+        {"job": job.id, "uri": "http://x/raw", "status": "LIVE"}
+    )  # behind its back
     assert _kept(job.id) != _recounted(job.id)
     counts.recount()
     assert _kept(job.id) == _recounted(job.id)  # what `downcluster stats --recount` repairs
@@ -109,7 +111,9 @@ def test_a_cron_dispatch_runs_a_chore_only_when_it_is_due_cluster_wide(cluster, 
     state.update_one({"_id": "chore:retention"}, {"$set": {"at": past}})
     dispatch_once(cluster.redis)  # due cluster-wide: this run takes it (and only it)
     after = next_times()
-    assert after.pop("chore:retention") > utcnow() and after == {k: v for k, v in first.items() if k != "chore:retention"}
+    assert after.pop("chore:retention") > utcnow() and after == {
+        k: v for k, v in first.items() if k != "chore:retention"
+    }
     assert not chores.claim("retention", 600, utcnow())  # taken: a second process finds it not due
 
 
@@ -119,22 +123,58 @@ JOB, MARK = ObjectId(), ObjectId()
 # (model, filter, sort key or None, what asks it). Sorts must be served by the index on MongoDB: the
 # declared index holds the filter's equality fields first, then the sort key (or the range field).
 QUERIES = [
-    (CrawlerTask, {"job": JOB, "status": "SUCCESS", "_id": {"$gt": MARK}}, "_id", "a job's tasks of one status (views.task_page)"),
+    (
+        CrawlerTask,
+        {"job": JOB, "status": "SUCCESS", "_id": {"$gt": MARK}},
+        "_id",
+        "a job's tasks of one status (views.task_page)",
+    ),
     (CrawlerTask, {"job": JOB, "_id": {"$gt": MARK}}, "_id", "a job's tasks (views.task_page)"),
     (CrawlerTask, {"job": JOB, "uri": "http://x/"}, None, "a task by URL (task show, intake's duplicates)"),
-    (CrawlerTask, {"job": JOB, "status": "LIVE", "retry_at": None, "seq": {"$gt": 1, "$lte": 9}}, "seq",
-     "fresh tasks above the cursor (tasks.due_fresh)"),
-    (CrawlerTask, {"job": JOB, "status": "FAIL", "retry_at": {"$lte": MARK.generation_time}}, "retry_at",
-     "tasks that go again (tasks.due_again)"),
-    (CrawlerTask, {"job": JOB, "status": "SUCCESS", "_id": {"$lt": MARK}}, "_id",
-     "final tasks past retention (retention.enforce)"),
-    (CrawlerTask, {"job": JOB, "status": "DEAD"}, None, "a job drained? dead tasks (reports, cancel, requeue)"),
-    (CrawlerDownloadData, {"job": JOB, "_id": {"$gt": MARK}}, "_id", "a job's data (views.data_page, exports)"),
+    (
+        CrawlerTask,
+        {"job": JOB, "status": "LIVE", "retry_at": None, "seq": {"$gt": 1, "$lte": 9}},
+        "seq",
+        "fresh tasks above the cursor (tasks.due_fresh)",
+    ),
+    (
+        CrawlerTask,
+        {"job": JOB, "status": "FAIL", "retry_at": {"$lte": MARK.generation_time}},
+        "retry_at",
+        "tasks that go again (tasks.due_again)",
+    ),
+    (
+        CrawlerTask,
+        {"job": JOB, "status": "SUCCESS", "_id": {"$lt": MARK}},
+        "_id",
+        "final tasks past retention (retention.enforce)",
+    ),
+    (
+        CrawlerTask,
+        {"job": JOB, "status": "DEAD"},
+        None,
+        "a job drained? dead tasks (reports, cancel, requeue)",
+    ),
+    (
+        CrawlerDownloadData,
+        {"job": JOB, "_id": {"$gt": MARK}},
+        "_id",
+        "a job's data (views.data_page, exports)",
+    ),
     (CrawlerDownloadData, {"task": MARK, "lease": "l"}, None, "a task's data (the fence, task show)"),
-    (CrawlerDownloadLog, {"job": JOB, "_id": {"$lt": MARK}}, "_id", "a job's download logs (views.log_page, retention)"),
+    (
+        CrawlerDownloadLog,
+        {"job": JOB, "_id": {"$lt": MARK}},
+        "_id",
+        "a job's download logs (views.log_page, retention)",
+    ),
     (CrawlerDownloadLog, {"task": MARK}, None, "a task's download logs (task show)"),
-    (CrawlerLease, {"state": "RUNNING", "beat_at": {"$lt": MARK.generation_time}}, "beat_at",
-     "running leases (the defender, the workers view)"),
+    (
+        CrawlerLease,
+        {"state": "RUNNING", "beat_at": {"$lt": MARK.generation_time}},
+        "beat_at",
+        "running leases (the defender, the workers view)",
+    ),
 ]
 
 
@@ -184,8 +224,8 @@ def test_a_query_without_an_index_is_caught(cluster):
 def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     import time
 
-    from common.store.data import export_fits
     from common.exports.templates import parse_template
+    from common.store.data import export_fits
     from master import views
     from master.ops import stats
 
@@ -237,8 +277,12 @@ def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
 
     rnd, now = random.Random(7), datetime.now(timezone.utc)
     job, other = ObjectId(), ObjectId()
-    times = ([now - timedelta(days=900)] + [now - timedelta(hours=30, seconds=rnd.random()) for _ in range(120)]
-             + [now - timedelta(seconds=rnd.uniform(0, 86_400)) for _ in range(80)] + [now + timedelta(days=7)])
+    times = (
+        [now - timedelta(days=900)]
+        + [now - timedelta(hours=30, seconds=rnd.random()) for _ in range(120)]
+        + [now - timedelta(seconds=rnd.uniform(0, 86_400)) for _ in range(80)]
+        + [now + timedelta(days=7)]
+    )
     docs = [{"_id": ObjectId(ObjectId.from_datetime(t).binary[:4] + rnd.randbytes(8)),
              "job": job} for t in times] + [{"job": other} for _ in range(30)]
     coll = CrawlerDownloadLog._get_collection()
@@ -255,11 +299,21 @@ def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
             after = page[-1]["_id"]
 
     # the oldest id far below the span, the newest far above it; a span not known; a wrong one
-    for span in (Span(ObjectId.from_datetime(now - timedelta(hours=31)), ObjectId.from_datetime(now - timedelta(hours=2))),
-                 Span(), Span(ObjectId.from_datetime(now), ObjectId.from_datetime(now - timedelta(days=3)))):
+    for span in (
+        Span(
+            ObjectId.from_datetime(now - timedelta(hours=31)),
+            ObjectId.from_datetime(now - timedelta(hours=2)),
+        ),
+        Span(),
+        Span(ObjectId.from_datetime(now), ObjectId.from_datetime(now - timedelta(days=3))),
+    ):
         for newest in (False, True):
             for size in (1, 7, 500):
-                assert walk(size, span=span, newest=newest) == (ids[::-1] if newest else ids), (span, newest, size)
+                assert walk(size, span=span, newest=newest) == (ids[::-1] if newest else ids), (
+                    span,
+                    newest,
+                    size,
+                )
         for cut in (ids[0], ids[1], ids[60], ids[150], ids[-1]):  # oldest first, below a bound
             for size in (3, 1000):
                 assert walk(size, span=span, before=cut) == [i for i in ids if i < cut], (span, cut, size)

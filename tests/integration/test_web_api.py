@@ -22,7 +22,9 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def web(redis_server, mongo_server):
-    env = env_for(redis_server.url, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"), HOSTNAME="testhost")
+    env = env_for(
+        redis_server.url, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"), HOSTNAME="testhost"
+    )
     with WebServer(env, API_MAX_LIMIT=5, API_MAX_BODY=1024 * 1024) as server:
         yield server
 
@@ -70,11 +72,23 @@ def test_no_unknown_or_revoked_token_is_401_and_roles_are_403(cluster, web, toke
 def test_register_list_show_enable_disable(cluster, web, tokens, tmp_path):
     admin = tokens["admin"]
     code = "def download(task):\n    return b'x'\n"
-    r = web.call("POST", "/api/v1/jobs", admin, json={"manifest": 'name = "py"\ntype = "python"\npriority = 1\n', "code": code})
+    r = web.call(
+        "POST",
+        "/api/v1/jobs",
+        admin,
+        json={"manifest": 'name = "py"\ntype = "python"\npriority = 1\n', "code": code},
+    )
     assert r.status_code == 201 and r.json() == {"name": "py"}
-    r = web.call("POST", "/api/v1/jobs", admin, json={"manifest": 'name = "py"\ntype = "python"\npriority = 2\n', "code": code})
+    r = web.call(
+        "POST",
+        "/api/v1/jobs",
+        admin,
+        json={"manifest": 'name = "py"\ntype = "python"\npriority = 2\n', "code": code},
+    )
     assert r.status_code == 200 and Job.objects.get(name="py").priority == 2
-    bad = web.call("POST", "/api/v1/jobs", admin, json={"manifest": 'name = "bad"\ntype = "python"\n', "code": "def x(:"})
+    bad = web.call(
+        "POST", "/api/v1/jobs", admin, json={"manifest": 'name = "bad"\ntype = "python"\n', "code": "def x(:"}
+    )
     assert bad.status_code == 422 and "does not parse" in bad.json()["error"]
     assert not Job.objects(name="bad") and CrawlerRegistrationErrorLog.objects(name="bad").count() == 1
     assert web.call("POST", "/api/v1/jobs", admin, json={"manifest": "not = [toml"}).status_code == 422
@@ -96,8 +110,14 @@ def test_tasks_add_list_page_cancel_requeue(cluster, web, tokens, tmp_path):
     register(tmp_path, "j")
     r = web.call("POST", "/api/v1/jobs/j/tasks", admin, data="http://127.0.0.1/a\nftp://x\nhttp://127.0.0.1/a\n",
                  headers={"Content-Type": "text/plain"})
-    assert r.json() == {"added": 1, "duplicate": 1, "rejected": [{"line": 2, "reason": "scheme must be http or https, got 'ftp'"}]}
-    r = web.call("POST", "/api/v1/jobs/j/tasks", admin, json={"urls": [f"http://127.0.0.1/p{i}" for i in range(7)]})
+    assert r.json() == {
+        "added": 1,
+        "duplicate": 1,
+        "rejected": [{"line": 2, "reason": "scheme must be http or https, got 'ftp'"}],
+    }
+    r = web.call(
+        "POST", "/api/v1/jobs/j/tasks", admin, json={"urls": [f"http://127.0.0.1/p{i}" for i in range(7)]}
+    )
     assert r.json()["added"] == 7
     seen, after = [], None
     while True:  # limit is clamped to API_MAX_LIMIT=5 on this server
@@ -109,11 +129,19 @@ def test_tasks_add_list_page_cancel_requeue(cluster, web, tokens, tmp_path):
         if not after:
             break
     assert len(seen) == len(set(seen)) == 8
-    assert web.call("POST", "/api/v1/jobs/j/tasks/cancel", admin, json={"status": ["LIVE"]}).json() == {"cancelled": 8}
-    assert web.call("GET", "/api/v1/jobs/j/tasks?status=CANCEL", admin).json()["tasks"][0]["status"] == "CANCEL"
-    assert web.call("POST", "/api/v1/jobs/j/tasks/requeue", admin, json={"status": ["CANCEL"]}).json() == {"requeued": 8}
+    assert web.call("POST", "/api/v1/jobs/j/tasks/cancel", admin, json={"status": ["LIVE"]}).json() == {
+        "cancelled": 8
+    }
+    assert (
+        web.call("GET", "/api/v1/jobs/j/tasks?status=CANCEL", admin).json()["tasks"][0]["status"] == "CANCEL"
+    )
+    assert web.call("POST", "/api/v1/jobs/j/tasks/requeue", admin, json={"status": ["CANCEL"]}).json() == {
+        "requeued": 8
+    }
     assert statuses("j") == {"LIVE": 8}
-    assert web.call("POST", "/api/v1/jobs/j/tasks/requeue", admin, json={"status": ["LIVE"]}).status_code == 422
+    assert (
+        web.call("POST", "/api/v1/jobs/j/tasks/requeue", admin, json={"status": ["LIVE"]}).status_code == 422
+    )
 
 
 INJECTIONS = [
@@ -161,7 +189,9 @@ def test_bad_ids_limits_and_unknown_paths(cluster, web, tokens, tmp_path):
     assert web.call("GET", "/api/v1/logs/nope", admin).status_code == 422
     r = web.call("GET", "/api/v1/nothing-here", admin)
     assert r.status_code == 404 and set(r.json()) == {"error"}
-    r = web.call("POST", "/api/v1/jobs/j/tasks", admin, data=b"<x/>", headers={"Content-Type": "application/xml"})
+    r = web.call(
+        "POST", "/api/v1/jobs/j/tasks", admin, data=b"<x/>", headers={"Content-Type": "application/xml"}
+    )
     assert r.status_code == 415
 
 
@@ -204,27 +234,43 @@ def test_dispatch_stats_data_body_and_logs(cluster, web, tokens, tmp_path):
     api_stats = web.call("GET", "/api/v1/stats", tokens["analyst"]).json()
     cli_stats = json.loads(cli("stats", "--json").stdout)
     assert api_stats["jobs"] == cli_stats["jobs"]
-    assert [(q["queue"], q["depth"]) for q in api_stats["queues"]] == [(q["queue"], q["depth"]) for q in cli_stats["queues"]]
-    worker = subprocess.run([str(BIN / "downcluster"), "worker", "--burst"], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **cluster.env, "DOWNCLUSTER_GRIDFS_THRESHOLD": "100000"})
+    assert [(q["queue"], q["depth"]) for q in api_stats["queues"]] == [
+        (q["queue"], q["depth"]) for q in cli_stats["queues"]
+    ]
+    worker = subprocess.run(
+        [str(BIN / "downcluster"), "worker", "--burst"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **cluster.env, "DOWNCLUSTER_GRIDFS_THRESHOLD": "100000"},
+    )
     assert worker.returncode == 0, worker.stderr[-2000:]
     assert statuses("j") == {"SUCCESS": 4}
     items, after = [], None
     while True:
-        page = web.call("GET", "/api/v1/jobs/j/data", tokens["analyst"], params={"after": after} if after else {}).json()
+        page = web.call(
+            "GET", "/api/v1/jobs/j/data", tokens["analyst"], params={"after": after} if after else {}
+        ).json()
         items += page["data"]
         after = page["next"]
         if not after:
             break
     assert len(items) == 4 and set(items[0]) == {"id", "url", "status_code", "task", "size", "add_datetime"}
     for item in items:
-        want = bytes_body(300000) if "/bytes/" in item["url"] else page_body(int(item["url"].rsplit("/", 1)[1]))
+        want = (
+            bytes_body(300000) if "/bytes/" in item["url"] else page_body(int(item["url"].rsplit("/", 1)[1]))
+        )
         got = web.call("GET", f"/api/v1/data/{item['id']}/body", tokens["analyst"])
         assert got.status_code == 200 and got.content == want and item["size"] == len(want)
-        assert got.headers["content-type"] == "application/octet-stream" and "attachment" in got.headers["content-disposition"]
+        assert (
+            got.headers["content-type"] == "application/octet-stream"
+            and "attachment" in got.headers["content-disposition"]
+        )
     from common.store.models import CrawlerDownloadData
 
-    assert CrawlerDownloadData.objects(response_body_gridfs__ne=None).count() == 1  # the large one is in GridFS
+    assert (
+        CrawlerDownloadData.objects(response_body_gridfs__ne=None).count() == 1
+    )  # the large one is in GridFS
     logs = web.call("GET", "/api/v1/logs/download?job=j&limit=2", tokens["analyst"]).json()
     assert len(logs["logs"]) == 2 and logs["next"] and logs["logs"][0]["job"] == "j"
     rest = web.call("GET", f"/api/v1/logs/download?job=j&after={logs['next']}", tokens["analyst"]).json()
@@ -237,8 +283,11 @@ def test_openapi_describes_the_api_and_cors_is_off(cluster, web):
     for path in ("/api/v1/jobs", "/api/v1/jobs/{name}/tasks", "/api/v1/dispatch", "/api/v1/stats",
                  "/api/v1/data/{data_id}/body", "/api/v1/logs/{kind}"):
         assert path in spec["paths"], path
-    r = requests.options(web.base + "/api/v1/jobs", headers={"Origin": "https://evil.example",
-                                                              "Access-Control-Request-Method": "GET"}, timeout=10)
+    r = requests.options(
+        web.base + "/api/v1/jobs",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"},
+        timeout=10,
+    )
     assert "access-control-allow-origin" not in r.headers
 
 
@@ -254,12 +303,22 @@ def test_console_session_cookie_csrf_and_sign_out(cluster, web, tokens, tmp_path
     csrf = r.json()["csrf"]
     assert s.get(web.base + "/api/v1/jobs", timeout=10).status_code == 200
     assert s.post(web.base + "/api/v1/jobs/j/disable", timeout=10).status_code == 403  # no CSRF token
-    assert s.post(web.base + "/api/v1/jobs/j/disable", headers={"X-CSRF-Token": "x" + csrf}, timeout=10).status_code == 403
+    assert (
+        s.post(
+            web.base + "/api/v1/jobs/j/disable", headers={"X-CSRF-Token": "x" + csrf}, timeout=10
+        ).status_code
+        == 403
+    )
     assert Job.objects.get(name="j").status == "ON"
-    assert s.post(web.base + "/api/v1/jobs/j/disable", headers={"X-CSRF-Token": csrf}, timeout=10).status_code == 200
+    assert (
+        s.post(web.base + "/api/v1/jobs/j/disable", headers={"X-CSRF-Token": csrf}, timeout=10).status_code
+        == 200
+    )
     old = dict(s.cookies)
     assert s.post(web.base + "/api/v1/session/end", timeout=10).status_code == 200
-    assert requests.get(web.base + "/api/v1/jobs", cookies=old, timeout=10).status_code == 401  # ended server-side
+    assert (
+        requests.get(web.base + "/api/v1/jobs", cookies=old, timeout=10).status_code == 401
+    )  # ended server-side
     s2 = requests.Session()
     s2.post(web.base + "/api/v1/session", json={"token": tokens["analyst"]}, timeout=10)
     assert s2.get(web.base + "/api/v1/jobs", timeout=10).status_code == 200
@@ -280,7 +339,9 @@ def test_unreachable_services_are_a_503_naming_them_and_exit_1(cluster, redis_se
     assert "hunter2" not in server.output
     proc = subprocess.run([str(BIN / "downcluster"), "stats"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **env, "DOWNCLUSTER_MONGO_TIMEOUT": "0.5"})
-    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [r.json()["error"].join(["error: ", ""])]
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        r.json()["error"].join(["error: ", ""])
+    ]
     dead_redis = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     env = env_for(dead_redis, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"))
     token = new_token("r", "analyst")

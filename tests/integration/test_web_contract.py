@@ -24,7 +24,9 @@ HERE = Path(__file__).resolve().parents[1]  # tests/, where schemathesis.toml is
 def web(redis_server, mongo_server):
     from services import env_for
 
-    env = env_for(redis_server.url, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"), HOSTNAME="testhost")
+    env = env_for(
+        redis_server.url, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"), HOSTNAME="testhost"
+    )
     with WebServer(env, API_MAX_LIMIT=50, WEBHOOK_ALLOW_PRIVATE="1") as server:
         yield server
 
@@ -57,7 +59,9 @@ def test_the_description_is_openapi_3_1_with_security_ids_errors_and_examples(cl
             errors = {code: r for code, r in op["responses"].items() if code >= "400"}
             assert {"413", "422", "503"} <= set(errors), (method, path)
             for answer in errors.values():
-                assert answer["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}
+                assert answer["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/ErrorOut"
+                }
             if op["operationId"] not in ("sign_in", "sign_out", "export_file"):  # the rest take a token
                 assert op["security"] == [{"bearer": []}, {"session": []}] and "401" in errors, (method, path)
             body = op.get("requestBody", {}).get("content", {})
@@ -71,19 +75,32 @@ def test_the_description_is_openapi_3_1_with_security_ids_errors_and_examples(cl
     by_name = {p["name"]: p["schema"] for p in tasks}
     assert by_name["name"]["pattern"] and by_name["limit"]["anyOf"][0]["minimum"] == 1
     assert by_name["after"]["anyOf"][0]["pattern"] == "^[0-9a-fA-F]{24}$"
-    assert set(by_name["status"]["anyOf"][0]["enum"]) == {"LIVE", "DISPATCH", "SUCCESS", "FAIL", "CANCEL", "DEAD"}
+    assert set(by_name["status"]["anyOf"][0]["enum"]) == {
+        "LIVE",
+        "DISPATCH",
+        "SUCCESS",
+        "FAIL",
+        "CANCEL",
+        "DEAD",
+    }
 
 
 def test_methods_as_rfc_9110_says(cluster, web):
     analyst = token("ann", "analyst")
     r = requests.request("TRACE", web.base + "/api/v1/jobs", timeout=10)
-    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, OPTIONS, POST" and set(r.json()) == {"error"}
+    assert (
+        r.status_code == 405
+        and r.headers["allow"] == "GET, HEAD, OPTIONS, POST"
+        and set(r.json()) == {"error"}
+    )
     r = requests.delete(web.base + "/api/v1/exports/6561d2f0a1b2c3d4e5f60718", timeout=10)
     assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, OPTIONS"
     r = requests.options(web.base + "/api/v1/jobs/x/tasks", timeout=10)
     assert r.status_code == 204 and r.headers["allow"] == "GET, HEAD, OPTIONS, POST" and not r.content
     got = requests.get(web.base + "/api/v1/jobs", headers={"Authorization": f"Bearer {analyst}"}, timeout=10)
-    head = requests.head(web.base + "/api/v1/jobs", headers={"Authorization": f"Bearer {analyst}"}, timeout=10)
+    head = requests.head(
+        web.base + "/api/v1/jobs", headers={"Authorization": f"Bearer {analyst}"}, timeout=10
+    )
     assert head.status_code == got.status_code == 200 and head.content == b""
     assert head.headers["content-length"] == got.headers["content-length"]
     r = requests.get(web.base + "/api/v1/jobs", timeout=10)
@@ -125,10 +142,27 @@ def test_schemathesis_with_every_check_finds_nothing(cluster, web, tmp_path):
     for role in ("admin", "analyst"):
         secret = token(f"st-{role}", role)
         run = subprocess.run(
-            [str(BIN / "schemathesis"), "--config-file", str(config), "run", web.base + "/api/v1/openapi.json",
-             "--checks", "all", "--header", f"Authorization: Bearer {secret}", "--max-examples", "15",
-             "--seed", "20261124", "--no-color"],
-            capture_output=True, text=True, timeout=900, cwd=tmp_path)  # its cache stays out of the checkout
+            [
+                str(BIN / "schemathesis"),
+                "--config-file",
+                str(config),
+                "run",
+                web.base + "/api/v1/openapi.json",
+                "--checks",
+                "all",
+                "--header",
+                f"Authorization: Bearer {secret}",
+                "--max-examples",
+                "15",
+                "--seed",
+                "20261124",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,
+        )  # its cache stays out of the checkout
         summary = run.stdout[run.stdout.rfind("SUMMARY"):]
         assert run.returncode == 0, f"as {role}:\n{run.stdout[-6000:]}\n{run.stderr[-2000:]}"
         assert "Failures" not in summary and "passed" in summary, summary
@@ -145,9 +179,23 @@ def test_a_generated_client_does_a_whole_round(cluster, web, tmp_path):
     spec.write_bytes(requests.get(web.base + "/api/v1/openapi.json", timeout=10).content)
     (tmp_path / "gen.yaml").write_text("project_name_override: dcclient\npackage_name_override: dcclient\n"
                                        "post_hooks: []\n")
-    made = subprocess.run([str(BIN / "openapi-python-client"), "generate", "--path", str(spec), "--meta", "none",
-                           "--output-path", str(tmp_path / "dcclient"), "--config", str(tmp_path / "gen.yaml")],
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [
+            str(BIN / "openapi-python-client"),
+            "generate",
+            "--path",
+            str(spec),
+            "--meta",
+            "none",
+            "--output-path",
+            str(tmp_path / "dcclient"),
+            "--config",
+            str(tmp_path / "gen.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert (tmp_path / "dcclient" / "client.py").exists(), made.stdout[-3000:] + made.stderr[-3000:]
     sys.path.insert(0, str(tmp_path))
     try:
@@ -166,7 +214,10 @@ def test_a_generated_client_does_a_whole_round(cluster, web, tmp_path):
         missing = api.jobs.show_job.sync_detailed("nope", client=client)
         assert missing.status_code == 404 and isinstance(missing.parsed, models.ErrorOut)
         added = api.tasks.add_job_tasks.sync(
-            "gen", client=client, body=models.AddJobTasksJsonUrlsIn(urls=[f"{cluster.site}/page/{i}" for i in range(4)]))
+            "gen",
+            client=client,
+            body=models.AddJobTasksJsonUrlsIn(urls=[f"{cluster.site}/page/{i}" for i in range(4)]),
+        )
         assert added["added"] == 4
         assert api.cluster.dispatch.sync(client=client)["total"] == 4
         burst(cluster)

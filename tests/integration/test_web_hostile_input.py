@@ -1,6 +1,8 @@
 """Hostile input is a 4xx (or exit 2) with one line, never a 500 or a traceback: signed links
 whose signature or expiry hold non-ASCII characters, and manifests and JSON bodies nested 50,000
-deep, templates as deep as their size cap allows (a 50,000-deep one is refused for its size). Through a real ``downcluster web`` and the CLI; nothing is stored."""
+deep, templates as deep as their size cap allows (a 50,000-deep one is refused for its size).
+Through a real ``downcluster web`` and the CLI; nothing is stored."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +18,9 @@ from tests.integration.test_web_api import new_token
 from tests.web_helpers import WebServer
 
 DEEP = 50_000
-DEEP_TOML = "name = \"deep\"\npriority = 5\ntype = \"none\"\n[settings]\nheaders = " + "[" * DEEP + "]" * DEEP + "\n"
+DEEP_TOML = (
+    'name = "deep"\npriority = 5\ntype = "none"\n[settings]\nheaders = ' + "[" * DEEP + "]" * DEEP + "\n"
+)
 DEEP_TOML_TABLES = "name = \"deep\"\nx = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n"
 TEMPLATE_DEEP = 30_000  # templates are capped at 65,536 characters; still 30 times the recursion limit
 DEEP_JSON_TEMPLATE = '{"col": ' + "[" * TEMPLATE_DEEP + "]" * TEMPLATE_DEEP + "}"
@@ -24,8 +28,13 @@ DEEP_JSON_TEMPLATE = '{"col": ' + "[" * TEMPLATE_DEEP + "]" * TEMPLATE_DEEP + "}
 
 @pytest.fixture(scope="module")
 def web(redis_server, mongo_server):
-    env = env_for(redis_server.url, mongo_server.uri("dc_test"), mongo_server.uri("dc_test_log"), HOSTNAME="testhost",
-                  API_MAX_BODY=4 * 1024 * 1024)
+    env = env_for(
+        redis_server.url,
+        mongo_server.uri("dc_test"),
+        mongo_server.uri("dc_test_log"),
+        HOSTNAME="testhost",
+        API_MAX_BODY=4 * 1024 * 1024,
+    )
     with WebServer(env) as server:
         yield server
 
@@ -54,7 +63,9 @@ def test_a_signed_link_with_non_ascii_digits_in_its_expiry_is_403(cluster, web, 
 
 
 @pytest.mark.parametrize("manifest", [DEEP_TOML, DEEP_TOML_TABLES])
-def test_a_manifest_nested_50000_deep_is_refused_through_the_api_and_the_cli(cluster, web, tmp_path, manifest):
+def test_a_manifest_nested_50000_deep_is_refused_through_the_api_and_the_cli(
+    cluster, web, tmp_path, manifest
+):
     admin = new_token("root", "admin")
     why = _one_line(web.call("POST", "/api/v1/jobs", admin, json={"manifest": manifest}), 422)
     assert "nests arrays or tables too deeply" in why
@@ -77,7 +88,9 @@ def test_a_json_body_nested_50000_deep_is_a_4xx(cluster, web):
 
 
 @pytest.mark.parametrize("template", [DEEP_JSON_TEMPLATE, "x = " + "[" * TEMPLATE_DEEP + "]" * TEMPLATE_DEEP])
-def test_a_template_nested_30000_deep_is_refused_through_the_api_and_the_cli(cluster, web, tmp_path, template):
+def test_a_template_nested_30000_deep_is_refused_through_the_api_and_the_cli(
+    cluster, web, tmp_path, template
+):
     register(tmp_path, "j")
     analyst = new_token("ann", "analyst")
     why = _one_line(web.call("POST", "/api/v1/exports", analyst, json={"job": "j", "format": "csv",
@@ -85,8 +98,10 @@ def test_a_template_nested_30000_deep_is_refused_through_the_api_and_the_cli(clu
     assert "template nests too deeply" in why
     path = tmp_path / "deep-template.txt"
     path.write_text(template)
-    for args in (["export", "request", "j", "--format", "csv", "--template", str(path)],
-                 ["data", "export", "j", "--format", "csv", "--template", str(path), "-o", str(tmp_path / "out.csv")]):
+    for args in (
+        ["export", "request", "j", "--format", "csv", "--template", str(path)],
+        ["data", "export", "j", "--format", "csv", "--template", str(path), "-o", str(tmp_path / "out.csv")],
+    ):
         result = cli(*args)
         assert result.exit_code == 2 and "template nests too deeply" in result.output, args
         assert len(result.output.strip().splitlines()) == 1

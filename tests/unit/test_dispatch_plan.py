@@ -6,8 +6,8 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 from common.store.models import AGAIN, FRESH
-from master.dispatch.dispatcher import JobWork, order_key, plan
 from common.store.tasks import Picked, fresh_cursor, fresh_limit
+from master.dispatch.dispatcher import JobWork, order_key, plan
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 

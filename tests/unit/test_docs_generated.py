@@ -17,9 +17,8 @@ def test_configuration_and_api_reference_are_current():
 
 def test_every_setting_is_documented():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from gendocs import settings_rows
-
     import settings
+    from gendocs import settings_rows
 
     rows = {name: doc for _, section in settings_rows((ROOT / "settings.py").read_text())
             for name, _, doc in section}

@@ -16,7 +16,9 @@ def test_encoding_unit_cases():
     from slave.download.engines.charset import body_encoding
 
     assert body_encoding({"Content-Type": "text/html"}, b"<p>plain ascii</p>") == "utf-8"
-    assert body_encoding({"content-type": "text/plain; charset=UTF-16"}, "hi".encode("utf-16-be")) == "utf-16-be"
+    assert (
+        body_encoding({"content-type": "text/plain; charset=UTF-16"}, "hi".encode("utf-16-be")) == "utf-16-be"
+    )
     assert body_encoding({"Content-Type": "application/octet-stream"}, bytes(range(256))) is None
     assert body_encoding({}, b"\xff\xfeh\x00i\x00") == "utf-16-le"
     assert body_encoding({"Content-Type": "application/json"}, '{"a": "é"}'.encode()) == "utf-8"

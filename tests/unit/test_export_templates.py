@@ -15,13 +15,19 @@ from master.exports import service as exports
 from tests.helpers import TEMPLATE
 
 
-@pytest.mark.parametrize("text,why", [
-    ("[[columns]]\nfield = 'nope'\n", "unknown field 'nope'"),
-    ("[[columns]]\nfield = 'url'\nheader = ['a', 'b']\n[[columns]]\nfield = 'task'\nheader = ['c']\n", "ragged"),
-    ("columns = [", "not valid TOML"),
-    ("sheet = 'a/b'\n[[columns]]\nfield = 'url'\n", "sheet"),
-    ("[[columns]]\nfield = 'url'\ncolour = 'red'\n", "takes only"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("[[columns]]\nfield = 'nope'\n", "unknown field 'nope'"),
+        (
+            "[[columns]]\nfield = 'url'\nheader = ['a', 'b']\n[[columns]]\nfield = 'task'\nheader = ['c']\n",
+            "ragged",
+        ),
+        ("columns = [", "not valid TOML"),
+        ("sheet = 'a/b'\n[[columns]]\nfield = 'url'\n", "sheet"),
+        ("[[columns]]\nfield = 'url'\ncolour = 'red'\n", "takes only"),
+    ],
+)
 def test_bad_templates_are_refused_with_one_line(text, why):
     with pytest.raises(ValidationError) as err:
         parse_template(text)
@@ -32,11 +38,26 @@ def test_header_trees_are_laid_out_as_seed_000_says():
     """Depth is the row; the first child starts under its parent, the next after its elder
     siblings' breadth; an inner node spans its leaves, a leaf reaches the deepest row (a row
     leaf spans its row_count)."""
-    table = parse_template(json.dumps([
-        {"title": "Person", "children": [{"title": "Name", "name": "url"},
-                                         {"title": "Other", "children": [{"title": "Age", "name": "status_code"},
-                                                                         {"title": "Sex", "name": "encoding"}]}]},
-        {"title": "Note", "name": "hostname"}])).tables[0]
+    table = parse_template(
+        json.dumps(
+            [
+                {
+                    "title": "Person",
+                    "children": [
+                        {"title": "Name", "name": "url"},
+                        {
+                            "title": "Other",
+                            "children": [
+                                {"title": "Age", "name": "status_code"},
+                                {"title": "Sex", "name": "encoding"},
+                            ],
+                        },
+                    ],
+                },
+                {"title": "Note", "name": "hostname"},
+            ]
+        )
+    ).tables[0]
     got = {(p.node.title, p.level, p.offset, p.levels, p.span) for p in place(table.col)}
     assert got == {("Person", 0, 0, 1, 3), ("Name", 1, 0, 2, 1), ("Other", 1, 1, 1, 2), ("Age", 2, 1, 1, 1),
                    ("Sex", 2, 2, 1, 1), ("Note", 0, 3, 3, 1)}
@@ -52,19 +73,28 @@ def test_header_trees_are_laid_out_as_seed_000_says():
     assert [c.title for c in legacy.columns] == ["URL", "Status", "Size", "At"]
 
 
-@pytest.mark.parametrize("text,why", [
-    ('{"col": [{"title": "a", "name": "url", "children": [{"name": "url"}]}]}', "not both"),
-    ('{"col": [{"name": "url"}], "row": [{"name": "200"}]}', "row headers need row_field"),
-    ('{"col": [{"name": "url"}], "row_field": "hostname", "row": [{"name": "a", "row_count": 0}]}', "row_count"),
-    ('{"col": [{"name": "url"}], "row_field": "hostname", "row": [{"name": "a"}, {"name": "a"}]}', "same value"),
-    ('{"tables": [{"col": [{"name": "url"}]}], "title": "x"}', "inside each table"),
-    ('{"tables": []}', "tables must be"),
-    ('{"col": [{"name": "url", "width": 0}]}', "width"),
-    ('{"col": [{"name": "url"}], "header": {"a": {"b": 1}}}', "header.a"),
-    ('{"col": [{"name": "url"}], "status": ["200"]}', "status"),
-    ('{"col": [{"name": "url"}', "not valid JSON"),
-    ('[{"title": "x", "children": ' * 9 + '[{"name": "url"}]' + '}]' * 9, "deeper than"),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ('{"col": [{"title": "a", "name": "url", "children": [{"name": "url"}]}]}', "not both"),
+        ('{"col": [{"name": "url"}], "row": [{"name": "200"}]}', "row headers need row_field"),
+        (
+            '{"col": [{"name": "url"}], "row_field": "hostname", "row": [{"name": "a", "row_count": 0}]}',
+            "row_count",
+        ),
+        (
+            '{"col": [{"name": "url"}], "row_field": "hostname", "row": [{"name": "a"}, {"name": "a"}]}',
+            "same value",
+        ),
+        ('{"tables": [{"col": [{"name": "url"}]}], "title": "x"}', "inside each table"),
+        ('{"tables": []}', "tables must be"),
+        ('{"col": [{"name": "url", "width": 0}]}', "width"),
+        ('{"col": [{"name": "url"}], "header": {"a": {"b": 1}}}', "header.a"),
+        ('{"col": [{"name": "url"}], "status": ["200"]}', "status"),
+        ('{"col": [{"name": "url"}', "not valid JSON"),
+        ('[{"title": "x", "children": ' * 9 + '[{"name": "url"}]' + "}]" * 9, "deeper than"),
+    ],
+)
 def test_bad_seed_templates_are_refused_with_one_line(text, why):
     with pytest.raises(ValidationError) as err:
         parse_template(text)
@@ -73,9 +103,15 @@ def test_bad_seed_templates_are_refused_with_one_line(text, why):
 
 def test_seed_short_forms_are_one_template():
     as_map = parse_template('{"url": "Address", "status_code": "Status"}')
-    as_list = parse_template('[{"name": "url", "title": "Address"}, {"name": "status_code", "title": "Status"}]')
-    as_col = parse_template('{"col": [{"name": "url", "title": "Address"}, {"name": "status_code", "title": "Status"}]}')
-    as_toml = parse_template('[[col]]\nname = "url"\ntitle = "Address"\n[[col]]\nname = "status_code"\ntitle = "Status"\n')
+    as_list = parse_template(
+        '[{"name": "url", "title": "Address"}, {"name": "status_code", "title": "Status"}]'
+    )
+    as_col = parse_template(
+        '{"col": [{"name": "url", "title": "Address"}, {"name": "status_code", "title": "Status"}]}'
+    )
+    as_toml = parse_template(
+        '[[col]]\nname = "url"\ntitle = "Address"\n[[col]]\nname = "status_code"\ntitle = "Status"\n'
+    )
     assert as_map == as_list == as_col == as_toml
     assert as_map.canonical() == as_toml.canonical() and as_map.plain
 
@@ -83,8 +119,11 @@ def test_seed_short_forms_are_one_template():
 def test_filter_checks():
     assert exports.check_filter({"status": ["200", 404], "since": "2026-01-01T00:00:00Z"}) == {
         "status": [200, 404], "since": datetime(2026, 1, 1)}
-    assert exports.check_filter({"since": "2016-12-31t23:59:60.5+01:00"}) == {  # RFC 3339: a leap second, lower case
-        "since": datetime(2016, 12, 31, 22, 59, 59, 999999)}
+    assert exports.check_filter(
+        {"since": "2016-12-31t23:59:60.5+01:00"}
+    ) == {  # RFC 3339: a leap second, lower case
+        "since": datetime(2016, 12, 31, 22, 59, 59, 999999)
+    }
     for bad in ({"status": ["ok"]}, {"status": [{"$ne": 1}]}, {"since": "yesterday"}, {"since": {"$gt": ""}},
                 {"where": 1}, {"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
                 {"since": "2026-02-01"}, {"until": ""}):
@@ -95,14 +134,14 @@ def test_filter_checks():
 def test_xlsx_continues_on_a_new_sheet_past_the_row_limit_and_caps_cells(monkeypatch):
     import openpyxl
 
-    from common.exports import sheets
-
-    from common.exports import tabular
+    from common.exports import sheets, tabular
 
     monkeypatch.setattr(sheets, "EXCEL_MAX_ROWS", 5)  # 2 header rows + 3 data rows a sheet
     template = parse_template(TEMPLATE.replace('field = "response_size"', 'field = "body_text"'))
-    rows = [{"url": f"u{i}", "status_code": 200, "body_text": "x" * 40_000, "add_datetime": datetime(2026, 1, 1)}
-            for i in range(8)]
+    rows = [
+        {"url": f"u{i}", "status_code": 200, "body_text": "x" * 40_000, "add_datetime": datetime(2026, 1, 1)}
+        for i in range(8)
+    ]
     out = io.BytesIO()
     assert sheets.write_xlsx(template, iter(rows), out) == 8
     book = openpyxl.load_workbook(io.BytesIO(out.getvalue()))
@@ -113,5 +152,7 @@ def test_xlsx_continues_on_a_new_sheet_past_the_row_limit_and_caps_cells(monkeyp
     assert len(second["C3"].value) == sheets.EXCEL_MAX_CELL
     text = io.BytesIO()
     tabular.write_csv(template, iter(rows[:1]), text)
-    assert max(len(cell) for cell in next(csv.reader(io.StringIO(text.getvalue().decode().splitlines()[1])))) \
+    assert (
+        max(len(cell) for cell in next(csv.reader(io.StringIO(text.getvalue().decode().splitlines()[1]))))
         == sheets.EXCEL_MAX_CELL
+    )

@@ -24,6 +24,11 @@ def test_no_two_modules_import_each_other():
     pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps
                     if b in graph and b != a and a in graph[b]})
     assert pairs == []
-    crossing = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
-                      if (a.startswith("master") and b.startswith("slave")) or (a.startswith("slave") and b.startswith("master")))
+    crossing = sorted(
+        f"{a} -> {b}"
+        for a, deps in graph.items()
+        for b in deps
+        if (a.startswith("master") and b.startswith("slave"))
+        or (a.startswith("slave") and b.startswith("master"))
+    )
     assert crossing == []

@@ -16,7 +16,9 @@ def test_the_rq_version_is_the_one_the_adapter_matches():
     assert rq.__version__ == rqbridge.RQ_VERSION
 
 
-RQ_KEY = re.compile(r"""["']rq:(job|queue|wip|worker|workers|queues|finished|failed|deferred|scheduled|pubsub|executions?|results?)\b""")
+RQ_KEY = re.compile(
+    r"""["']rq:(job|queue|wip|worker|workers|queues|finished|failed|deferred|scheduled|pubsub|executions?|results?)\b"""
+)
 PRIVATE = re.compile(r"\b(job|queue|worker|registry|execution|rq_job)\._[a-z]\w*")
 
 

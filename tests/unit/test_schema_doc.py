@@ -14,7 +14,9 @@ GRIDFS_SUFFIXES = (".files", ".chunks")  # GridFS buckets, described in prose be
 def declared() -> dict[str, dict[str, set[str]]]:
     out: dict[str, dict[str, set[str]]] = {"source": {}, "log": {}, "control": {}}
     for model in ALL_MODELS:
-        out[model._meta["db_alias"]][model._get_collection_name()] = {f.db_field for f in model._fields.values()} - {"_id"}
+        out[model._meta["db_alias"]][model._get_collection_name()] = {
+            f.db_field for f in model._fields.values()
+        } - {"_id"}
     return out
 
 
@@ -30,7 +32,9 @@ def test_readme_lists_exactly_the_collections_and_fields_the_models_declare():
             else:
                 listed, have = doc[db][name] - {"_id"}, models[db][name]
                 if listed != have:
-                    differences.append(f"{db}.{name}: docs only {sorted(listed - have)}, model only {sorted(have - listed)}")
+                    differences.append(
+                        f"{db}.{name}: docs only {sorted(listed - have)}, model only {sorted(have - listed)}"
+                    )
     assert differences == []
 
 

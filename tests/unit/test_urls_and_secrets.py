@@ -14,9 +14,18 @@ def test_check_url_accepts(url):
     assert check_url(url) == url
 
 
-@pytest.mark.parametrize("url,why", [("ftp://h/x", "scheme"), ("file:///etc/passwd", "scheme"),
-                                     ("http://h/a\nb", "whitespace"), ("-rf", "scheme"), ("http:///x", "host"),
-                                     ("http://h/" + "a" * 9000, "longer"), ("http://h:99999/", "malformed")])
+@pytest.mark.parametrize(
+    "url,why",
+    [
+        ("ftp://h/x", "scheme"),
+        ("file:///etc/passwd", "scheme"),
+        ("http://h/a\nb", "whitespace"),
+        ("-rf", "scheme"),
+        ("http:///x", "host"),
+        ("http://h/" + "a" * 9000, "longer"),
+        ("http://h:99999/", "malformed"),
+    ],
+)
 def test_check_url_rejects(url, why):
     with pytest.raises(ValidationError, match=why):
         check_url(url)

@@ -29,7 +29,9 @@ COOKIE = "dc_session"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # Declared for the description (the schemes a client may use); ``caller`` reads the headers itself
 # so that every refusal is the API's one-line 401.
-BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="a token from `downcluster token create`")
+BEARER = HTTPBearer(
+    auto_error=False, scheme_name="bearer", description="a token from `downcluster token create`"
+)
 SESSION = APIKeyCookie(name=COOKIE, auto_error=False, scheme_name="session",
                        description="the console's session (POST /session); state changes need X-CSRF-Token")
 
@@ -118,12 +120,20 @@ def sign_out(request: Request, response: Response) -> dict:
 class JobIn(Strict):
     manifest: str = Field(min_length=1, description="the TOML manifest")
     code: str | None = Field(None, description="the downloader's code, for a python or shell job")
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"manifest": 'name = "news"\npriority = 5\ntype = "none"\n'},
-        {"manifest": 'name = "shop"\npriority = 3\ntype = "python"\ncode = "shop.py"\n',
-         "code": "import urllib.request\n\n\ndef download(task):\n"
-                 "    with urllib.request.urlopen(task['url'], timeout=30) as resp:\n"
-                 "        return {'status_code': resp.status, 'headers': dict(resp.headers), 'body': resp.read()}\n"}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"manifest": 'name = "news"\npriority = 5\ntype = "none"\n'},
+                {
+                    "manifest": 'name = "shop"\npriority = 3\ntype = "python"\ncode = "shop.py"\n',
+                    "code": "import urllib.request\n\n\ndef download(task):\n"
+                    "    with urllib.request.urlopen(task['url'], timeout=30) as resp:\n"
+                    "        return {'status_code': resp.status, 'headers': dict(resp.headers),\n"
+                    "                'body': resp.read()}\n",
+                },
+            ]
+        }
+    )
 
 
 INVALID_MANIFEST = "the manifest or code does not validate (the error says where)"
@@ -162,9 +172,12 @@ def disable_job(name: JobName, _: Admin) -> dict:
 
 class UrlsIn(Strict):
     urls: list[Annotated[str, Field(pattern=r"^[^\r\n]*$")]] = Field(
-        description="one URL each (no line breaks); ones that are not http(s) URLs are reported in `rejected`")
+        description="one URL each (no line breaks); ones that are not http(s) URLs are reported in `rejected`"
+    )
     host: str = Field("", max_length=255, description="run these tasks on this host only (empty: any host)")
-    model_config = ConfigDict(json_schema_extra={"examples": [{"urls": ["https://example.org/a"], "host": ""}]})
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"urls": ["https://example.org/a"], "host": ""}]}
+    )
 
 
 class CancelIn(Strict):
@@ -316,7 +329,12 @@ def get_body(data_id: ObjectIdPath, _: Reader) -> StreamingResponse:
 
 
 @router.get("/logs/{kind}", tags=["logs"], responses=answers(401, 404))
-def list_logs(kind: Literal["download", "dispatch", "alert", "registration"], _: Reader, job: JobFilter = None,
-              limit: Limit = None, after: After = None) -> dict[str, Any]:
+def list_logs(
+    kind: Literal["download", "dispatch", "alert", "registration"],
+    _: Reader,
+    job: JobFilter = None,
+    limit: Limit = None,
+    after: After = None,
+) -> dict[str, Any]:
     """One log, newest first: download, dispatch, alert or registration."""
     return views.log_page(kind, job, limit, after)

@@ -46,15 +46,20 @@ def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-# constraints before the validator: after it, pydantic publishes them as "ge"/"le", not JSON Schema's minimum/maximum
+# constraints before the validator: after it, pydantic publishes them as "ge"/"le", not JSON
+# Schema's minimum/maximum
 ExecTime = Annotated[int, Field(ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT), BeforeValidator(_whole)]
 
 
 class ExportFilter(Strict):
     status: list[Annotated[int, Field(ge=100, le=599), BeforeValidator(_whole)]] | None = Field(
         None, description="HTTP status codes to keep")
-    since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded at or after")
-    until: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="downloaded before")
+    since: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="downloaded at or after"
+    )
+    until: str | None = Field(
+        None, json_schema_extra={"format": "date-time"}, description="downloaded before"
+    )
 
 
 class ExportIn(Strict):
@@ -118,9 +123,16 @@ def export_link(export_id: ObjectIdPath, token: Reader, ttl: Ttl = None) -> dict
     return {"url": url, "expires_at": ends.isoformat() + "Z"}
 
 
-@router.get("/exports/{export_id}/file", response_class=StreamingResponse, responses={
-    200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
-    **answers(401, 404, 409, 410, why={409: "the export is not finished", 410: "the export's file has expired"})})
+@router.get(
+    "/exports/{export_id}/file",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
+        **answers(
+            401, 404, 409, 410, why={409: "the export is not finished", 410: "the export's file has expired"}
+        ),
+    },
+)
 def download_export(export_id: ObjectIdPath, token: Reader) -> StreamingResponse:
     """The file itself for back-end callers (the permanent route; the token is the credential)."""
     return stream_file(exports.get(export_id, token))
@@ -144,16 +156,26 @@ class SyncIn(Strict):
     format: FORMATS = "csv"
     template: str | None = Field(None, description=TEMPLATE_DOC)
     filter: ExportFilter | None = None
-    max_exec_time: ExecTime | None = Field(None, description="for the asynchronous export a large one becomes")
-    model_config = ConfigDict(json_schema_extra={"examples": [{"format": "xlsx", "filter": {"status": [200]}}]})
+    max_exec_time: ExecTime | None = Field(
+        None, description="for the asynchronous export a large one becomes"
+    )
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"format": "xlsx", "filter": {"status": [200]}}]}
+    )
 
 
 SYNC_ANSWERS = {
-    200: {"description": "the file, written at once", "content": {t.split(";")[0]: {} for t in CONTENT_TYPES.values()}},
-    202: {"description": "too many rows (EXPORT_SYNC_MAX_ROWS) or every slot busy (EXPORT_SYNC_SLOTS): an "
-                         "asynchronous export was queued; `Location` is its address", "headers": {
-        "Location": {"schema": {"type": "string"}, "description": "/api/v1/exports/{id}"}}},
-    **answers(401, 404, invalid=INVALID_EXPORT)}
+    200: {
+        "description": "the file, written at once",
+        "content": {t.split(";")[0]: {} for t in CONTENT_TYPES.values()},
+    },
+    202: {
+        "description": "too many rows (EXPORT_SYNC_MAX_ROWS) or every slot busy (EXPORT_SYNC_SLOTS): an "
+        "asynchronous export was queued; `Location` is its address",
+        "headers": {"Location": {"schema": {"type": "string"}, "description": "/api/v1/exports/{id}"}},
+    },
+    **answers(401, 404, invalid=INVALID_EXPORT),
+}
 
 
 def _download(name: str, body: SyncIn, token) -> Response:
@@ -168,8 +190,16 @@ def _download(name: str, body: SyncIn, token) -> Response:
         got = exports.request(redis_conn(), name, body.format, body.template or "", flt,
                               requested_by=token.name, max_exec_time=body.max_exec_time)
         where = f"/api/v1/exports/{got.export.id}"
-        return JSONResponse({"id": str(got.export.id), "state": got.export.state, "deduplicated": got.deduplicated,
-                             "reason": reason}, status_code=202, headers={"Location": where})
+        return JSONResponse(
+            {
+                "id": str(got.export.id),
+                "state": got.export.state,
+                "deduplicated": got.deduplicated,
+                "reason": reason,
+            },
+            status_code=202,
+            headers={"Location": where},
+        )
     out = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)
     try:
         source = export_source(checked.job.id, checked.filter, checked.template, body.format)
@@ -182,24 +212,41 @@ def _download(name: str, body: SyncIn, token) -> Response:
     size = out.tell()
     out.seek(0)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return StreamingResponse(iter(lambda: out.read(256 * 1024), b""), media_type=CONTENT_TYPES[body.format],
-                             background=BackgroundTask(out.close), headers={
-                                 "Content-Length": str(size), "Cache-Control": "private, no-store",
-                                 "X-Export-Rows": str(rows),
-                                 "Content-Disposition": f'attachment; filename="{name}-{stamp}.{body.format}"'})
+    return StreamingResponse(
+        iter(lambda: out.read(256 * 1024), b""),
+        media_type=CONTENT_TYPES[body.format],
+        background=BackgroundTask(out.close),
+        headers={
+            "Content-Length": str(size),
+            "Cache-Control": "private, no-store",
+            "X-Export-Rows": str(rows),
+            "Content-Disposition": f'attachment; filename="{name}-{stamp}.{body.format}"',
+        },
+    )
 
 
 @router.get("/jobs/{name}/export", status_code=200, response_class=StreamingResponse, responses=SYNC_ANSWERS)
-def download_now(name: JobName, token: Reader, format: FORMATS = "csv",
-                 template: Annotated[str | None, Query(max_length=8192, description=TEMPLATE_DOC)] = None,
-                 status: Annotated[str | None, Query(pattern=r"^[1-5]\d\d(,[1-5]\d\d)*$", max_length=400,
-                                                     description="HTTP status codes to keep, comma-separated")] = None,
-                 since: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
-                 until: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
-                 ) -> Response:
+def download_now(
+    name: JobName,
+    token: Reader,
+    format: FORMATS = "csv",
+    template: Annotated[str | None, Query(max_length=8192, description=TEMPLATE_DOC)] = None,
+    status: Annotated[
+        str | None,
+        Query(
+            pattern=r"^[1-5]\d\d(,[1-5]\d\d)*$",
+            max_length=400,
+            description="HTTP status codes to keep, comma-separated",
+        ),
+    ] = None,
+    since: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
+    until: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
+) -> Response:
     """The synchronous download: the file at once when the job's matching rows are at most
     EXPORT_SYNC_MAX_ROWS and a slot is free; otherwise 202 and an asynchronous export."""
-    flt = ExportFilter(status=[int(s) for s in status.split(",")] if status else None, since=since, until=until)
+    flt = ExportFilter(
+        status=[int(s) for s in status.split(",")] if status else None, since=since, until=until
+    )
     return _download(name, SyncIn(format=format, template=template, filter=flt), token)
 
 
@@ -229,7 +276,9 @@ def _ws_token(websocket: WebSocket):
 
 def _current(export_id: str, token) -> dict | None:
     try:
-        return snapshot(exports.get(export_id, token).to_mongo())  # one read: the same fields its events carry
+        return snapshot(
+            exports.get(export_id, token).to_mongo()
+        )  # one read: the same fields its events carry
     except NotFound:
         return None
 
@@ -254,7 +303,9 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
     pubsub = redis.pubsub()
     try:
         await pubsub.subscribe(channel(export_id))
-        last = await run_in_threadpool(_current, export_id, token) or first  # read after subscribing: nothing missed
+        last = (
+            await run_in_threadpool(_current, export_id, token) or first
+        )  # read after subscribing: nothing missed
         await websocket.send_json(last)
         closed = asyncio.ensure_future(websocket.receive())
         while last["state"] not in FINAL_STATES:
@@ -264,7 +315,11 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
                 got.cancel()
                 return
             message = got.result()
-            now = json.loads(message["data"]) if message else await run_in_threadpool(_current, export_id, token)
+            now = (
+                json.loads(message["data"])
+                if message
+                else await run_in_threadpool(_current, export_id, token)
+            )
             if now and now != last:  # a quiet spell is checked by reading: a lost event is made good
                 last = now
                 await websocket.send_json(now)

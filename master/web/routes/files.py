@@ -19,15 +19,28 @@ from master.web.errors import ApiError
 router = APIRouter(tags=["exports"])
 
 
-@router.get("/files/exports/{export_id}", response_class=StreamingResponse, responses={
-    200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
-    **answers(403, 404, 409, 410, why={
-        403: "the link's signature does not match", 409: "the export is not finished"})}, openapi_extra={"security": []})
-def export_file(export_id: ObjectIdPath,
-                expires: Annotated[str, Query(max_length=32, description="UNIX time the link ends")],
-                sig: Annotated[str, Query(max_length=256, description="the link's signature (a link "
-                                                                      "changed in any way is a 403)")],
-                ) -> StreamingResponse:
+@router.get(
+    "/files/exports/{export_id}",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the export's file"},
+        **answers(
+            403,
+            404,
+            409,
+            410,
+            why={403: "the link's signature does not match", 409: "the export is not finished"},
+        ),
+    },
+    openapi_extra={"security": []},
+)
+def export_file(
+    export_id: ObjectIdPath,
+    expires: Annotated[str, Query(max_length=32, description="UNIX time the link ends")],
+    sig: Annotated[
+        str, Query(max_length=256, description="the link's signature (a link changed in any way is a 403)")
+    ],
+) -> StreamingResponse:
     problem = check_export_sig(export_id, expires, sig)
     if problem == "tampered":
         raise ApiError(403, "the link's signature does not match")
@@ -45,6 +58,12 @@ def stream_file(export: exports.Export) -> StreamingResponse:
     except NoFile:
         raise ApiError(410, "the export's file is gone") from None
     name = f"{export.job_name}-{export.id}.{export.format}"
-    return StreamingResponse(iter(lambda: stored.read(256 * 1024), b""), media_type=CONTENT_TYPES[export.format],
-                             headers={"Content-Length": str(stored.length), "Cache-Control": "private, no-store",
-                                      "Content-Disposition": f'attachment; filename="{name}"'})
+    return StreamingResponse(
+        iter(lambda: stored.read(256 * 1024), b""),
+        media_type=CONTENT_TYPES[export.format],
+        headers={
+            "Content-Length": str(stored.length),
+            "Cache-Control": "private, no-store",
+            "Content-Disposition": f'attachment; filename="{name}"',
+        },
+    )

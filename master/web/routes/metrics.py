@@ -63,8 +63,11 @@ class Cluster:
     def collect(self):
         queues = stats.queue_stats(self.redis)
         depth = GaugeMetricFamily("downcluster_queue_depth", "Entries waiting in a queue", labels=["queue"])
-        age = GaugeMetricFamily("downcluster_queue_oldest_age_seconds", "Age of the oldest waiting entry (0: none)",
-                                labels=["queue"])
+        age = GaugeMetricFamily(
+            "downcluster_queue_oldest_age_seconds",
+            "Age of the oldest waiting entry (0: none)",
+            labels=["queue"],
+        )
         cap = GaugeMetricFamily("downcluster_queue_cap", "A queue's cap on entries", labels=["queue"])
         for q in queues:
             depth.add_metric([q["queue"]], q["depth"])
@@ -83,14 +86,19 @@ class Cluster:
             pages.add_metric([job, outcome, klass], n)
         yield pages
         alive = views.workers(self.redis)
-        yield GaugeMetricFamily("downcluster_workers_alive", "Workers that announced themselves", value=len(alive))
+        yield GaugeMetricFamily(
+            "downcluster_workers_alive", "Workers that announced themselves", value=len(alive)
+        )
         yield GaugeMetricFamily("downcluster_downloads_in_flight", "Downloads in flight in all workers",
                                 value=sum(w["inflight"] for w in alive))
         yield GaugeMetricFamily("downcluster_hosts_throttled", "Hosts at their limit or paused now",
                                 value=len(stats.throttled(self.redis)))
         rate = stats.success_rate(self.redis)
-        yield GaugeMetricFamily("downcluster_success_rate_last_hour", "Share of downloads that succeeded (-1: none)",
-                                value=-1 if rate["rate"] is None else rate["rate"])
+        yield GaugeMetricFamily(
+            "downcluster_success_rate_last_hour",
+            "Share of downloads that succeeded (-1: none)",
+            value=-1 if rate["rate"] is None else rate["rate"],
+        )
         by_state = {**dict.fromkeys(EXPORT_STATES, 0), **export_store.by_state()}
         exports = GaugeMetricFamily("downcluster_exports", "Exports by state", labels=["state"])
         for state, n in by_state.items():
