@@ -54,7 +54,7 @@ demo: $(STAMP) services-check
 
 # tests/unit starts no services (the inner loop); tests/integration and tests/e2e use real ones.
 PYTEST_ARGS ?=
-test: $(STAMP) services-check
+test: $(STAMP) services-check lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # ruff (style, imports, likely bugs; 110 columns) and mypy, configured in pyproject.toml.

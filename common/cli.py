@@ -75,7 +75,7 @@ class LazyGroup(click.Group):
 
         _, command, args = self.resolve_command(ctx, ctx.meta["downcluster.args"])
         try:
-            flags = setting_flags(command, ctx, args)
+            flags = setting_flags(command, ctx, args) if command else {}
             if flags:  # before anything reads a setting; without flags they resolve at the first read
                 add_flags(flags)
             init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process

@@ -20,6 +20,8 @@ from typing import Iterable
 
 from redis import Redis
 
+from common.store.connection import as_text
+
 PAGES = "downcluster:metrics:pages"
 MINUTE = "downcluster:metrics:minute:"
 DEPTH = "downcluster:metrics:depth:"
@@ -77,7 +79,7 @@ def sample_depths(redis: Redis, depths: dict[str, int]) -> None:
     try:
         key = f"{DEPTH}{minute()}"
         pipe = redis.pipeline(transaction=False)
-        pipe.hset(key, mapping=depths)
+        pipe.hset(key, mapping=depths)  # type: ignore[arg-type]  # redis-py's Mapping key type is invariant
         pipe.expire(key, KEEP)
         pipe.execute()
     except Exception as exc:
@@ -87,7 +89,7 @@ def sample_depths(redis: Redis, depths: dict[str, int]) -> None:
 def page_counters(redis: Redis) -> list[tuple[str, str, str, int]]:
     out = []
     for field, n in redis.hgetall(PAGES).items():
-        job, outcome, klass = field.decode().split("|", 2)
+        job, outcome, klass = as_text(field).split("|", 2)
         out.append((job, outcome, klass, int(n)))
     return sorted(out)
 

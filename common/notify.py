@@ -171,6 +171,7 @@ def _post(url: str, event: str, body: bytes) -> None:
                "X-Downcluster-Signature": webhook_signature(body)}
     failure: Exception | None = None
     for address in _addresses(target):  # the next address only when one cannot be connected to
+        pool: urllib3.HTTPConnectionPool
         if target.scheme == "https":
             pool = urllib3.HTTPSConnectionPool(address, target.port, server_hostname=target.host,
                                                assert_hostname=target.host, cert_reqs="CERT_REQUIRED",
@@ -203,6 +204,7 @@ def _mail(to: str, subject: str, text: str) -> None:
     msg["Date"], msg["Message-ID"] = formatdate(localtime=False), make_msgid(domain="downcluster")
     msg.set_content(text)
     context = ssl.create_default_context()
+    client: smtplib.SMTP
     if parts.scheme == "smtps":
         client = smtplib.SMTP_SSL(parts.hostname, parts.port or 465, timeout=15, context=context)
     else:

@@ -415,6 +415,8 @@ def archive(name: str, before: str, output: str | None) -> None:
 
     _connect()
     stamp = parse_time(before, "--before")
+    if stamp is None:
+        raise click.UsageError("--before is required")
     path = output or f"{name}-before-{stamp:%Y%m%dT%H%M%S}.jsonl.gz"
     report = run(name, stamp, path)
     click.echo(f"archived {report.data} data documents and {report.logs} download logs of {name} to {path} "

@@ -18,6 +18,7 @@ from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import jobs, logs, pages
+from common.store.connection import as_text
 from common.store.models import TASK_STATUSES, iso
 from master.ops.stats import COLUMNS, collect, task_counts
 
@@ -212,7 +213,7 @@ def workers(redis: Redis) -> list[dict]:
     names = jobs.names()
     out = []
     for key in sorted(redis.scan_iter(WORKER_KEY_PREFIX + "*", count=500)):
-        info = {k.decode(): v.decode() for k, v in redis.hgetall(key).items()}
+        info = {as_text(k): as_text(v) for k, v in redis.hgetall(key).items()}
         if not info:
             continue
         worker_id = key.decode()[len(WORKER_KEY_PREFIX):]

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from typing import IO, cast
 
 from bson import ObjectId
 
@@ -118,7 +119,8 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
     name = f"{doc['job_name']}-{doc['_id']}.{doc['format']}"
     upload = export_upload(file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
     rows_for = export_source(doc["job"], flt, template, doc["format"], progress.wrap)
-    rows = WRITERS[doc["format"]](template, rows_for, upload)
+    # the writers only call write(): the upload is file enough for them
+    rows = WRITERS[doc["format"]](template, rows_for, cast(IO[bytes], upload))
     progress.write()  # last check: still ours, not cancelled
     upload.close()
     return rows, upload.length

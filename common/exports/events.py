@@ -39,10 +39,12 @@ def publish(export_id) -> None:
         logging.getLogger(__name__).debug("export %s: event not published: %s", export_id, type(exc).__name__)
 
 
-def announce(export: exports.Export, callbacks: list[str] | None = None,
+def announce(export: exports.Export | None, callbacks: list[str] | None = None,
              mails: list[str] | None = None) -> None:
     """Queue and try to deliver the end-of-export notifications (to ``callbacks``/``mails``, by
-    default the export's own). Never raises."""
+    default the export's own; none for an export removed meanwhile). Never raises."""
+    if export is None:
+        return
     try:
         ok = export.state == SUCCESS
         url = export_url(str(export.id), settings.EXPORT_NOTICE_URL_TTL) if ok else None

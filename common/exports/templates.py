@@ -388,4 +388,4 @@ def _group(columns: list[tuple[tuple[str, ...], Node]], level: int) -> tuple[Nod
             j += 1
         out.append(Node(header[level], children=_group(columns[i:j], level + 1)))
         i = j
-    return out and tuple(out)
+    return tuple(out)

@@ -151,10 +151,10 @@ def redis_client(url: str | None = None, asynchronous: bool = False, **options):
     service, _, db = parts.path.strip("/").partition("/")
     if not service:
         raise ConfigError("REDIS_URL: a redis+sentinel:// URL names its service: redis+sentinel://HOST:PORT/SERVICE")
-    if asynchronous:
-        from redis.asyncio.sentinel import Sentinel
-    else:
-        from redis.sentinel import Sentinel
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+    from redis.sentinel import Sentinel as SyncSentinel
+
+    Sentinel = AsyncSentinel if asynchronous else SyncSentinel
     options.setdefault("socket_timeout", SENTINEL_SOCKET_TIMEOUT)  # a failover must not leave a call hanging
     sentinel = Sentinel(hosts, sentinel_kwargs={"password": password, "socket_timeout": 5},
                         password=password, db=int(db or 0), **options)
@@ -168,3 +168,8 @@ def redis_conn() -> Redis:
     if _redis is None or _redis[0] != os.getpid() or _redis[1] != url:
         _redis = (os.getpid(), url, redis_client(url, health_check_interval=30))
     return _redis[2]
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply as text (a client made with decode_responses gives str already)."""
+    return value if isinstance(value, str) else value.decode()

@@ -37,7 +37,8 @@ class Upload:
     def __init__(self, database, bucket: str, file_id, filename: str, metadata: dict) -> None:
         self.files, self.chunks = database[bucket + ".files"], database[bucket + ".chunks"]
         self.file_id, self.filename, self.metadata = file_id, filename, metadata
-        self.buffer, self.pending, self.n, self.length = bytearray(), [], 0, 0
+        self.buffer, self.n, self.length = bytearray(), 0, 0
+        self.pending: list[dict] = []
 
     def write(self, data: bytes) -> None:
         self.buffer += data
@@ -271,8 +272,8 @@ def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
             or (until and (at is None or at >= until))
         ):
             continue
-        for i, table in enumerate(template.tables):
-            if (not table.status or code in table.status) and (caps[i] is None or rows[i] < caps[i]):
+        for i, (table, cap) in enumerate(zip(template.tables, caps)):
+            if (not table.status or code in table.status) and (cap is None or rows[i] < cap):
                 rows[i] += 1
         if sum(rows) >= upto:
             break

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from bson import ObjectId
+from mongoengine import Document
 
 from common.store import counts
 from common.store.data import gridfs_of, shown
@@ -34,7 +35,7 @@ from common.store.models import (
 )
 from common.store.paging import Span, by_id
 
-LOGS = {
+LOGS: dict[str, type[Document]] = {
     "download": CrawlerDownloadLog,
     "dispatch": CrawlerDispatchLog,
     "alert": CrawlerDispatchAlertLog,

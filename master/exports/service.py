@@ -302,8 +302,10 @@ def tend(redis: Redis) -> TendReport:
     for doc in exports.due(now):
         if doc.get("queued_at") and entry_exists(redis, export_entry_id(doc["_id"])):
             continue  # its entry waits in the queue
-        push(redis, exports.get(doc["_id"]))
-        report.sent += 1
+        export = exports.get(doc["_id"])
+        if export is not None:  # not removed since
+            push(redis, export)
+            report.sent += 1
     for doc in exports.expire(now):
         drop_export_file(doc.get("file_id"))
         report.expired += 1

@@ -77,8 +77,8 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
         if log_days:
             report.download_logs += store.remove_old_logs(job_id, _before(log_days, now), span, end)
     if settings.NOTIFICATION_RETENTION_DAYS:
-        before = _before(settings.NOTIFICATION_RETENTION_DAYS, now)
-        report.notifications = store.remove_notifications(before, end)
+        cutoff = _before(settings.NOTIFICATION_RETENTION_DAYS, now)
+        report.notifications = store.remove_notifications(cutoff, end)
     report.finished = time.monotonic() < end
     if report.data or report.tasks or report.download_logs or report.notifications:
         logger.info(

@@ -16,6 +16,7 @@ from common.config import settings
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import rq_queue
 from common.store import logs, pages
+from common.store.connection import as_text
 from common.store.models import utcnow
 from master.ops.stats import queue_stats
 
@@ -30,7 +31,7 @@ def _unmoved_for(redis: Redis, queue: str, now: float) -> float:
         redis.hdel(HEADS, queue)
         return 0.0
     seen = redis.hget(HEADS, queue)
-    head, _, since = (seen or b"").decode().partition(" ")
+    head, _, since = as_text(seen or b"").partition(" ")
     if head != ids[0]:
         redis.hset(HEADS, queue, f"{ids[0]} {now}")
         return 0.0

@@ -22,7 +22,7 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     names = our_queues(redis)
     order = {name: i for i, name in enumerate(QUEUE_NAMES)}
     now = datetime.now(timezone.utc)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in [*sorted(names, key=lambda n: (order[base_of(n)], n)), EXPORT_QUEUE]:
         queue = rq_queue(name, redis)
         depth = queue.count

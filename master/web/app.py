@@ -161,8 +161,9 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        if unreachable(exc):  # refused credentials (an OperationFailure or ResponseError of their own)
-            return error(503, unreachable(exc))
+        line = unreachable(exc)
+        if line:  # refused credentials (an OperationFailure or ResponseError of their own)
+            return error(503, line)
         logger.exception("unexpected error on %s %s", request.method, request.url.path)
         from common.sentry import capture
 

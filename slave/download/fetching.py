@@ -75,7 +75,7 @@ class Engines:
         self.etiquette = Etiquette()
         self._local = threading.local()
 
-    def _requests(self, url: str, ctx: JobContext, cut: http.Cut) -> Download:
+    def _requests(self, url: str, ctx: JobContext, cut: http.Cut | None) -> Download:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = http.new_session()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from rq import Worker
 from rq.serializers import JSONSerializer
 
 from common.config import host_name, settings
@@ -23,7 +22,8 @@ from common.store.connection import redis_conn
 from slave.worker.rqworker import ClassicSimpleWorker, ClassicWorker
 
 
-def build_worker(simple: bool = False, name: str | None = None, foreign: bool = False) -> Worker:
+def build_worker(simple: bool = False, name: str | None = None,
+                 foreign: bool = False) -> ClassicWorker | ClassicSimpleWorker:
     """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
     redis = redis_conn()
     queues = [rq_queue(n, redis) for n in worker_queue_names(host_name(), foreign)]

@@ -18,6 +18,7 @@ import logging
 import math
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from rq import Queue, worker_registration
 from rq.executions import Execution
@@ -32,7 +33,13 @@ from common.queue.rqbridge import JsonJob
 logger = logging.getLogger(__name__)
 
 
-class RedisClock:
+if TYPE_CHECKING:
+    _WorkerBase = BaseWorker  # what the mixin is mixed into, for the type checker
+else:
+    _WorkerBase = object
+
+
+class RedisClock(_WorkerBase):
     """rq scores its StartedJobRegistry by the clock of the worker that writes an entry (now +
     TTL) and cleans it by the clock of whichever worker runs maintenance, so between hosts whose
     clocks differ by more than the TTL's margin a healthy worker's running entries are taken as
@@ -76,7 +83,7 @@ class RedisClock:
                 worker_registration.clean_worker_registry(queue)
                 queue.intermediate_queue.cleanup(self, queue)
                 queue.release_maintenance_lock()
-        self.last_cleaned_at = now()
+        self.last_cleaned_at = now()  # type: ignore[assignment]  # rq declares it None, then sets datetimes
 
 
 class ClassicWorker(RedisClock, Worker):

@@ -229,7 +229,7 @@ class Loop:
             return asyncio.create_task(
                 self._run(execution, self.runner.run_entry(lease, pending=True), entry)
             )
-        if queue_name == EXPORT_QUEUE:
+        if queue_name == EXPORT_QUEUE and export is not None:
             self.export_running = asyncio.create_task(
                 self._run(
                     execution,

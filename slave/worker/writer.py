@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from bson import BSON
@@ -34,6 +35,7 @@ from common.store.models import FAIL, LIVE, SUCCESS, store_time
 from slave.download.engines.base import Download
 
 if TYPE_CHECKING:
+    from slave.download.etiquette import Etiquette
     from slave.worker.context import JobContext
 
 logger = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> None:
 class Part:
     """Outcomes of one entry in one write."""
 
-    ctx: object
+    ctx: JobContext
     lease: str
     kind: str
     outcomes: list[Outcome]
@@ -148,17 +150,14 @@ def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, 
         back_ids = [o.task["_id"] for q, o in later if q is p]
         c["success"] = len(leases.settled_of(p.lease, ok_ids))
         if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
-            with_retries(
-                lambda p=p, ok_ids=ok_ids: leases.tombstone(p.lease, p.ctx.job_id, "a settle was refused",
-                                                            ok_ids, now),
-                "tombstone",
-            )
+            refused = partial(leases.tombstone, p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now)
+            with_retries(refused, "tombstone")
         if bad_ids:
             c["fail"] = tasks.changed_to(bad_ids, FAIL, now)
         if back_ids:
             c["handed_back"] = tasks.changed_to(back_ids, LIVE, now)
         dropped = (
-            with_retries(lambda p=p, ok_ids=ok_ids: leases.drop_unsettled(p.lease, ok_ids), "orphan cleanup")
+            with_retries(partial(leases.drop_unsettled, p.lease, ok_ids), "orphan cleanup")
             if ok_ids
             else 0
         )
@@ -183,15 +182,16 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         ok = [(p, o) for p, o in ok if id(o) in kept]
         big = [(o, d) for o, d in zip(outs, data_docs) if attempts.body_file(d)]
         for o, d in big:
-            with_retries(lambda o=o, d=d: attempts.put_body(attempts.body_file(d), o.download.body,
-                                                           f"{o.task['_id']}-{d['lease']}"), "GridFS put")
+            body = o.download.body if o.download else b""
+            put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
+            with_retries(put, "GridFS put")
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
     later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
     if logs:
         with_retries(lambda: attempts.insert_logs(logs), "log insert")
         count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
-                    + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad])
+                    + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
 
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
@@ -200,6 +200,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     for p, ids in ok_by_part.values():
         settles.append(leases.settle_success(ids, p.lease, p.kind, now))
     for p, o in bad:
+        assert o.error is not None  # what puts an outcome in ``bad``
         times = o.task.get("download_times", 0) + 1
         retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
                                  settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
@@ -212,7 +213,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
             p.lease,
             p.kind,
             redact(o.error.reason if o.error else "handed back"),
-            o.deferred,
+            o.deferred or 0.0,
             now,
         )
         for p, o in later
@@ -237,7 +238,7 @@ class RunningEntry:
     def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
         self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
-        self.etiquette = None  # set by the runner: publishes its coalesced leaders
+        self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
         self.done = loop.create_future()
         self.loop = loop
 

@@ -181,13 +181,13 @@ class UrlsIn(Strict):
 
 
 class CancelIn(Strict):
-    status: list[Literal[tuple(sorted(tasks.CANCELLABLE))]] | None = Field(  # type: ignore[misc]
+    status: list[Literal[tuple(sorted(tasks.CANCELLABLE))]] | None = Field(  # type: ignore[misc,valid-type]
         None, description=f"the statuses to cancel (default: {', '.join(tasks.CANCELLABLE_DEFAULT)})")
     model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["LIVE", "FAIL"]}]})
 
 
 class RequeueIn(Strict):
-    status: list[Literal[tuple(sorted(tasks.REQUEUEABLE))]] | None = Field(  # type: ignore[misc]
+    status: list[Literal[tuple(sorted(tasks.REQUEUEABLE))]] | None = Field(  # type: ignore[misc,valid-type]
         None, description=f"the statuses to requeue (default: {', '.join(tasks.REQUEUE_DEFAULT)})")
     model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["FAIL", "DEAD"]}]})
 

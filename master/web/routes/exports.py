@@ -247,7 +247,7 @@ def download_now(
     flt = ExportFilter(
         status=[int(s) for s in status.split(",")] if status else None, since=since, until=until
     )
-    return _download(name, SyncIn(format=format, template=template, filter=flt), token)
+    return _download(name, SyncIn(format=format, template=template, filter=flt, max_exec_time=None), token)
 
 
 @router.post("/jobs/{name}/export", status_code=200, response_class=StreamingResponse, responses=SYNC_ANSWERS)
