@@ -71,29 +71,33 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
                 seen.append(lease["_id"])
             elif not here and not lease.get("missing_at"):
                 missing.append(lease["_id"])
-        verdict = leases.lease_verdict(lease, here, now, settings.HEARTBEAT_TTL, settings.LEASE_TIMEOUT,
-                                       settings.ABSENCE_GRACE)
-        if verdict is None:
-            continue
-        reason, attempt = verdict
-        if lease["state"] != LOST and not leases.mark_lost(lease, reason):
-            continue  # claimed or beat meanwhile: alive after all
-        recovered, dead, again = leases.release(lease["_id"], reason, attempt, now)
-        report.recovered, report.dead, report.requeued = (report.recovered + recovered, report.dead + dead,
-                                                          report.requeued + again)
-        report.reasons.append(f"{recovered + dead + again} tasks: {reason}")
-        try:
-            delete_entry(redis, entry_id(lease["_id"]))
-        except (
-            Exception
-        ):  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
-            pass
+        _judge(redis, lease, here, now, report)
     leases.mark_missing(missing, now)
     leases.unmark_missing(seen)
     if report.recovered or report.dead or report.requeued:
         logger.warning("defender: %s tasks back to the dispatcher, %s DEAD, %s never started",
                        report.recovered, report.dead, report.requeued)
     return report
+
+
+def _judge(redis: Redis, lease: dict, here: bool, now: datetime, report: RecoveryReport) -> None:
+    """Give the lease's tasks back if its verdict says so (and it is still what was judged)."""
+    verdict = leases.lease_verdict(lease, here, now, settings.HEARTBEAT_TTL, settings.LEASE_TIMEOUT,
+                                   settings.ABSENCE_GRACE)
+    if verdict is None:
+        return
+    reason, attempt = verdict
+    if lease["state"] != LOST and not leases.mark_lost(lease, reason):
+        return  # claimed or beat meanwhile: alive after all
+    recovered, dead, again = leases.release(lease["_id"], reason, attempt, now)
+    report.recovered += recovered
+    report.dead += dead
+    report.requeued += again
+    report.reasons.append(f"{recovered + dead + again} tasks: {reason}")
+    try:
+        delete_entry(redis, entry_id(lease["_id"]))
+    except Exception:  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
+        pass
 
 
 def sweep(budget: float | None = None) -> int:

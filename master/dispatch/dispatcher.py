@@ -428,48 +428,74 @@ def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, terminate)
-    done, defended, standing_by = 0, float("-inf"), False
-    while not stopping.is_set() and (max_runs is None or done < max_runs):
+    loop = _Loop(max_runs)
+    while not stopping.is_set() and not loop.finished:
+        if _take(lock, stopping, loop):
+            _hold(redis, lock, stopping, interval, loop, on_run)
+
+
+@dataclass
+class _Loop:
+    """What ``dispatch --loop`` keeps between runs."""
+
+    max_runs: int | None
+    done: int = 0
+    defended: float = float("-inf")
+    standing_by: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.max_runs is not None and self.done >= self.max_runs
+
+
+def _take(lock: DispatchLock, stopping: threading.Event, loop: _Loop) -> bool:
+    """Whether this loop now holds the lock (else it waited a little: Redis away, or another holds it)."""
+    try:
+        acquired = lock.acquire()
+    except Exception as exc:  # Redis away (a failover, say): try again, never exit
+        if unreachable(exc) is None:
+            raise
+        logger.warning("%s: trying again", unreachable(exc))
+        stopping.wait(1.0)
+        return False
+    if not acquired:
+        if not loop.standing_by:
+            logger.warning("another dispatcher holds the lock: standing by")
+            loop.standing_by = True
+        stopping.wait(min(1.0, settings.DISPATCH_LOCK_TTL / 3))
+        return False
+    loop.standing_by = False
+    return True
+
+
+def _hold(redis: Redis, lock: DispatchLock, stopping: threading.Event, interval: float, loop: _Loop,
+          on_run) -> None:
+    """Run top-ups while the lock is ours; release it on the way out, whatever ends the runs."""
+    try:
+        while not stopping.is_set():
+            defend = time.monotonic() - loop.defended >= settings.HEARTBEAT_INTERVAL
+            if defend:
+                loop.defended = time.monotonic()
+            report = _timed_run(redis, lock, True, defend)
+            loop.done += 1
+            if on_run:
+                on_run(report)
+            if loop.finished:
+                break
+            stopping.wait(interval)
+            lock.keep()
+    except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
+        logger.warning("%s; standing by", exc)
+    except Exception as exc:  # Redis away mid-run: its leases stay QUEUED for the defender; go on
+        if unreachable(exc) is None:
+            raise
+        logger.warning("%s: trying again", unreachable(exc))
+        stopping.wait(1.0)
+    finally:
         try:
-            acquired = lock.acquire()
-        except Exception as exc:  # Redis away (a failover, say): try again, never exit
-            if unreachable(exc) is None:
-                raise
-            logger.warning("%s: trying again", unreachable(exc))
-            stopping.wait(1.0)
-            continue
-        if not acquired:
-            if not standing_by:
-                logger.warning("another dispatcher holds the lock: standing by")
-                standing_by = True
-            stopping.wait(min(1.0, settings.DISPATCH_LOCK_TTL / 3))
-            continue
-        standing_by = False
-        try:
-            while not stopping.is_set():
-                defend = time.monotonic() - defended >= settings.HEARTBEAT_INTERVAL
-                if defend:
-                    defended = time.monotonic()
-                report = _timed_run(redis, lock, True, defend)
-                done += 1
-                if on_run:
-                    on_run(report)
-                if max_runs is not None and done >= max_runs:
-                    break
-                stopping.wait(interval)
-                lock.keep()
-        except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
-            logger.warning("%s; standing by", exc)
-        except Exception as exc:  # Redis away mid-run: its leases stay QUEUED for the defender; go on
-            if unreachable(exc) is None:
-                raise
-            logger.warning("%s: trying again", unreachable(exc))
-            stopping.wait(1.0)
-        finally:
-            try:
-                lock.release()
-            except Exception as exc:  # Redis away: the lock expires by itself within DISPATCH_LOCK_TTL
-                logger.warning("lock not released: %s", type(exc).__name__)
+            lock.release()
+        except Exception as exc:  # Redis away: the lock expires by itself within DISPATCH_LOCK_TTL
+            logger.warning("lock not released: %s", type(exc).__name__)
 
 
 def _exit_later(lock: DispatchLock) -> None:

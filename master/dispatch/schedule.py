@@ -68,9 +68,8 @@ def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float 
         worker.work(burst=True, logging_level="WARNING")
         if burst:
             return
-        if (
-            getattr(worker, "_shutdown_requested_date", None) is not None
-        ):  # SIGTERM/SIGINT came while it worked
+        # SIGTERM/SIGINT came while it worked
+        if getattr(worker, "_shutdown_requested_date", None) is not None:
             logger.info("scheduler: stopping")
             return
         for sig in (signal.SIGTERM, signal.SIGINT):  # the worker installs its own while it works

@@ -66,20 +66,7 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
     try:
         with open(partial, "xb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
             for doc, body in store.old_data(job.id, cutoff):
-                record = {
-                    "kind": "data",
-                    "task_id": str(doc["task"]),
-                    "url": doc.get("url"),
-                    "status_code": doc.get("status_code"),
-                    "encoding": doc.get("encoding"),
-                    "hostname": doc.get("hostname"),
-                    "remote_ip": doc.get("remote_ip"),
-                    "add_datetime": iso(doc.get("add_datetime")),
-                    "response_headers": doc.get("response_headers"),
-                    "body_base64": base64.b64encode(body).decode("ascii"),
-                    "body_text": text_of(body, doc.get("encoding")),
-                }
-                out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
+                out.write(json.dumps(_data_record(doc, body), ensure_ascii=False).encode() + b"\n")
                 data_ids.add(doc["_id"])
                 report.data += 1
             for doc in store.old_logs(job.id, cutoff):
@@ -109,3 +96,20 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
         data_ids.close()
         log_ids.close()
     return report
+
+
+def _data_record(doc: dict, body: bytes) -> dict:
+    """One data document as the archive's line (the record of ``data export --format jsonl``)."""
+    return {
+        "kind": "data",
+        "task_id": str(doc["task"]),
+        "url": doc.get("url"),
+        "status_code": doc.get("status_code"),
+        "encoding": doc.get("encoding"),
+        "hostname": doc.get("hostname"),
+        "remote_ip": doc.get("remote_ip"),
+        "add_datetime": iso(doc.get("add_datetime")),
+        "response_headers": doc.get("response_headers"),
+        "body_base64": base64.b64encode(body).decode("ascii"),
+        "body_text": text_of(body, doc.get("encoding")),
+    }

@@ -52,37 +52,16 @@ class Guard:
             if int(length) > limit:
                 return await send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
         elif scope["method"] in ("POST", "PUT", "PATCH"):  # chunked: count while buffering, at most the limit
-            chunks, total, more = [], 0, True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                total += len(chunk)
-                if total > limit:
-                    return await send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            whole = b"".join(chunks)
-            sent = False
-
-            async def receive():  # noqa: F811 - replay the buffered body once
-                nonlocal sent
-                if sent:
-                    return {"type": "http.disconnect"}
-                sent = True
-                return {"type": "http.request", "body": whole, "more_body": False}
-        seen = set()
-        for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True):
-            if not QUERY_KEY.match(key):
-                return await send_error(
-                    send, 422, f"query parameter {key[:40]!r} is not allowed: plain names only"
-                )
-            if key in seen:
-                return await send_error(send, 422, f"query parameter {key!r} given twice")
-            if len(value) > LONG_QUERY.get(key, 1024):
-                return await send_error(send, 422, f"query parameter {key!r} is too long")
-            seen.add(key)
+            try:
+                whole = await _buffered(receive, limit)
+            except _Disconnected:
+                return
+            if whole is None:
+                return await send_error(send, 413, f"request body over API_MAX_BODY ({limit} bytes)")
+            receive = _replay(whole)
+        refused = _query_refusal(scope.get("query_string", b"").decode("latin-1"))
+        if refused:
+            return await send_error(send, 422, refused)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -92,6 +71,55 @@ class Guard:
             await send(message)
 
         return await self.app(scope, receive, send_with_headers)
+
+
+class _Disconnected(Exception):
+    """The client went away while its body was being read."""
+
+
+async def _buffered(receive, limit: int) -> bytes | None:
+    """The whole body of a chunked request; None once it passes ``limit`` bytes."""
+    chunks, total, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _replay(whole: bytes):
+    """An ASGI ``receive`` that gives the buffered body once, then a disconnect."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": whole, "more_body": False}
+
+    return receive
+
+
+def _query_refusal(query: str) -> str | None:
+    """Why the query string is refused (names other than plain lower-case ones, a name given
+    twice, a value too long), or None."""
+    seen = set()
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if not QUERY_KEY.match(key):
+            return f"query parameter {key[:40]!r} is not allowed: plain names only"
+        if key in seen:
+            return f"query parameter {key!r} given twice"
+        if len(value) > LONG_QUERY.get(key, 1024):
+            return f"query parameter {key!r} is too long"
+        seen.add(key)
+    return None
 
 
 def _validation_line(exc: RequestValidationError) -> str:
@@ -118,6 +146,25 @@ def create_app() -> FastAPI:
         description="The downcluster HTTP API: `Authorization: Bearer TOKEN` on every call but "
         '`POST /session` and signed file links. Every error is `{"error": "one line"}`.',
     )
+    _answer_errors(app)
+    app.include_router(api.router, prefix="/api/v1")
+    app.include_router(exports.router, prefix="/api/v1")
+    app.include_router(files.router)
+    app.include_router(metrics.router)
+    app.include_router(console.router)
+    origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]
+    if origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(Guard)
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error as the one shape: the error tree's statuses, 405 with Allow, 503 naming an
+    unreachable service, 500 logged and sent to Sentry."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -169,20 +216,6 @@ def create_app() -> FastAPI:
 
         capture(exc)
         return error(500, "internal error (logged on the server)")
-
-    app.include_router(api.router, prefix="/api/v1")
-    app.include_router(exports.router, prefix="/api/v1")
-    app.include_router(files.router)
-    app.include_router(metrics.router)
-    app.include_router(console.router)
-    origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]
-    if origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(Guard)
-    return app
 
 
 def _allowed(request: Request) -> list[str]:

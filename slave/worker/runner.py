@@ -181,9 +181,8 @@ class Loop:
             if got:
                 try:
                     task = await self._start(*got)
-                except (
-                    Exception
-                ) as exc:  # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+                # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+                except Exception as exc:
                     logger.warning("entry %s not started: %s", got[1], redact(f"{type(exc).__name__}: {exc}"))
                     continue
                 if task is not None:
@@ -247,9 +246,8 @@ class Loop:
         loop = asyncio.get_running_loop()
         try:
             await work
-        except (
-            Exception
-        ) as exc:  # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
+        # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
+        except Exception as exc:
             reason = redact(f"{type(exc).__name__}: {exc}")
             logger.error("entry %s failed: %s", entry, reason)
             capture(exc)

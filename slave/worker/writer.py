@@ -171,20 +171,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     large bodies), one insert of logs, one bulk of settles (an UpdateMany of the successes of
     each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
     says exactly whether every guarded settle matched. Returns each part's settled counts."""
-    ok = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
-    data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
-    for (_, o), d in zip(ok, data_docs):
-        o.data_id = d["_id"]
-    if data_docs:
-        outs = [o for _, o in ok]
-        _insert_data(outs, data_docs)
-        kept = {id(o) for o in outs}
-        ok = [(p, o) for p, o in ok if id(o) in kept]
-        big = [(o, d) for o, d in zip(outs, data_docs) if attempts.body_file(d)]
-        for o, d in big:
-            body = o.download.body if o.download else b""
-            put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
-            with_retries(put, "GridFS put")
+    done = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
+    ok = _store_data(done, now)
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
     later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
     logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
@@ -192,7 +180,43 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         with_retries(lambda: attempts.insert_logs(logs), "log insert")
         count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
                     + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
+    settles = _settles(ok, bad, now)
+    backs = [leases.hand_back(o.task["_id"], p.lease, p.kind,
+                              redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now)
+             for p, o in later]
+    settled = with_retries(lambda: tasks.settle(settles), "task settle")
+    handed = with_retries(lambda: tasks.settle(backs), "hand back")
+    counted = _counted(parts, ok, bad, later, settled, handed, now)
+    moves = []
+    for p, c in zip(parts, counted):
+        held = leases.held_by(p.lease, p.kind)["status"]
+        moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
+                  (p.ctx.job_id, held, LIVE, c["handed_back"])]
+    with_retries(lambda: counts.move(moves), "task counts")
+    return counted
 
+
+def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:
+    """Insert the data documents of the successes (then the GridFS files of large bodies); each
+    outcome learns its ``data_id``. Returns the successes whose data is stored."""
+    data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
+    for (_, o), d in zip(ok, data_docs):
+        o.data_id = d["_id"]
+    if not data_docs:
+        return ok
+    outs = [o for _, o in ok]
+    _insert_data(outs, data_docs)
+    kept = {id(o) for o in outs}
+    for o, d in zip(outs, data_docs):
+        if attempts.body_file(d):
+            body = o.download.body if o.download else b""
+            put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
+            with_retries(put, "GridFS put")
+    return [(p, o) for p, o in ok if id(o) in kept]
+
+
+def _settles(ok: list[tuple[Part, Outcome]], bad: list[tuple[Part, Outcome]], now: datetime) -> list:
+    """The guarded settles: one for each entry's successes, one per failure (with its retry time)."""
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
     for p, o in ok:
@@ -205,29 +229,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
                                  settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
         settles.append(
-            leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now)
-        )
-    backs = [
-        leases.hand_back(
-            o.task["_id"],
-            p.lease,
-            p.kind,
-            redact(o.error.reason if o.error else "handed back"),
-            o.deferred or 0.0,
-            now,
-        )
-        for p, o in later
-    ]
-    settled = with_retries(lambda: tasks.settle(settles), "task settle")
-    handed = with_retries(lambda: tasks.settle(backs), "hand back")
-    counted = _counted(parts, ok, bad, later, settled, handed, now)
-    moves = []
-    for p, c in zip(parts, counted):
-        held = leases.held_by(p.lease, p.kind)["status"]
-        moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
-                  (p.ctx.job_id, held, LIVE, c["handed_back"])]
-    with_retries(lambda: counts.move(moves), "task counts")
-    return counted
+            leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
+    return settles
 
 
 # --- the writer thread ----------------------------------------------------------------------
