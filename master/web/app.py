@@ -163,8 +163,7 @@ def create_app() -> FastAPI:
 
 
 def _answer_errors(app: FastAPI) -> None:
-    """Every error as the one shape: the error tree's statuses, 405 with Allow, 503 naming an
-    unreachable service, 500 logged and sent to Sentry."""
+    """Every error as the one shape: the error tree's statuses, 405 with Allow, and the failures."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -195,6 +194,12 @@ def _answer_errors(app: FastAPI) -> None:
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
         return error(exc.status_code, str(exc.detail), headers or None)
+
+    _answer_failures(app)
+
+
+def _answer_failures(app: FastAPI) -> None:
+    """A service unreachable: 503 naming it; anything else: 500, logged and sent to Sentry."""
 
     async def _unreachable(request: Request, exc: Exception):
         return error(503, unreachable(exc) or "a service is unreachable")

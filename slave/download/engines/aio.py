@@ -204,6 +204,20 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
                             retryable=False)
     if proxy:
         netguard.judge_proxy(proxy)
+    resp = await _follow(url, limits, sent, proxy, client, allow_private)
+    try:
+        error = classify_status(resp.status, resp.headers.get("Retry-After"))
+        if error is not None:
+            raise error
+        return await _read(resp, limits, large_gate)
+    finally:
+        resp.close()
+
+
+async def _follow(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
+                  allow_private: bool) -> aiohttp.ClientResponse:
+    """The response at the end of the redirects (each hop's address judged first; credentials
+    not carried to another host)."""
     session = client.session(proxy, allow_private)
     http_proxy = proxy if proxy and not proxy.lower().startswith("socks") else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT, limits.timeout))
@@ -215,7 +229,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
                                  proxy=http_proxy, timeout=timeout, ssl=ssl_context())
         location = resp.headers.get("Location") if resp.status in REDIRECT_CODES else None
         if not location:
-            break
+            return resp
         resp.close()  # the redirect's body is never read
         hops += 1
         target = redirect_target(url, location, hops, limits.max_redirects)
@@ -223,41 +237,41 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
             for name in ("Authorization", "Cookie"):
                 sent.popall(name, None)
         url = target
+
+
+async def _read(resp: aiohttp.ClientResponse, limits: Limits,
+                large_gate: asyncio.Semaphore | None) -> Download:
+    """The body within ``limits.maxsize``; past LARGE_BODY it reads on only holding a slot of
+    ``large_gate``, which then travels with the Download (``release``)."""
+    peer = _peer(resp)
+    too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
+    length = resp.headers.get("Content-Length", "")
+    if length.strip().isdigit() and int(length) > limits.maxsize:
+        raise too_big
+    chunks, total = [], 0
+    held: asyncio.Semaphore | None = None  # large_gate, once a slot of it is taken
     try:
-        error = classify_status(resp.status, resp.headers.get("Retry-After"))
-        if error is not None:
-            raise error
-        peer = _peer(resp)
-        too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
-        length = resp.headers.get("Content-Length", "")
-        if length.strip().isdigit() and int(length) > limits.maxsize:
-            raise too_big
-        chunks, total = [], 0
-        held: asyncio.Semaphore | None = None  # large_gate, once a slot of it is taken
-        try:
-            async for chunk in resp.content.iter_any():
-                total += len(chunk)
-                if total > limits.maxsize:
-                    raise too_big
-                chunks.append(chunk)
-                if large_gate is not None and held is None and total > LARGE_BODY:
-                    await large_gate.acquire()
-                    held = large_gate
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            del chunks
-            response_headers = {str(k): str(v) for k, v in resp.headers.items()}
-            got = Download(status_code=resp.status, headers=response_headers, body=bytes(body),
-                           url=str(resp.url), remote_ip=peer[0] if peer else "",
-                           request_headers=_masked(resp.request_info.headers),
-                           encoding=body_encoding(response_headers, body),
-                           release=held.release if held is not None else None)
-            held = None  # the slot now travels with the body
-            return got
-        finally:
-            if held is not None:
-                held.release()
+        async for chunk in resp.content.iter_any():
+            total += len(chunk)
+            if total > limits.maxsize:
+                raise too_big
+            chunks.append(chunk)
+            if large_gate is not None and held is None and total > LARGE_BODY:
+                await large_gate.acquire()
+                held = large_gate
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        del chunks
+        response_headers = {str(k): str(v) for k, v in resp.headers.items()}
+        got = Download(status_code=resp.status, headers=response_headers, body=bytes(body),
+                       url=str(resp.url), remote_ip=peer[0] if peer else "",
+                       request_headers=_masked(resp.request_info.headers),
+                       encoding=body_encoding(response_headers, body),
+                       release=held.release if held is not None else None)
+        held = None  # the slot now travels with the body
+        return got
     finally:
-        resp.close()
+        if held is not None:
+            held.release()
 
 
 def _peer(resp: aiohttp.ClientResponse):

@@ -415,16 +415,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
     page = _Page(b, session, limits, user, password, allow_private, bool(proxy))
     navigating = None
     try:
-        await b.call("Browser.setDownloadBehavior", {"behavior": "deny", "browserContextId": ctx})
-        for method in ("Page.enable", "Network.enable", "Runtime.enable"):
-            await b.call(method, session=session)
-        await b.call("Fetch.enable", {"handleAuthRequests": True, "patterns": [{"urlPattern": "*"}]}, session)
-        await b.call("Network.setUserAgentOverride", {"userAgent": user_agent}, session)
-        extra = {str(k): str(v) for k, v in headers.items()}
-        if cookie:
-            extra["Cookie"] = cookie
-        if extra:
-            await b.call("Network.setExtraHTTPHeaders", {"headers": extra}, session)
+        await _prepare(b, ctx, session, user_agent, headers, cookie)
         page.main_frame = (await b.call("Page.getFrameTree", session=session))["frameTree"]["frame"]["id"]
         # the navigation's own request waits in Fetch: answer events while Page.navigate runs
         navigating = asyncio.ensure_future(b.call("Page.navigate", {"url": url}, session))
@@ -448,13 +439,8 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
         body = await _answering(page, events, _result(b, session, js))
         if len(body) > limits.maxsize:
             raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
-        response_headers = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
-        request_headers = _masked({"User-Agent": user_agent, **headers,
-                                   **({"Cookie": cookie} if cookie else {})})
-        return Download(status_code=status, headers=response_headers, body=body,
-                        url=response.get("url") or url,
-                        remote_ip=response.get("remoteIPAddress", ""), request_headers=request_headers,
-                        encoding="utf-8")  # the DOM the browser built, serialised by us as UTF-8
+        sent = {"User-Agent": user_agent, **headers, **({"Cookie": cookie} if cookie else {})}
+        return _download(response, status, body, url, sent)
     finally:
         if navigating is not None:
             navigating.cancel()
@@ -463,6 +449,30 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             await b.call("Target.disposeBrowserContext", {"browserContextId": ctx})
         except Exception:  # noqa: BLE001 - the browser may be gone; it is restarted then
             pass
+
+
+def _download(response: dict, status: int, body: bytes, url: str, sent: dict) -> Download:
+    """The page's Download: its response's headers and address, the DOM the browser built
+    (serialised by us as UTF-8), the request's headers with secrets masked."""
+    got = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
+    return Download(status_code=status, headers=got, body=body, url=response.get("url") or url,
+                    remote_ip=response.get("remoteIPAddress", ""), request_headers=_masked(sent),
+                    encoding="utf-8")
+
+
+async def _prepare(b: Browser, ctx: str, session: str, user_agent: str, headers: dict, cookie: str) -> None:
+    """A new page's set-up: downloads refused, the domains it reports, every request paused in
+    Fetch (to be judged), the user agent and the job's extra headers."""
+    await b.call("Browser.setDownloadBehavior", {"behavior": "deny", "browserContextId": ctx})
+    for method in ("Page.enable", "Network.enable", "Runtime.enable"):
+        await b.call(method, session=session)
+    await b.call("Fetch.enable", {"handleAuthRequests": True, "patterns": [{"urlPattern": "*"}]}, session)
+    await b.call("Network.setUserAgentOverride", {"userAgent": user_agent}, session)
+    extra = {str(k): str(v) for k, v in headers.items()}
+    if cookie:
+        extra["Cookie"] = cookie
+    if extra:
+        await b.call("Network.setExtraHTTPHeaders", {"headers": extra}, session)
 
 
 async def _answering(page: _Page, events: asyncio.Queue, work):

@@ -290,51 +290,60 @@ def classify_exception(exc: BaseException) -> DownloadError:
     def has(*types) -> BaseException | None:
         return next((e for e in chain if isinstance(e, types)), None)
 
-    def fail(reason: str, retryable: bool) -> DownloadError:
-        return DownloadError(redact(_one_line(reason)), retryable=retryable)
+    reason, retryable = _invalid_request(has) or _network_failure(has, chain) or (
+        f"{type(exc).__name__}: {exc}", True)
+    return DownloadError(redact(_one_line(reason)), retryable=retryable)
 
+
+def _invalid_request(has) -> tuple[str, bool] | None:
+    """What is wrong with the request itself (never retried), or None."""
     if has(rex.TooManyRedirects):
-        return fail("too many redirects", False)
+        return "too many redirects", False
     bad = has(rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.URLRequired,
               u3.LocationValueError, ValidationError)
     if bad is not None:
-        return fail(f"invalid URL: {bad}", False)
+        return f"invalid URL: {bad}", False
     if has(rex.InvalidHeader):  # its message quotes the value, which may be a secret
-        return fail("invalid request: a header name or value has forbidden characters", False)
+        return "invalid request: a header name or value has forbidden characters", False
     if has(UnicodeEncodeError) and not has(OSError):
-        return fail("invalid request: a header is not latin-1 encodable", False)
+        return "invalid request: a header is not latin-1 encodable", False
     bad = None if has(OSError) else has(ValueError)
     if bad is not None:
-        return fail(f"invalid request: {bad}", False)
+        return f"invalid request: {bad}", False
+    return None
+
+
+def _network_failure(has, chain: list[BaseException]) -> tuple[str, bool] | None:
+    """What went wrong on the way (retried, but for a certificate that does not verify), or None."""
     if has(ConnectionRefusedError):
-        return fail("connection refused", True)
+        return "connection refused", True
     if has(ConnectionResetError):
-        return fail("connection reset", True)
+        return "connection reset", True
     dns = has(u3.NameResolutionError, socket.gaierror)
     if dns is not None:
-        return fail(f"DNS lookup failed: {dns}", True)
+        return f"DNS lookup failed: {dns}", True
     # urllib3's NewConnectionError (refused, unreachable, DNS) subclasses ConnectTimeoutError
     if has(rex.ConnectTimeout) or (has(u3.ConnectTimeoutError) and not has(u3.NewConnectionError)):
-        return fail("connect timeout", True)
+        return "connect timeout", True
     if has(rex.Timeout, u3.TimeoutError, socket.timeout):
-        return fail("read timeout", True)
+        return "read timeout", True
     tls = has(ssl.SSLError, rex.SSLError, u3.SSLError)
     if tls is not None:
         text = " ".join(str(e) for e in chain)
         if has(ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
             cert = has(ssl.SSLCertVerificationError)
             detail = getattr(cert, "verify_message", "") or "verification failed"
-            return fail(f"TLS certificate error: {detail}", False)
-        return fail(f"TLS error: {tls}", True)
+            return f"TLS certificate error: {detail}", False
+        return f"TLS error: {tls}", True
     if has(rex.ProxyError, u3.ProxyError):
-        return fail("proxy error", True)
+        return "proxy error", True
     if has(rex.ContentDecodingError, u3.DecodeError):
-        return fail("content decoding failed", True)
+        return "content decoding failed", True
     broken = has(rex.ChunkedEncodingError, u3.ProtocolError, ConnectionError, rex.ConnectionError, OSError)
     if broken is not None:
         inner = chain[-1]
-        return fail(f"connection error: {type(inner).__name__}: {inner}", True)
-    return fail(f"{type(exc).__name__}: {exc}", True)
+        return f"connection error: {type(inner).__name__}: {inner}", True
+    return None
 
 
 # --- the fetch ----------------------------------------------------------------------------
