@@ -17,7 +17,7 @@ PRIOR_NORMAL, PRIOR_URGENCY, PRIOR_FOREIGN = 0, 1, 2
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: type                 # int, float, bool, str or dict
+    value_type: type           # int, float, bool, str or dict
     default: Any               # a value, or the name of the cluster setting that gives it
     low: float | None = None   # numbers: inclusive bounds
     high: float | None = None
@@ -107,7 +107,7 @@ def defaults(cluster) -> dict[str, Any]:
         value = s.default
         if isinstance(value, str) and value.isupper():
             value = getattr(cluster, value)
-        out[s.name] = {} if s.kind is dict and value is None else value
+        out[s.name] = {} if s.value_type is dict and value is None else value
     return out
 
 
@@ -116,13 +116,13 @@ def field_args(name: str) -> dict[str, Any]:
     default (a cluster setting's default is read when a document is made)."""
     s = BY_NAME[name]
     args: dict[str, Any] = {}
-    if s.kind in (int, float):
+    if s.value_type in (int, float):
         args.update(min_value=s.low, max_value=s.high)
-    elif s.kind is str:
+    elif s.value_type is str:
         args["max_length"] = s.max_len
     if isinstance(s.default, str) and s.default.isupper():
         args["default"] = lambda: getattr(_cluster(), s.default)
-    elif s.default is not None and s.kind is not dict:
+    elif s.default is not None and s.value_type is not dict:
         args["default"] = s.default
     return args
 
@@ -144,26 +144,26 @@ def check(raw: Any) -> dict[str, Any]:
         raise ValidationError(f"unknown setting {unknown[0]!r}")
     for name, value in raw.items():
         s = BY_NAME[name]
-        if s.kind in (int, float):
+        if s.value_type in (int, float):
             ok_type = not isinstance(value, bool) and isinstance(
-                value, (int,) if s.kind is int else (int, float)
+                value, (int,) if s.value_type is int else (int, float)
             )
             if not ok_type or not s.low <= value <= s.high:
-                what = "an integer" if s.kind is int else "a number"
+                what = "an integer" if s.value_type is int else "a number"
                 raise ValidationError(
                     f"settings.{name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
                 )
-        elif s.kind is bool:
+        elif s.value_type is bool:
             if not isinstance(value, bool):
                 raise ValidationError(f"settings.{name} must be true or false, got {value!r}")
-        elif s.kind is str:
+        elif s.value_type is str:
             if not isinstance(value, str):
                 raise ValidationError(f"settings.{name} must be a string, got {type(value).__name__}")
             if s.lines and (len(value) > s.max_len or "\0" in value):
                 raise ValidationError(f"settings.{name} must be text of at most {s.max_len} characters")
             if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
                 raise ValidationError(f"settings.{name} must be one line of at most {s.max_len} characters")
-        elif s.kind is dict:
+        elif s.value_type is dict:
             if not isinstance(value, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
             ):

@@ -103,19 +103,19 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     host = data.get("host", "")
     if not isinstance(host, str) or not re.match(r"^[A-Za-z0-9_.-]{0,128}$", host):
         raise ValidationError(f"host must be a host name, got {host!r}")
-    kind = data.get("type", "none")
-    if kind not in DOWNLOADER_TYPES:
-        raise ValidationError(f"type must be one of {', '.join(DOWNLOADER_TYPES)}, got {kind!r}")
+    language = data.get("type", "none")
+    if language not in DOWNLOADER_TYPES:
+        raise ValidationError(f"type must be one of {', '.join(DOWNLOADER_TYPES)}, got {language!r}")
     cleaned = validate_settings(data.get("settings"))
     code = ""
-    if kind != "none":
+    if language != "none":
         rel = data.get("code")
         if base_dir is None:
             if not isinstance(inline_code, str) or not inline_code:
-                raise ValidationError(f"type {kind} needs its code")
+                raise ValidationError(f"type {language} needs its code")
             rel, raw = "(code)", inline_code.encode("utf-8", "surrogatepass")
         elif not isinstance(rel, str) or not rel:
-            raise ValidationError(f"type {kind} needs code = \"path/to/file\"")
+            raise ValidationError(f"type {language} needs code = \"path/to/file\"")
         else:
             try:
                 raw = (base_dir / rel).read_bytes()
@@ -127,13 +127,13 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
             code = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise ValidationError(f"code file {rel} is not UTF-8") from None
-        if kind == "python":
+        if language == "python":
             check_python(code)
         elif not code.strip():
             raise ValidationError(f"shell code file {rel} is empty")
     elif data.get("code") or inline_code:
         raise ValidationError("type none uses the built-in engine and takes no code")
-    return JobSpec(name=name, priority=priority, host=host, type=kind, code=code, settings=cleaned)
+    return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned)
 
 
 def parse_manifest(text: str, label: str) -> Any:

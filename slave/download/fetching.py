@@ -88,7 +88,7 @@ class Engines:
         return run(replace(self.limits, timeout=max(0.0, min(self.limits.timeout, left))))
 
     def coalescing(self, ctx: JobContext) -> bool:
-        return ctx.kind == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
+        return ctx.language == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
 
     async def prepare(self, ctx: JobContext, tasks: list[dict]) -> dict:
         """What an entry asks of Redis once, before its pages start: the host slots its pages
@@ -99,7 +99,7 @@ class Engines:
         if not tasks:
             return {}
         wanted: dict[str, int] = {}
-        if ctx.kind not in SANDBOXED and Etiquette.pooled(*Etiquette.limits(ctx)):
+        if ctx.language not in SANDBOXED and Etiquette.pooled(*Etiquette.limits(ctx)):
             for t in tasks:
                 host = host_of(t["uri"])
                 wanted[host] = wanted.get(host, 0) + 1
@@ -140,10 +140,11 @@ class Engines:
         """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
         unless the job says obey_robots = false), then an identical request's stored download,
         else a host slot and the fetch."""
-        url, builtin = task["uri"], ctx.kind == "none"
+        url, builtin = task["uri"], ctx.language == "none"
         if not ctx.supported:
-            raise DownloadError(f"downloader type {ctx.kind} is disabled on this cluster "
-                                f"(`downcluster type enable {ctx.kind}` allows it again)", retryable=False)
+            raise DownloadError(f"downloader type {ctx.language} is disabled on this cluster "
+                                f"(`downcluster type enable {ctx.language}` allows it again)",
+                                retryable=False)
         parts = urlsplit(url)
         host, crawl_delay = host_of(url, parts), 0.0
         lead = plan[0] if plan is not None and plan[1] is True else None
@@ -162,7 +163,7 @@ class Engines:
                     return copied
                 lead = plan[0]  # the leader failed or took too long: this task downloads
             token = await self.etiquette.slot(host, conc, max(delay, crawl_delay),
-                                              long_lease() if ctx.kind in SANDBOXED else None)
+                                              long_lease() if ctx.language in SANDBOXED else None)
             cut = http.Cut()
             return (
                 await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut),
@@ -207,12 +208,12 @@ class Engines:
         url, limits = task["uri"], self.limits
         loop = asyncio.get_running_loop()
         try:
-            if ctx.kind == "python":
+            if ctx.language == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
                            "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings}
                 result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
                                                     partial(sandbox.run_python, ctx.code, payload))
-            elif ctx.kind == "shell":
+            elif ctx.language == "shell":
                 proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
                 private = bool(ctx.settings.get("allow_private"))
                 result = await loop.run_in_executor(

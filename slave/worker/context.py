@@ -25,7 +25,7 @@ class JobContext:
     name: str
     status: str
     download_id: ObjectId | None
-    kind: str
+    language: str  # the downloader type: python, shell or none (the built-in engine)
     code: str
     engine: str
     max_retry_times: int
@@ -49,7 +49,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
         remember(conf.get("proxy"), conf.get("cookie"))
         ctx = JobContext(
             job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
-            kind=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
+            language=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
             max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
             supported=job["supported"])
     at = time.monotonic()

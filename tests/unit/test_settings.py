@@ -37,8 +37,8 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
     assert set(fields) - declared == {"id", "job", "add_datetime", "last_update_datetime"}
     for s in SETTINGS:
         field = fields[s.name]
-        assert isinstance(field, kinds[s.kind]), s.name
-        if s.kind in (int, float):
+        assert isinstance(field, kinds[s.value_type]), s.name
+        if s.value_type in (int, float):
             assert (field.min_value, field.max_value) == (s.low, s.high), s.name
 
 

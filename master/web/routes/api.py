@@ -206,8 +206,8 @@ def _intake(name: str, lines: list[str], host: str) -> dict:
 async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
     """Add URLs: a text/plain body (one a line) or JSON {"urls": [...], "host": "..."}."""
     raw = await request.body()
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "application/json":
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
         try:
             body = UrlsIn.model_validate_json(raw)
         except PydanticError as exc:
@@ -215,9 +215,9 @@ async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
             where = ".".join(str(p) for p in first.get("loc", ())) or "body"
             raise ValidationError(f"{where}: {first.get('msg', 'invalid')}") from None
         lines, host = body.urls, body.host
-    elif kind == "text/plain" or (kind == "" and raw):
+    elif content_type == "text/plain" or (content_type == "" and raw):
         lines, host = raw.decode("utf-8", errors="replace").splitlines(), ""
-    elif kind == "":
+    elif content_type == "":
         raise ValidationError("a request body is required: text/plain (one URL a line) or application/json")
     else:
         raise ApiError(415, "send text/plain (one URL a line) or application/json")
