@@ -96,7 +96,8 @@ def test_file_urls_are_refused(site, chrome):
 def test_a_page_that_never_loads_is_killed_and_the_next_page_is_fine(site, chrome):
     start = time.monotonic()
     err = _fail(chrome.fetch, f"{site}/js/never-loads", timeout=3)
-    assert err.reason == "timeout after 3.0s" and err.retryable and time.monotonic() - start < 10
+    assert err.reason == "timeout after 3.0s" and err.retryable
+    assert time.monotonic() - start < 20  # the 3 s deadline with slack; unbounded, the page never loads
     assert b"rendered by javascript 2" in chrome.fetch(f"{site}/js/render/2").body
 
 

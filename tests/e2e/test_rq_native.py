@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,21 +22,10 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from common.queue.names import worker_queue_names
 from common.store.models import CrawlerLease
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, register, statuses
+from tests.helpers import add_urls, register, statuses, wait_for
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while True:
-        got = predicate()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def free_port() -> int:

@@ -4,15 +4,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
-from tests.helpers import add_urls, register, sent, statuses
+from tests.helpers import add_urls, register, sent, statuses, wait_for
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -81,7 +80,8 @@ def test_failing_url_ends_fail_after_max_retry_times(cluster, tmp_path, monkeypa
     for _ in range(6):
         dispatch_once(cluster.redis)
         rq_worker(cluster)
-        time.sleep(0.1)
+        wait_for(lambda: not CrawlerTask.objects(retry_at__gt=store_now()).count(),
+                 what="the retries to be due")
     t500 = CrawlerTask.objects.get(uri=f"{cluster.site}/status/500")
     t404 = CrawlerTask.objects.get(uri=f"{cluster.site}/status/404")
     assert (t500.status, t500.download_times, t500.retry_at) == ("FAIL", 3, None)
@@ -145,22 +145,21 @@ def test_super_entry_enqueued_after_low_ones_runs_first(cluster, tmp_path):
 
 
 def test_cancelled_dispatched_task_is_not_stored(cluster, tmp_path):
-    slow = (
-        "import time, urllib.request\ndef download(task):\n    time.sleep(1.5)\n"
-        '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
-    )
+    slow = ('import time, urllib.request\ndef download(task):\n'
+            '    body = urllib.request.urlopen(task["url"]).read()\n'
+            '    time.sleep(3)\n    return {"status_code": 200, "headers": {}, "body": body}\n')
     register(tmp_path, "cx", priority=0, kind="python", code=slow, allow_private=True)
-    add_urls("cx", [f"{cluster.site}/page/{i}" for i in range(3)])
+    paths = [f"/page/{i}?cancelled-mid-download" for i in range(3)]  # as the site counts them
+    add_urls("cx", [cluster.site + path for path in paths])
     dispatch_once(cluster.redis)
     env = {**os.environ, **cluster.env, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]}
     worker = subprocess.Popen([str(BIN / "rq"), "worker", "--serializer", "json", "--burst", *QUEUES],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    from common.store.models import CrawlerLease
-    deadline = time.monotonic() + 20  # the entry is claimed: its three downloads sleep 1.5 s
-    while not CrawlerLease.objects(state="RUNNING").count() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
+    from sample_site import TRAFFIC
     from tests.helpers import cli
+
+    # the three downloads have fetched their pages and sleep 3 s before they return
+    wait_for(lambda: all(TRAFFIC.hits.get(path) for path in paths), what="the three downloads to start")
     assert "cancelled 3 tasks" in cli("task", "cancel", "cx").output
     worker.wait(timeout=60)
     assert statuses("cx") == {"CANCEL": 3}

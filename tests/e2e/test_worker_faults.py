@@ -26,7 +26,7 @@ from common.store.models import (
 )
 from master.dispatch.dispatcher import dispatch_once
 from services import MongoServer
-from tests.helpers import add_urls, register, statuses
+from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -72,14 +72,6 @@ def burst(cluster) -> None:
     start_worker(cluster, "--burst").wait(timeout=300)
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def children(pid: int) -> list[int]:
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -105,7 +97,8 @@ def running(cluster) -> bool:
 def drain(cluster, rounds: int = 8) -> None:
     """Dispatch and run burst workers until nothing is due."""
     for _ in range(rounds):
-        time.sleep(settings.HEARTBEAT_TTL + 0.5 if running(cluster) else 0.05)
+        wait_for(lambda: heartbeats_stale(settings.HEARTBEAT_TTL),
+                 what="running entries' workers to be judged dead")
         dispatch_once(cluster.redis)
         burst(cluster)
         counts = {s for t in CrawlerTask.objects.only("status") for s in [t.status]}
@@ -143,7 +136,7 @@ def test_killed_worker_or_horse_mid_download_task_recovered_and_done_once(fast, 
             os.kill(worker.pid, signal.SIGKILL)
         else:
             os.kill(horse, signal.SIGKILL)
-        wait_for(lambda: not heartbeat(fast), timeout=10, what="heartbeat to expire")
+        wait_for(lambda: not heartbeat(fast), what="heartbeat to expire")
         report = dispatch_once(fast.redis)
         # the five fast pages were stored as they finished: only the hung download is recovered
         assert report.recovered == 1 and statuses("k") == {"SUCCESS": 5, "DISPATCH": 1}
@@ -273,7 +266,7 @@ def test_poison_task_killing_its_worker_ends_dead(fast, tmp_path):
             os.kill(worker.pid, signal.SIGKILL)
         finally:
             worker.wait()
-        wait_for(lambda: not heartbeat(fast), timeout=10, what="heartbeat to expire")
+        wait_for(lambda: not heartbeat(fast), what="heartbeat to expire")
         # every attempt hangs again: the site answers only the first request per key with a hang,
         # so make each attempt a fresh key
         key = uuid.uuid4().hex

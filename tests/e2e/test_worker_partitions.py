@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from common.store import leases
 from common.store.data import data_filter, data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, register, statuses
+from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for
 from tests.relay import Relay
 
 pytestmark = pytest.mark.slow
@@ -48,14 +47,6 @@ def fast(cluster, monkeypatch):
         cluster.env[key] = value
     load()
     return cluster
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def worker(env: dict, *args: str) -> subprocess.Popen:
@@ -84,7 +75,8 @@ def running_of(worker_name: str) -> int:
 
 def recover_and_finish(fast) -> None:
     """A's leases have no heartbeat: the defender gives them back; B drains everything."""
-    time.sleep(float(FAST["DOWNCLUSTER_HEARTBEAT_TTL"]) + 0.5)  # a death is judged by time passing
+    ttl = float(FAST["DOWNCLUSTER_HEARTBEAT_TTL"])
+    wait_for(lambda: heartbeats_stale(ttl), 60, "A's leases to outlive HEARTBEAT_TTL")
     assert dispatch_once(fast.redis).recovered > 0
     b = worker(fast.env, "--burst", "--name", "b")
     for _ in range(6):
@@ -95,7 +87,7 @@ def recover_and_finish(fast) -> None:
                 b.kill()
         if not {"LIVE", "DISPATCH", "FAIL"} & set(statuses_all()):
             return
-        time.sleep(float(FAST["DOWNCLUSTER_HEARTBEAT_TTL"]) + 0.5)
+        wait_for(lambda: heartbeats_stale(ttl), 60, "B's leases to outlive HEARTBEAT_TTL")
         dispatch_once(fast.redis)
         b = worker(fast.env, "--burst")
     raise AssertionError(f"B did not finish: {statuses_all()}")
