@@ -46,6 +46,9 @@ ENTRY_PREFIX = "dc-"          # + lease id: a download entry
 EXPORT_ENTRY_PREFIX = "dcx-"  # + export id: an export entry (queue down_export)
 DOWNLOAD_FUNCTION = "slave.worker.entries.run_batch"
 EXPORT_FUNCTION = "slave.worker.entries.run_export"
+# what entries queued before the rooms layout call: still run (slave/jobs.py keeps the names for plain rq
+# workers)
+LEGACY_FUNCTIONS = {"slave.jobs.run_batch": DOWNLOAD_FUNCTION, "slave.jobs.run_export": EXPORT_FUNCTION}
 REFUSED_TTL = 7 * 24 * 3600   # seconds a refused entry's id stays in rq's failed registry
 
 logger = logging.getLogger(__name__)
@@ -204,7 +207,8 @@ def fetch_entry(redis: Redis, entry: str) -> RqJob | None:
         raise ForeignEntry(f"{entry[:80]!r} is not a downcluster entry")
     try:
         job = JsonJob.fetch(entry, connection=redis)
-        call = (job.func_name, list(job.args), dict(job.kwargs))
+        name = job.func_name or ""
+        call = (LEGACY_FUNCTIONS.get(name, name), list(job.args), dict(job.kwargs))
     except NoSuchJobError:
         return None
     except Exception as exc:  # pickle, bad JSON, a hash of another shape

@@ -28,8 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -376,26 +375,44 @@ def dispatch_once(redis: Redis | None = None, watchdog: bool = True) -> Dispatch
 
 def dispatch_in_child(flags: dict) -> tuple[int, dict | str]:
     """One ``dispatch_once`` in a process of its own (``spawn``): its watchdog ends that child,
-    never the caller (the web server). Returns (200, the report) or (an HTTP status, one line):
+    never the caller (the web server), and a child that never answers is killed after
+    DISPATCH_USE_POOL_TIMEOUT + 60 s. Returns (200, the report) or (an HTTP status, one line):
     409 another dispatcher holds the lock, 422 a malformed setting, 503 a service unreachable,
     500 anything else (sent to Sentry by the child)."""
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        try:
-            return pool.submit(_child_run, flags).result()
-        except BrokenProcessPool:
-            return (
-                500,
-                f"the dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT="
-                f"{settings.DISPATCH_USE_POOL_TIMEOUT}s and was stopped",
-            )
+    answers, answer_end = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(flags, answer_end), daemon=True)
+    child.start()
+    answer_end.close()
+    got = None
+    try:
+        if answers.poll(settings.DISPATCH_USE_POOL_TIMEOUT + 60):
+            got = answers.recv()
+    except EOFError:  # the child ended without answering: its watchdog stopped it
+        pass
+    finally:
+        answers.close()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if got is None:
+        limit = settings.DISPATCH_USE_POOL_TIMEOUT
+        return 500, f"the dispatcher run exceeded DISPATCH_USE_POOL_TIMEOUT={limit}s and was stopped"
+    return got
+
+
+def _child_main(flags: dict, answer_end) -> None:
+    answer_end.send(_child_run(flags))
+    answer_end.close()
 
 
 def _child_run(flags: dict) -> tuple[int, dict | str]:
     from common.config import load
-    from common.sentry import capture
+    from common.sentry import capture, init_sentry
 
     load(flags=flags)
+    init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # as every CLI process does
     try:
         connect_mongo()
         return 200, dispatch_once().as_dict()

@@ -112,3 +112,17 @@ def test_a_planted_pickle_entry_is_refused_unread(cluster, tmp_path, entry):
     assert rqbridge.oldest_enqueued_at(cluster.redis, "down_low") is not None  # read as text only
     rqbridge.delete_entry(cluster.redis, entry)  # refuses to read it, so leaves it
     assert not mark.exists()
+
+
+@pytest.mark.parametrize("func,entry,arg", [("slave.jobs.run_batch", "dc-old", "old"),
+                                            ("slave.jobs.run_export", "dcx-old", "old")])
+def test_an_entry_queued_before_the_rooms_layout_still_runs(cluster, func, entry, arg):
+    """Entries queued by a version whose functions lived in slave/jobs.py are ours: fetched, not
+    refused (an export entry refused would stay PENDING), and rq can still import their function."""
+    from rq.serializers import JSONSerializer
+
+    rq.Queue("down_low", connection=cluster.redis, serializer=JSONSerializer).enqueue_call(
+        func, args=(arg,), job_id=entry)
+    job = rqbridge.fetch_entry(cluster.redis, entry)
+    assert job is not None and list(job.args) == [arg]
+    assert callable(Job.fetch(entry, connection=cluster.redis, serializer="json").func)
