@@ -381,7 +381,7 @@ def dispatch_in_child(flags: dict) -> tuple[int, dict | str]:
     500 anything else (sent to Sentry by the child)."""
     ctx = multiprocessing.get_context("spawn")
     answers, answer_end = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(flags, answer_end), daemon=True)
+    child = ctx.Process(target=_child_main, args=(flags, answer_end))  # not daemonic: a web worker may be
     child.start()
     answer_end.close()
     got = None
