@@ -79,6 +79,24 @@ SETTINGS: tuple[Setting, ...] = (
         "and link-local addresses (intranet crawls); the cluster's own services never",
     ),
     Setting(
+        "revisit",
+        float,
+        0.0,
+        0,
+        366 * 86400,
+        doc="seconds after a success its page is visited again (0: never); with revisit_max, the "
+        "shortest interval of an adaptive revisit",
+    ),
+    Setting(
+        "revisit_max",
+        float,
+        0.0,
+        0,
+        366 * 86400,
+        doc="adaptive revisits: the longest interval (0: revisit is fixed); the interval halves "
+        "when a page changed and doubles when it did not, between revisit and this",
+    ),
+    Setting(
         "data_retention_days",
         int,
         None,

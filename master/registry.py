@@ -61,6 +61,13 @@ def validate_settings(raw: Any) -> dict[str, Any]:
             raise ValidationError("settings.download_js is empty: leave it out, or give a function body")
         if engine != "browser":
             raise ValidationError('settings.download_js needs download_engine = "browser"')
+    revisit, ceiling = raw.get("revisit", 0), raw.get("revisit_max", 0)
+    if 0 < revisit < 1:
+        raise ValidationError("settings.revisit must be 0 (never) or at least 1 second")
+    if ceiling and not revisit:
+        raise ValidationError("settings.revisit_max needs settings.revisit (the shortest interval)")
+    if ceiling and ceiling < revisit:
+        raise ValidationError("settings.revisit_max must be at least settings.revisit")
     for mail in filter(None, (m.strip() for m in raw.get("report_mails", "").split(","))):
         try:
             check_mail(mail)

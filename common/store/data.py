@@ -81,8 +81,25 @@ def documents(job_id, flt: dict) -> Iterator[tuple[dict, bytes]]:
     fs = gridfs_of(coll.database)
     cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0})
     cursor = cursor.sort("_id", 1).batch_size(200)
-    for doc in visible(cursor):
+    for doc in versions_kept(visible(cursor), flt):
         yield doc, body_of(doc, fs)
+
+
+def versions_kept(docs: Iterable[dict], flt: dict) -> Iterable[dict]:
+    """``docs`` as an export's ``versions`` asks: every version ("all"), else each page's latest."""
+    return docs if flt.get("versions") == "all" else latest_only(docs)
+
+
+def versions_of(task_id) -> list[dict]:
+    """A task's stored versions, oldest first (without bodies): the documents it names as its
+    latest (``data_lease``) or an earlier version (``history``); [] if it has none."""
+    task = CrawlerTask._get_collection().find_one({"_id": task_id}, {"data_lease": 1, "history": 1})
+    if not task or not task.get("data_lease"):
+        return []
+    leases = [*(task.get("history") or ()), task["data_lease"]]
+    found = CrawlerDownloadData._get_collection().find(
+        {"task": task_id, "lease": {"$in": leases}}, {"response_body": 0, "requests_body": 0})
+    return [{**d, "latest": d["lease"] == task["data_lease"]} for d in sorted(found, key=lambda d: d["_id"])]
 
 
 def drop_export_file(file_id) -> None:
@@ -95,14 +112,22 @@ def drop_export_file(file_id) -> None:
     db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
 
 
-def named(docs: list[dict]) -> set:
+def named(docs: list[dict], latest: bool = False) -> set:
     """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task
-    names: the exact check, one task lookup per document."""
+    names, as its latest version (``data_lease``) or an earlier one (``history``; not with
+    ``latest``): the exact check, one task lookup per document."""
     if not docs:
         return set()
-    owner = {t["_id"]: t.get("data_lease") for t in CrawlerTask._get_collection().find(
-        {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1})}
-    return {d["_id"] for d in docs if d.get("lease") is not None and owner.get(d["task"]) == d["lease"]}
+    owner = {t["_id"]: {t.get("data_lease"), *(() if latest else t.get("history") or ())}
+             for t in CrawlerTask._get_collection().find(
+                 {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1, "history": 1})}
+    return {d["_id"] for d in docs if d.get("lease") is not None and d["lease"] in owner.get(d["task"], ())}
+
+
+def latest_only(docs: Iterable[dict]) -> Iterator[dict]:
+    """The documents (already ``visible``) that are their page's latest version: a document a
+    later version superseded is skipped (the writer marks it once that version is named)."""
+    return (d for d in docs if not d.get("superseded"))
 
 
 def shown(docs: list[dict]) -> set:
@@ -181,7 +206,8 @@ def restrict(query: dict, status: tuple[int, ...]) -> dict:
 
 
 def data_rows(
-    query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False
+    query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False,
+    all_versions: bool = False,
 ) -> Iterator[dict]:
     """The export fields of each data document matching ``query``, one at a time (a small cursor
     batch; a GridFS body is read only when a body field is asked for): in the order they were
@@ -196,10 +222,11 @@ def data_rows(
         projection["response_body"] = 0
     order = [("task", 1), ("_id", 1)] if task_order else [("_id", 1)]
     cursor = coll.find(query, projection, allow_disk_use=task_order).sort(order)
-    for doc in visible(cursor.batch_size(100 if needs_body else 1000)):
+    docs = visible(cursor.batch_size(100 if needs_body else 1000))
+    for doc in docs if all_versions else latest_only(docs):
         row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
                "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
-               "add_datetime": doc.get("add_datetime")}
+               "add_datetime": doc.get("add_datetime"), "version": doc.get("version") or 1}
         if needs_headers:
             row["response_headers"] = doc.get("response_headers") or {}
         if needs_body:
@@ -287,6 +314,6 @@ def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows)
 
     def rows_for(table) -> Iterator[dict]:
         return wrap(data_rows(restrict(base, table.status), template.needs_body, template.needs_headers,
-                              task_order=fmt == "xlsx"))
+                              task_order=fmt == "xlsx", all_versions=flt.get("versions") == "all"))
 
     return rows_for

@@ -167,9 +167,10 @@ def on_jobs() -> list[dict]:
 
 
 def dispatch_settings(job_ids: list) -> dict:
-    """{job id: its settings document's ``dispatch_num``, ``max_retry_times`` and ``prior``}."""
+    """{job id: its settings document's ``dispatch_num``, ``max_retry_times``, ``prior`` and ``revisit``}."""
     return {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
-        {"job": {"$in": job_ids}}, {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1})}
+        {"job": {"$in": job_ids}},
+        {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1, "revisit": 1})}
 
 
 def context(job_id) -> dict | None:

@@ -74,9 +74,12 @@ def held_by(lease: str, kind: str) -> dict:
 
 def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datetime) -> dict:
     """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
-    return {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
-            "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
-            "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
+    doc = {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
+           "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
+           "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
+    if any(getattr(t, "prev", None) for t in tasks):  # visits of stored pages: their latest versions
+        doc["prev"] = [getattr(t, "prev", None) or {} for t in tasks]
+    return doc
 
 
 def create(docs: list[dict]) -> None:
@@ -101,9 +104,10 @@ def claim(lease_id: str, worker_id: str) -> dict | None:
 def lease_tasks(lease: dict) -> list[dict]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
+    prev = lease.get("prev") or [None] * len(lease["ids"])
     return [
-        {"_id": i, "uri": u, "download_times": n}
-        for i, u, n in zip(lease["ids"], lease["uris"], lease["attempts"])
+        {"_id": i, "uri": u, "download_times": n, **({"prev": p} if p else {})}
+        for i, u, n, p in zip(lease["ids"], lease["uris"], lease["attempts"], prev)
     ]
 
 
@@ -128,6 +132,40 @@ def settle_success(ids: list, lease: str, kind: str, now: datetime) -> UpdateMan
         {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                   "last_update_datetime": now},
          "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
+
+
+def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime, every: float,
+                 stored: dict | None, not_modified: bool, reason: str | None = None) -> UpdateOne:
+    """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
+    ``stored``: a new version was stored (``etag``, ``last_modified``, ``digest``, ``prev_lease``,
+    the lease of the version it supersedes, None on a first visit): the task names it and keeps
+    the earlier one in ``history``. Else the latest version stays named, and the visit counts as
+    ``not_modified`` (or, with ``reason``, as a revisit that failed for good)."""
+    change: dict = {
+        "$set": {"status": SUCCESS, "retry_at": retry_at, "revisit_every": every, "failed_reason": reason,
+                 "last_update_datetime": now},
+        "$inc": {"download_times": 1} if reason else {"download_times": 1, "visits": 1},
+        "$unset": UNSET_LEASE,
+    }
+    if stored is not None:
+        change["$set"].update(data_lease=lease, changed_at=now, etag=stored.get("etag"),
+                              last_modified=stored.get("last_modified"), digest=stored.get("digest"))
+        change["$inc"]["versions"] = 1
+        if stored.get("prev_lease"):
+            change["$push"] = {"history": stored["prev_lease"]}
+    elif not_modified:
+        change["$inc"]["not_modified"] = 1
+    return UpdateOne({"_id": task_id, **held_by(lease, kind)}, change)
+
+
+def mark_superseded(settled: list[tuple]) -> None:
+    """(task, version) settled as its latest: its data documents of lower versions are earlier
+    versions (a hint for readers of the latest only; the task's ``data_lease`` is the truth). By
+    version, so a mark that comes late never touches a version stored after it."""
+    if settled:
+        CrawlerDownloadData._get_collection().bulk_write([
+            UpdateMany({"task": task, "version": {"$not": {"$gte": version}}, "superseded": None},
+                       {"$set": {"superseded": True}}) for task, version in settled], ordered=False)
 
 
 def settle_failure(

@@ -158,6 +158,8 @@ class CrawlerDownloadSetting(Document):
         **field_args("data_retention_days")
     )  # None: DATA_RETENTION_DAYS; 0: for ever
     log_retention_days = IntField(**field_args("log_retention_days"))  # None: LOG_RETENTION_DAYS; 0: for ever
+    revisit = FloatField(**field_args("revisit"))  # seconds; 0: a success is final
+    revisit_max = FloatField(**field_args("revisit_max"))  # adaptive ceiling; 0: fixed interval
     last_update_datetime = DateTimeField(default=utcnow)
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source"}
@@ -185,6 +187,16 @@ class CrawlerTask(Document):
     retry_at = DateTimeField()
     failed_reason = StringField()
     data_lease = StringField()  # on SUCCESS: the lease of its crawler_download_data document
+    # revisits (a job with ``revisit``): a SUCCESS task is due again at ``retry_at``
+    history = ListField(StringField())  # leases of its earlier versions, oldest first
+    versions = IntField()          # versions of its page stored (the latest is ``data_lease``'s)
+    visits = IntField()            # successful visits, those answered "not modified" included
+    not_modified = IntField()      # visits answered 304 or with the same body: nothing stored
+    revisit_every = FloatField()   # seconds until its next visit (adaptive: moves each visit)
+    changed_at = DateTimeField()   # when a visit last brought new content
+    etag = StringField()           # validators of the latest version, sent on the next visit
+    last_modified = StringField()
+    digest = StringField()         # SHA-256 of the latest version's body
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {
@@ -230,6 +242,7 @@ class CrawlerLease(Document):
     ids = ListField(ObjectIdField())
     uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
     attempts = ListField(IntField())  # their download_times when sent
+    prev = ListField(DictField())     # revisits: each task's latest version (``common.store.tasks.Prev``)
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
     hostname = StringField()
@@ -282,6 +295,8 @@ class CrawlerDownloadData(Document):
     encoding = StringField()
     hostname = StringField()
     remote_ip = StringField()
+    version = IntField()          # revisits: 1, 2, ... the page's versions in order
+    superseded = BooleanField()   # revisits: a later version of the page is stored (and named)
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",
@@ -302,6 +317,7 @@ class CrawlerDownloadLog(Document):
     downloads_hostname = StringField()
     spend_time = IntField(default=0)  # microseconds
     coalesced_from = ReferenceField("CrawlerTask")  # the task whose download this one reused
+    not_modified = StringField()  # a revisit that stored nothing: "HTTP 304" or "same content"
     add_datetime = DateTimeField(default=utcnow)
     # no index on add_datetime: the _id (made when the log is written) orders and ranges by time,
     # and on this store each index costs every insert

@@ -15,7 +15,9 @@ cursor, never past a number handed out but not yet inserted, so no task can appe
 only the dispatcher moves it, by compare-and-set (``advance_cursor``).
 
 Tasks that go again (retryable FAIL whose ``retry_at`` passed; LIVE with ``retry_at`` set:
-recovered, requeued, handed back) are found by status and time and marked DISPATCH when sent.
+recovered, requeued, handed back; SUCCESS with ``retry_at`` set: a revisit, ``common/revisit.py``)
+are found by status and due time, by the (job, status, retry_at, seq) index, and marked DISPATCH
+when sent.
 
 Invariant: every change of tasks' status here is followed at once by its move in
 ``common.store.counts``, with the number the change's own result reports; only ``settle``
@@ -33,7 +35,7 @@ from pymongo.errors import BulkWriteError
 from common.errors import ValidationError
 from common.store import counts
 from common.store.leases import UNSET_LEASE
-from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, CrawlerTask, Job, utcnow
+from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, utcnow
 
 DUPLICATE_KEY = 11000
 EPOCH = datetime(1970, 1, 1)
@@ -117,7 +119,19 @@ class Picked:
     seq: int = 0
     uri: str = ""
     attempts: int = 0
-    status: str = LIVE  # what it was when picked (a task that goes again: FAIL or LIVE)
+    status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
+    prev: dict | None = None  # a stored page visited again: its latest version (``prev_of``)
+
+
+PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
+
+
+def prev_of(doc: dict) -> dict | None:
+    """What a visit of a task with a stored version needs of it (validators, digest, version
+    count, interval), copied into its entry's lease; None for a task never stored."""
+    if not doc.get("data_lease"):
+        return None
+    return {k: doc.get(k) for k in PREV_FIELDS if doc.get(k) is not None}
 
 
 def fresh_limit(job_doc: dict, now: datetime) -> int:
@@ -161,6 +175,14 @@ def advance_cursor(job_id, was: int, to: int) -> bool:
                                             ).matched_count == 1
 
 
+PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, **dict.fromkeys(PREV_FIELDS, 1)}
+
+
+def _picked(d: dict, status: str) -> Picked:
+    attempts = 0 if status == SUCCESS else d.get("download_times", 0)  # a revisit counts afresh
+    return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d))
+
+
 def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
     """Up to ``need`` tasks that go again: retryable FAIL, then LIVE recovered or requeued.
     Queries name only the fields of the task index (job, status, retry_at): another predicate
@@ -172,14 +194,22 @@ def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Pi
             break
         if status == FAIL and max_retry_times <= 0:
             continue
-        for d in _tasks().find({"job": job_id, "status": status, "retry_at": due},
-                               {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1}):
+        for d in _tasks().find({"job": job_id, "status": status, "retry_at": due}, PICK_FIELDS):
             if d.get("download_times", 0) < max_retry_times or status == LIVE:
-                picked.append(Picked(d["_id"], d.get("host_name") or "", 0, d["uri"],
-                                     d.get("download_times", 0), status))
+                picked.append(_picked(d, status))
                 if len(picked) >= need:
                     break
     return picked
+
+
+def due_revisits(job_id, need: int, now: datetime) -> list[Picked]:
+    """Up to ``need`` SUCCESS tasks whose revisit is due, longest due first: one range of the
+    (job, status, retry_at, seq) index, read no further than ``need``."""
+    if need <= 0:
+        return []
+    found = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": {"$gte": EPOCH, "$lte": now}},
+                          PICK_FIELDS).sort("retry_at", 1).limit(need)
+    return [_picked(d, SUCCESS) for d in found]
 
 
 def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
@@ -188,14 +218,17 @@ def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetim
     some servers scan every task; the counts move by what each update changed, in one write."""
     moves = []
     for lease, queue, picked in entries:
-        for status in (FAIL, LIVE):
+        for status in (FAIL, LIVE, SUCCESS):
             ids = [t.id for t in picked if t.status == status]
             if not ids:
                 continue
+            sent = {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
+                    "last_update_datetime": now}
+            if status == SUCCESS:  # a revisit: its attempts are counted afresh
+                sent["download_times"] = 0
             moved = _tasks().update_many(
                 {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
-                {"$set": {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
-                          "last_update_datetime": now}}).modified_count
+                {"$set": sent}).modified_count
             moves.append((job_id, status, DISPATCH, moved))
     counts.move(moves)
 

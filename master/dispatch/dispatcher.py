@@ -54,7 +54,7 @@ from common.store import logs as store_logs
 from common.store.connection import connect_mongo, redis_conn, unreachable
 from common.store.jobs import dispatch_settings, on_jobs
 from common.store.models import AGAIN, FRESH, store_now, utcnow
-from common.store.tasks import Picked, due_again, due_fresh, fresh_cursor
+from common.store.tasks import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from master import maintenance as chores
 from master.dispatch import defender
 from master.dispatch.lock import DispatchLock
@@ -224,6 +224,8 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
                        prior=c.get("prior", 0))
         work.again = due_again(job["_id"], work.max_retry_times, work.dispatch_num, now)
         work.fresh, work.read_to = due_fresh(job, work.dispatch_num - len(work.again), now)
+        if c.get("revisit"):  # visits again take what retries and fresh tasks left
+            work.again += due_revisits(job["_id"], work.dispatch_num - len(work.again) - len(work.fresh), now)
         return work
 
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:

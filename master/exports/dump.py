@@ -20,23 +20,38 @@ from common.errors import ValidationError
 from common.exports.tabular import WRITERS
 from common.store import jobs
 from common.store.data import documents, export_source, text_of
+from common.store.models import iso
 
-FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime")
+FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime", "version")
+
+
+def data_meta(doc: dict) -> dict:
+    """A data document's fields as every whole-document export writes them (CSV's columns, the
+    JSON Lines record's and the archive's): times as RFC 3339 with "Z"."""
+    return {
+        "task_id": str(doc["task"]),
+        "url": doc.get("url"),
+        "status_code": doc.get("status_code"),
+        "encoding": doc.get("encoding"),
+        "hostname": doc.get("hostname"),
+        "remote_ip": doc.get("remote_ip"),
+        "add_datetime": iso(doc.get("add_datetime")),
+        "version": doc.get("version") or 1,
+    }
+
+
+def data_record(doc: dict, body: bytes) -> dict:
+    """A data document whole, as one JSON Lines record: its fields, the response headers and the
+    body byte-exact (base64) next to its decoded text."""
+    return {**data_meta(doc), "response_headers": doc.get("response_headers") or {},
+            "body_base64": base64.b64encode(body).decode("ascii"),
+            "body_text": text_of(body, doc.get("encoding"))}
 
 
 def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
+    """(document, body) of each of the job's data documents the filter keeps, oldest first."""
     job = jobs.named(job_name)
-    for doc, body in documents(job.id, flt or {}):
-        meta = {
-            "task_id": str(doc["task"]),
-            "url": doc.get("url"),
-            "status_code": doc.get("status_code"),
-            "encoding": doc.get("encoding"),
-            "hostname": doc.get("hostname"),
-            "remote_ip": doc.get("remote_ip"),
-            "add_datetime": doc["add_datetime"].isoformat() if doc.get("add_datetime") else None,
-        }
-        yield meta, body
+    yield from documents(job.id, flt or {})
 
 
 def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dict | None = None) -> int:
@@ -59,14 +74,13 @@ def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
     if fmt == "csv":
         writer = csv.writer(out)
         writer.writerow([*FIELDS, "body"])
-        for meta, body in rows(job_name, flt):
+        for doc, body in rows(job_name, flt):
+            meta = data_meta(doc)
             writer.writerow([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])])
             count += 1
     elif fmt == "jsonl":
-        for meta, body in rows(job_name, flt):
-            record = {**meta, "body_base64": base64.b64encode(body).decode("ascii"),
-                      "body_text": text_of(body, meta["encoding"])}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        for doc, body in rows(job_name, flt):
+            out.write(json.dumps(data_record(doc, body), ensure_ascii=False) + "\n")
             count += 1
     else:
         raise ValidationError(f"format must be csv, jsonl or xlsx, got {fmt!r}")

@@ -67,10 +67,13 @@ def parse_time(value: Any, what: str) -> datetime | None:
 
 
 def check_filter(raw: Any) -> dict:
-    """{"status": [HTTP status codes], "since", "until"} -> the stored form (codes as ints, naive UTC)."""
+    """{"status": [HTTP status codes], "since", "until", "versions"} -> the stored form (codes as
+    ints, naive UTC; ``versions`` "all" kept, "latest" — the default — left out)."""
     raw = raw or {}
-    if not isinstance(raw, dict) or set(raw) - {"status", "since", "until"}:
-        raise ValidationError("filter takes only status, since and until")
+    if not isinstance(raw, dict) or set(raw) - {"status", "since", "until", "versions"}:
+        raise ValidationError("filter takes only status, since, until and versions")
+    if raw.get("versions") not in (None, "latest", "all"):
+        raise ValidationError('filter.versions must be "latest" or "all"')
     codes = []
     for code in raw.get("status") or []:
         text = str(code) if isinstance(code, (int, str)) and not isinstance(code, bool) else ""
@@ -84,6 +87,8 @@ def check_filter(raw: Any) -> dict:
         stamp = parse_time(raw.get(key), f"filter.{key}")
         if stamp:
             out[key] = stamp
+    if raw.get("versions") == "all":
+        out["versions"] = "all"
     if out.get("since") and out.get("until") and out["since"] >= out["until"]:
         raise ValidationError("filter: since must be before until")
     return out

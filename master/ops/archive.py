@@ -11,7 +11,6 @@ document no task names is not archived (the defender removes such orphans anyway
 """
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -23,8 +22,8 @@ from bson import ObjectId
 
 from common.errors import ValidationError
 from common.store import retention as store
-from common.store.data import text_of
 from common.store.models import id_at, iso, job_named
+from master.exports.dump import data_record
 
 BATCH = 1000
 
@@ -99,17 +98,5 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
 
 
 def _data_record(doc: dict, body: bytes) -> dict:
-    """One data document as the archive's line (the record of ``data export --format jsonl``)."""
-    return {
-        "kind": "data",
-        "task_id": str(doc["task"]),
-        "url": doc.get("url"),
-        "status_code": doc.get("status_code"),
-        "encoding": doc.get("encoding"),
-        "hostname": doc.get("hostname"),
-        "remote_ip": doc.get("remote_ip"),
-        "add_datetime": iso(doc.get("add_datetime")),
-        "response_headers": doc.get("response_headers"),
-        "body_base64": base64.b64encode(body).decode("ascii"),
-        "body_text": text_of(body, doc.get("encoding")),
-    }
+    """One data document as the archive's line: the record of ``data export --format jsonl``."""
+    return {"kind": "data", **data_record(doc, body)}

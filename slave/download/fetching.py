@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from bson import ObjectId
 
+from common import revisit
 from common.config import settings
 from common.errors import DownloadError
 from common.secrets import redact
@@ -52,6 +53,16 @@ def _stored_download(data_id: str) -> Download | None:
                     request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
 
 
+def _previous(prev: dict | None) -> dict | None:
+    """What a python downloader is told of the page's latest version (None on a first visit):
+    it may send the validators itself and return ``{"status_code": 304}`` when nothing changed."""
+    if not prev:
+        return None
+    return {"etag": prev.get("etag"), "last_modified": prev.get("last_modified"),
+            "sha256": prev.get("digest"), "version": prev.get("versions"),
+            "headers": revisit.validators(prev)}
+
+
 def _etiquette_unavailable(task: dict, exc: Exception) -> Outcome:
     """The task is handed back (due again in 5 s, no attempt counted): the etiquette's checks failed."""
     logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
@@ -75,11 +86,11 @@ class Engines:
         self.etiquette = Etiquette()
         self._local = threading.local()
 
-    def _requests(self, url: str, ctx: JobContext, cut: http.Cut | None) -> Download:
+    def _requests(self, url: str, shape: dict, cut: http.Cut | None) -> Download:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = http.new_session()
-        return http.fetch(url, limits=self.limits, session=session, cut=cut, **_request_shape(ctx))
+        return http.fetch(url, limits=self.limits, session=session, cut=cut, **shape)
 
     def _sandboxed(self, token: str, run) -> Download:
         """In a download thread: ``run(limits)``, a python or shell downloader, its time limit cut
@@ -103,17 +114,18 @@ class Engines:
             for t in tasks:
                 host = host_of(t["uri"])
                 wanted[host] = wanted.get(host, 0) + 1
-        keys_ = []
-        if self.coalescing(ctx):
-            keys_ = Etiquette.coalesce_keys([t["uri"] for t in tasks], ctx, _request_shape(ctx))
+        keys_: list = []
+        shared = [t for t in tasks if not t.get("prev")]  # a revisit asks with its own validators
+        if self.coalescing(ctx) and shared:
+            keys_ = Etiquette.coalesce_keys([t["uri"] for t in shared], ctx, _request_shape(ctx))
         reserved, led = await asyncio.gather(self.etiquette.reserve(wanted),
-                                             self.etiquette.lead_many(keys_, [str(t["_id"]) for t in tasks]),
+                                             self.etiquette.lead_many(keys_, [str(t["_id"]) for t in shared]),
                                              return_exceptions=True)
         if isinstance(reserved, Exception):  # each page asks for its own slot
             logger.debug("slots not reserved: %s", type(reserved).__name__)
         if isinstance(led, Exception):
             return {t["_id"]: led for t in tasks}
-        return {t["_id"]: plan for t, plan in zip(tasks, zip(keys_, led))}
+        return {t["_id"]: plan for t, plan in zip(shared, zip(keys_, led))}
 
     async def download(self, ctx: JobContext, task: dict, plan=None) -> Outcome:
         """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
@@ -207,10 +219,14 @@ class Engines:
         """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
         url, limits = task["uri"], self.limits
         loop = asyncio.get_running_loop()
+        shape, prev = _request_shape(ctx), task.get("prev")
+        if prev:  # a visit of a stored page: ask whether it changed (a 304 costs no body)
+            shape["headers"] = {**shape["headers"], **revisit.validators(prev)}
         try:
             if ctx.language == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
-                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings}
+                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings,
+                           "previous": _previous(prev)}
                 result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
                                                     partial(sandbox.run_python, ctx.code, payload))
             elif ctx.language == "shell":
@@ -223,18 +239,18 @@ class Engines:
                     lambda lim: sandbox.run_shell(ctx.code, url, lim, proxy, cookie, private),
                 )
             elif ctx.engine == "requests":
-                result = await loop.run_in_executor(self.blocking, self._requests, url, ctx, cut)
+                result = await loop.run_in_executor(self.blocking, self._requests, url, shape, cut)
             elif ctx.engine == "browser":
                 result = await browser.fetch(
                     url,
                     limits=limits,
                     pool=self.browsers,
-                    **_request_shape(ctx),
+                    **_request_shape(ctx),  # a browser sends its own validators: digests tell a change
                     js=ctx.settings.get("download_js") or "",
                     idle_max=settings.BROWSER_IDLE_MAX,
                 )
             else:
-                result = await aio.fetch(url, limits=limits, client=self.client, **_request_shape(ctx),
+                result = await aio.fetch(url, limits=limits, client=self.client, **shape,
                                          large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
                 raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)

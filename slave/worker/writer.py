@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -24,10 +24,12 @@ from bson import BSON
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
 
+from common import revisit
 from common.config import settings
 from common.errors import DownloadError
 from common.metrics import count_pages, reason_class
 from common.queue.retry import backoff, next_retry_at
+from common.revisit import Revisit
 from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
 from common.store.connection import redis_conn
@@ -56,6 +58,9 @@ class Outcome:
     coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
     coalesced_from: object = None        # the task whose stored download this one copied
     data_id: object = None               # set by store_many: the data document written
+    not_modified: str | None = None      # set by store_many: a revisit that brought nothing new
+    retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
+    kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
@@ -79,14 +84,20 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
 
 
 def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    return attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now)
+    doc = attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now)
+    if Revisit.of(ctx.settings).on:
+        doc["version"] = int((outcome.task.get("prev") or {}).get("versions") or 0) + 1
+    return doc
 
 
 def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    return attempts.log_doc(ctx.job_id, outcome.task["_id"], lease,
-                            redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
-                            len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
-                            outcome.coalesced_from, now)
+    doc = attempts.log_doc(ctx.job_id, outcome.task["_id"], lease,
+                           redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
+                           len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
+                           outcome.coalesced_from, now)
+    if outcome.not_modified:
+        doc["not_modified"] = outcome.not_modified
+    return doc
 
 
 def _unstorable(outcome: Outcome, doc: dict) -> str | None:
@@ -131,24 +142,28 @@ class Part:
     outcomes: list[Outcome]
 
 
-def _counted(parts: list[Part], ok: list, bad: list, later: list, settled: int, backs: int,
+def _counted(parts: list[Part], ok: list, kept: list, bad: list, later: list, settled: int, backs: int,
              now: datetime) -> list[dict[str, int]]:
     """What each part settled. When every guarded update matched (the usual case) that is every
     outcome; otherwise some tasks were released or cancelled meanwhile: the successes that
-    settled are those whose task names their data, the rest is read back."""
+    settled are those whose task names their data, the rest is read back. ``kept``: revisits
+    that settle SUCCESS keeping their latest version (not modified, or failed for good)."""
     got = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
     index = {id(p): i for i, p in enumerate(parts)}
-    if settled == len(ok) + len(bad) and backs == len(later):
-        for name, group in (("success", ok), ("fail", bad), ("handed_back", later)):
+    if settled == len(ok) + len(kept) + len(bad) and backs == len(later):
+        for name, group in (("success", ok), ("success", kept), ("fail", bad), ("handed_back", later)):
             for p, _ in group:
                 got[index[id(p)]][name] += 1
         return got
     for p in parts:
         c = got[index[id(p)]]
         ok_ids = [o.task["_id"] for q, o in ok if q is p]
+        kept_ids = [o.task["_id"] for q, o in kept if q is p]
         bad_ids = [o.task["_id"] for q, o in bad if q is p]
         back_ids = [o.task["_id"] for q, o in later if q is p]
         c["success"] = len(leases.settled_of(p.lease, ok_ids))
+        if kept_ids:
+            c["success"] += tasks.changed_to(kept_ids, SUCCESS, now)
         if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
             refused = partial(leases.tombstone, p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now)
             with_retries(refused, "tombstone")
@@ -172,21 +187,28 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
     says exactly whether every guarded settle matched. Returns each part's settled counts."""
     done = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
-    ok = _store_data(done, now)
+    same = [(p, o) for p, o in done if _not_modified(p, o)]  # a revisit with nothing new: a log only
+    ok = _store_data([(p, o) for p, o in done if not o.not_modified], now)
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
+    for p, o in bad:
+        o.retry_at = _retry_at(p, o, now)
+        o.kept = _kept(p, o)
     later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
-    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *bad)]
+    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *same, *bad)]
     if logs:
         with_retries(lambda: attempts.insert_logs(logs), "log insert")
         count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
+                    + [(p.ctx.name, "not_modified", "") for p, _ in same]
                     + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
-    settles = _settles(ok, bad, now)
+    settles = _settles(ok, same, bad, now)
     backs = [leases.hand_back(o.task["_id"], p.lease, p.kind,
                               redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now)
              for p, o in later]
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(lambda: tasks.settle(backs), "hand back")
-    counted = _counted(parts, ok, bad, later, settled, handed, now)
+    counted = _counted(parts, ok, [*same, *(x for x in bad if x[1].kept)], [x for x in bad if not x[1].kept],
+                       later, settled, handed, now)
+    _supersede(ok, settled == len(settles))
     moves = []
     for p, c in zip(parts, counted):
         held = leases.held_by(p.lease, p.kind)["status"]
@@ -215,22 +237,76 @@ def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Par
     return [(p, o) for p, o in ok if id(o) in kept]
 
 
-def _settles(ok: list[tuple[Part, Outcome]], bad: list[tuple[Part, Outcome]], now: datetime) -> list:
-    """The guarded settles: one for each entry's successes, one per failure (with its retry time)."""
+def _retry_at(p: Part, o: Outcome, now: datetime) -> datetime | None:
+    assert o.error is not None  # a failure
+    return next_retry_at(o.error, o.task.get("download_times", 0) + 1, p.ctx.max_retry_times, now,
+                         settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
+
+
+def _kept(p: Part, o: Outcome) -> bool:
+    """A failure that is final (``o.retry_at`` None) on a page with a stored version of a job with
+    revisits: the task stays SUCCESS, naming that version, and is visited again after its interval."""
+    prev = o.task.get("prev") or {}
+    return bool(prev.get("data_lease")) and Revisit.of(p.ctx.settings).on and o.retry_at is None
+
+
+def _not_modified(p: Part, o: Outcome) -> bool:
+    """Whether a success is a revisit that brought nothing new (sets ``o.not_modified``)."""
+    if o.download is None or not o.task.get("prev") or not Revisit.of(p.ctx.settings).on:
+        return False
+    o.not_modified = revisit.unchanged(o.task["prev"], o.download.status_code, o.download.body)
+    return o.not_modified is not None
+
+
+def _visit(p: Part, o: Outcome, now: datetime):
+    """The settle of a visit of a job with revisits (``leases.settle_visit``)."""
+    rv, prev = Revisit.of(p.ctx.settings), o.task.get("prev") or {}
+    changed = o.error is None and not o.not_modified
+    every = rv.next_interval(prev.get("revisit_every"), changed)
+    stored = None
+    if changed and o.download is not None:
+        etag, last_modified = revisit.response_validators(o.download.headers)
+        stored = {"etag": etag, "last_modified": last_modified, "digest": revisit.digest(o.download.body),
+                  "prev_lease": prev.get("data_lease")}
+    reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
+    return leases.settle_visit(o.task["_id"], p.lease, p.kind, now, now + timedelta(seconds=every), every,
+                               stored, bool(o.not_modified), reason)
+
+
+def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
+             bad: list[tuple[Part, Outcome]], now: datetime) -> list:
+    """The guarded settles: one for each entry's successes (one per visit of a job with
+    revisits: each has its own validators and next time), one per failure (with its retry time)."""
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
-    for p, o in ok:
-        ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
+    for p, o in [*ok, *same]:
+        if Revisit.of(p.ctx.settings).on:
+            settles.append(_visit(p, o, now))
+        else:
+            ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
     for p, ids in ok_by_part.values():
         settles.append(leases.settle_success(ids, p.lease, p.kind, now))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
-        times = o.task.get("download_times", 0) + 1
-        retry_at = next_retry_at(o.error, times, p.ctx.max_retry_times, now,
-                                 settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
-        settles.append(
-            leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason), retry_at, now))
+        if o.kept:
+            settles.append(_visit(p, o, now))
+            continue
+        settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason),
+                                             o.retry_at, now))
     return settles
+
+
+def _supersede(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
+    """New versions now named by their tasks: mark the earlier ones (``leases.mark_superseded``);
+    where some settles were refused, only the versions whose task names them."""
+    news = [(p, o) for p, o in ok if (o.task.get("prev") or {}).get("data_lease")]
+    if not all_settled:
+        named = {i for p in {id(p): p for p, _ in news}.values()
+                 for i in leases.settled_of(p.lease, [o.task["_id"] for q, o in news if q is p])}
+        news = [(p, o) for p, o in news if o.task["_id"] in named]
+    marks = [(o.task["_id"], int(o.task["prev"].get("versions") or 0) + 1) for _, o in news]
+    if marks:
+        with_retries(partial(leases.mark_superseded, marks), "superseded marks")
 
 
 # --- the writer thread ----------------------------------------------------------------------

@@ -145,7 +145,7 @@ def validate_result(result, maxsize: int) -> tuple[dict, bytes, bytes]:
     status = result.get("status_code")
     if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 999:
         raise DownloaderError(f"status_code must be an int from 100 to 999, got {status!r:.40}")
-    if "body" not in result:
+    if "body" not in result and status != 304:  # 304: "not modified" since task["previous"]
         raise DownloaderError("result has no body")
     remote_ip = result.get("remote_ip") or ""
     if not isinstance(remote_ip, str):
@@ -153,7 +153,7 @@ def validate_result(result, maxsize: int) -> tuple[dict, bytes, bytes]:
     header = {"ok": True, "status_code": status, "headers": _str_dict(result.get("headers"), "headers"),
               "remote_ip": remote_ip,
               "request_headers": _str_dict(result.get("request_headers"), "request_headers")}
-    body = _as_bytes(result["body"], "body")
+    body = _as_bytes(result.get("body", b""), "body")
     request_body = _as_bytes(result.get("request_body"), "request_body")
     if len(body) > maxsize:
         raise OverflowError(f"body larger than {maxsize} bytes")
