@@ -146,6 +146,16 @@ class Traffic:
 
 
 TRAFFIC = Traffic()
+# /versioned/<key>: a page whose content a test changes. key -> [version, validators] where
+# validators is "etag" (ETag, answers If-None-Match with 304), "date" (Last-Modified, answers
+# If-Modified-Since) or "none" (the same body again when unchanged); ANSWERS[key]: codes sent.
+VERSIONED: dict[str, list] = {}
+ANSWERS: dict[str, list[int]] = {}
+HANG_NEXT: set[str] = set()  # keys whose next request hangs for 60 s (a worker killed mid-visit)
+
+
+def versioned_body(key: str, version: int) -> bytes:
+    return f"<html><body><h1>{key}</h1><p>version {version}</p></body></html>".encode()
 ROBOTS: dict[int, tuple[int, str]] = {}  # server port -> (status, robots.txt text); default 404
 
 
@@ -263,6 +273,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.connection.close()
                 self.close_connection = True
+            elif head == "versioned":
+                self._versioned(arg)
             elif head == "headers":
                 self._send(200, json.dumps(dict(self.headers.items())).encode(), "application/json")
             else:
@@ -271,6 +283,22 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found")
         except OSError:  # the client went away: stop quietly
             self.close_connection = True
+
+    def _versioned(self, key: str) -> None:
+        version, validators = VERSIONED.setdefault(key, [1, "etag"])
+        if key in HANG_NEXT:
+            HANG_NEXT.discard(key)
+            ANSWERS.setdefault(key, []).append(0)
+            time.sleep(60)
+            return
+        etag = f'"{key}-v{version}"'
+        stamp = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(1_700_000_000 + version * 3600))
+        fresh = (validators == "etag" and self.headers.get("If-None-Match") == etag) or (
+            validators == "date" and self.headers.get("If-Modified-Since") == stamp)
+        headers = {"etag": {"ETag": etag}, "date": {"Last-Modified": stamp}}.get(validators, {})
+        code = 304 if fresh else 200
+        ANSWERS.setdefault(key, []).append(code)
+        self._send(code, b"" if fresh else versioned_body(key, version), "text/html", headers)
 
     def _redirect(self, location: str) -> None:
         self.send_response(302)
