@@ -315,6 +315,9 @@ SINCE_OPTION = click.option(
     help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).",
 )
 UNTIL_OPTION = click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
+VERSIONS_OPTION = click.option(
+    "--versions", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
+    help="Revisited pages: each page's latest version, or every stored version.")
 
 
 @data.command("export")
@@ -326,10 +329,11 @@ UNTIL_OPTION = click.option("--until", default=None, help="Only data stored befo
 @STATUS_OPTION
 @SINCE_OPTION
 @UNTIL_OPTION
+@VERSIONS_OPTION
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), default="-", help="File to write (default stdout)."
 )
-def data_export(name: str, fmt: str, template, codes, since, until, output: str) -> None:
+def data_export(name: str, fmt: str, template, codes, since, until, versions: str, output: str) -> None:
     """Stream job NAME's stored data as CSV, JSON Lines or Excel, here and now.
 
     Without a template: every field, with the body byte-exact (base64) in JSON Lines. With one:
@@ -339,7 +343,7 @@ def data_export(name: str, fmt: str, template, codes, since, until, output: str)
     _connect()
     started = time.monotonic()
     text = template.read() if template else ""
-    flt = {"status": list(codes), "since": since, "until": until}
+    flt = {"status": list(codes), "since": since, "until": until, "versions": versions}
     if output == "-":
         if fmt == "xlsx":
             raise click.UsageError("xlsx needs --output FILE")
@@ -518,6 +522,7 @@ def export() -> None:
 @STATUS_OPTION
 @SINCE_OPTION
 @UNTIL_OPTION
+@VERSIONS_OPTION
 @click.option("--callback", default=None, help="URL to POST a signed JSON webhook to when it ends.")
 @click.option("--mail", "mails", multiple=True, help="Address to mail when it ends (repeatable).")
 @click.option(
@@ -527,7 +532,7 @@ def export() -> None:
     help="Seconds an attempt may run before it is stopped and retried (default EXPORT_MAX_EXEC_TIME).",
 )
 def export_request(
-    name: str, fmt: str, template, codes, since, until, callback, mails, max_exec_time
+    name: str, fmt: str, template, codes, since, until, versions, callback, mails, max_exec_time
 ) -> None:
     """Request an export of job NAME's data; prints its id alone on the last line."""
     from master.exports.service import request
@@ -538,7 +543,7 @@ def export_request(
         name,
         fmt,
         template.read() if template else "",
-        {"status": list(codes), "since": since, "until": until},
+        {"status": list(codes), "since": since, "until": until, "versions": versions},
         callback,
         list(mails),
         requested_by="cli",

@@ -17,6 +17,7 @@ from redis import Redis
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
+from common.store import data as store_data
 from common.store import jobs, logs, pages
 from common.store.connection import as_text
 from common.store.models import TASK_STATUSES, iso
@@ -158,18 +159,30 @@ def _task(doc: dict, job_name: str) -> dict:
         "host": doc.get("host_name") or "",
         "queue": doc.get("queue"),
         "data_id": str(data) if data else None,
+        "visits": doc.get("visits", 0),
+        "not_modified": doc.get("not_modified", 0),
+        "revisit_every": doc.get("revisit_every"),
+        "changed_at": iso(doc.get("changed_at")),
+        "versions": [_version(v) for v in store_data.versions_of(doc["_id"])],
         "add_datetime": iso(doc.get("add_datetime")),
         "last_update_datetime": iso(doc.get("last_update_datetime")),
         "download_logs": task_logs,
     }
 
 
-def data_page(name: Any, limit: Any = None, after: Any = None) -> dict:
-    """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first."""
+def _version(doc: dict) -> dict:
+    """One stored version of a page, as the task's history lists it."""
+    return {"data_id": str(doc["_id"]), "version": doc.get("version") or 1, "latest": doc["latest"],
+            "status_code": doc.get("status_code"), "add_datetime": iso(doc.get("add_datetime"))}
+
+
+def data_page(name: Any, limit: Any = None, after: Any = None, versions: str = "latest") -> dict:
+    """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first:
+    each page's latest version, or (``versions`` "all") every stored version."""
     job = jobs.named(name)
     n = clamp(limit)
     mark = object_id(after, "after") if after is not None else None
-    page = _page(pages.data(job.id, n, mark), n)
+    page = _page(pages.data(job.id, n, mark, all_versions=versions == "all"), n)
     return {"data": page["items"], "next": page["next"]}
 
 

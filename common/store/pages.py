@@ -44,7 +44,7 @@ LOGS: dict[str, type[Document]] = {
 TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
                "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
 DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime": 1,
-               "response_body_gridfs": 1,
+               "response_body_gridfs": 1, "version": 1, "superseded": 1,
                "size": {"$cond": [{"$ifNull": ["$response_body", False]},
                                   {"$binarySize": "$response_body"}, 0]}}
 
@@ -82,9 +82,10 @@ def data_of(task: dict) -> ObjectId | None:
 
 # --- data --------------------------------------------------------------------------------
 
-def data(job_id, limit: int, after: ObjectId | None) -> list[dict]:
+def data(job_id, limit: int, after: ObjectId | None, all_versions: bool = False) -> list[dict]:
     """Up to ``limit`` + 1 of the job's shown data documents after ``after``, oldest first, with
-    their body's ``size`` (GridFS bodies too) and without their lease."""
+    their body's ``size`` (GridFS bodies too) and without their lease: each page's latest version,
+    or with ``all_versions`` its earlier ones too."""
     coll = CrawlerDownloadData._get_collection()
     docs: list[dict] = []
     span = counts.span(job_id)
@@ -92,7 +93,7 @@ def data(job_id, limit: int, after: ObjectId | None) -> list[dict]:
         raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS,
                     computed=True)
         keep = shown(raw)
-        docs += [d for d in raw if d["_id"] in keep]
+        docs += [d for d in raw if d["_id"] in keep and (all_versions or not d.get("superseded"))]
         if len(raw) <= limit:
             break
         after = raw[-1]["_id"]

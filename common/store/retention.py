@@ -72,6 +72,12 @@ def overrides() -> dict:
             for job in Job._get_collection().find({}, {"_id": 1})}
 
 
+def revisited() -> set:
+    """The jobs with revisits (their pages' latest versions outlive the data retention)."""
+    found = CrawlerDownloadSetting._get_collection().find({"revisit": {"$gt": 0}}, {"job": 1})
+    return {d["job"] for d in found}
+
+
 def drop_data(docs: list[dict]) -> int:
     """Remove data documents (``_id``, ``response_body_gridfs``) and their GridFS bodies."""
     coll = CrawlerDownloadData._get_collection()
@@ -89,7 +95,7 @@ def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=Non
     removed, after = 0, None
     while time.monotonic() < end:
         docs = by_id(coll, {"job": job_id}, BATCH, span=span, after=after, before=before,
-                     projection={"_id": 1, "response_body_gridfs": 1})
+                     projection={"_id": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
         if not docs:
             break
         after = docs[-1]["_id"]
@@ -98,9 +104,27 @@ def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=Non
     return removed
 
 
-def remove_old_data(job_id, before: ObjectId, span: Span, end: float) -> int:
-    """The job's data documents made before ``before`` (and their bodies), until ``end``."""
-    return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end, drop=drop_data)
+def remove_old_data(job_id, before: ObjectId, span: Span, end: float, keep_latest: bool = False) -> int:
+    """The job's data documents made before ``before`` (and their bodies), until ``end``. With
+    ``keep_latest`` (a job with revisits) a page's latest version stays while its task does,
+    however old (an unchanged page is answered 304 and stores nothing newer); the earlier
+    versions go, and their tasks forget them (``history``)."""
+    return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end,
+                       drop=_drop_old_versions if keep_latest else drop_data)
+
+
+def _drop_old_versions(docs: list[dict]) -> int:
+    """``drop_data`` of the documents among ``docs`` that are not their task's latest version."""
+    tasks = CrawlerTask._get_collection()
+    latest = set()
+    for part in in_chunks(list({d["task"] for d in docs if d.get("task")})):
+        latest |= {(t["_id"], t["data_lease"]) for t in tasks.find({"_id": {"$in": part}}, {"data_lease": 1})
+                   if t.get("data_lease")}
+    old = [d for d in docs if (d.get("task"), d.get("lease")) not in latest]
+    removed = drop_data(old)
+    for task, lease in {(d.get("task"), d.get("lease")) for d in old if d.get("task")}:
+        tasks.update_one({"_id": task}, {"$pull": {"history": lease}})
+    return removed
 
 
 def remove_old_logs(job_id, before: ObjectId, span: Span, end: float) -> int:
@@ -108,11 +132,13 @@ def remove_old_logs(job_id, before: ObjectId, span: Span, end: float) -> int:
     return _remove_old(CrawlerDownloadLog._get_collection(), job_id, before, span, end)
 
 
-def remove_final(job_id, before: datetime, span: Span, end: float) -> tuple[int, int, bool]:
+def remove_final(job_id, before: datetime, span: Span, end: float,
+                 revisits: bool = False) -> tuple[int, int, bool]:
     """Remove the job's final tasks last changed before ``before`` (and their data): per final
     status, read window by window by (job, status, _id) — changed before it, so made before it —
     and checked here (another predicate in the query would make the embedded store read every
-    task of the job). Returns (data removed, tasks removed, every one was reached)."""
+    task of the job). With ``revisits`` a SUCCESS task due for a visit (``retry_at`` set) is not
+    final. Returns (data removed, tasks removed, every one was reached)."""
     tasks, cutoff, data, gone_all = CrawlerTask._get_collection(), id_at(before), 0, 0
     for final in FINAL:
         after = None
@@ -125,7 +151,8 @@ def remove_final(job_id, before: datetime, span: Span, end: float) -> tuple[int,
                 break
             after = docs[-1]["_id"]
             ids = [d["_id"] for d in docs if (d.get("last_update_datetime") or before) < before
-                   and all(d.get(k) == v for k, v in final.items() if k != "status")]
+                   and all(d.get(k) == v for k, v in final.items() if k != "status")
+                   and not (revisits and final["status"] == SUCCESS and d.get("retry_at"))]
             for part in in_chunks(ids):
                 data += drop_data(list(CrawlerDownloadData._get_collection().find(
                     {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))

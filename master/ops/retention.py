@@ -65,12 +65,13 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
     now = now or utcnow()
     ensure_ttl()
     report = RetentionReport()
+    revisited = store.revisited()
     for job_id, (data_days, log_days) in job_days().items():
         span = counts.span(job_id)
         if data_days:
             before = now - timedelta(days=data_days)
-            report.data += store.remove_old_data(job_id, id_at(before), span, end)
-            data, tasks, complete = store.remove_final(job_id, before, span, end)
+            report.data += store.remove_old_data(job_id, id_at(before), span, end, job_id in revisited)
+            data, tasks, complete = store.remove_final(job_id, before, span, end, job_id in revisited)
             report.data, report.tasks = report.data + data, report.tasks + tasks
             if complete:
                 counts.raise_floor(job_id, store.oldest_left(job_id, before, span))

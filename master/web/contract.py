@@ -23,6 +23,8 @@ ObjectIdPath = Annotated[str, Path(pattern=OBJECT_ID, description="a MongoDB Obj
 After = Annotated[str | None, Query(pattern=OBJECT_ID, description="the `next` of the previous page")]
 Limit = Annotated[int | None, Query(ge=1, description="items per page (default 100; more than API_MAX_LIMIT "
                                                       "is answered with API_MAX_LIMIT)")]
+Versions = Annotated[Literal["latest", "all"], Query(
+    description="revisited pages: `latest` (each page's newest version) or `all` (every stored version)")]
 TaskStatus = Literal[TASK_STATUSES]  # type: ignore[valid-type]
 JobFilter = Annotated[str | None, Query(min_length=1, max_length=128, description="only this job's entries")]
 

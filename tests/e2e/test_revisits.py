@@ -47,7 +47,8 @@ def due(name: str) -> bool:
     """Every SUCCESS task of the job is due for its revisit by the store's clock."""
     job = Job.objects.get(name=name)
     now = store_now()
-    return all(t.retry_at is not None and t.retry_at <= now for t in CrawlerTask.objects(job=job, status="SUCCESS"))
+    done = CrawlerTask.objects(job=job, status="SUCCESS")
+    return all(t.retry_at is not None and t.retry_at <= now for t in done)
 
 
 def visit_again(cluster, name: str) -> int:
@@ -198,3 +199,42 @@ def test_worker_killed_mid_revisit_loses_nothing_and_stores_one_version(cluster,
     assert [d.version for d in docs] == [1, 2] and docs[1].lease == t.data_lease
     assert statuses("kv") == {"SUCCESS": 2}
     assert len(exported("kv", versions="all")) == 4 and len(exported("kv")) == 2
+
+
+def test_history_through_the_api_and_retention_of_old_versions(cluster, tmp_path):
+    from datetime import timedelta
+
+    from master.ops import retention
+    from tests.web_helpers import WebServer
+
+    register(tmp_path, "hist", revisit=1.0, data_retention_days=1)
+    page = keys("etag")["etag"]
+    add_urls("hist", [url(cluster, page)])
+    dispatch_once(cluster.redis)
+    burst_worker(cluster)
+    for version in (2, 3):
+        sample_site.VERSIONED[page][0] = version
+        visit_again(cluster, "hist")
+    t = task_of(page)
+    assert t.versions == 3 and len(t.history) == 2
+    token = __import__("tests.helpers", fromlist=["cli"]).cli("token", "create", "an", "--role", "analyst")
+    bearer = token.stdout.strip().splitlines()[-1]
+    with WebServer(cluster.env) as web:
+        shown = web.call("GET", f"/api/v1/tasks/{t.id}", bearer).json()
+        assert [(v["version"], v["latest"]) for v in shown["versions"]] == [(1, False), (2, False), (3, True)]
+        assert shown["visits"] == 3 and shown["data_id"] == shown["versions"][-1]["data_id"]
+        first = web.call("GET", f"/api/v1/data/{shown['versions'][0]['data_id']}/body", bearer)
+        assert first.status_code == 200 and first.content == sample_site.versioned_body(page, 1)
+        latest = web.call("GET", "/api/v1/jobs/hist/data", bearer).json()["data"]
+        every = web.call("GET", "/api/v1/jobs/hist/data?versions=all", bearer).json()["data"]
+        assert [d["version"] for d in latest] == [3] and [d["version"] for d in every] == [1, 2, 3]
+        assert web.call("GET", "/api/v1/jobs/hist/data?versions=some", bearer).status_code == 422
+        sync = web.call("GET", "/api/v1/jobs/hist/export?format=jsonl&versions=all", bearer)
+        assert sync.status_code == 200 and len(sync.text.splitlines()) == 3
+
+    # two days on: the data retention (1 day) removes the earlier versions, never the latest
+    report = retention.enforce(now=store_now() + timedelta(days=2))
+    t = task_of(page)
+    assert report.data == 2 and t.history == [] and t.status == "SUCCESS"
+    docs = list(CrawlerDownloadData.objects(task=t))
+    assert [(d.version, d.lease) for d in docs] == [(3, t.data_lease)]

@@ -21,7 +21,17 @@ from master import registry, tokens, views
 from master.dispatch.dispatcher import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
-from master.web.contract import READ, After, JobFilter, JobName, Limit, ObjectIdPath, TaskStatus, answers
+from master.web.contract import (
+    READ,
+    After,
+    JobFilter,
+    JobName,
+    Limit,
+    ObjectIdPath,
+    TaskStatus,
+    Versions,
+    answers,
+)
 from master.web.errors import ApiError
 
 router = APIRouter()
@@ -314,8 +324,11 @@ def get_overview(_: Reader) -> dict:
 # --- data, logs --------------------------------------------------------------------------
 
 @router.get("/jobs/{name}/data", tags=["data"], responses=answers(401, 404))
-def list_data(name: JobName, _: Reader, limit: Limit = None, after: After = None) -> dict:
-    return views.data_page(name, limit, after)
+def list_data(name: JobName, _: Reader, limit: Limit = None, after: After = None,
+              versions: Versions = "latest") -> dict:
+    """The job's stored data, oldest first: each page's latest version, or every version of a
+    revisited page with ``versions=all`` (a task's own history: GET /tasks/{id})."""
+    return views.data_page(name, limit, after, versions)
 
 
 @router.get("/data/{data_id}/body", tags=["data"], response_class=StreamingResponse,

@@ -31,7 +31,7 @@ from common.store.data import export_fits, export_source
 from common.store.models import ADMIN
 from master import tokens, views
 from master.exports import service as exports
-from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, answers
+from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, Versions, answers
 from master.web.errors import ApiError
 from master.web.routes.api import COOKIE, Reader, Strict, bearer
 from master.web.routes.files import stream_file
@@ -60,6 +60,8 @@ class ExportFilter(Strict):
     until: str | None = Field(
         None, json_schema_extra={"format": "date-time"}, description="downloaded before"
     )
+    versions: Literal["latest", "all"] | None = Field(
+        None, description="revisited pages: each page's latest version (the default) or every stored version")
 
 
 class ExportIn(Strict):
@@ -241,11 +243,13 @@ def download_now(
     ] = None,
     since: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
     until: Annotated[str | None, Query(max_length=40, json_schema_extra={"format": "date-time"})] = None,
+    versions: Versions = "latest",
 ) -> Response:
     """The synchronous download: the file at once when the job's matching rows are at most
     EXPORT_SYNC_MAX_ROWS and a slot is free; otherwise 202 and an asynchronous export."""
     flt = ExportFilter(
-        status=[int(s) for s in status.split(",")] if status else None, since=since, until=until
+        status=[int(s) for s in status.split(",")] if status else None, since=since, until=until,
+        versions=versions,
     )
     return _download(name, SyncIn(format=format, template=template, filter=flt, max_exec_time=None), token)
 
