@@ -19,8 +19,8 @@ from common.errors import NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store import jobs
-from common.store.models import OFF, ON
+from common.store import jobs, tasks
+from common.store.models import OFF, ON, utcnow
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
@@ -175,7 +175,10 @@ def store(spec: JobSpec) -> tuple[jobs.Job, bool]:
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     fields = {**jobsettings.defaults(settings), **spec.settings}
-    return jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields)
+    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields)
+    if fields.get("revisit"):  # its pages come due again; the dispatcher reads them from here
+        tasks.start_revisits(job.id, utcnow())
+    return job, created
 
 
 def register(path: str | Path) -> jobs.Job:

@@ -50,8 +50,9 @@ def _fill(job_id, tasks: int, now) -> dict:
             if status == "FAIL":  # the oldest DUE_RETRIES of them are due again now
                 task.update(failed_reason="HTTP 503",
                             retry_at=now - timedelta(seconds=1) if shape["FAIL"] <= DUE_RETRIES else None)
-            if status == "SUCCESS":
-                task["data_lease"] = lease
+            if status == "SUCCESS":  # due for a visit a day after it (read once revisits are on)
+                task.update(data_lease=lease, retry_at=old + timedelta(days=1), revisit_every=86400.0,
+                            versions=1, visits=1, etag=f'"e{seq}"')
                 ds.append({"_id": _oid(old, 2 * tasks + seq), "job": job_id, "downloader": None, "task": tid,
                            "lease": lease, "url": url, "status_code": 200,
                            "requests_headers": {"User-Agent": "downcluster"},
@@ -185,6 +186,8 @@ def _run(bench, tasks: int) -> dict:
     figures[f"cron dispatch, a backlog of {len(backlog):,} retries due"] = _timed(
         lambda: dispatch_once(redis))
 
+    figures.update(_revisits(bench, redis, job, filled, since=now - timedelta(days=3)))
+
     # orphans as they arise: stored under leases given back meanwhile (tombstoned), whose tasks
     # never came to name them
     orphans, per = (5_000 if tasks >= 100_000 else 500), 50
@@ -213,6 +216,32 @@ def _run(bench, tasks: int) -> dict:
             "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)), "live_from_seq": live_from}
 
 
+def _revisits(bench, redis, job, filled: dict, since) -> dict:
+    """The job turns to revisits (a day apart) with no fresh task or retry left: every SUCCESS task
+    is due (visited one to three days ago); two cron dispatches each pick ``dispatch_num``."""
+    from common.queue.names import QUEUE_NAMES
+    from common.queue.rqbridge import queue_key
+    from common.store.models import CrawlerDownloadSetting, CrawlerLease, CrawlerTask, Job, store_now
+    from master import maintenance as chores
+    from master.dispatch.dispatcher import dispatch_once
+
+    Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_sent": filled["tasks"],
+                                                                "revisit_from": since}})
+    CrawlerTask._get_collection().update_many({"job": job.id, "status": "FAIL"}, {"$set": {"retry_at": None}})
+    CrawlerDownloadSetting._get_collection().update_one({"job": job.id}, {"$set": {"revisit": 86400.0}})
+    out, picked = {}, []
+    for run in ("first", "second"):
+        redis.delete(*[queue_key(q) for q in QUEUE_NAMES])
+        CrawlerLease._get_collection().delete_many({})
+        for chore in chores.table():
+            if chore.every:
+                chores.claim(chore.name, chore.every, store_now())
+        out[f"cron dispatch, {filled['success']:,} revisits due ({run} run)"] = _timed(
+            lambda: picked.append(dispatch_once(redis).total))
+    out["revisits picked per run"] = f"{picked}"
+    return out
+
+
 def rows(s: dict) -> list[tuple[str, str, str, str]]:
     """The scale phase's lines of the bench table: (what, measured, target, verdict)."""
     ok = lambda good: "ok" if good else "MISSED"  # noqa: E731
@@ -225,7 +254,9 @@ def rows(s: dict) -> list[tuple[str, str, str, str]]:
             target = TARGETS["dispatch_s"]
         else:
             target = TARGETS["page_s"]
-        if isinstance(seconds, str):
+        if name == "revisits picked per run":
+            out.append((f"  {name}", seconds, "", ""))
+        elif isinstance(seconds, str):
             out.append((f"  {name}", seconds, f"<= {target:g} s", "MISSED"))
         else:
             out.append((f"  {name}", f"{seconds} s", f"<= {target:g} s", ok(seconds <= target)))

@@ -154,8 +154,10 @@ ANSWERS: dict[str, list[int]] = {}
 HANG_NEXT: set[str] = set()  # keys whose next request hangs for 60 s (a worker killed mid-visit)
 
 
-def versioned_body(key: str, version: int) -> bytes:
-    return f"<html><body><h1>{key}</h1><p>version {version}</p></body></html>".encode()
+def versioned_body(key: str, version: int, size: int = 0) -> bytes:
+    """The page ``key`` at ``version``, padded to about ``size`` bytes."""
+    text = f"<html><body><h1>{key}</h1><p>version {version}</p>"
+    return (text + "x" * max(0, size - len(text) - 14) + "</body></html>").encode()
 ROBOTS: dict[int, tuple[int, str]] = {}  # server port -> (status, robots.txt text); default 404
 
 
@@ -285,7 +287,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _versioned(self, key: str) -> None:
-        version, validators = VERSIONED.setdefault(key, [1, "etag"])
+        version, validators, *size = VERSIONED.setdefault(key, [1, "etag"])
         if key in HANG_NEXT:
             HANG_NEXT.discard(key)
             ANSWERS.setdefault(key, []).append(0)
@@ -298,7 +300,7 @@ class Handler(BaseHTTPRequestHandler):
         headers = {"etag": {"ETag": etag}, "date": {"Last-Modified": stamp}}.get(validators, {})
         code = 304 if fresh else 200
         ANSWERS.setdefault(key, []).append(code)
-        self._send(code, b"" if fresh else versioned_body(key, version), "text/html", headers)
+        self._send(code, b"" if fresh else versioned_body(key, version, *size[:1]), "text/html", headers)
 
     def _redirect(self, location: str) -> None:
         self.send_response(302)

@@ -161,8 +161,9 @@ def claim_alert(job: dict, last, now: datetime) -> bool:
 
 def on_jobs() -> list[dict]:
     """The ON jobs, each with ``name``, ``priority``, ``host`` and its cursor fields (``seq_sent``,
-    ``seq_next``, ``intake``: ``common.store.tasks``)."""
-    fields = {"name": 1, "priority": 1, "host": 1, "seq_sent": 1, "seq_next": 1, "intake": 1}
+    ``seq_next``, ``intake``, ``revisit_from``, ``revisit_from_id``: ``common.store.tasks``)."""
+    fields = {"name": 1, "priority": 1, "host": 1, "seq_sent": 1, "seq_next": 1, "intake": 1,
+              "revisit_from": 1, "revisit_from_id": 1}
     return list(Job._get_collection().find({"status": ON}, fields))
 
 

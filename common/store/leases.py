@@ -48,6 +48,7 @@ from common.store.models import (
     LIVE,
     LOST,
     QUEUED,
+    REVISIT,
     RUNNING,
     SUCCESS,
     CrawlerDownloadData,
@@ -64,10 +65,20 @@ UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields
 
 # --- the guard --------------------------------------------------------------------------
 
-def held_by(lease: str, kind: str) -> dict:
+def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> dict:
     """What a task must still look like to belong to the entry ``lease``: the one guard of
-    every change that settles or gives back an entry's tasks (worker, defender, dispatcher)."""
-    return {"status": LIVE, "retry_at": None} if kind == FRESH else {"status": DISPATCH, "lease": lease}
+    every change that settles or gives back an entry's tasks (worker, defender, dispatcher).
+    Fresh tasks and revisits are sent without a write of their own: a fresh task is LIVE and
+    never due, a revisit SUCCESS and due at the latest when its entry was made (``sent_at``, the
+    lease's ``created_at``); any settle or release moves ``retry_at`` past that, so no other
+    attempt under the same entry, nor one of an entry made before, can match it again."""
+    if kind == FRESH:
+        return {"status": LIVE, "retry_at": None}
+    if kind == REVISIT:
+        if sent_at is None:
+            raise ValueError("a revisit entry's guard needs the time it was made")
+        return {"status": SUCCESS, "retry_at": {"$lte": sent_at}}
+    return {"status": DISPATCH, "lease": lease}
 
 
 # --- create, claim, beat, finish ------------------------------------------------------------
@@ -125,17 +136,19 @@ def finish(lease_ids: list[str], worker_id: str) -> None:
 
 # --- settle (the worker) and give back ------------------------------------------------------
 
-def settle_success(ids: list, lease: str, kind: str, now: datetime) -> UpdateMany:
+def settle_success(ids: list, lease: str, kind: str, now: datetime,
+                   sent_at: datetime | None = None) -> UpdateMany:
     """The successes of one entry: each names its data (``data_lease``)."""
     return UpdateMany(
-        {"_id": {"$in": ids}, **held_by(lease, kind)},
+        {"_id": {"$in": ids}, **held_by(lease, kind, sent_at)},
         {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                   "last_update_datetime": now},
          "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
 
 
 def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime, every: float,
-                 stored: dict | None, not_modified: bool, reason: str | None = None) -> UpdateOne:
+                 stored: dict | None, not_modified: bool, reason: str | None = None,
+                 sent_at: datetime | None = None) -> UpdateOne:
     """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
     ``stored``: a new version was stored (``etag``, ``last_modified``, ``digest``, ``prev_lease``,
     the lease of the version it supersedes, None on a first visit): the task names it and keeps
@@ -155,7 +168,7 @@ def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: dateti
             change["$push"] = {"history": stored["prev_lease"]}
     elif not_modified:
         change["$inc"]["not_modified"] = 1
-    return UpdateOne({"_id": task_id, **held_by(lease, kind)}, change)
+    return UpdateOne({"_id": task_id, **held_by(lease, kind, sent_at)}, change)
 
 
 def mark_superseded(settled: list[tuple]) -> None:
@@ -169,11 +182,12 @@ def mark_superseded(settled: list[tuple]) -> None:
 
 
 def settle_failure(
-    task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime
+    task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
+    sent_at: datetime | None = None,
 ) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
     return UpdateOne(
-        {"_id": task_id, **held_by(lease, kind)},
+        {"_id": task_id, **held_by(lease, kind, sent_at)},
         {
             "$set": {
                 "status": FAIL,
@@ -187,22 +201,24 @@ def settle_failure(
     )
 
 
-def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime) -> UpdateOne:
+def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime,
+              sent_at: datetime | None = None) -> UpdateOne:
     """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
     return UpdateOne(
-        {"_id": task_id, **held_by(lease, kind)},
+        {"_id": task_id, **held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=after), "last_update_datetime": now,
                   "failed_reason": reason[:10240]},
          "$unset": UNSET_LEASE})
 
 
-def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime) -> int:
+def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime,
+              sent_at: datetime | None = None) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
     given = CrawlerTask._get_collection().update_many(
-        {"_id": {"$in": ids}, **held_by(lease, kind)},
+        {"_id": {"$in": ids}, **held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job_id, held_by(lease, kind)["status"], LIVE, given)])
+    counts.move([(job_id, held_by(lease, kind, sent_at)["status"], LIVE, given)])
     return given
 
 
@@ -292,7 +308,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
         return 0, 0, 0
     ids = lease.get("ids") or []
     tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, **held_by(lease_id, lease["kind"])}
+    flt = {"_id": {"$in": ids}, **held_by(lease_id, lease["kind"], lease.get("created_at"))}
     recovered = dead = again = 0
     if attempt:
         dead = tasks.update_many(
@@ -321,10 +337,11 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
                 "$unset": UNSET_LEASE,
             },
         ).modified_count
-        held = held_by(lease_id, lease["kind"])["status"]
+        held = held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
         counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
     else:
-        again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now)
+        again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now,
+                          lease.get("created_at"))
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
     tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (common.store.data.shown)
     drop_unsettled(lease_id, ids)

@@ -94,6 +94,9 @@ class Job(Document):
     seq_next = IntField(default=0)   # highest seq handed out by intake
     seq_sent = IntField(default=0)   # highest seq the dispatcher sent out
     intake = ListField(DictField())  # reservations still being inserted: {"seq": first, "at": time}
+    # revisits: every SUCCESS task due up to (revisit_from, revisit_from_id) was sent (``due_revisits``)
+    revisit_from = DateTimeField()
+    revisit_from_id = ObjectIdField()
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     report_at = DateTimeField()       # report_mails: when the last drain summary went out
@@ -229,7 +232,8 @@ class CrawlerTaskCount(Document):
 
 
 QUEUED, RUNNING, LOST = "QUEUED", "RUNNING", "LOST"
-FRESH, AGAIN = "FRESH", "AGAIN"  # an entry of fresh tasks (still LIVE) or of tasks sent again (DISPATCH)
+# an entry of fresh tasks (still LIVE), of tasks sent again (DISPATCH), or of revisits (still SUCCESS)
+FRESH, AGAIN, REVISIT = "FRESH", "AGAIN", "REVISIT"
 
 class CrawlerLease(Document):
     """The lease of one queue entry (rq job ``dc-<_id>``): the tasks it carries, from enqueue
@@ -238,7 +242,7 @@ class CrawlerLease(Document):
     id = StringField(primary_key=True)
     job = ReferenceField(Job, required=True)
     queue = StringField(required=True)
-    kind = StringField(choices=(FRESH, AGAIN), required=True)
+    kind = StringField(choices=(FRESH, AGAIN, REVISIT), required=True)
     ids = ListField(ObjectIdField())
     uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
     attempts = ListField(IntField())  # their download_times when sent

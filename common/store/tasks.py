@@ -121,6 +121,7 @@ class Picked:
     attempts: int = 0
     status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
     prev: dict | None = None  # a stored page visited again: its latest version (``prev_of``)
+    due: datetime | None = None  # a revisit: when it came due
 
 
 PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
@@ -178,9 +179,9 @@ def advance_cursor(job_id, was: int, to: int) -> bool:
 PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, **dict.fromkeys(PREV_FIELDS, 1)}
 
 
-def _picked(d: dict, status: str) -> Picked:
+def _picked(d: dict, status: str, due: datetime | None = None) -> Picked:
     attempts = 0 if status == SUCCESS else d.get("download_times", 0)  # a revisit counts afresh
-    return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d))
+    return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d), due)
 
 
 def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
@@ -202,14 +203,62 @@ def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Pi
     return picked
 
 
-def due_revisits(job_id, need: int, now: datetime) -> list[Picked]:
-    """Up to ``need`` SUCCESS tasks whose revisit is due, longest due first: one range of the
-    (job, status, retry_at, seq) index, read no further than ``need``."""
+REVISIT_WINDOW = timedelta(minutes=1)  # the first window of due times read; each next twice as wide
+
+
+def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
+    """Up to ``need`` SUCCESS tasks whose revisit is due, in (due time, ``_id``) order, and the
+    job's new revisit floor once they are sent: (due time, ``_id``) of the last one, every task
+    up to which has gone out (``_id`` None: every task due up to that time).
+
+    Revisits are sent without a write of their own (``common.store.leases.held_by``): what keeps
+    the next run from sending them again is the floor (``revisit_from``, ``revisit_from_id``).
+    Read in windows of due time up from the floor, each one range of the (job, status, retry_at,
+    seq) index, the next twice as wide, until ``need`` are found or ``now`` is reached: a query
+    with a sort and a limit would make some servers read every due task first. The floor is
+    safe: a settle or a release sets ``retry_at`` after the time it is written, later than the
+    time this run began."""
     if need <= 0:
-        return []
-    found = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": {"$gte": EPOCH, "$lte": now}},
-                          PICK_FIELDS).sort("retry_at", 1).limit(need)
-    return [_picked(d, SUCCESS) for d in found]
+        return [], None
+    lo, lo_id = job_doc.get("revisit_from") or EPOCH, job_doc.get("revisit_from_id")
+    fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job_doc["_id"]
+    picked: list[dict] = []
+    if lo_id is not None and lo <= now:  # the rest of the floor's own due time
+        same = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": lo}, fields)
+        picked = sorted((d for d in same if d["_id"] > lo_id), key=lambda d: d["_id"])[:need]
+    width = REVISIT_WINDOW
+    while len(picked) < need and lo < now:
+        hi = lo + width
+        due = {"$gt": lo, "$lt": hi} if hi < now else {"$gt": lo, "$lte": now}
+        found = sorted(_tasks().find({"job": job_id, "status": SUCCESS, "retry_at": due}, fields),
+                       key=lambda d: (d["retry_at"], d["_id"]))
+        picked += found[:need - len(picked)]
+        if hi >= now:
+            break
+        lo, width = hi - timedelta(microseconds=1), width * 2  # (BSON times are milliseconds)
+    tasks = [_picked(d, SUCCESS, d["retry_at"]) for d in picked]
+    if len(picked) >= need:  # the rest of the last window is still due: the floor stays on it
+        return tasks, (picked[-1]["retry_at"], picked[-1]["_id"])
+    return tasks, (now, None)
+
+
+def start_revisits(job_id, now: datetime) -> int:
+    """The job has revisits. The first time: its pages already stored come due now, and its
+    floor starts just before (a success sets a due time after the time it settles, so none
+    is due earlier). Returns how many pages came due (one update of each: a store's worth, once)."""
+    floor = {"revisit_from": now - timedelta(milliseconds=1), "revisit_from_id": None}
+    first = Job._get_collection().update_one({"_id": job_id, "revisit_from": None}, {"$set": floor})
+    if not first.modified_count:
+        return 0
+    return _tasks().update_many({"job": job_id, "status": SUCCESS, "retry_at": None},
+                                {"$set": {"retry_at": now}}).modified_count
+
+
+def raise_revisit_floor(job_id, at: datetime, last_id) -> None:
+    """Every SUCCESS task of the job due up to (``at``, ``last_id``) was sent (``due_revisits``):
+    later runs read from there."""
+    Job._get_collection().update_one({"_id": job_id},
+                                     {"$set": {"revisit_from": at, "revisit_from_id": last_id}})
 
 
 def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:

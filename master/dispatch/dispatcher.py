@@ -53,7 +53,7 @@ from common.store import leases, tasks
 from common.store import logs as store_logs
 from common.store.connection import connect_mongo, redis_conn, unreachable
 from common.store.jobs import dispatch_settings, on_jobs
-from common.store.models import AGAIN, FRESH, store_now, utcnow
+from common.store.models import AGAIN, FRESH, REVISIT, store_now, utcnow
 from common.store.tasks import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from master import maintenance as chores
 from master.dispatch import defender
@@ -88,6 +88,17 @@ class JobWork:
     read_to: int = 0
     entries: list[PlannedEntry] = field(default_factory=list)
     fresh_taken: int = 0
+    revisits: list[Picked] = field(default_factory=list)  # in (due, _id) order
+    revisit_floor: tuple | None = None  # (due, _id) up to which revisits went out, if all of them go
+
+    def next_revisit_floor(self) -> tuple | None:
+        """The floor once the planned entries are sent: the last revisit before the first one
+        left behind (queues full), else what ``due_revisits`` said."""
+        sent = {i for e in self.entries for i in e.ids}
+        for n, t in enumerate(self.revisits):
+            if t.id not in sent:
+                return (self.revisits[n - 1].due, self.revisits[n - 1].id) if n else None
+        return self.revisit_floor
 
     @property
     def name(self) -> str:
@@ -173,15 +184,15 @@ def plan(
     """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
-        for kind, due in ((AGAIN, work.again), (FRESH, work.fresh)):
+        for kind, due in ((AGAIN, work.again), (FRESH, work.fresh), (REVISIT, work.revisits)):
             entries, taken, why = pack(kind, due, work.queue_of, free, total, batch_size)
             work.entries += entries
             total -= taken
             if kind == FRESH:
                 work.fresh_taken = taken
             if taken < len(due):
-                left = (f"{len(due) - taken} of {len(due)} {'fresh' if kind == FRESH else 'retry'} tasks"
-                        " stay for a later run")
+                what = {FRESH: "fresh", AGAIN: "retry", REVISIT: "revisit"}[kind]
+                left = f"{len(due) - taken} of {len(due)} {what} tasks stay for a later run"
                 if why and why.startswith("queue_full:"):
                     q = why.split(":", 1)[1]
                     alerts.append((work, "queue_full", f"queue {q} is full (cap {cap(q)} entries): {left}"))
@@ -225,18 +236,19 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
         work.again = due_again(job["_id"], work.max_retry_times, work.dispatch_num, now)
         work.fresh, work.read_to = due_fresh(job, work.dispatch_num - len(work.again), now)
         if c.get("revisit"):  # visits again take what retries and fresh tasks left
-            work.again += due_revisits(job["_id"], work.dispatch_num - len(work.again) - len(work.fresh), now)
+            need = work.dispatch_num - len(work.again) - len(work.fresh)
+            work.revisits, work.revisit_floor = due_revisits(job, need, now)
         return work
 
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
-        return [w for w in pool.map(load, jobs) if w.again or w.fresh]
+        return [w for w in pool.map(load, jobs) if w.again or w.fresh or w.revisits]
 
 
 # --- sending -----------------------------------------------------------------------------
 
 def release_entry(job_id, lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
-    leases.give_back(job_id, ids, lease, kind, f"not sent: {reason}", now)
+    leases.give_back(job_id, ids, lease, kind, f"not sent: {reason}", now, now)
     leases.drop(lease)
 
 
@@ -271,6 +283,9 @@ class Run:
                 self.lost_lock = True
                 return
         self._push(work, lease_ids)
+        floor = work.next_revisit_floor()
+        if floor is not None:
+            tasks.raise_revisit_floor(work.job["_id"], *floor)
 
     def _push(self, work: JobWork, lease_ids: list[str]) -> None:
         """Push the job's entries (leases ``lease_ids``) and log each; one refused is released."""
@@ -323,7 +338,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
         chores.run_due(redis, budget=settings.DISPATCH_USE_POOL_TIMEOUT / 10)
         return run.report
     works = _load_works(jobs, now)
-    queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh)})
+    queues = sorted({w.queue_of(t) for w in works for t in (*w.again, *w.fresh, *w.revisits)})
     pipe = redis.pipeline(transaction=False)
     for name in queues:
         pipe.llen(queue_key(name))

@@ -49,9 +49,13 @@ def data_record(doc: dict, body: bytes) -> dict:
 
 
 def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
-    """(document, body) of each of the job's data documents the filter keeps, oldest first."""
-    job = jobs.named(job_name)
-    yield from documents(job.id, flt or {})
+    """(``data_meta``, body) of each of the job's data documents the filter keeps, oldest first."""
+    for doc, body in _documents(job_name, flt):
+        yield data_meta(doc), body
+
+
+def _documents(job_name: str, flt: dict | None) -> Iterator[tuple[dict, bytes]]:
+    yield from documents(jobs.named(job_name).id, flt or {})
 
 
 def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dict | None = None) -> int:
@@ -74,12 +78,11 @@ def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
     if fmt == "csv":
         writer = csv.writer(out)
         writer.writerow([*FIELDS, "body"])
-        for doc, body in rows(job_name, flt):
-            meta = data_meta(doc)
+        for meta, body in rows(job_name, flt):
             writer.writerow([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])])
             count += 1
     elif fmt == "jsonl":
-        for doc, body in rows(job_name, flt):
+        for doc, body in _documents(job_name, flt):
             out.write(json.dumps(data_record(doc, body), ensure_ascii=False) + "\n")
             count += 1
     else:

@@ -115,7 +115,7 @@ class Runner:
     async def _give_back_all(self, lease: dict) -> dict[str, int]:
         """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
         back = await self._db(leases.give_back, lease["job"], lease["ids"], lease["_id"], lease["kind"],
-                              "job disabled before download", store_time())
+                              "job disabled before download", store_time(), lease.get("created_at"))
         logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
         await self._db(leases.finish, [lease["_id"]], self.worker_id)
         return {"success": 0, "fail": 0, "handed_back": back}

@@ -140,6 +140,7 @@ class Part:
     lease: str
     kind: str
     outcomes: list[Outcome]
+    sent_at: datetime | None = None  # the lease's created_at (a revisit entry's guard)
 
 
 def _counted(parts: list[Part], ok: list, kept: list, bad: list, later: list, settled: int, backs: int,
@@ -202,7 +203,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
                     + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
     settles = _settles(ok, same, bad, now)
     backs = [leases.hand_back(o.task["_id"], p.lease, p.kind,
-                              redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now)
+                              redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
+                              p.sent_at)
              for p, o in later]
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(lambda: tasks.settle(backs), "hand back")
@@ -211,7 +213,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     _supersede(ok, settled == len(settles))
     moves = []
     for p, c in zip(parts, counted):
-        held = leases.held_by(p.lease, p.kind)["status"]
+        held = leases.held_by(p.lease, p.kind, p.sent_at)["status"]
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
@@ -270,7 +272,7 @@ def _visit(p: Part, o: Outcome, now: datetime):
                   "prev_lease": prev.get("data_lease")}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
     return leases.settle_visit(o.task["_id"], p.lease, p.kind, now, now + timedelta(seconds=every), every,
-                               stored, bool(o.not_modified), reason)
+                               stored, bool(o.not_modified), reason, p.sent_at)
 
 
 def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
@@ -285,14 +287,14 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
     for p, ids in ok_by_part.values():
-        settles.append(leases.settle_success(ids, p.lease, p.kind, now))
+        settles.append(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
         if o.kept:
             settles.append(_visit(p, o, now))
             continue
         settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason),
-                                             o.retry_at, now))
+                                             o.retry_at, now, p.sent_at))
     return settles
 
 
@@ -316,6 +318,7 @@ class RunningEntry:
 
     def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
         self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
+        self.sent_at = lease.get("created_at")
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
         self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
         self.done = loop.create_future()
@@ -402,7 +405,7 @@ class Writer(threading.Thread):
             if outcome is not None:
                 groups[entry].append(outcome)
         entries = [e for e, outs in groups.items() if outs]
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e]) for e in entries]
+        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
         try:
             if parts:
                 for e, got in zip(entries, store_many(parts, store_time())):
