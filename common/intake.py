@@ -11,8 +11,8 @@ which says what ``add_tasks`` would do and stores nothing. ``master/intake.py`` 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import re
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 

@@ -112,7 +112,8 @@ def check_generator_python(code: str) -> None:
     try:
         tree = ast.parse(code, filename="<generator>")
     except SyntaxError as exc:
-        raise ValidationError(f"generator python code does not parse: {exc.msg} (line {exc.lineno})") from None
+        raise ValidationError(
+            f"generator python code does not parse: {exc.msg} (line {exc.lineno})") from None
     except ValueError as exc:
         raise ValidationError(f"generator python code does not parse: {exc}") from None
     for node in tree.body:
@@ -148,7 +149,8 @@ def validate_generator(raw: Any, base_dir: Path | None) -> GeneratorSpec | None:
     else:
         rel = raw["code"]
         if base_dir is None:
-            raise ValidationError("generator: give the code itself as source = \"...\" (no files over the API)")
+            raise ValidationError(
+                "generator: give the code itself as source = \"...\" (no files over the API)")
         if not isinstance(rel, str) or not rel:
             raise ValidationError("generator.code must be a path to the generator's file")
         try:

@@ -37,6 +37,11 @@ def _allow_private(job_id) -> bool:
     return bool(found and (found["settings"] or {}).get("allow_private"))
 
 
+def _sandboxed(gen: dict, job_id) -> bytes:
+    """The generator's whole output, run in the sandbox with the downloaders' limits."""
+    return sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(job_id))
+
+
 def run(run_id: str) -> dict:
     """Run generator run ``run_id`` once: its counts, or {"skipped": 1} if it was not ours to run."""
     taken = generators.start_run(run_id, host_name(), store_time())
@@ -48,7 +53,7 @@ def run(run_id: str) -> dict:
     name = jobs.name_of(job_id)
     fields: dict = {}
     try:
-        output = sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(job_id))
+        output = _sandboxed(gen, job_id)
         fields["bytes"] = len(output)
         report = add_tasks(name, _lines(output), schemes=gen.get("schemes") or None, hosts=True)
     except DownloadError as exc:
@@ -67,9 +72,11 @@ def run(run_id: str) -> dict:
 
 def _failed(run_id: str, job_id, name: str, fields: dict, started: float, reason: str) -> dict:
     now = store_time()
-    fields.update(status=FAIL, failed_reason=reason[:10000], spend_time=int((time.monotonic() - started) * 1e6))
+    fields.update(status=FAIL, failed_reason=reason[:10000],
+                  spend_time=int((time.monotonic() - started) * 1e6))
     generators.end_run(run_id, job_id, fields, now)
-    logs.add_alerts([(job_id, "generator_fail", f"generator of job {name} failed: {reason}"[:10000])], utcnow())
+    alert = f"generator of job {name} failed: {reason}"[:10000]
+    logs.add_alerts([(job_id, "generator_fail", alert)], utcnow())
     logger.warning("generator of %s failed: %s", name, reason)
     return {"failed": 1}
 
@@ -86,7 +93,7 @@ def dry_run(name: str, first: int = 20) -> dict:
     started = time.monotonic()
     out: dict = {"job": name, "type": gen["type"], "schedule": gen["schedule"], "state_before": gen["state"]}
     try:
-        output = sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(job.id))
+        output = _sandboxed(gen, job.id)
     except DownloadError as exc:
         return {**out, "passed": False, "failed_reason": exc.reason, "state": gen["state"],
                 "spend_time": int((time.monotonic() - started) * 1e6)}

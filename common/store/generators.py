@@ -78,7 +78,8 @@ def mark_tested(job_id, digest: str, next_at: datetime, now: datetime) -> dict |
     """A dry run of ``digest`` passed: remember it; a generator in test (of that digest) goes on,
     first due at ``next_at``. The generator after (None if it changed meanwhile)."""
     coll = _coll()
-    if not coll.update_one({"job": job_id, "digest": digest}, {"$set": {"tested_digest": digest}}).matched_count:
+    tested = coll.update_one({"job": job_id, "digest": digest}, {"$set": {"tested_digest": digest}})
+    if not tested.matched_count:
         return None
     coll.update_one({"job": job_id, "digest": digest, "state": GEN_TEST},
                     {"$set": {"state": GEN_ON, "next_at": next_at, "last_update_datetime": now}})
