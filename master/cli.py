@@ -81,6 +81,11 @@ def job_show(name: str, as_json: bool) -> None:
     click.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in j["counts"].items()))
     for t in j["recent_failures"][:5]:
         click.echo(f"failed: {t['uri']}: {t.get('failed_reason') or '-'}")
+    g = j.get("generator")
+    if g:
+        last = f"{g['last_run_at'] or '-'} {g['last_status'] or ''}".rstrip()
+        click.echo(f"generator: {g['type']}, schedule {g['schedule']!r}, state {g['state']}, next run "
+                   f"{g['next_at'] or '-'}, last run {last}")
 
 
 def _set_status(name: str, status: str) -> None:

@@ -23,7 +23,7 @@ from redis import Redis
 
 from common.config import settings
 from common.cron import next_after
-from common.errors import NotFound, ValidationError
+from common.errors import Conflict, NotFound, ValidationError
 from common.queue.names import GENERATE_QUEUE
 from common.queue.rqbridge import push_generate
 from common.secrets import redact
@@ -94,7 +94,7 @@ def run_now(name: str, redis: Redis) -> dict:
     job, gen = _generator_of(name)
     run_id = generators.new_run_id()
     if not generators.claim_run(gen["_id"], None, None, run_id, store_now(), state=None):
-        raise ValidationError(f"the generator of {name!r} has a run under way ({gen.get('running_run')})")
+        raise Conflict(f"the generator of {name!r} has a run under way ({gen.get('running_run')})")
     _start(redis, gen, run_id, "manual")
     return {"job": name, "run": run_id, "queue": GENERATE_QUEUE}
 
@@ -104,7 +104,7 @@ def set_state(name: str, state: str) -> dict:
     job, gen = _generator_of(name)
     if state == GEN_ON:
         if gen.get("tested_digest") != gen["digest"]:
-            raise ValidationError(f"the generator of {name!r} changed since its last passing dry run "
+            raise Conflict(f"the generator of {name!r} changed since its last passing dry run "
                                   f"(or never had one): run `downcluster generator test {name}` first")
         next_at = gen.get("next_at") if gen["state"] == GEN_ON else next_after(gen["schedule"], store_now())
         generators.set_state(job.id, GEN_ON, next_at, utcnow())
@@ -147,14 +147,17 @@ def show(name: str, limit: int = RUNS_SHOWN, before: str | None = None) -> dict:
             "runs": [_run_row(d) for d in got], "next": str(got[-1]["_id"]) if more and got else None}
 
 
-def summary(job_id) -> dict | None:
-    """The generator of a job in a few words, for the job's page: None if it has none."""
+def summary(job_id, runs: int = 5) -> dict | None:
+    """The generator of a job in a few words and its last ``runs`` runs, for the job's page
+    (``job show``, the API's job and the console): None if it has none."""
     gen = generators.of_job(job_id)
     if gen is None:
         return None
     return {"state": gen["state"], "schedule": gen["schedule"], "type": gen["type"],
+            "tested": gen.get("tested_digest") == gen["digest"],
             "next_at": iso(gen.get("next_at")) if gen["state"] == GEN_ON else None,
-            "last_status": gen.get("last_status"), "last_run_at": iso(gen.get("last_run_at"))}
+            "last_status": gen.get("last_status"), "last_run_at": iso(gen.get("last_run_at")),
+            "runs": [_run_row(d) for d in generators.runs(job_id, runs)] if runs else []}
 
 
 __all__ = ["GEN_TEST", "run_now", "set_state", "show", "summary", "tend"]
