@@ -65,7 +65,7 @@ def register_gen(tmp_path: Path, name: str, table: str) -> None:
      "must take no arguments"),
     ('type = "shell"\nsource = "  \\n"\nschedule = "* * * * *"\n', "is empty"),
     ('type = "perl"\nsource = "x"\nschedule = "* * * * *"\n', "python or shell"),
-    ('type = "shell"\nsource = "echo"\nschedule = "* * * * *"\nschemes = ["gopher"]\n', "http and https only"),
+    ('type = "shell"\nsource = "echo"\nschedule = "* * * * *"\nschemes = ["gopher"]\n', "only, not"),
     ('type = "shell"\nsource = "echo"\nschedule = "* * * * *"\nwhen = 1\n', "unknown generator key"),
     ('type = "shell"\nsource = "echo"\ncode = "x.sh"\nschedule = "* * * * *"\n', "exactly one of"),
 ])
