@@ -112,7 +112,8 @@ def test_failing_and_hanging_generators_add_nothing_and_alert(cluster, tmp_path,
     from tests.receivers import SmtpServer
 
     register_gen(tmp_path, "boom", "python",
-                 f'def generate():\n    yield "{cluster.site}/page/1"\n    raise RuntimeError("no feed today")\n',
+                 f'def generate():\n    yield "{cluster.site}/page/1"\n'
+                 '    raise RuntimeError("no feed today")\n',
                  report_mails="boom@example.org")
     register_gen(tmp_path, "hang", "shell", f'echo {cluster.site}/page/2; sleep 600',
                  report_mails="hang@example.org")
