@@ -192,6 +192,7 @@ def generator_on(name: JobName, _: Admin) -> dict:
 @router.post("/jobs/{name}/generator/off", tags=["generators"],
              responses=answers(401, 403, 404, why=GENERATOR_404))
 def generator_off(name: JobName, _: Admin) -> dict:
+    """Switch the generator off, as ``downcluster generator off`` (a run under way finishes)."""
     return generators.set_state(name, "off")
 
 
