@@ -27,6 +27,16 @@ COMMANDS = {
     "token": "master.cli:token",
     "archive": "master.cli:archive",
     "type": "master.cli:types",
+    "generator": "common.cli:generator",
+}
+# ``downcluster generator ...``: the dry run runs the generator's sandbox here (slave code), the
+# rest are the master's
+GENERATOR_COMMANDS = {
+    "test": "slave.cli:generator_test",
+    "on": "master.cli:generator_on",
+    "off": "master.cli:generator_off",
+    "show": "master.cli:generator_show",
+    "run": "master.cli:generator_run",
 }
 
 EXIT_INVALID = 2
@@ -93,6 +103,25 @@ class LazyGroup(click.Group):
                 raise
             click.secho(f"error: {line}", err=True, fg="red")
             ctx.exit(1)
+
+
+class LazySubgroup(click.Group):
+    """A group whose commands are loaded by dotted path from ``commands`` (master's and slave's)."""
+
+    def __init__(self, *args, commands_by_name: dict[str, str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.by_name = commands_by_name
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.by_name)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return import_attribute(self.by_name[name]) if name in self.by_name else None
+
+
+@click.group(cls=LazySubgroup, commands_by_name=GENERATOR_COMMANDS)
+def generator() -> None:
+    """A job's URL generator: dry-run it, switch it on or off, show its runs, run it now."""
 
 
 @click.group(cls=LazyGroup)

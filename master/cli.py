@@ -35,6 +35,12 @@ def job_register(manifest: str) -> None:
     stored = register(manifest)
     host = f", host {stored.host}" if stored.host else ""
     click.echo(f"registered job {stored.name} (priority {stored.priority}{host})")
+    from master.generators import summary
+
+    gen = summary(stored.id)
+    if gen is not None:
+        hint = f"; `downcluster generator test {stored.name}` dry-runs it" if gen["state"] == "test" else ""
+        click.echo(f"generator: {gen['type']}, schedule {gen['schedule']!r}, state {gen['state']}{hint}")
 
 
 @job.command("list")
@@ -75,6 +81,11 @@ def job_show(name: str, as_json: bool) -> None:
     click.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in j["counts"].items()))
     for t in j["recent_failures"][:5]:
         click.echo(f"failed: {t['uri']}: {t.get('failed_reason') or '-'}")
+    g = j.get("generator")
+    if g:
+        last = f"{g['last_run_at'] or '-'} {g['last_status'] or ''}".rstrip()
+        click.echo(f"generator: {g['type']}, schedule {g['schedule']!r}, state {g['state']}, next run "
+                   f"{g['next_at'] or '-'}, last run {last}")
 
 
 def _set_status(name: str, status: str) -> None:
@@ -97,6 +108,75 @@ def job_enable(name: str) -> None:
 def job_disable(name: str) -> None:
     """Stop dispatching NAME's tasks (queued ones go back to LIVE when a worker meets them)."""
     _set_status(name, "OFF")
+
+
+# --- generator (``downcluster generator ...``: common/cli.py; ``test`` is slave/cli.py's) -------
+
+def print_generator(shown: dict) -> None:
+    click.echo(f"job {shown['job']}: {shown['type']} generator, schedule {shown['schedule']!r}, "
+               f"schemes {', '.join(shown['schemes'])}")
+    tested = "" if shown["tested"] else " (no passing dry run of this code yet)"
+    click.echo(f"state: {shown['state']}{tested}")
+    click.echo(f"next run: {shown['next_at'] or '-'}" + (f"; run {shown['running_run']} under way"
+                                                         if shown["running_run"] else ""))
+    if not shown["runs"]:
+        click.echo("no runs yet")
+    for r in shown["runs"]:
+        line = (f"  {r['add_datetime']}  {r['status']:<8} {r['trigger'] or '':<8} added {r['added']}, "
+                f"duplicate {r['duplicate']}, rejected {r['rejected']}, {r['bytes']} bytes, "
+                f"{r['spend_time'] / 1e6:.2f} s, {r['hostname'] or '-'}")
+        click.echo(line + (f": {r['failed_reason']}" if r["failed_reason"] else ""))
+        for e in r["errors"][:5]:
+            click.echo(f"      line {e['line']}: {e['reason']}")
+
+
+@click.command("on")
+@click.argument("name")
+def generator_on(name: str) -> None:
+    """Switch job NAME's generator on (it must have passed `generator test` since it last changed)."""
+    from master.generators import set_state
+
+    _connect()
+    shown = set_state(name, "on")
+    click.echo(f"generator of {name}: on, next run {shown['next_at']}")
+
+
+@click.command("off")
+@click.argument("name")
+def generator_off(name: str) -> None:
+    """Switch job NAME's generator off (a run under way finishes)."""
+    from master.generators import set_state
+
+    _connect()
+    set_state(name, "off")
+    click.echo(f"generator of {name}: off")
+
+
+@click.command("show")
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1, 1000), default=10, show_default=True, help="Runs shown.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the API's object).")
+def generator_show(name: str, limit: int, as_json: bool) -> None:
+    """Job NAME's generator: state, schedule, next run and its last runs."""
+    from master.generators import show
+
+    _connect()
+    shown = show(name, limit)
+    if as_json:
+        click.echo(json.dumps(shown, indent=2))
+    else:
+        print_generator(shown)
+
+
+@click.command("run")
+@click.argument("name")
+def generator_run(name: str) -> None:
+    """Run job NAME's generator once now, through the queue (a worker runs it)."""
+    from master.generators import run_now
+
+    _connect()
+    got = run_now(name, redis_conn())
+    click.echo(f"generator run {got['run']} of {name} queued on {got['queue']}")
 
 
 # --- task --------------------------------------------------------------------------------

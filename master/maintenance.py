@@ -33,6 +33,7 @@ class Chore:
 
 
 def table() -> tuple[Chore, ...]:
+    from master import generators
     from master.dispatch import defender
     from master.exports import service as exports
     from master.ops import reports, retention
@@ -40,6 +41,7 @@ def table() -> tuple[Chore, ...]:
 
     return (
         Chore("stalls", 0, lambda redis, budget: check_stalls(redis)),
+        Chore("generators", 0, lambda redis, budget: generators.tend(redis)),
         Chore("reports", 0, lambda redis, budget: reports.send_reports()),
         Chore("exports", 0, lambda redis, budget: exports.tend(redis)),
         Chore("orphan_sweep", 60, lambda redis, budget: defender.sweep(budget)),

@@ -6,6 +6,8 @@ a ``CrawlerRegistrationErrorLog`` record and raises ``ValidationError`` with one
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -15,17 +17,20 @@ from urllib.parse import urlsplit
 
 from common import jobsettings
 from common.config import settings
+from common.cron import check_schedule
 from common.errors import NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store import jobs, tasks
+from common.store import generators, jobs, tasks
 from common.store.models import OFF, ON, utcnow
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-TOP_KEYS = {"name", "priority", "host", "type", "code", "settings"}
+TOP_KEYS = {"name", "priority", "host", "type", "code", "settings", "generator"}
+GENERATOR_KEYS = {"type", "code", "source", "schedule", "schemes"}
+SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
 
 
 @dataclass
@@ -38,6 +43,22 @@ class JobSpec:
     type: str
     code: str
     settings: dict[str, Any] = field(default_factory=dict)
+    generator: GeneratorSpec | None = None
+
+
+@dataclass
+class GeneratorSpec:
+    """A validated ``[generator]`` table."""
+
+    type: str
+    code: str
+    schedule: str
+    schemes: list[str]
+
+    @property
+    def digest(self) -> str:
+        """What makes a generator a new one (back to test): its type, schedule and code."""
+        return hashlib.sha256(json.dumps([self.type, self.schedule, self.code]).encode()).hexdigest()
 
 
 def validate_settings(raw: Any) -> dict[str, Any]:
@@ -93,6 +114,80 @@ def check_python(code: str) -> None:
     raise ValidationError("python code defines no top-level function download(task)")
 
 
+def check_generator_python(code: str) -> None:
+    """Parse (never run) python generator code; it must define a top-level ``generate()``."""
+    try:
+        tree = ast.parse(code, filename="<generator>")
+    except SyntaxError as exc:
+        raise ValidationError(
+            f"generator python code does not parse: {exc.msg} (line {exc.lineno})") from None
+    except ValueError as exc:
+        raise ValidationError(f"generator python code does not parse: {exc}") from None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "generate":
+            args = node.args
+            required = len(args.posonlyargs) + len(args.args) - len(args.defaults)
+            if required or any(d is None for d in args.kw_defaults):
+                raise ValidationError("generator python code: generate() must take no arguments")
+            return
+    raise ValidationError("generator python code defines no top-level function generate()")
+
+
+def validate_generator(raw: Any, base_dir: Path | None) -> GeneratorSpec | None:
+    """The ``[generator]`` table: ``type`` python or shell; its code as ``code`` (a file beside the
+    manifest) or ``source`` (the code itself; the only form over the API); ``schedule`` (cron or
+    ``@every N[s|m|h]``); ``schemes`` the URL schemes it may emit (default http, https)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("generator must be a table")
+    unknown = sorted(set(raw) - GENERATOR_KEYS)
+    if unknown:
+        raise ValidationError(f"unknown generator key {unknown[0]!r}")
+    kind = raw.get("type")
+    if kind not in ("python", "shell"):
+        raise ValidationError(f"generator.type must be python or shell, got {kind!r}")
+    if ("code" in raw) == ("source" in raw):
+        raise ValidationError("generator needs exactly one of code = \"path/to/file\" or source = \"...\"")
+    if "source" in raw:
+        if not isinstance(raw["source"], str):
+            raise ValidationError("generator.source must be a string")
+        label, data = "generator.source", raw["source"].encode("utf-8", "surrogatepass")
+    else:
+        rel = raw["code"]
+        if base_dir is None:
+            raise ValidationError(
+                "generator: give the code itself as source = \"...\" (no files over the API)")
+        if not isinstance(rel, str) or not rel:
+            raise ValidationError("generator.code must be a path to the generator's file")
+        try:
+            data = (base_dir / rel).read_bytes()
+        except OSError as exc:
+            raise ValidationError(f"cannot read generator code file {rel}: {exc.strerror}") from None
+        label = f"generator code file {rel}"
+    if len(data) > MAX_CODE_BYTES:
+        raise ValidationError(f"{label} is larger than {MAX_CODE_BYTES} bytes")
+    try:
+        code = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationError(f"{label} is not UTF-8") from None
+    if "\0" in code:
+        raise ValidationError(f"{label} contains a NUL byte")
+    if kind == "python":
+        check_generator_python(code)
+    elif not code.strip():
+        raise ValidationError(f"{label} is empty")
+    schedule = check_schedule(raw.get("schedule"))
+    schemes = raw.get("schemes", ["http", "https"])
+    if not isinstance(schemes, list) or not schemes or not all(
+            isinstance(s, str) and SCHEME_RE.match(s) for s in schemes):
+        raise ValidationError("generator.schemes must be a non-empty list of URL schemes such as \"https\"")
+    bad = sorted(set(schemes) - {"http", "https"})
+    if bad:  # intake accepts no other scheme: allowing one would change nothing (invariant 6)
+        raise ValidationError(f"generator.schemes: the cluster downloads http and https only, not {bad[0]!r}")
+    return GeneratorSpec(type=kind, code=code, schedule=schedule, schemes=sorted(set(schemes)))
+
+
 def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None = None) -> JobSpec:
     """Validate a parsed manifest and its code: the file it names under ``base_dir``, or
     ``inline_code`` (the API sends the code with the manifest)."""
@@ -140,7 +235,9 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
             raise ValidationError(f"shell code file {rel} is empty")
     elif data.get("code") or inline_code:
         raise ValidationError("type none uses the built-in engine and takes no code")
-    return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned)
+    generator = validate_generator(data.get("generator"), base_dir)
+    return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned,
+                   generator=generator)
 
 
 def parse_manifest(text: str, label: str) -> Any:
@@ -178,6 +275,11 @@ def store(spec: JobSpec) -> tuple[jobs.Job, bool]:
     job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields)
     if fields.get("revisit"):  # its pages come due again; the dispatcher reads them from here
         tasks.start_revisits(job.id, utcnow())
+    g = spec.generator
+    if g is None:
+        generators.remove(job.id)
+    else:
+        generators.store(job.id, g.type, g.code, g.schedule, g.schemes, g.digest, utcnow())
     return job, created
 
 

@@ -21,6 +21,7 @@ from common.store import data as store_data
 from common.store import jobs, logs, pages
 from common.store.connection import as_text
 from common.store.models import TASK_STATUSES, iso
+from master import generators
 from master.ops.stats import COLUMNS, collect, task_counts
 
 OBJECT_ID = re.compile(r"^[0-9a-fA-F]{24}$")
@@ -107,6 +108,7 @@ def job_detail(name: Any) -> dict:
             "allow_private": bool(s.allow_private),
         }
     row["code_chars"] = jobs.code_chars(job)
+    row["generator"] = generators.summary(job.id)
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
     return row
 

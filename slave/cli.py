@@ -1,4 +1,5 @@
-"""The slave's command: ``downcluster worker``."""
+"""The slave's commands: ``downcluster worker`` and ``downcluster generator test`` (the dry run
+runs the generator's sandbox where it is typed)."""
 from __future__ import annotations
 
 import click
@@ -41,3 +42,39 @@ def worker(burst: bool, host: str, mode: str | None, name: str | None, foreign: 
     # host: HOSTNAME in the settings, resolved when the command started
     run_worker(burst=burst, mode=mode or "async", name=name, logging_level=logging_level,
                max_jobs=max_jobs, foreign=foreign, exports=exports)
+
+
+@click.command("test")
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(0, 100000), default=20, show_default=True,
+              help="URLs shown of those intake would add.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def generator_test(name: str, limit: int, as_json: bool) -> None:
+    """Dry-run job NAME's generator here, in the sandbox: print the first URLs and what intake would
+    do (added / duplicate / rejected, with line numbers); store nothing. A pass turns a generator
+    in test on; a failure exits 1."""
+    import json
+
+    from common.store.connection import connect_mongo
+    from slave.generate import dry_run
+
+    connect_mongo(ensure_indexes=True)
+    got = dry_run(name, limit)
+    if as_json:
+        click.echo(json.dumps(got, indent=2))
+    else:
+        for row in got.get("first", []):
+            click.echo(row["url"] + (f"\t{row['host']}" if row["host"] else ""))
+        for e in got.get("errors", [])[:50]:
+            click.echo(f"line {e['line']}: {e['reason']}", err=True)
+        if len(got.get("errors", [])) > 50:
+            click.echo(f"... and {len(got['errors']) - 50} more rejected lines", err=True)
+        if "added" in got:
+            click.echo(f"would add {got['added']}, duplicate {got['duplicate']}, rejected {got['rejected']} "
+                       f"({got['lines']} lines, {got['bytes']} bytes, {got['spend_time'] / 1e6:.2f} s)")
+        if got["passed"]:
+            click.echo(f"dry run passed: generator state {got['state']} (nothing stored)")
+        else:
+            click.echo(f"dry run failed: {got['failed_reason']} (state {got['state']})", err=True)
+    if not got["passed"]:
+        raise SystemExit(1)

@@ -10,6 +10,8 @@ DEFAULT_PRIORITY = PRIORITIES[-1]  # a job whose manifest names no priority: the
 LOCK_KEY = "downcluster:dispatch:lock"
 # Export entries (rq jobs "dcx-<export id>"), taken by every worker one at a time.
 EXPORT_QUEUE = "down_export"
+# Generator runs (rq jobs "dcg-<run id>"), taken by every worker after its download queues.
+GENERATE_QUEUE = "down_generate"
 # Followed by an rq worker name: that worker's download figures (in flight, peak), for stats.
 WORKER_KEY_PREFIX = "downcluster:worker:"
 

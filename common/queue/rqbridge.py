@@ -3,8 +3,9 @@ rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/integ
 fails when rq changes a format relied on here.
 
 Entries are real rq jobs: a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,
-an export entry ``dcx-<export id>`` calls ``slave.worker.entries.run_export(id)``, so a plain ``rq worker``
-runs either, and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them.
+an export entry ``dcx-<export id>`` calls ``slave.worker.entries.run_export(id)``, a generator run
+``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, so a plain ``rq worker`` runs any,
+and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them.
 
 Below rq's public API, and only here:
   * the capped push (Lua): rq has no conditional enqueue. The script writes the entry's job
@@ -44,8 +45,10 @@ RQ_VERSION = "3.0.0"
 
 ENTRY_PREFIX = "dc-"          # + lease id: a download entry
 EXPORT_ENTRY_PREFIX = "dcx-"  # + export id: an export entry (queue down_export)
+GENERATE_ENTRY_PREFIX = "dcg-"  # + run id: a generator run (queue down_generate)
 DOWNLOAD_FUNCTION = "slave.worker.entries.run_batch"
 EXPORT_FUNCTION = "slave.worker.entries.run_export"
+GENERATE_FUNCTION = "slave.worker.entries.run_generator"
 # what entries queued before the rooms layout call: still run (slave/jobs.py keeps the names for plain rq
 # workers)
 LEGACY_FUNCTIONS = {"slave.jobs.run_batch": DOWNLOAD_FUNCTION, "slave.jobs.run_export": EXPORT_FUNCTION}
@@ -89,6 +92,23 @@ def entry_id(lease: str) -> str:
 
 def export_entry_id(export_id) -> str:
     return EXPORT_ENTRY_PREFIX + str(export_id)
+
+
+def generate_entry_id(run_id: str) -> str:
+    return GENERATE_ENTRY_PREFIX + run_id
+
+
+def generate_run_of(entry: str) -> str | None:
+    """The generator run a generator entry names, or None for any other rq job."""
+    return entry[len(GENERATE_ENTRY_PREFIX):] if entry.startswith(GENERATE_ENTRY_PREFIX) else None
+
+
+def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
+    """Queue generator run ``run_id`` on ``queue`` (down_generate; not capped, as down_export: at
+    most one entry per generator is ever out)."""
+    rq_queue(queue, redis).enqueue_call(GENERATE_FUNCTION, args=(run_id,), job_id=generate_entry_id(run_id),
+                                        result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
+                                        description=f"generator run {run_id}")
 
 
 def lease_of(entry: str) -> str | None:
@@ -191,11 +211,13 @@ def _decoded(reply: bytes | str) -> str:
 
 def _expected_call(entry: str) -> tuple[str, list, dict] | None:
     """(function, args, kwargs) an entry of this id must call, or None for an id not ours."""
-    lease, export = lease_of(entry), export_of(entry)
+    lease, export, run = lease_of(entry), export_of(entry), generate_run_of(entry)
     if lease:
         return DOWNLOAD_FUNCTION, [lease], {}
     if export:
         return EXPORT_FUNCTION, [export], {}
+    if run:
+        return GENERATE_FUNCTION, [run], {}
     return None
 
 

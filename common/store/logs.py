@@ -1,6 +1,7 @@
 """The log alias's records of downloads and dispatches: ``crawler_download_log`` (one per
 download attempt), ``crawler_dispatch_log`` (one per queue entry a dispatcher run wrote or
-failed to write), ``crawler_dispatch_alert_log`` (``queue_full`` and ``queue_stall`` alerts)
+failed to write), ``crawler_dispatch_alert_log`` (``queue_full``, ``queue_stall`` and
+``generator_fail`` alerts)
 (``notification_log``, the delivery attempts, is written by ``common.store.notifications``).
 
 Indexes: ``crawler_download_log`` by ``task`` (a task's attempts) and ``(job, _id)`` (a job's, by
@@ -58,3 +59,11 @@ def alerts_since(job_id, since: datetime) -> tuple[int, list[str]]:
                        {"reason": 1}).limit(5)
     return full, [s["reason"] for s in stalls]
 
+
+
+def generator_failures_since(job_id, since: datetime) -> list[str]:
+    """The reasons of up to five ``generator_fail`` alerts of the job written after ``since``."""
+    coll = CrawlerDispatchAlertLog._get_collection()
+    match = {"job": job_id, "type": "generator_fail", "add_datetime": {"$gt": since}}
+    return [a["reason"] for a in coll.find(match,
+                                           {"reason": 1}).limit(5)]

@@ -479,6 +479,61 @@ class ClusterSecret(Document):
     meta = {"db_alias": "control"}
 
 
+# generator states and run statuses (common/store/generators.py)
+GEN_TEST, GEN_ON, GEN_OFF = "test", "on", "off"
+GENERATOR_STATES = (GEN_TEST, GEN_ON, GEN_OFF)
+GENERATOR_TYPES = ("python", "shell")
+RUN_RUNNING, RUN_SKIPPED = "RUNNING", "SKIPPED"
+RUN_STATUSES = (RUN_RUNNING, SUCCESS, FAIL, RUN_SKIPPED)
+
+
+class CrawlerGenerator(Document):
+    """A job's generator: code that produces its URLs on a schedule (``common/store/generators.py``).
+    ``state`` is test until a dry run of the current ``digest`` passed (``tested_digest``), then on
+    or off; ``next_at`` is when it is next due (store's clock), moved by compare-and-set when a
+    dispatcher claims a run; ``running_run`` is the run under way (its log's ``_id``), if any."""
+
+    job = ReferenceField(Job, required=True, unique=True)
+    type = StringField(choices=GENERATOR_TYPES, required=True)
+    code = StringField(required=True)
+    schedule = StringField(required=True)
+    schemes = ListField(StringField())
+    state = StringField(choices=GENERATOR_STATES, default=GEN_TEST)
+    digest = StringField(required=True)         # SHA-256 of type, schedule and code
+    tested_digest = StringField()               # the digest of the last passing dry run
+    next_at = DateTimeField()
+    running_run = StringField()
+    running_since = DateTimeField()
+    last_run_at = DateTimeField()
+    last_status = StringField()
+    add_datetime = DateTimeField(default=utcnow)
+    last_update_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "source", "collection": "crawler_generator", "indexes": [("state", "next_at")]}
+
+
+class CrawlerGeneratorLog(Document):
+    """One generator run: RUNNING, then SUCCESS or FAIL; SKIPPED when it came due while the
+    previous run was still under way. ``errors``: the first rejected lines ({line, reason})."""
+
+    job = ReferenceField(Job)
+    run = StringField()
+    trigger = StringField()                     # schedule | manual
+    status = StringField(choices=RUN_STATUSES)
+    added = IntField(default=0)
+    duplicate = IntField(default=0)
+    rejected = IntField(default=0)
+    lines = IntField(default=0)
+    errors = ListField(DictField())
+    bytes = IntField(default=0)
+    spend_time = IntField(default=0)            # microseconds
+    hostname = StringField()
+    failed_reason = StringField(max_length=10240)
+    started_at = DateTimeField()
+    finished_at = DateTimeField()
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "log", "collection": "crawler_generator_log", "indexes": [("job", "_id")]}
+
+
 ALL_MODELS = (
     Export,
     Notification,
@@ -500,4 +555,6 @@ ALL_MODELS = (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerRegistrationErrorLog,
+    CrawlerGenerator,
+    CrawlerGeneratorLog,
 )

@@ -34,6 +34,7 @@ from common.store.models import (
     CrawlerDownloadData,
     CrawlerDownloadLog,
     CrawlerDownloadSetting,
+    CrawlerGeneratorLog,
     CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
@@ -43,7 +44,8 @@ from common.store.models import (
 )
 from common.store.paging import Span, by_id, in_chunks
 
-TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog)
+TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
+            CrawlerGeneratorLog)
 TTL_INDEX = "retention_add_datetime"
 BATCH = 2000
 FINAL = ({"status": SUCCESS}, {"status": DEAD}, {"status": CANCEL}, {"status": FAIL, "retry_at": None})

@@ -3,8 +3,8 @@
 - a summary when a job is found drained (no LIVE, DISPATCH or retryable FAIL task) with outcomes
   it has not reported yet: counts by status, success rate, the five most frequent failure
   reasons, time span; once per drain;
-- an alert when tasks of the job became DEAD or a ``queue_full`` or ``queue_stall`` alert was
-  written for it, at most one per job per ALERT_MAIL_INTERVAL.
+- an alert when tasks of the job became DEAD or a ``queue_full``, ``queue_stall`` or
+  ``generator_fail`` alert was written for it, at most one per job per ALERT_MAIL_INTERVAL.
 
 Reasons in mails are the stored ones (already redacted); nothing else from the job's settings
 (cookie, proxy, headers) is ever put in a mail.
@@ -69,7 +69,8 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
     since = last or EPOCH
     dead = pages.dead_since(job["_id"], since)
     full, stalls = logs.alerts_since(job["_id"], since)
-    if not dead and not full and not stalls:
+    generator = logs.generator_failures_since(job["_id"], since)
+    if not dead and not full and not stalls and not generator:
         return 0
     if not jobs.claim_alert(job, last, now):
         return 0
@@ -80,6 +81,9 @@ def _alert(job: dict, mails: list[str], now: datetime) -> int:
     if full:
         lines.append(f"  {full} queue_full alert(s): its queue was at its cap when the dispatcher ran.")
     lines += [f"  {reason}" for reason in stalls]
+    lines += [f"  {reason}" for reason in generator]
+    if generator:
+        lines.append(f"  (`downcluster generator show {job['name']}` lists its runs.)")
     lines.append(f"At most one such mail per {settings.ALERT_MAIL_INTERVAL} s per job.")
     for to in mails:
         queue_mail(to, "job.alert", f"downcluster alert: job {job['name']}", "\n".join(lines) + "\n")

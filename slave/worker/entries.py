@@ -1,7 +1,8 @@
 """The rq job function: one queue entry, run by any rq worker.
 
 ``run_batch(lease)`` claims the entry's lease, downloads its tasks and stores the results
-(slave/worker/runner.py). A plain ``rq worker -u REDIS_URL down_super down_high down_mid down_low``
+(slave/worker/runner.py); ``run_generator(run)`` runs a job's generator once (slave/generate.py).
+A plain ``rq worker -u REDIS_URL down_super down_high down_mid down_low down_generate``
 runs it with connections from the DOWNCLUSTER_* environment; ``downcluster worker`` runs the
 same steps for many entries at once. A failure reaches rq (and Sentry through its RQ
 integration) once.
@@ -27,3 +28,13 @@ def run_export(export_id: str) -> str:
 
     connect_mongo()
     return run(export_id, f"rq-{host_name()}-{os.getpid()}")
+
+
+def run_generator(run_id: str) -> dict:
+    """Entry point for rq on ``down_generate``: one run of a job's generator (its URLs go through
+    intake); ``downcluster worker`` takes these entries itself."""
+    from common.store.connection import connect_mongo
+    from slave.generate import run
+
+    connect_mongo()
+    return run(run_id)

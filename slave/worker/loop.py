@@ -14,7 +14,7 @@ import logging
 from rq.serializers import JSONSerializer
 
 from common.config import host_name, settings
-from common.queue.names import worker_queue_names
+from common.queue.names import GENERATE_QUEUE, worker_queue_names
 from common.queue.rqbridge import JsonJob, rq_queue
 from common.secrets import install_logging_filter
 from common.sentry import init_sentry
@@ -24,9 +24,10 @@ from slave.worker.rqworker import ClassicSimpleWorker, ClassicWorker
 
 def build_worker(simple: bool = False, name: str | None = None,
                  foreign: bool = False) -> ClassicWorker | ClassicSimpleWorker:
-    """An rq worker reading each level's host queue (and foreign queue) before the shared one."""
+    """An rq worker reading down_generate (generator runs), then each level's host queue (and
+    foreign queue) before the shared one."""
     redis = redis_conn()
-    queues = [rq_queue(n, redis) for n in worker_queue_names(host_name(), foreign)]
+    queues = [rq_queue(n, redis) for n in [GENERATE_QUEUE, *worker_queue_names(host_name(), foreign)]]
     cls = ClassicSimpleWorker if simple else ClassicWorker
     return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 

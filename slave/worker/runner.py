@@ -12,9 +12,11 @@ A heartbeat thread (``slave/worker/heartbeat.py``) keeps the leases and rq infor
 etiquette's keeps the host slots (``slave/download/etiquette.py``).
 
 ``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) that takes the next
-entry, in strict queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight, and
+entry, in strict queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight,
 export entries from down_export one at a time in a thread of their own, so neither waits for
-the other. ``run_one`` runs a single entry: the job function of a plain ``rq worker``.
+the other, and generator runs from down_generate (read first; up to GENERATE_LANES at once, each
+in a thread of its own: ``slave/generate.py``). ``run_one`` runs a single entry: the job function of
+a plain ``rq worker``.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
-from common.queue.names import EXPORT_QUEUE
+from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE
 from common.secrets import redact
 from common.sentry import capture
 from common.store import leases
@@ -43,6 +45,7 @@ from slave.worker.writer import RunningEntry, Writer
 
 logger = logging.getLogger(__name__)
 NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
+GENERATE_LANES = 2  # generator runs at once (each a sandbox, in a thread of its own)
 
 
 class Runner:
@@ -145,6 +148,8 @@ class Loop:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="exports") if exports else None
         )
         self.export_running: asyncio.Task | None = None
+        self.generate_pool = ThreadPoolExecutor(max_workers=GENERATE_LANES, thread_name_prefix="generate")
+        self.generating = 0  # generator runs under way
         self.last_notify = 0.0
 
     def _room(self, running: set) -> bool:
@@ -166,9 +171,9 @@ class Loop:
             room = self._room(running)
             got = None
             try:
-                names = (self.queues if room else []) + (
-                    [EXPORT_QUEUE] if self.exports and self._export_idle() else []
-                )
+                names = (([GENERATE_QUEUE] if self.generating < GENERATE_LANES else [])
+                         + (self.queues if room else [])
+                         + ([EXPORT_QUEUE] if self.exports and self._export_idle() else []))
                 if names:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
                     got = (
                         await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names)
@@ -204,6 +209,7 @@ class Loop:
             await asyncio.wait(pending)
         if self.export_pool:
             self.export_pool.shutdown(wait=True)
+        self.generate_pool.shutdown(wait=True)
 
     def _notify_when_idle(self, loop) -> None:
         if self.exports and self._export_idle() and time.monotonic() - self.last_notify >= NOTIFY_EVERY:
@@ -223,6 +229,13 @@ class Loop:
         queue = rqbridge.rq_queue(queue_name, self.redis)
         execution = await loop.run_in_executor(None, self.rq.begin, job, queue)
         lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)
+        run = rqbridge.generate_run_of(entry)
+        if queue_name == GENERATE_QUEUE and run is not None:
+            self.generating += 1
+            return asyncio.create_task(
+                self._run(execution, loop.run_in_executor(self.generate_pool, _generate, run), entry,
+                          self._generated)
+            )
         if lease is not None:
             self.runner.pending += 1
             return asyncio.create_task(
@@ -237,15 +250,23 @@ class Loop:
                 )
             )
             return None
-        why = "an export entry in a download queue: requeue it on down_export"
+        why = ("a generator entry outside down_generate" if run is not None
+               else "an export entry in a download queue: requeue it on down_export")
         logger.warning("%s: %s in %s", why, entry, queue_name)
         await loop.run_in_executor(None, self.rq.failed, execution, why)
         return None
 
-    async def _run(self, execution, work, entry: str) -> None:
+    def _generated(self) -> None:
+        self.generating -= 1
+
+    async def _run(self, execution, work, entry: str, done=None) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await work
+            try:
+                await work
+            finally:
+                if done is not None:
+                    done()
         # MongoDB gone for good: rq keeps the failure, the defender recovers the entry
         except Exception as exc:
             reason = redact(f"{type(exc).__name__}: {exc}")
@@ -270,6 +291,14 @@ def _export(export_id: str, worker_id: str) -> str:
 
     outcome = run_export(export_id, worker_id)
     logger.info("export %s: %s", export_id, outcome)
+    return outcome
+
+
+def _generate(run_id: str) -> dict:
+    from slave.generate import run
+
+    outcome = run(run_id)
+    logger.info("generator run %s: %s", run_id, outcome)
     return outcome
 
 
@@ -310,7 +339,7 @@ def serve(queues: list[str], burst: bool = False, max_jobs: int | None = None, e
 
     async def main():
         runner = Runner(name)
-        names = queues + ([EXPORT_QUEUE] if exports else [])
+        names = [GENERATE_QUEUE] + queues + ([EXPORT_QUEUE] if exports else [])
         runner.rq = LoopWorker(names, runner.worker_id, redis_conn(), settings.HEARTBEAT_INTERVAL)
         runner.rq.born()
         runner.start()

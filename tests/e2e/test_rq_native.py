@@ -93,7 +93,8 @@ def test_rq_info_and_dashboard_see_the_worker_and_its_running_entries(cluster, t
         assert len(workers) == 1
         worker = workers[0]
         assert worker.get_state() == "busy"
-        ours = [*worker_queue_names("testhost"), "down_export"]  # host queues first at each level
+        # generator runs first, then host queues first at each level, then exports
+        ours = ["down_generate", *worker_queue_names("testhost"), "down_export"]
         assert worker.queue_names() == ours
         executions = worker.get_current_executions()
         entries = sorted(e.job_id for e in executions)

@@ -17,7 +17,7 @@ from common.errors import ValidationError
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import ADMIN, iso
-from master import registry, tokens, views
+from master import generators, registry, tokens, views
 from master.dispatch.dispatcher import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
@@ -176,6 +176,41 @@ def enable_job(name: JobName, _: Admin) -> dict:
 @router.post("/jobs/{name}/disable", tags=["jobs"], responses=answers(401, 403, 404))
 def disable_job(name: JobName, _: Admin) -> dict:
     return {"name": name, "status": registry.set_status(name, "OFF").status}
+
+
+# --- generators ----------------------------------------------------------------------------
+
+GENERATOR_404 = {404: "no such job, or the job declares no generator"}
+
+
+@router.get("/jobs/{name}/generator", tags=["generators"], responses=answers(401, 404, why=GENERATOR_404))
+def show_generator(name: JobName, _: Reader, limit: Limit = None, after: After = None) -> dict:
+    """The job's generator, as ``downcluster generator show --json``: type, schedule, schemes, state
+    (test, on, off), next run, and a page of its runs newest first (``next``: the cursor of the
+    following page, for ``after``)."""
+    return generators.show(name, views.clamp(limit, 10), after)
+
+
+@router.post("/jobs/{name}/generator/on", tags=["generators"], responses=answers(
+    401, 403, 404, 409, why={**GENERATOR_404, 409: "no dry run passed since the generator last changed"}))
+def generator_on(name: JobName, _: Admin) -> dict:
+    """Switch the generator on, as ``downcluster generator on`` (the dry run is the CLI's
+    ``generator test``: it runs the code in a sandbox where it is typed)."""
+    return generators.set_state(name, "on")
+
+
+@router.post("/jobs/{name}/generator/off", tags=["generators"],
+             responses=answers(401, 403, 404, why=GENERATOR_404))
+def generator_off(name: JobName, _: Admin) -> dict:
+    """Switch the generator off, as ``downcluster generator off`` (a run under way finishes)."""
+    return generators.set_state(name, "off")
+
+
+@router.post("/jobs/{name}/generator/run", tags=["generators"], responses=answers(
+    401, 403, 404, 409, why={**GENERATOR_404, 409: "a run of the generator is under way"}))
+def generator_run(name: JobName, _: Admin) -> dict:
+    """Run the generator once now, through the queue (``downcluster generator run``)."""
+    return generators.run_now(name, redis_conn())
 
 
 # --- tasks -------------------------------------------------------------------------------

@@ -151,6 +151,7 @@ const views = {
     if (isAdmin() && j.counts.DEAD) deadHead.push(action("Requeue DEAD tasks", () => api("POST", `/jobs/${q}/tasks/requeue`, { status: ["DEAD"] })));
     return [
       el("h1", {}, `Job ${j.name} `, el("span", { class: `status-${j.status}` }, j.status)),
+      ...generatorSection(j, q),
       el("p", {}, `priority ${j.priority} · ${j.type} downloader · engine ${j.settings ? j.settings.download_engine : "-"} · host ${j.host || "any"}`),
       el("p", { class: "muted" }, counts),
       el("h2", {}, "Recent failures"),
@@ -193,6 +194,29 @@ const views = {
     return [el("h1", {}, "Logs ", pick), table(shapes[kind], d.logs, "no entries")];
   },
 };
+
+// A job's generator: its state, schedule and next run, its last runs, and (admins) on / off / run now.
+function generatorSection(j, q) {
+  const g = j.generator;
+  if (!g) return [];
+  const head = [el("h2", {}, "Generator ", el("span", { class: `gen-${g.state}` }, g.state))];
+  if (isAdmin()) {
+    head.push(g.state === "on"
+      ? action("Switch off", () => api("POST", `/jobs/${q}/generator/off`), "danger")
+      : action("Switch on", () => api("POST", `/jobs/${q}/generator/on`)));
+    head.push(action("Run now", () => api("POST", `/jobs/${q}/generator/run`)));
+  }
+  const tested = g.tested ? "" : " · no passing dry run of this code yet (downcluster generator test)";
+  return [
+    ...head,
+    el("p", {}, `${g.type} · schedule ${g.schedule} · next run ${when(g.next_at)}${tested}`),
+    table([col("when", (r) => when(r.add_datetime)), col("status", "status"), col("trigger", "trigger"),
+           col("added", "added", 1), col("duplicate", "duplicate", 1), col("rejected", "rejected", 1),
+           col("bytes", "bytes", 1), col("s", (r) => (r.spend_time / 1e6).toFixed(2), 1), col("host", "hostname"),
+           col("reason", (r) => r.failed_reason || r.errors.slice(0, 3).map((e) => `line ${e.line}: ${e.reason}`).join("; ") || "-")],
+          g.runs, "no runs yet"),
+  ];
+}
 
 const stateBadge = (e) => el("span", { class: `state-${e.state}` }, e.state);
 function progressBar(e) {

@@ -34,7 +34,7 @@ from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
 from slave.download.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
 
-__all__ = ["run_python", "run_shell"]
+__all__ = ["run_generator", "run_python", "run_shell"]
 
 SANDBOX_MAIN = str(Path(__file__).resolve().with_name("sandbox_main.py"))
 RESOURCE_SIGNALS: dict[int, str] = {signal.SIGXCPU: "CPU limit", signal.SIGXFSZ: "file size limit"}
@@ -370,6 +370,21 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
     return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
                     remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
                     encoding=body_encoding(headers, body))
+
+
+def run_generator(kind: str, code: str, limits: Limits, allow_private: bool = False) -> bytes:
+    """Run a job's generator (``kind`` python or shell) sandboxed, as a downloader runs: the same
+    box, limits, deadline and network wall. Its whole output (one URL a line) once it exited 0;
+    DownloadError if it failed, hung past the limit or wrote more than ``limits.maxsize`` bytes."""
+    if kind not in ("python", "shell"):
+        raise DownloadError(f"generator type must be python or shell, got {kind!r}", retryable=False)
+    if "\0" in code:
+        raise DownloadError("generator code contains a NUL byte", retryable=False)
+    message = {"code": code, "url": "", "limits": asdict(limits), "env": _environment({})}
+    outcome = _run_safely(f"generate-{kind}", message, limits, limits.maxsize, allow_private)
+    if outcome.timed_out or outcome.overflow or outcome.returncode != 0:
+        raise _redacted(_process_error(outcome, limits, limits.maxsize))
+    return bytes(outcome.stdout)
 
 
 def _is_str_dict(value) -> TypeGuard[dict[str, str]]:

@@ -2,7 +2,9 @@
 
 It reads one JSON message ``{code, limits, task | url}`` from stdin, applies the resource limits,
 gives up root where it can, then either runs a python downloader and writes one result frame to
-stdout (python mode) or replaces itself with ``/bin/sh -c CODE sh URL`` (shell mode).
+stdout (python mode) or replaces itself with ``/bin/sh -c CODE sh URL`` (shell mode); a job's
+generator runs the same way (generate-python: ``generate()``'s URLs, one a line, ``URL<TAB>HOST``
+for pairs; generate-shell: ``/bin/sh -c CODE sh``, its stdout as it is).
 Standard library only, so it starts fast; ``slave.download.engines.sandbox`` is the parent side.
 
 Frame: ``MAGIC | u32 header length | u64 body length | u64 request-body length | header JSON |
@@ -210,10 +212,57 @@ def run_python(message: dict, out) -> int:
     return 1
 
 
+# --- generator modes -----------------------------------------------------------------------
+
+def _line(item) -> str:
+    """One item a generator yielded as one output line: ``URL`` or ``URL<TAB>HOST``. Line breaks
+    and tabs inside become spaces, so intake rejects such a URL by its line number."""
+    def clean(value) -> str:
+        return str(value).replace("\r", " ").replace("\n", " ").replace("\t", " ")
+
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return clean(item[0]) + "\t" + clean(item[1])
+    if isinstance(item, bytes):
+        item = item.decode("utf-8", "replace")
+    return clean(item)
+
+
+def run_generate(message: dict, out) -> int:
+    """Run the generator's ``generate()``: each URL (or (url, host) pair) it returns or yields is
+    one line on ``out``; an exception is one line on stderr and exit status 1."""
+    main_pid = os.getpid()
+    try:
+        module = types.ModuleType("generator")
+        module.__dict__["__builtins__"] = builtins
+        sys.modules["generator"] = module
+        exec(compile(message["code"], "<generator>", "exec"), module.__dict__)
+        generate = module.__dict__.get("generate")
+        if not callable(generate):
+            raise DownloaderError("no generate() function")
+        result = generate()
+        if isinstance(result, (str, bytes)):
+            result = [result]
+        for item in result if result is not None else ():
+            out.write((_line(item) + "\n").encode("utf-8", "replace"))
+    except BaseException as exc:  # noqa: BLE001 - incl. SystemExit, MemoryError
+        if os.getpid() != main_pid:
+            os._exit(1)
+        out.flush()
+        print(f"generator error: {_describe(exc)}", file=sys.stderr)
+        return 1
+    if os.getpid() != main_pid:
+        os._exit(0)
+    return 0
+
+
+MODES = ("python", "shell", "generate-python", "generate-shell")
+
+
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else ""
-    if mode not in ("python", "shell") or len(argv) < 3 or not argv[2].isdigit():
-        print("usage: sandbox_main.py python|shell STATUS_FD < message.json", file=sys.stderr)
+    if mode not in MODES or len(argv) < 3 or not argv[2].isdigit():
+        print("usage: sandbox_main.py python|shell|generate-python|generate-shell STATUS_FD < message.json",
+              file=sys.stderr)
         return 2
     status_fd = int(argv[2])
     message = json.loads(sys.stdin.buffer.read())
@@ -234,12 +283,14 @@ def main(argv: list[str]) -> int:
     supervise(status_fd)
     if mode == "shell":
         os.execve("/bin/sh", ["/bin/sh", "-c", message["code"], "sh", message["url"]], env)
+    if mode == "generate-shell":
+        os.execve("/bin/sh", ["/bin/sh", "-c", message["code"], "sh"], env)
     # the frame goes to a private copy of stdout; fd 1 and sys.stdout become stderr, so the
     # downloader's prints (and its child processes' output) cannot corrupt the frame
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    status = run_python(message, out)
+    status = run_generate(message, out) if mode == "generate-python" else run_python(message, out)
     out.flush()
     sys.stderr.flush()
     os._exit(status)  # do not wait for threads the downloader may have left running

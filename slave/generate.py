@@ -1,0 +1,113 @@
+"""A job's generator, run on a worker (``slave.worker.entries.run_generator``, an entry of
+``down_generate``) or as a dry run where ``downcluster generator test`` is typed.
+
+Either way the generator runs in the downloaders' sandbox (``slave/download/engines/sandbox.py``:
+the same box, limits, deadline and network wall), never in this process. Its whole output is
+collected first; only a run that ended well hands its lines to the one intake
+(``common/intake.py``: validation, the generator's schemes, dedup, line numbers of rejects), so a
+failing or hanging generator adds nothing. Each run ends its log (``common/store/generators.py``);
+a failed one also writes a ``generator_fail`` alert, which the job's ``report_mails`` hear of
+(``master/ops/reports.py``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from common.config import host_name
+from common.cron import next_after
+from common.errors import DownloadError, NotFound
+from common.intake import add_tasks, preview
+from common.secrets import redact
+from common.store import generators, jobs, logs
+from common.store.models import FAIL, SUCCESS, store_now, store_time, utcnow
+from slave.download.engines import sandbox
+from slave.worker.context import limits_from_settings
+
+logger = logging.getLogger(__name__)
+MAX_LOGGED_ERRORS = 20  # rejected lines kept in a run's log (the count is exact)
+
+
+def _lines(output: bytes) -> list[str]:
+    return output.decode("utf-8", "replace").splitlines()
+
+
+def _allow_private(job_id) -> bool:
+    found = jobs.context(job_id)
+    return bool(found and (found["settings"] or {}).get("allow_private"))
+
+
+def _sandboxed(gen: dict, job_id) -> bytes:
+    """The generator's whole output, run in the sandbox with the downloaders' limits."""
+    return sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(job_id))
+
+
+def run(run_id: str) -> dict:
+    """Run generator run ``run_id`` once: its counts, or {"skipped": 1} if it was not ours to run."""
+    taken = generators.start_run(run_id, host_name(), store_time())
+    if taken is None:
+        logger.info("generator run %s was taken or given up before it started: skipped", run_id)
+        return {"skipped": 1}
+    gen = taken["generator"]
+    job_id, started = gen["job"], time.monotonic()
+    name = jobs.name_of(job_id)
+    fields: dict = {}
+    try:
+        output = _sandboxed(gen, job_id)
+        fields["bytes"] = len(output)
+        report = add_tasks(name, _lines(output), schemes=gen.get("schemes") or None, hosts=True)
+    except DownloadError as exc:
+        return _failed(run_id, job_id, name, fields, started, exc.reason)
+    except Exception as exc:  # MongoDB away mid-intake: what was added stays; the run says why it stopped
+        _failed(run_id, job_id, name, fields, started, redact(f"{type(exc).__name__}: {exc}"))
+        raise
+    fields.update(status=SUCCESS, added=report.added, duplicate=report.duplicate, rejected=report.rejected,
+                  lines=len(_lines(output)), spend_time=int((time.monotonic() - started) * 1e6),
+                  errors=[{"line": n, "reason": r} for n, r in report.errors[:MAX_LOGGED_ERRORS]])
+    generators.end_run(run_id, job_id, fields, store_time())
+    logger.info("generator of %s: %s added, %s duplicate, %s rejected", name, report.added, report.duplicate,
+                report.rejected)
+    return {"added": report.added, "duplicate": report.duplicate, "rejected": report.rejected}
+
+
+def _failed(run_id: str, job_id, name: str, fields: dict, started: float, reason: str) -> dict:
+    now = store_time()
+    fields.update(status=FAIL, failed_reason=reason[:10000],
+                  spend_time=int((time.monotonic() - started) * 1e6))
+    generators.end_run(run_id, job_id, fields, now)
+    alert = f"generator of job {name} failed: {reason}"[:10000]
+    logs.add_alerts([(job_id, "generator_fail", alert)], utcnow())
+    logger.warning("generator of %s failed: %s", name, reason)
+    return {"failed": 1}
+
+
+def dry_run(name: str, first: int = 20) -> dict:
+    """``downcluster generator test NAME``: run the generator here, in the sandbox, and say what
+    intake would do with its output, storing no task and no run. It passes when it ends well and
+    yields at least one URL intake accepts (new or already known); a pass of the current code
+    turns a generator in test on."""
+    job = jobs.named(name)
+    gen = generators.of_job(job.id)
+    if gen is None:
+        raise NotFound(f"job {name!r} declares no generator")
+    started = time.monotonic()
+    out: dict = {"job": name, "type": gen["type"], "schedule": gen["schedule"], "state_before": gen["state"]}
+    try:
+        output = _sandboxed(gen, job.id)
+    except DownloadError as exc:
+        return {**out, "passed": False, "failed_reason": exc.reason, "state": gen["state"],
+                "spend_time": int((time.monotonic() - started) * 1e6)}
+    lines = _lines(output)
+    report, shown = preview(name, lines, gen.get("schemes") or None, hosts=True, first=first)
+    passed = report.added + report.duplicate > 0
+    out.update(passed=passed, bytes=len(output), lines=len(lines), added=report.added,
+               duplicate=report.duplicate, rejected=report.rejected,
+               errors=[{"line": n, "reason": r} for n, r in report.errors],
+               first=[{"url": u, "host": h} for u, h in shown],
+               spend_time=int((time.monotonic() - started) * 1e6))
+    if not passed:
+        out.update(failed_reason="the generator produced no URL intake would accept", state=gen["state"])
+        return out
+    after = generators.mark_tested(job.id, gen["digest"], next_after(gen["schedule"], store_now()), utcnow())
+    out["state"] = (after or gen)["state"]
+    return out
