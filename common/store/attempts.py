@@ -100,3 +100,13 @@ def stored_response(data_id) -> dict | None:
     if doc is None:
         return None
     return {**doc, "body": body_of(doc, gridfs_of(coll.database))}
+
+
+def stored_digest(task_id, lease: str) -> str | None:
+    """SHA-256 of the body a task's data document of ``lease`` holds (a page stored before its
+    job had revisits has no digest of its own), or None if it is gone."""
+    import hashlib
+
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"task": task_id, "lease": lease}, {"response_body": 1, "response_body_gridfs": 1})
+    return hashlib.sha256(body_of(doc, gridfs_of(coll.database))).hexdigest() if doc else None

@@ -146,14 +146,15 @@ def settle_success(ids: list, lease: str, kind: str, now: datetime,
          "$inc": {"download_times": 1}, "$unset": UNSET_LEASE})
 
 
-def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime, every: float,
+def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime | None, every: float,
                  stored: dict | None, not_modified: bool, reason: str | None = None,
-                 sent_at: datetime | None = None) -> UpdateOne:
+                 sent_at: datetime | None = None, seen: dict | None = None) -> UpdateOne:
     """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
     ``stored``: a new version was stored (``etag``, ``last_modified``, ``digest``, ``prev_lease``,
     the lease of the version it supersedes, None on a first visit): the task names it and keeps
     the earlier one in ``history``. Else the latest version stays named, and the visit counts as
-    ``not_modified`` (or, with ``reason``, as a revisit that failed for good)."""
+    ``not_modified`` (``seen``: the validators and digest of a same body sent again), or, with
+    ``reason``, as a revisit that failed for good."""
     change: dict = {
         "$set": {"status": SUCCESS, "retry_at": retry_at, "revisit_every": every, "failed_reason": reason,
                  "last_update_datetime": now},
@@ -168,6 +169,7 @@ def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: dateti
             change["$push"] = {"history": stored["prev_lease"]}
     elif not_modified:
         change["$inc"]["not_modified"] = 1
+        change["$set"].update(seen or {})  # the same body again: its validators, for the next visit
     return UpdateOne({"_id": task_id, **held_by(lease, kind, sent_at)}, change)
 
 
@@ -179,6 +181,14 @@ def mark_superseded(settled: list[tuple]) -> None:
         CrawlerDownloadData._get_collection().bulk_write([
             UpdateMany({"task": task, "version": {"$not": {"$gte": version}}, "superseded": None},
                        {"$set": {"superseded": True}}) for task, version in settled], ordered=False)
+
+
+def remark_versions(lease: str, ids: list) -> None:
+    """The ``superseded`` marks of the pages a dead worker settled under ``lease`` (it may have
+    died between a settle and its marks): each page's versions below its latest."""
+    settled = CrawlerTask._get_collection().find(
+        {"_id": {"$in": ids}, "data_lease": lease, "versions": {"$gt": 1}}, {"versions": 1})
+    mark_superseded([(t["_id"], t["versions"]) for t in settled])
 
 
 def settle_failure(
@@ -345,6 +355,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
     tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (common.store.data.shown)
     drop_unsettled(lease_id, ids)
+    remark_versions(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
     return recovered, dead, again
 

@@ -85,7 +85,7 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
 
 def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
     doc = attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now)
-    if Revisit.of(ctx.settings).on:
+    if Revisit.of(ctx.settings).on or outcome.task.get("prev"):
         doc["version"] = int((outcome.task.get("prev") or {}).get("versions") or 0) + 1
     return doc
 
@@ -254,8 +254,12 @@ def _kept(p: Part, o: Outcome) -> bool:
 
 def _not_modified(p: Part, o: Outcome) -> bool:
     """Whether a success is a revisit that brought nothing new (sets ``o.not_modified``)."""
-    if o.download is None or not o.task.get("prev") or not Revisit.of(p.ctx.settings).on:
+    if o.download is None or not o.task.get("prev"):
         return False
+    prev = o.task["prev"]
+    if prev.get("data_lease") and not prev.get("digest") and o.download.status_code != revisit.NOT_MODIFIED:
+        prev["digest"] = with_retries(partial(attempts.stored_digest, o.task["_id"], prev["data_lease"]),
+                                      "stored digest")
     o.not_modified = revisit.unchanged(o.task["prev"], o.download.status_code, o.download.body)
     return o.not_modified is not None
 
@@ -265,14 +269,16 @@ def _visit(p: Part, o: Outcome, now: datetime):
     rv, prev = Revisit.of(p.ctx.settings), o.task.get("prev") or {}
     changed = o.error is None and not o.not_modified
     every = rv.next_interval(prev.get("revisit_every"), changed)
-    stored = None
-    if changed and o.download is not None:
+    stored = seen = None
+    if o.download is not None and o.download.status_code != revisit.NOT_MODIFIED:
         etag, last_modified = revisit.response_validators(o.download.headers)
-        stored = {"etag": etag, "last_modified": last_modified, "digest": revisit.digest(o.download.body),
-                  "prev_lease": prev.get("data_lease")}
+        seen = {"etag": etag, "last_modified": last_modified, "digest": revisit.digest(o.download.body)}
+        if changed:
+            stored = {**seen, "prev_lease": prev.get("data_lease")}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
-    return leases.settle_visit(o.task["_id"], p.lease, p.kind, now, now + timedelta(seconds=every), every,
-                               stored, bool(o.not_modified), reason, p.sent_at)
+    due = now + timedelta(seconds=every) if rv.on else None  # (revisits turned off meanwhile: none)
+    return leases.settle_visit(o.task["_id"], p.lease, p.kind, now, due, every,
+                               stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
 def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
@@ -282,7 +288,7 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
     for p, o in [*ok, *same]:
-        if Revisit.of(p.ctx.settings).on:
+        if Revisit.of(p.ctx.settings).on or o.task.get("prev"):  # a page with versions keeps its history
             settles.append(_visit(p, o, now))
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
