@@ -260,3 +260,15 @@ def test_turning_revisits_on_makes_the_stored_pages_due_once(cluster, tmp_path):
     assert task_of(pages["etag"]).etag == f'"{pages["etag"]}-v1"'  # learnt: the next visit asks with it
     register(tmp_path, "late", priority=5, revisit=3600.0)  # registering again changes nothing
     assert dispatch_once(cluster.redis).total == 0  # next visits are an hour away
+
+
+def test_the_requests_engine_asks_conditionally_too(cluster, tmp_path):
+    register(tmp_path, "req", revisit=1.0, download_engine="requests")
+    pages = keys("etag", "date")
+    add_urls("req", [url(cluster, k) for k in pages.values()])
+    dispatch_once(cluster.redis)
+    burst_worker(cluster)
+    visit_again(cluster, "req")
+    for key in pages.values():
+        assert sample_site.ANSWERS[key] == [200, 304]
+        assert task_of(key).not_modified == 1

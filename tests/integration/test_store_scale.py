@@ -145,6 +145,17 @@ QUERIES = [
     ),
     (
         CrawlerTask,
+        {"job": JOB, "status": "SUCCESS", "retry_at": {"$gt": MARK.generation_time,
+                                                         "$lte": MARK.generation_time}},
+        "retry_at",
+        "revisits due in a window of due time (tasks.due_revisits)",
+    ),
+    (CrawlerTask, {"job": JOB, "status": "SUCCESS", "retry_at": MARK.generation_time}, None,
+     "revisits due at the floor's own time (tasks.due_revisits)"),
+    (CrawlerDownloadData, {"task": MARK}, None,
+     "a page's documents by the (task, lease) index's prefix (leases.mark_superseded)"),
+    (
+        CrawlerTask,
         {"job": JOB, "status": "SUCCESS", "_id": {"$lt": MARK}},
         "_id",
         "final tasks past retention (retention.enforce)",
