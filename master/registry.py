@@ -133,17 +133,32 @@ def check_generator_python(code: str) -> None:
     raise ValidationError("generator python code defines no top-level function generate()")
 
 
+def _text(data: bytes, label: str) -> str:
+    """Code read from a file: at most MAX_CODE_BYTES of UTF-8 (else a one-line ValidationError)."""
+    if len(data) > MAX_CODE_BYTES:
+        raise ValidationError(f"{label} is larger than {MAX_CODE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationError(f"{label} is not UTF-8") from None
+
+
+def _table(raw: Any, keys: set, not_a_table: str, what: str) -> None:
+    """``raw`` is a table of known ``keys`` only (else a one-line ValidationError)."""
+    if not isinstance(raw, dict):
+        raise ValidationError(not_a_table)
+    unknown = sorted(set(raw) - keys)
+    if unknown:
+        raise ValidationError(f"unknown {what} {unknown[0]!r}")
+
+
 def validate_generator(raw: Any, base_dir: Path | None) -> GeneratorSpec | None:
     """The ``[generator]`` table: ``type`` python or shell; its code as ``code`` (a file beside the
     manifest) or ``source`` (the code itself; the only form over the API); ``schedule`` (cron or
     ``@every N[s|m|h]``); ``schemes`` the URL schemes it may emit (default http, https)."""
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        raise ValidationError("generator must be a table")
-    unknown = sorted(set(raw) - GENERATOR_KEYS)
-    if unknown:
-        raise ValidationError(f"unknown generator key {unknown[0]!r}")
+    _table(raw, GENERATOR_KEYS, "generator must be a table", "generator key")
     kind = raw.get("type")
     if kind not in ("python", "shell"):
         raise ValidationError(f"generator.type must be python or shell, got {kind!r}")
@@ -165,12 +180,7 @@ def validate_generator(raw: Any, base_dir: Path | None) -> GeneratorSpec | None:
         except OSError as exc:
             raise ValidationError(f"cannot read generator code file {rel}: {exc.strerror}") from None
         label = f"generator code file {rel}"
-    if len(data) > MAX_CODE_BYTES:
-        raise ValidationError(f"{label} is larger than {MAX_CODE_BYTES} bytes")
-    try:
-        code = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValidationError(f"{label} is not UTF-8") from None
+    code = _text(data, label)
     if "\0" in code:
         raise ValidationError(f"{label} contains a NUL byte")
     if kind == "python":
@@ -191,11 +201,7 @@ def validate_generator(raw: Any, base_dir: Path | None) -> GeneratorSpec | None:
 def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None = None) -> JobSpec:
     """Validate a parsed manifest and its code: the file it names under ``base_dir``, or
     ``inline_code`` (the API sends the code with the manifest)."""
-    if not isinstance(data, dict):
-        raise ValidationError("manifest must be a TOML table")
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise ValidationError(f"unknown manifest key {unknown[0]!r}")
+    _table(data, TOP_KEYS, "manifest must be a TOML table", "manifest key")
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValidationError(f"name must be 1-128 letters, digits, '_', '.' or '-', got {name!r}")
@@ -223,12 +229,7 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
                 raw = (base_dir / rel).read_bytes()
             except OSError as exc:
                 raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
-        if len(raw) > MAX_CODE_BYTES:
-            raise ValidationError(f"code file {rel} is larger than {MAX_CODE_BYTES} bytes")
-        try:
-            code = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValidationError(f"code file {rel} is not UTF-8") from None
+        code = _text(raw, f"code file {rel}")
         if language == "python":
             check_python(code)
         elif not code.strip():

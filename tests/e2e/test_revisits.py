@@ -59,6 +59,17 @@ def visit_again(cluster, name: str) -> int:
     return sent
 
 
+def first_visit(cluster, tmp_path, name: str, modes: tuple[str, ...], **settings) -> dict[str, str]:
+    """Register job ``name`` (``settings``), add a fresh page per validator mode, download them
+    once with a real worker: {mode: key}."""
+    register(tmp_path, name, **settings)
+    pages = keys(*modes)
+    add_urls(name, [url(cluster, k) for k in pages.values()])
+    dispatch_once(cluster.redis)
+    burst_worker(cluster)
+    return pages
+
+
 def exported(name: str, **flt) -> list[dict]:
     out = io.BytesIO()
     export(name, "jsonl", out, "", flt)
@@ -111,11 +122,7 @@ def test_revisits_store_new_versions_and_304s_as_logs(cluster, tmp_path):
 
 
 def test_adaptive_interval_grows_while_unchanged_and_shrinks_on_change(cluster, tmp_path):
-    register(tmp_path, "ad", revisit=1.0, revisit_max=4.0)
-    page = keys("etag")["etag"]
-    add_urls("ad", [url(cluster, page)])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    page = first_visit(cluster, tmp_path, "ad", ("etag",), revisit=1.0, revisit_max=4.0)["etag"]
     seen = [task_of(page).revisit_every]
     for _ in range(3):  # unchanged: 1 -> 2 -> 4 -> 4 (the ceiling)
         visit_again(cluster, "ad")
@@ -146,11 +153,8 @@ def download(task):
 
 
 def test_python_downloader_gets_the_previous_version_and_may_answer_not_modified(cluster, tmp_path):
-    register(tmp_path, "pyrv", kind="python", code=PYTHON_CONDITIONAL, revisit=1.0)
-    page = keys("etag")["etag"]
-    add_urls("pyrv", [url(cluster, page)])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    page = first_visit(cluster, tmp_path, "pyrv", ("etag",), kind="python", code=PYTHON_CONDITIONAL,
+                       revisit=1.0)["etag"]
     visit_again(cluster, "pyrv")
     t = task_of(page)
     assert sample_site.ANSWERS[page] == [200, 304]
@@ -167,11 +171,7 @@ def test_worker_killed_mid_revisit_loses_nothing_and_stores_one_version(cluster,
         monkeypatch.setenv(key, value)
         cluster.env[key] = value
     load()
-    register(tmp_path, "kv", revisit=1.0)
-    pages = keys("etag", "none")
-    add_urls("kv", [url(cluster, k) for k in pages.values()])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    pages = first_visit(cluster, tmp_path, "kv", ("etag", "none"), revisit=1.0)
     before = task_of(pages["etag"]).data_lease
     for k in pages.values():
         sample_site.VERSIONED[k][0] = 2
@@ -209,11 +209,7 @@ def test_history_through_the_api_and_retention_of_old_versions(cluster, tmp_path
     from master.ops import retention
     from tests.web_helpers import WebServer
 
-    register(tmp_path, "hist", revisit=1.0, data_retention_days=1)
-    page = keys("etag")["etag"]
-    add_urls("hist", [url(cluster, page)])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    page = first_visit(cluster, tmp_path, "hist", ("etag",), revisit=1.0, data_retention_days=1)["etag"]
     for version in (2, 3):
         sample_site.VERSIONED[page][0] = version
         visit_again(cluster, "hist")
@@ -243,11 +239,7 @@ def test_history_through_the_api_and_retention_of_old_versions(cluster, tmp_path
 
 
 def test_turning_revisits_on_makes_the_stored_pages_due_once(cluster, tmp_path):
-    register(tmp_path, "late", priority=5)
-    pages = keys("etag", "none")
-    add_urls("late", [url(cluster, k) for k in pages.values()])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    pages = first_visit(cluster, tmp_path, "late", ("etag", "none"), priority=5)
     assert all(task_of(k).retry_at is None for k in pages.values())
     register(tmp_path, "late", priority=5, revisit=3600.0)  # the same job, now with revisits
     assert visit_again(cluster, "late") == 2
@@ -263,11 +255,7 @@ def test_turning_revisits_on_makes_the_stored_pages_due_once(cluster, tmp_path):
 
 
 def test_the_requests_engine_asks_conditionally_too(cluster, tmp_path):
-    register(tmp_path, "req", revisit=1.0, download_engine="requests")
-    pages = keys("etag", "date")
-    add_urls("req", [url(cluster, k) for k in pages.values()])
-    dispatch_once(cluster.redis)
-    burst_worker(cluster)
+    pages = first_visit(cluster, tmp_path, "req", ("etag", "date"), revisit=1.0, download_engine="requests")
     visit_again(cluster, "req")
     for key in pages.values():
         assert sample_site.ANSWERS[key] == [200, 304]
