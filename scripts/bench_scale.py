@@ -218,7 +218,8 @@ def _run(bench, tasks: int) -> dict:
 
 def _revisits(bench, redis, job, filled: dict, since) -> dict:
     """The job turns to revisits (a day apart) with no fresh task or retry left: every SUCCESS task
-    is due (visited one to three days ago); two cron dispatches each pick ``dispatch_num``."""
+    is due (visited one to three days ago); two cron dispatches each pick ``dispatch_num``. Then
+    revisits are off again (the retention below measures what it always did)."""
     from common.queue.names import QUEUE_NAMES
     from common.queue.rqbridge import queue_key
     from common.store.models import CrawlerDownloadSetting, CrawlerLease, CrawlerTask, Job, store_now
@@ -239,6 +240,7 @@ def _revisits(bench, redis, job, filled: dict, since) -> dict:
         out[f"cron dispatch, {filled['success']:,} revisits due ({run} run)"] = _timed(
             lambda: picked.append(dispatch_once(redis).total))
     out["revisits picked per run"] = f"{picked}"
+    CrawlerDownloadSetting._get_collection().update_one({"job": job.id}, {"$set": {"revisit": 0.0}})
     return out
 
 

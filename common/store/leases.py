@@ -53,6 +53,7 @@ from common.store.models import (
     SUCCESS,
     CrawlerDownloadData,
     CrawlerLease,
+    CrawlerOldVersion,
     CrawlerTask,
     LostLease,
     utcnow,
@@ -174,21 +175,27 @@ def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: dateti
 
 
 def mark_superseded(settled: list[tuple]) -> None:
-    """(task, version) settled as its latest: its data documents of lower versions are earlier
-    versions (a hint for readers of the latest only; the task's ``data_lease`` is the truth). By
-    version, so a mark that comes late never touches a version stored after it."""
-    if settled:
-        CrawlerDownloadData._get_collection().bulk_write([
-            UpdateMany({"task": task, "version": {"$not": {"$gte": version}}, "superseded": None},
-                       {"$set": {"superseded": True}}) for task, version in settled], ordered=False)
+    """(job, task, version, lease of the version before) settled as the page's latest: its data
+    documents of lower versions are earlier versions — marked (a hint for readers of the latest
+    only; the task's ``data_lease`` is the truth) and the one before listed for the retention
+    (``crawler_old_version``). By version, so a mark that comes late never touches a version
+    stored after it; marking again changes nothing, and a version listed twice is removed once."""
+    if not settled:
+        return
+    CrawlerDownloadData._get_collection().bulk_write([
+        UpdateMany({"task": task, "version": {"$not": {"$gte": version}}, "superseded": None},
+                   {"$set": {"superseded": True}}) for _, task, version, _ in settled], ordered=False)
+    CrawlerOldVersion._get_collection().insert_many(
+        [{"job": job, "task": task, "lease": before} for job, task, _, before in settled if before],
+        ordered=False)
 
 
 def remark_versions(lease: str, ids: list) -> None:
     """The ``superseded`` marks of the pages a dead worker settled under ``lease`` (it may have
     died between a settle and its marks): each page's versions below its latest."""
-    settled = CrawlerTask._get_collection().find(
-        {"_id": {"$in": ids}, "data_lease": lease, "versions": {"$gt": 1}}, {"versions": 1})
-    mark_superseded([(t["_id"], t["versions"]) for t in settled])
+    flt = {"_id": {"$in": ids}, "data_lease": lease, "versions": {"$gt": 1}}
+    settled = CrawlerTask._get_collection().find(flt, {"job": 1, "versions": 1, "history": 1})
+    mark_superseded([(t["job"], t["_id"], t["versions"], (t.get("history") or [None])[-1]) for t in settled])
 
 
 def settle_failure(

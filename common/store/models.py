@@ -310,6 +310,17 @@ class CrawlerDownloadData(Document):
     }
 
 
+class CrawlerOldVersion(Document):
+    """An earlier version of a revisited page (its data document is the task's ``lease``), listed
+    when a newer one was named, ``_id`` made then: what the data retention removes, oldest first,
+    without reading the job's latest versions (``common.store.retention.remove_old_versions``)."""
+
+    job = ObjectIdField(required=True)
+    task = ObjectIdField(required=True)
+    lease = StringField(required=True)
+    meta = {"db_alias": "source", "collection": "crawler_old_version", "indexes": [("job", "_id")]}
+
+
 class CrawlerDownloadLog(Document):
     job = ReferenceField(Job)
     task = ReferenceField(CrawlerTask)
@@ -557,4 +568,5 @@ ALL_MODELS = (
     CrawlerRegistrationErrorLog,
     CrawlerGenerator,
     CrawlerGeneratorLog,
+    CrawlerOldVersion,
 )

@@ -35,6 +35,7 @@ from common.store.models import (
     CrawlerDownloadLog,
     CrawlerDownloadSetting,
     CrawlerGeneratorLog,
+    CrawlerOldVersion,
     CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
@@ -97,7 +98,7 @@ def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=Non
     removed, after = 0, None
     while time.monotonic() < end:
         docs = by_id(coll, {"job": job_id}, BATCH, span=span, after=after, before=before,
-                     projection={"_id": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
+                     projection={"_id": 1, "response_body_gridfs": 1})
         if not docs:
             break
         after = docs[-1]["_id"]
@@ -106,25 +107,40 @@ def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=Non
     return removed
 
 
-def remove_old_data(job_id, before: ObjectId, span: Span, end: float, keep_latest: bool = False) -> int:
-    """The job's data documents made before ``before`` (and their bodies), until ``end``. With
-    ``keep_latest`` (a job with revisits) a page's latest version stays while its task does,
-    however old (an unchanged page is answered 304 and stores nothing newer); the earlier
-    versions go, and their tasks forget them (``history``)."""
-    return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end,
-                       drop=_drop_old_versions if keep_latest else drop_data)
+def remove_old_data(job_id, before: ObjectId, span: Span, end: float) -> int:
+    """The job's data documents made before ``before`` (and their bodies), until ``end``."""
+    return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end, drop=drop_data)
 
 
-def _drop_old_versions(docs: list[dict]) -> int:
-    """``drop_data`` of the documents among ``docs`` that are not their task's latest version."""
-    tasks = CrawlerTask._get_collection()
-    latest = set()
-    for part in in_chunks(list({d["task"] for d in docs if d.get("task")})):
-        latest |= {(t["_id"], t["data_lease"]) for t in tasks.find({"_id": {"$in": part}}, {"data_lease": 1})
-                   if t.get("data_lease")}
-    old = [d for d in docs if (d.get("task"), d.get("lease")) not in latest]
-    removed = drop_data(old)
-    for task, lease in {(d.get("task"), d.get("lease")) for d in old if d.get("task")}:
+def remove_old_versions(job_id, before: ObjectId, span: Span, end: float) -> int:
+    """A job with revisits: the earlier versions of its pages superseded before ``before`` (listed
+    in ``crawler_old_version`` when superseded), oldest first, until ``end``; their tasks forget
+    them (``history``). A page's latest version stays while its task does, however old (an
+    unchanged page is answered 304 and stores nothing newer), and the job's latest versions are
+    never read. Returns the data documents removed."""
+    coll, removed = CrawlerOldVersion._get_collection(), 0
+    while time.monotonic() < end:
+        listed = by_id(coll, {"job": job_id}, BATCH, span=span, before=before)
+        if not listed:
+            break
+        removed += _drop_versions(listed)
+        for ids in in_chunks([d["_id"] for d in listed]):
+            coll.delete_many({"_id": {"$in": ids}})
+    return removed
+
+
+def _drop_versions(listed: list[dict]) -> int:
+    """``drop_data`` of the listed versions (task, lease) that are not their task's latest."""
+    tasks, data = CrawlerTask._get_collection(), CrawlerDownloadData._get_collection()
+    wanted = {(d["task"], d["lease"]) for d in listed}
+    latest, docs = set(), []
+    for part in in_chunks(list({task for task, _ in wanted})):
+        named = tasks.find({"_id": {"$in": part}}, {"data_lease": 1})
+        latest |= {(t["_id"], t.get("data_lease")) for t in named}
+        found = data.find({"task": {"$in": part}}, {"task": 1, "lease": 1, "response_body_gridfs": 1})
+        docs += [d for d in found if (key := (d["task"], d["lease"])) in wanted and key not in latest]
+    removed = drop_data(docs)
+    for task, lease in wanted - latest:
         tasks.update_one({"_id": task}, {"$pull": {"history": lease}})
     return removed
 

@@ -203,7 +203,8 @@ def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Pi
     return picked
 
 
-REVISIT_WINDOW = timedelta(minutes=1)  # the first window of due times read; each next twice as wide
+REVISIT_WINDOW = timedelta(minutes=1)      # the first window of due times read
+REVISIT_WINDOW_MAX = timedelta(minutes=15)  # an empty window doubles the next, up to this
 
 
 def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
@@ -214,8 +215,10 @@ def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked],
     Revisits are sent without a write of their own (``common.store.leases.held_by``): what keeps
     the next run from sending them again is the floor (``revisit_from``, ``revisit_from_id``).
     Read in windows of due time up from the floor, each one range of the (job, status, retry_at,
-    seq) index, the next twice as wide, until ``need`` are found or ``now`` is reached: a query
-    with a sort and a limit would make some servers read every due task first. The floor is
+    seq) index, until ``need`` are found or ``now`` is reached: a query with a sort and a limit
+    would make some servers read every due task first. An empty window doubles the next, up to
+    REVISIT_WINDOW_MAX (a window is never so wide that a burst of due pages behind a quiet
+    stretch lands in it whole); one that held some sizes the next by what it found. The floor is
     safe: a settle or a release sets ``retry_at`` after the time it is written, later than the
     time this run began."""
     if need <= 0:
@@ -235,7 +238,11 @@ def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked],
         picked += found[:need - len(picked)]
         if hi >= now:
             break
-        lo, width = hi - timedelta(microseconds=1), width * 2  # (BSON times are milliseconds)
+        lo = hi - timedelta(microseconds=1)  # (BSON times are milliseconds)
+        if found:  # as many again as are still needed, at the density just seen
+            width = max(REVISIT_WINDOW, min(width * 2, width * (need - len(picked)) / len(found)))
+        else:
+            width = min(width * 2, REVISIT_WINDOW_MAX)
     tasks = [_picked(d, SUCCESS, d["retry_at"]) for d in picked]
     if len(picked) >= need:  # the rest of the last window is still due: the floor stays on it
         return tasks, (picked[-1]["retry_at"], picked[-1]["_id"])

@@ -70,7 +70,10 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
         span = counts.span(job_id)
         if data_days:
             before = now - timedelta(days=data_days)
-            report.data += store.remove_old_data(job_id, id_at(before), span, end, job_id in revisited)
+            if job_id in revisited:  # earlier versions go; a page's latest stays while its task does
+                report.data += store.remove_old_versions(job_id, id_at(before), span, end)
+            else:
+                report.data += store.remove_old_data(job_id, id_at(before), span, end)
             data, tasks, complete = store.remove_final(job_id, before, span, end, job_id in revisited)
             report.data, report.tasks = report.data + data, report.tasks + tasks
             if complete:

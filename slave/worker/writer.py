@@ -312,7 +312,8 @@ def _supersede(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
         named = {i for p in {id(p): p for p, _ in news}.values()
                  for i in leases.settled_of(p.lease, [o.task["_id"] for q, o in news if q is p])}
         news = [(p, o) for p, o in news if o.task["_id"] in named]
-    marks = [(o.task["_id"], int(o.task["prev"].get("versions") or 0) + 1) for _, o in news]
+    marks = [(p.ctx.job_id, o.task["_id"], int(o.task["prev"].get("versions") or 0) + 1,
+              o.task["prev"]["data_lease"]) for p, o in news]
     if marks:
         with_retries(partial(leases.mark_superseded, marks), "superseded marks")
 
