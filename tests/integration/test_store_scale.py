@@ -19,6 +19,7 @@ from common.store.models import (
     CrawlerDownloadLog,
     CrawlerDownloadSetting,
     CrawlerLease,
+    CrawlerOldVersion,
     CrawlerTask,
     DefenderState,
     Job,
@@ -152,6 +153,8 @@ QUERIES = [
     ),
     (CrawlerTask, {"job": JOB, "status": "SUCCESS", "retry_at": MARK.generation_time}, None,
      "revisits due at the floor's own time (tasks.due_revisits)"),
+    (CrawlerOldVersion, {"job": JOB, "_id": {"$lt": MARK}}, "_id",
+     "earlier versions past retention (retention.remove_old_versions)"),
     (CrawlerDownloadData, {"task": MARK}, None,
      "a page's documents by the (task, lease) index's prefix (leases.mark_superseded)"),
     (
