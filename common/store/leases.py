@@ -185,9 +185,9 @@ def mark_superseded(settled: list[tuple]) -> None:
     CrawlerDownloadData._get_collection().bulk_write([
         UpdateMany({"task": task, "version": {"$not": {"$gte": version}}, "superseded": None},
                    {"$set": {"superseded": True}}) for _, task, version, _ in settled], ordered=False)
-    CrawlerOldVersion._get_collection().insert_many(
-        [{"job": job, "task": task, "lease": before} for job, task, _, before in settled if before],
-        ordered=False)
+    listed = [{"job": job, "task": task, "lease": before} for job, task, _, before in settled if before]
+    if listed:
+        CrawlerOldVersion._get_collection().insert_many(listed, ordered=False)
 
 
 def remark_versions(lease: str, ids: list) -> None:
