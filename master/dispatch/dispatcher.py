@@ -152,9 +152,9 @@ def order_key(job, order: str = "priority") -> tuple:
 def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
          batch_size: int) -> tuple[list[PlannedEntry], int, str | None]:
     """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
-    and ``total`` tasks. FRESH tasks stop at the first that does not fit, so the cursor can
-    follow. Returns (entries, tasks taken, why some were left or None)."""
-    prefix = kind == FRESH
+    and ``total`` tasks. FRESH tasks and revisits stop at the first that does not fit, so the
+    cursor (the revisit floor) can follow. Returns (entries, tasks taken, why some were left or None)."""
+    prefix = kind in (FRESH, REVISIT)
     entries: list[PlannedEntry] = []
     open_: dict[str, PlannedEntry] = {}
     taken, why = 0, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 
-from common.store.models import AGAIN, FRESH
+from common.store.models import AGAIN, FRESH, REVISIT
 from common.store.tasks import Picked, fresh_cursor, fresh_limit
 from master.dispatch.dispatcher import JobWork, order_key, plan
 
@@ -69,3 +69,17 @@ def test_order_by_priority_host_or_both():
     jobs.append(SimpleNamespace(name="w", priority=5, host="h1"))
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "host"))] == ["w", "y", "z", "x"]
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "priority,host"))] == ["y", "z", "w", "x"]
+
+
+def test_revisits_stop_at_the_first_that_does_not_fit_and_the_floor_follows():
+    a = _work("a", 5, 0)
+    a.revisits = [Picked(f"r{i}", "h1" if i == 4 else "", 0, due=NOW + timedelta(seconds=i))
+                  for i in range(8)]
+    a.revisit_floor = (NOW + timedelta(seconds=7), "r7")
+    plan([a], {"down_low": 10, "down_low@h1": 0}, total=100, batch_size=10)
+    assert _taken(a, REVISIT) == 4  # r4's host queue is full: r5.. wait behind it, never sent twice
+    assert a.next_revisit_floor() == (NOW + timedelta(seconds=3), "r3")
+    b = _work("b", 5, 0)
+    b.revisits, b.revisit_floor = a.revisits[:4], (NOW + timedelta(seconds=3), "r3")
+    plan([b], {"down_low": 10}, total=100, batch_size=10)
+    assert b.next_revisit_floor() == b.revisit_floor  # all sent: what due_revisits said
