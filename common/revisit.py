@@ -53,10 +53,21 @@ def validators(prev: dict | None) -> dict[str, str]:
     return headers
 
 
+MAX_VALIDATOR = 512  # characters: a longer ETag or Last-Modified is not kept (nor sent again)
+
+
+def _kept_validator(value: str | None) -> str | None:
+    """A validator as received, if it can be sent back as a header: printable, one line, short
+    (what a site or a downloader returns is copied into every entry of its page's revisits)."""
+    if value is None or len(value) > MAX_VALIDATOR or not value.isprintable():
+        return None
+    return value
+
+
 def response_validators(headers: dict) -> tuple[str | None, str | None]:
-    """(ETag, Last-Modified) of a response, header names in any case."""
+    """(ETag, Last-Modified) of a response, header names in any case; None where absent or unfit."""
     lower = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
-    return lower.get("etag"), lower.get("last-modified")
+    return _kept_validator(lower.get("etag")), _kept_validator(lower.get("last-modified"))
 
 
 def digest(body: bytes) -> str:

@@ -132,3 +132,15 @@ def heartbeats_stale(ttl: float) -> bool:
     return not any((lease.get("beat_at") or lease.get("started_at") or fresh) >= fresh
                    for lease in CrawlerLease._get_collection().find({"state": "RUNNING"},
                                                                     {"beat_at": 1, "started_at": 1}))
+
+
+def with_settings(cluster, monkeypatch, values: dict[str, str]):
+    """``cluster`` with the DOWNCLUSTER_* ``values`` set here (settings reloaded) and for the
+    processes it starts (``cluster.env``), undone after the test."""
+    from common.config import load
+
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+        cluster.env[key] = value
+    load()
+    return cluster

@@ -15,11 +15,19 @@ from pathlib import Path
 import pytest
 
 import sample_site
-from common.config import load, settings
+from common.config import settings
 from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from master.exports.dump import export
-from tests.helpers import add_urls, burst_worker, heartbeats_stale, register, statuses, wait_for
+from tests.helpers import (
+    add_urls,
+    burst_worker,
+    heartbeats_stale,
+    register,
+    statuses,
+    wait_for,
+    with_settings,
+)
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -167,10 +175,7 @@ FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_T
 
 
 def test_worker_killed_mid_revisit_loses_nothing_and_stores_one_version(cluster, tmp_path, monkeypatch):
-    for key, value in FAST_RECOVERY.items():
-        monkeypatch.setenv(key, value)
-        cluster.env[key] = value
-    load()
+    with_settings(cluster, monkeypatch, FAST_RECOVERY)
     pages = first_visit(cluster, tmp_path, "kv", ("etag", "none"), revisit=1.0)
     before = task_of(pages["etag"]).data_lease
     for k in pages.values():

@@ -26,7 +26,7 @@ from common.store.models import (
 )
 from master.dispatch.dispatcher import dispatch_once
 from services import MongoServer
-from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for
+from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for, with_settings
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -41,11 +41,7 @@ FAST_RECOVERY = {
 
 @pytest.fixture
 def fast(cluster, monkeypatch):
-    for key, value in FAST_RECOVERY.items():
-        monkeypatch.setenv(key, value)
-        cluster.env[key] = value
-    load()
-    return cluster
+    return with_settings(cluster, monkeypatch, FAST_RECOVERY)
 
 
 def start_worker(cluster, *args: str) -> subprocess.Popen:

@@ -17,13 +17,12 @@ import pytest
 from rq import Queue
 
 import sample_site
-from common.config import load
 from common.queue.names import QUEUE_NAMES, cap
 from common.store import leases
 from common.store.data import data_filter, data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for
+from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for, with_settings
 from tests.relay import Relay
 
 pytestmark = pytest.mark.slow
@@ -42,11 +41,7 @@ FAST = {
 
 @pytest.fixture
 def fast(cluster, monkeypatch):
-    for key, value in FAST.items():
-        monkeypatch.setenv(key, value)
-        cluster.env[key] = value
-    load()
-    return cluster
+    return with_settings(cluster, monkeypatch, FAST)
 
 
 def worker(env: dict, *args: str) -> subprocess.Popen:

@@ -27,6 +27,9 @@ def test_off_and_validators():
     assert validators({"etag": '"v1"', "last_modified": "Tue, 14 Nov 2023 22:13:20 GMT"}) == {
         "If-None-Match": '"v1"', "If-Modified-Since": "Tue, 14 Nov 2023 22:13:20 GMT"}
     assert response_validators({"etag": "x", "LAST-MODIFIED": "y"}) == ("x", "y")
+    # a hostile page or downloader: a validator that could not be sent back, or would bloat
+    # every entry of its revisits, is not kept
+    assert response_validators({"ETag": '"a"\r\nX-Injected: 1', "Last-Modified": "d" * 600}) == (None, None)
 
 
 def test_unchanged_needs_a_stored_version():
