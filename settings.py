@@ -150,7 +150,13 @@ or host:port, e.g. the address of a web on another host or of an internal servic
 
 SANDBOX_ALLOW = ""
 """host:port pairs that python and shell downloaders of jobs without ``allow_private`` may
-reach although they are on this host or loopback: typically a local forward proxy."""
+reach although they are on this host or loopback: typically a local forward proxy. The browser
+engine's pages of such jobs go by the same rule."""
+
+SERVICES_REFRESH = 60.0
+"""Seconds between two looks at where the cluster's services really are (names resolved again,
+the Sentinels asked for their masters and replicas, MongoDB's members read from the driver), for
+the address guard of the built-in engines and the sandbox wall. A server once seen stays walled."""
 
 GRIDFS_THRESHOLD = 15 * 1024 * 1024
 """A response body is stored in GridFS instead of inside the data document when it and the

@@ -11,7 +11,10 @@ webhooks share. A request is judged on the address it connects to, never on a UR
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+import threading
+import time
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -25,13 +28,65 @@ LOCAL = "local"  # an endpoint on this machine: its port on any local address
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+# IPv6 prefixes that carry an IPv4 address (RFC 6052 NAT64, RFC 8215 local-use NAT64, RFC 3056
+# 6to4, RFC 4380 Teredo, RFC 4291 IPv4-compatible and -mapped): an address in one of them is
+# judged by the IPv4 address inside it, which a translator on the way may well reach
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+V4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, compatible, NAT64, 6to4, Teredo's
+    client), else None."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in NAT64 or (ip in V4_COMPATIBLE and int(ip) > 1):  # ::1 and :: are themselves
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip in NAT64_LOCAL:  # RFC 6052's /48 form: the IPv4 address around the reserved octet 8
+        raw = ip.packed
+        return ipaddress.IPv4Address(raw[6:8] + raw[9:11])
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
+def embedding_networks(net: ipaddress.IPv4Network) -> list[ipaddress.IPv6Network]:
+    """The IPv6 networks whose addresses carry an IPv4 address of ``net`` at a fixed place
+    (NAT64 /96 and local-use /48, IPv4-compatible, 6to4), for rules that match prefixes."""
+    v4, n = int(net.network_address), net.prefixlen
+    nat64_local = (int(NAT64_LOCAL.network_address) | (v4 >> 16) << 64 | (v4 & 0xFFFF) << 40)
+    return [ipaddress.IPv6Network((int(NAT64.network_address) | v4, 96 + n)),
+            ipaddress.IPv6Network((nat64_local, 48 + n if n <= 16 else 56 + n)),
+            ipaddress.IPv6Network((v4, 96 + n)),
+            ipaddress.IPv6Network((0x2002 << 112 | v4 << 80, 16 + n))]
+
+
 def parse_ip(text: str) -> Address | None:
-    """The address in ``text`` (an IPv6 zone and an IPv4-mapped form are undone), else None."""
+    """The address in ``text`` (an IPv6 zone undone; an IPv6 address that carries an IPv4 one
+    is that IPv4 address), else None."""
     try:
         ip = ipaddress.ip_address(text.split("%", 1)[0].strip("[]"))
     except ValueError:
         return None
-    return (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
+    if isinstance(ip, ipaddress.IPv6Address):
+        return embedded_ipv4(ip) or ip
+    return ip
+
+
+def literal_ip(host: str) -> Address | None:
+    """``host`` as an address when it is one in any form a resolver takes as a number without
+    asking DNS: dotted quads, and ``127.1``, ``2130706433``, ``0x7f000001``, ``0177.0.0.1``
+    (inet_aton's forms); IPv6 in brackets or not."""
+    found = parse_ip(host)
+    if found is not None or not host or not all(c in "0123456789abcdefxABCDEFX." for c in host):
+        return found
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except (OSError, ValueError):
+        return None
 
 
 def refusal(ip: Address, port: int, allow_private: bool, hint: str = DOWNLOAD_HINT) -> str | None:
@@ -63,8 +118,10 @@ def judge_literal(host: str | None, port: int, allow_private: bool, hint: str = 
     host = (host or "").rstrip(".").lower()
     if host == "localhost" or host.endswith(".localhost"):
         judge("127.0.0.1", port, allow_private, hint)
-    elif parse_ip(host) is not None:
-        judge(host, port, allow_private, hint)
+    else:
+        address = literal_ip(host)
+        if address is not None:
+            judge(address, port, allow_private, hint)
 
 
 def judge_url(url: str, allow_private: bool) -> None:
@@ -75,14 +132,33 @@ def judge_url(url: str, allow_private: bool) -> None:
 
 
 def judge_proxy(proxy: str) -> None:
-    """A proxy a job names may be private (its choice), never a service of the cluster: judged by
-    its address when it is one (the engines judge an HTTP proxy's connection again on its peer)."""
+    """A proxy a job names may be private (its choice), never a service of the cluster: judged on
+    every address its host resolves to (numbers in any form a resolver accepts included; names
+    resolved at most once a PROXY_TTL per host and port). Blocking: call it off an event loop."""
     try:
         parts = urlsplit(proxy)
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower(), 1080)
     except ValueError:
         return  # the engine says what is wrong with it
-    judge_literal(parts.hostname, port, allow_private=True)
+    host = (parts.hostname or "").rstrip(".").lower()
+    judge_literal(host, port, allow_private=True)
+    if host and literal_ip(host) is None and not (host == "localhost" or host.endswith(".localhost")):
+        for address in _proxy_addresses(host, port, int(time.monotonic() // PROXY_TTL)):
+            judge(address, port, allow_private=True)
+
+
+PROXY_TTL = 60.0
+
+
+@lru_cache(maxsize=256)
+def _proxy_addresses(host: str, port: int, epoch: int) -> tuple[str, ...]:
+    """The addresses of a proxy's host in one PROXY_TTL epoch (none when it does not resolve: the
+    engine then fails to connect and says so)."""
+    try:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def resolve(host: str, port: int, allow_private: bool, hint: str = DOWNLOAD_HINT) -> list[str]:
@@ -107,23 +183,78 @@ def _is_cluster_service(ip: Address, port: int) -> bool:
 
 
 def cluster_endpoints() -> frozenset:
-    """(address or LOCAL, port) of every service of the cluster, resolved once per configuration:
-    Redis, MongoDB (source, log, control), the web where it listens and where it is published."""
-    return _endpoints(settings.REDIS_URL, settings.MONGO_URI, settings.MONGO_LOG_URI,
-                      settings.MONGO_CONTROL_URI, settings.WEB_BIND, settings.PUBLIC_URL)
+    """(address or LOCAL, port) of every service of the cluster: Redis, MongoDB (source, log,
+    control), the web where it listens and where it is published — as named in their URLs and
+    as they really are behind them (Sentinels' masters and replicas, MongoDB members, SRV
+    records; ``common.store.connection.service_members``), every name resolved again each
+    SERVICES_REFRESH seconds by a thread in the background, so a caller never waits on DNS but
+    for the first time in a process (or after the settings change)."""
+    return _services.current()
 
 
-@lru_cache(maxsize=4)
-def _endpoints(*urls: str) -> frozenset:
+class _Services:
+    """The last view of the cluster's endpoints, and the thread that keeps it fresh. A member
+    once seen stays walled for this process's life: a failed refresh or a failover forgets none."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.key: tuple | None = None      # (pid, the settings the view was made of)
+        self.view: frozenset = frozenset()
+        self.members: set[tuple[str, int]] = set()
+
+    @staticmethod
+    def _urls() -> tuple:
+        return (settings.REDIS_URL, settings.MONGO_URI, settings.MONGO_LOG_URI, settings.MONGO_CONTROL_URI,
+                settings.WEB_BIND, settings.PUBLIC_URL)
+
+    def current(self) -> frozenset:
+        key = (os.getpid(), self._urls())
+        if self.key != key:
+            with self.lock:
+                if self.key != key:
+                    if self.key is None or self.key[0] != key[0]:  # this process's own thread
+                        threading.Thread(target=self._keep_fresh, name="netguard-services",
+                                         daemon=True).start()
+                    if self.key is None or self.key[1] != key[1]:
+                        self.members = set()
+                    self._refresh(key)
+        return self.view
+
+    def _refresh(self, key: tuple) -> None:
+        from common.store.connection import service_members
+
+        try:
+            self.members |= service_members()
+        except Exception:  # noqa: BLE001 - what cannot be asked now is asked again next time
+            pass
+        named = [hp for url in filter(None, key[1]) for hp in _hosts_of(url)]
+        self.view = _resolve_all(named + sorted(self.members))
+        self.key = key
+
+    def _keep_fresh(self) -> None:
+        pid = os.getpid()
+        while True:
+            time.sleep(settings.SERVICES_REFRESH)
+            if os.getpid() != pid:
+                return
+            with self.lock:
+                if self.key is not None:
+                    self._refresh(self.key)
+
+
+_services = _Services()
+
+
+def _resolve_all(hosts: list[tuple[str, int]]) -> frozenset:
     found = set()
-    for url in filter(None, urls):
-        for host, port in _hosts_of(url):
-            try:
-                infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-            except (OSError, UnicodeError):  # a name that does not resolve here cannot be reached from here
-                continue
-            for info in infos:
-                ip = parse_ip(str(info[4][0]))
+    for host, port in hosts:
+        try:
+            infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):  # a name that does not resolve here cannot be reached from here
+            continue
+        for info in infos:
+            ip = parse_ip(str(info[4][0]))
+            if ip is not None:
                 found.add((LOCAL if is_local(ip) else ip, port))
     return frozenset(found)
 

@@ -7,6 +7,7 @@ import re
 import threading
 from collections import OrderedDict
 from typing import Iterable
+from urllib.parse import urlsplit
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _HEADER_SECRET = re.compile(
@@ -18,6 +19,45 @@ SENSITIVE_KEYS = (
     "proxy_authorization", "set-cookie", "dsn", "sentry_dsn", "password", "mongo_uri",
     "mongo_log_uri", "redis_url",
 )
+
+# Request headers that carry no secret. Every other header a job sets (X-Api-Key, a token of any
+# name) is one: redacted wherever it may show, masked in stored request headers, and sent only to
+# the site of the task's URL (dropped on a redirect to another, never added to another site's
+# resources in the browser).
+PUBLIC_HEADERS = frozenset({
+    "accept", "accept-charset", "accept-encoding", "accept-language", "cache-control", "connection",
+    "content-length", "content-type", "dnt", "host", "if-modified-since", "if-none-match", "origin",
+    "pragma", "range", "referer", "te", "upgrade-insecure-requests", "user-agent",
+})
+
+
+def is_secret_header(name: str) -> bool:
+    return str(name).strip().lower() not in PUBLIC_HEADERS
+
+
+def secret_header_values(headers: dict | None) -> list[str]:
+    """The values of a job's headers that are secrets."""
+    return [str(v) for k, v in (headers or {}).items() if is_secret_header(k) and v]
+
+
+def keeps_credentials(first: str, then: str) -> bool:
+    """Whether a request to ``then`` may carry the credentials (cookie, secret headers) meant for
+    ``first``: the same host, and not from https down to http, nor to another port (an upgrade
+    from http to https on the default ports keeps them), as requests decides for Authorization."""
+    a, b = urlsplit(first), urlsplit(then)
+    try:
+        pa, pb = a.port, b.port
+    except ValueError:
+        return False
+    if (a.hostname or "").lower() != (b.hostname or "").lower():
+        return False
+    sa, sb = a.scheme.lower(), b.scheme.lower()
+    if sa == "http" and sb == "https" and pa in (80, None) and pb in (443, None):
+        return True
+    return sa == sb and (pa or DEFAULT_PORT.get(sa)) == (pb or DEFAULT_PORT.get(sb))
+
+
+DEFAULT_PORT = {"http": 80, "https": 443}
 
 # The secrets remembered, least recently remembered first, at most MAX_KNOWN. A worker remembers
 # a job's secrets each time it reads the job's settings (every CONTEXT_TTL while it runs the job's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import mongoengine
@@ -173,3 +174,62 @@ def redis_conn() -> Redis:
 def as_text(value: bytes | str) -> str:
     """A Redis reply as text (a client made with decode_responses gives str already)."""
     return value if isinstance(value, str) else value.decode()
+
+
+# --- the servers behind the connection URLs --------------------------------------------------
+
+def service_members(timeout: float = 5.0) -> set[tuple[str, int]]:
+    """(host, port) of the servers the cluster's connection URLs lead to without naming them: the
+    Redis masters, replicas and fellow Sentinels that the Sentinels of a ``redis+sentinel://``
+    REDIS_URL know, and each MongoDB URI's members (``mongodb+srv://`` resolved, and the replica
+    set's members this process's clients have found). What cannot be asked now is left out: the
+    caller keeps what it knew."""
+    found: set[tuple[str, int]] = set()
+    if settings.REDIS_URL.startswith(SENTINEL_SCHEME):
+        found |= _sentinel_members(settings.REDIS_URL, timeout)
+    for alias, uri in zip(ALIASES, (settings.MONGO_URI, settings.MONGO_LOG_URI, control_uri())):
+        found |= _mongo_members(alias, uri, timeout)
+    return found
+
+
+def _sentinel_members(url: str, timeout: float) -> set[tuple[str, int]]:
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    password = unquote(parts.password) if parts.password else None
+    found: set[tuple[str, int]] = set()
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        sentinel = Sentinel([(host.strip("[]") or "127.0.0.1", int(port or 26379))],
+                            sentinel_kwargs={"password": password, "socket_timeout": timeout})
+        conn = sentinel.sentinels[0]
+        try:
+            masters: Any = conn.sentinel_masters()
+            for name, master in masters.items():
+                found.add((str(master["ip"]), int(master["port"])))
+                replicas: Any = conn.sentinel_slaves(name)
+                sentinels: Any = conn.sentinel_sentinels(name)
+                for peer in list(replicas) + list(sentinels):
+                    found.add((str(peer["ip"]), int(peer["port"])))
+        except Exception:  # noqa: BLE001 - a Sentinel that does not answer now tells nothing
+            continue
+        finally:
+            conn.close()
+    return found
+
+
+def _mongo_members(alias: str, uri: str, timeout: float) -> set[tuple[str, int]]:
+    from pymongo.uri_parser import parse_uri
+
+    found: set[tuple[str, int]] = set()
+    try:
+        found.update((str(h), int(p)) for h, p in parse_uri(uri, connect_timeout=timeout)["nodelist"])
+    except Exception:  # noqa: BLE001 - an SRV name that does not resolve now tells nothing
+        pass
+    if _mongo_pid == os.getpid():
+        try:
+            client = mongoengine.get_connection(alias)
+            found.update((str(h), int(p)) for h, p in client.topology_description.server_descriptions())
+        except Exception:  # noqa: BLE001 - not connected here
+            pass
+    return found

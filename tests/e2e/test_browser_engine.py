@@ -196,7 +196,7 @@ def test_a_browser_is_restarted_after_max_pages(site):
         pids = []
         for n in range(3):
             c.fetch(f"{site}/js/render/{n}")
-            pids.append(c.pool._free._queue[0].proc.pid)
+            pids.append(c.pool.idle(True)[0].proc.pid)
         assert pids[0] == pids[1] != pids[2]
     finally:
         c.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -39,6 +38,7 @@ from slave.download.engines.http import (
     _one_line,
     _secrets_of,
     classify_status,
+    drop_credentials,
     redirect_target,
 )
 
@@ -203,7 +203,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         raise DownloadError("invalid request: a header name or value has forbidden characters",
                             retryable=False)
     if proxy:
-        netguard.judge_proxy(proxy)
+        await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)  # may resolve
     resp = await _follow(url, limits, sent, proxy, client, allow_private)
     try:
         error = classify_status(resp.status, resp.headers.get("Retry-After"))
@@ -221,7 +221,7 @@ async def _follow(url: str, limits: Limits, sent: CIMultiDict, proxy: str, clien
     session = client.session(proxy, allow_private)
     http_proxy = proxy if proxy and not proxy.lower().startswith("socks") else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT, limits.timeout))
-    hops = 0
+    hops, first = 0, url
     while True:
         # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
         netguard.judge_url(url, allow_private)
@@ -233,9 +233,7 @@ async def _follow(url: str, limits: Limits, sent: CIMultiDict, proxy: str, clien
         resp.close()  # the redirect's body is never read
         hops += 1
         target = redirect_target(url, location, hops, limits.max_redirects)
-        if urlsplit(target).hostname != urlsplit(url).hostname:
-            for name in ("Authorization", "Cookie"):
-                sent.popall(name, None)
+        drop_credentials(sent, first, target)
         url = target
 
 

@@ -24,25 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import fcntl
 import itertools
 import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from urllib.parse import urlsplit
 
-import aiohttp
 from requests.structures import CaseInsensitiveDict
 
 from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
-from common.secrets import redact
+from common.secrets import keeps_credentials, redact
 from common.urls import check_url
-from slave.download.engines import wall
+from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.http import _masked, _secrets_of, classify_status
+from slave.download.engines.sandbox import box_argv
 
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -63,15 +65,35 @@ def chromium_path() -> str | None:
     return None
 
 
-class Browser:
-    """One headless Chromium and its DevTools connection."""
+# Run inside the box as root, before Chromium: the DevTools pipe onto fds 3 and 4 (where
+# ``--remote-debugging-pipe`` looks), every other fd closed, then the browser's uid for good.
+LAUNCH = ("import os,sys\n"
+          "u,c,r=map(int,sys.argv[1:4])\n"
+          "os.dup2(c,3);os.dup2(r,4);os.closerange(5,1<<16)\n"
+          "if u>=0:\n os.setgroups([]);os.setresgid(u,u,u);os.setresuid(u,u,u)\n"
+          "os.execv(sys.argv[4],sys.argv[4:])\n")
+PIPE_LIMIT = 1 << 30  # the largest DevTools message read (a DOM within DOWNLOAD_MAXSIZE, as JSON)
+BOX_TMP_BYTES = 1 << 30  # the box's /tmp (the profile and Chromium's caches)
 
-    def __init__(self, memory_mb: int) -> None:
+
+def _high_fd(fd: int) -> int:
+    """``fd`` moved to a number of at least 10 (so putting the pipe on 3 and 4 clobbers neither)."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return moved
+
+
+class Browser:
+    """One headless Chromium in a box of its own, driven over a pipe (DevTools' ``--remote-
+    debugging-pipe``: no port any other process could reach), for jobs with ``allow_private``
+    or for those without: its uid is walled as their downloaders' are (``wall.browser_uid``)."""
+
+    def __init__(self, memory_mb: int, allow_private: bool = False) -> None:
         self.memory_mb = memory_mb
+        self.allow_private = allow_private
         self.proc: asyncio.subprocess.Process | None = None
-        self.dir = ""
-        self.ws: aiohttp.ClientWebSocketResponse | None = None  # these two set by start()
-        self.http: aiohttp.ClientSession | None = None
+        self.dir = ""  # the profile, where there is no box (a worker not run as root)
+        self.out: asyncio.WriteTransport | None = None  # set by start()
         self.pages = 0
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -79,58 +101,75 @@ class Browser:
         self._reader: asyncio.Task | None = None
         self.dead = False
 
+    def _argv(self, exe: str, commands: int, replies: int) -> tuple[list[str], tuple[int, ...]]:
+        """The command that starts Chromium, and the fds it must be handed."""
+        flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio", "--hide-scrollbars",
+                 "--no-default-browser-check", "--password-store=basic",
+                 f"--js-flags=--max-old-space-size={self.memory_mb}", "--remote-debugging-pipe"]
+        launch = [sys.executable, "-I", "-S", "-c", LAUNCH]
+        if os.geteuid() != 0:  # no box without root (nor a wall): a developer's machine
+            self.dir = tempfile.mkdtemp(prefix="downcluster-browser-")
+            return (launch + ["-1", str(commands), str(replies), exe, *flags,
+                              f"--user-data-dir={self.dir}", "about:blank"], (commands, replies))
+        try:  # never render untrusted pages as root, nor where the wall does not hold
+            wall.ensure()
+        except wall.Unavailable as exc:
+            raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}",
+                                retryable=True) from None
+        uid = wall.browser_uid(self.allow_private)
+        info, rules = os.open(os.devnull, os.O_WRONLY), seccomp.pipe_fd(unix=True)
+        argv = box_argv(info, rules, BOX_TMP_BYTES) + [
+            "--chdir", "/tmp", "--", *launch, str(uid), str(commands), str(replies), exe, *flags,
+            "--user-data-dir=/tmp/profile", "about:blank"]
+        return argv, (commands, replies, info, rules)
+
     async def start(self) -> None:
         exe = chromium_path()
         if exe is None:
             raise DownloadError("browser engine: chromium is not installed (apt-get install chromium)",
                                 retryable=True)
-        self.dir = tempfile.mkdtemp(prefix="downcluster-browser-")
-        uid = None
-        if os.geteuid() == 0:  # never render untrusted pages as root, nor where the wall does not hold
-            try:
-                wall.ensure()
-            except wall.Unavailable as exc:
-                raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}",
-                                    retryable=True) from None
-            uid = wall.browser_uid()  # walled: pages and download_js reach no cluster service
-            os.chown(self.dir, uid, uid)
-        args = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio", "--hide-scrollbars",
-                "--no-default-browser-check", "--password-store=basic", f"--user-data-dir={self.dir}",
-                f"--js-flags=--max-old-space-size={self.memory_mb}", "--remote-debugging-port=0",
-                "about:blank"]
-
-        def child() -> None:
-            os.setsid()  # its own process group, killed as a whole
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with us
-            if uid is not None:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-
-        env = {"HOME": self.dir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
-        self.proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, env=env, preexec_fn=child, cwd=self.dir)
-        port_file = os.path.join(self.dir, "DevToolsActivePort")
-        deadline = time.monotonic() + 30
-        while not os.path.exists(port_file) or os.path.getsize(port_file) == 0:
-            if self.proc.returncode is not None or time.monotonic() > deadline:
-                self.kill()
-                raise DownloadError("browser engine: chromium did not start", retryable=True)
-            await asyncio.sleep(0.05)
-        port, path = open(port_file).read().split()[:2]
-        self.http = aiohttp.ClientSession()
-        self.ws = await self.http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0, autoping=False)
-        self._reader = asyncio.create_task(self._read(self.ws))
-
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        commands_r, commands_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        commands_r, replies_w = _high_fd(commands_r), _high_fd(replies_w)
+        handed: tuple[int, ...] = (commands_r, replies_w)
         try:
-            async for msg in ws:
-                if msg.type != aiohttp.WSMsgType.TEXT:
+            argv, handed = self._argv(exe, commands_r, replies_w)
+
+            def child() -> None:
+                os.setsid()  # its own process group, killed as a whole
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with us
+
+            env = {"HOME": self.dir or "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, env=env, preexec_fn=child, pass_fds=handed,
+                cwd=self.dir or "/")
+        finally:
+            for fd in set(handed) | {commands_r, replies_w}:
+                os.close(fd)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=PIPE_LIMIT)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                     os.fdopen(replies_r, "rb", 0))
+        self.out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(commands_w, "wb", 0))
+        self._reader = asyncio.create_task(self._read(reader))
+        try:
+            async with asyncio.timeout(30):
+                await self.call("Browser.getVersion")
+        except (TimeoutError, Crashed):
+            self.kill()
+            raise DownloadError("browser engine: chromium did not start", retryable=True) from None
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                try:
+                    raw = await reader.readuntil(b"\0")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
                     break
-                data = json.loads(msg.data)
+                data = json.loads(raw[:-1])
                 if "id" in data:
                     fut = self._pending.pop(data["id"], None)
                     if fut and not fut.done():
@@ -148,7 +187,7 @@ class Browser:
                 queue.put_nowait({"method": "Inspector.targetCrashed"})
 
     async def call(self, method: str, params: dict | None = None, session: str = "") -> dict:
-        if self.dead or self.ws is None:
+        if self.dead or self.out is None or self.out.is_closing():
             raise Crashed("the browser went away")
         msg_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
@@ -156,7 +195,7 @@ class Browser:
         msg = {"id": msg_id, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
-        await self.ws.send_str(json.dumps(msg))
+        self.out.write(json.dumps(msg).encode() + b"\0")
         reply = await fut
         if "error" in reply:
             raise RuntimeError(f"{method}: {reply['error'].get('message', reply['error'])}")
@@ -171,10 +210,7 @@ class Browser:
         self._listeners.pop(session, None)
 
     async def close(self) -> None:
-        http, self.http = self.http, None
         self.kill()
-        if http is not None:
-            await http.close()
         if self.proc is not None:
             try:
                 await asyncio.wait_for(self.proc.wait(), 5)
@@ -182,7 +218,7 @@ class Browser:
                 pass
 
     def kill(self) -> None:
-        """SIGKILL the whole process group and forget the connection."""
+        """SIGKILL the whole process group (the box goes with it) and forget the pipe."""
         self.dead = True
         if self.proc is not None and self.proc.returncode is None:
             try:
@@ -191,48 +227,63 @@ class Browser:
                 pass
         if self._reader is not None:
             self._reader.cancel()
-        if self.http is not None:
-            asyncio.ensure_future(self.http.close())
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.out is not None:
+            self.out.close()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Pool:
-    """BROWSER_POOL browsers per worker, one page at a time each, started on first use."""
+    """At most BROWSER_POOL browsers per worker, one page at a time each, started on first use;
+    a browser serves jobs of one kind (``allow_private`` or not), and an idle one of the other
+    kind gives way when a page needs room."""
 
     def __init__(self, size: int = 2, max_pages: int = 100, memory_mb: int = 512) -> None:
         self.size, self.max_pages, self.memory_mb = size, max_pages, memory_mb
-        self._free: asyncio.Queue | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._idle: dict[bool, list[Browser]] = {False: [], True: []}
+        self._busy = 0
 
-    async def acquire(self) -> Browser:
-        if self._free is None:
-            self._free = asyncio.Queue()
-            for _ in range(self.size):
-                self._free.put_nowait(None)
-        browser = await self._free.get()
-        if browser is None or browser.dead or browser.pages >= self.max_pages:
-            if browser is not None:
+    async def acquire(self, allow_private: bool = False) -> Browser:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.size)
+        await self._slots.acquire()
+        self._busy += 1
+        try:
+            idle = self._idle[allow_private]
+            while idle:
+                browser = idle.pop()
+                if not browser.dead and browser.pages < self.max_pages:
+                    return browser
                 browser.kill()
-            browser = Browser(self.memory_mb)
-            try:
-                await browser.start()
-            except BaseException:
-                self._free.put_nowait(None)
-                raise
-        return browser
+            other = self._idle[not allow_private]
+            if other and self._busy + len(other) > self.size:
+                other.pop(0).kill()
+            browser = Browser(self.memory_mb, allow_private)
+            await browser.start()
+            return browser
+        except BaseException:
+            self._busy -= 1
+            self._slots.release()
+            raise
 
     def release(self, browser: Browser) -> None:
-        assert self._free is not None, "release follows acquire"
+        assert self._slots is not None, "release follows acquire"
         if browser.dead:
             browser.kill()
-        self._free.put_nowait(None if browser.dead else browser)
+        else:
+            self._idle[browser.allow_private].append(browser)
+        self._busy -= 1
+        self._slots.release()
+
+    def idle(self, allow_private: bool) -> list[Browser]:
+        """The idle browsers of one kind (most recently used last)."""
+        return list(self._idle[allow_private])
 
     async def close(self) -> None:
-        if self._free is None:
-            return
-        while not self._free.empty():
-            browser = self._free.get_nowait()
-            if browser is not None:
-                await browser.close()
+        for kind in (False, True):
+            while self._idle[kind]:
+                await self._idle[kind].pop().close()
 
 
 def _proxy_server(proxy: str) -> tuple[str, str, str]:
@@ -268,10 +319,10 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     try:
         netguard.judge_url(url, allow_private)
         if proxy:
-            netguard.judge_proxy(proxy)
+            await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)
     except AddressRefused as exc:
         raise DownloadError(redact(exc.reason, secrets), retryable=False) from None
-    browser = await pool.acquire()
+    browser = await pool.acquire(allow_private)
     try:
         async with asyncio.timeout(limits.timeout):
             return await _render(browser, url, limits, proxy, cookie, headers or {}, js, user_agent, idle_max,
@@ -300,9 +351,11 @@ class _Page:
     """The state of one page load, fed with the DevTools events of its session."""
 
     def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str,
-                 allow_private: bool = False, proxied: bool = False) -> None:
+                 allow_private: bool = False, proxied: bool = False, site: str = "",
+                 headers: dict | None = None) -> None:
         self.b, self.session, self.limits = b, session, limits
         self.user, self.password = user, password
+        self.site, self.headers = site, headers or {}  # the job's headers go to the task's site only
         self.allow_private, self.proxied = allow_private, proxied
         self.judged: dict[tuple[str, int], str | None] = {}  # (host, port): why refused, or None
         self.main_frame = self.loader = None
@@ -332,7 +385,7 @@ class _Page:
                 await b.call("Fetch.failRequest",
                              {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
             elif scheme in ("http", "https", "data", "blob"):
-                await b.call("Fetch.continueRequest", {"requestId": p["requestId"]}, session)
+                await b.call("Fetch.continueRequest", self.continued(p), session)
             else:  # file:, chrome:, ftp: ... never
                 self.refused.append(scheme)
                 await b.call("Fetch.failRequest",
@@ -369,6 +422,18 @@ class _Page:
                 raise self.failed_navigation(p.get("errorText", "failed"))
         elif method == "Page.loadEventFired":
             self.loaded_at = time.monotonic()
+
+    def continued(self, paused: dict) -> dict:
+        """Fetch.continueRequest's parameters for a paused request: the job's headers added when
+        it goes to the task's own site (each redirect hop is paused and judged anew)."""
+        request = paused["request"]
+        if not self.headers or not keeps_credentials(self.site, request["url"]):
+            return {"requestId": paused["requestId"]}
+        merged = {str(k): str(v) for k, v in (request.get("headers") or {}).items()
+                  if str(k).lower() not in {h.lower() for h in self.headers}}
+        merged.update(self.headers)
+        return {"requestId": paused["requestId"],
+                "headers": [{"name": k, "value": v} for k, v in merged.items()]}
 
     async def refusal(self, url: str) -> str | None:
         """Why a request to ``url`` may not go (its host judged once per page), or None."""
@@ -412,10 +477,11 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
     target = created["targetId"]
     session = (await b.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
     events = b.listen(session)
-    page = _Page(b, session, limits, user, password, allow_private, bool(proxy))
+    extra = {str(k): str(v) for k, v in headers.items() if str(k).lower() != "cookie"}
+    page = _Page(b, session, limits, user, password, allow_private, bool(proxy), url, extra)
     navigating = None
     try:
-        await _prepare(b, ctx, session, user_agent, headers, cookie)
+        await _prepare(b, ctx, session, user_agent, url, cookie)
         page.main_frame = (await b.call("Page.getFrameTree", session=session))["frameTree"]["frame"]["id"]
         # the navigation's own request waits in Fetch: answer events while Page.navigate runs
         navigating = asyncio.ensure_future(b.call("Page.navigate", {"url": url}, session))
@@ -460,19 +526,34 @@ def _download(response: dict, status: int, body: bytes, url: str, sent: dict) ->
                     encoding="utf-8")
 
 
-async def _prepare(b: Browser, ctx: str, session: str, user_agent: str, headers: dict, cookie: str) -> None:
+async def _prepare(b: Browser, ctx: str, session: str, user_agent: str, url: str, cookie: str) -> None:
     """A new page's set-up: downloads refused, the domains it reports, every request paused in
-    Fetch (to be judged), the user agent and the job's extra headers."""
+    Fetch (to be judged, and given the job's headers when it goes to the task's site), the user
+    agent, and the job's cookie as host-only cookies of the task's URL (the browser sends them
+    to that host alone)."""
     await b.call("Browser.setDownloadBehavior", {"behavior": "deny", "browserContextId": ctx})
     for method in ("Page.enable", "Network.enable", "Runtime.enable"):
         await b.call(method, session=session)
     await b.call("Fetch.enable", {"handleAuthRequests": True, "patterns": [{"urlPattern": "*"}]}, session)
     await b.call("Network.setUserAgentOverride", {"userAgent": user_agent}, session)
-    extra = {str(k): str(v) for k, v in headers.items()}
-    if cookie:
-        extra["Cookie"] = cookie
-    if extra:
-        await b.call("Network.setExtraHTTPHeaders", {"headers": extra}, session)
+    cookies = _cookies(cookie, url)
+    if cookies:
+        await b.call("Network.setCookies", {"cookies": cookies}, session)
+
+
+def _cookies(cookie: str, url: str) -> list[dict]:
+    """A raw Cookie header (``a=1; b=2``) as DevTools cookies bound to ``url``'s host and path
+    ``/`` (no Domain attribute: host-only)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}/"
+    found = []
+    for pair in cookie.split(";"):
+        name, eq, value = pair.strip().partition("=")
+        if not eq:  # a bare value is a cookie with an empty name, as browsers read "Cookie: x"
+            name, value = "", name
+        if name or value:
+            found.append({"name": name.strip(), "value": value.strip(), "url": origin, "path": "/"})
+    return found
 
 
 async def _answering(page: _Page, events: asyncio.Queue, work):

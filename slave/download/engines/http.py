@@ -30,7 +30,7 @@ from urllib3.poolmanager import ProxyManager
 import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
-from common.secrets import redact
+from common.secrets import is_secret_header, keeps_credentials, redact
 from common.urls import check_url
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
@@ -42,7 +42,6 @@ CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than t
 MAX_RETRY_AFTER = float(declared.RETRY_BACKOFF_MAX)  # a server's Retry-After is capped here (and by
 # next_retry_at at the effective RETRY_BACKOFF_MAX)
 REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
-SECRET_HEADERS = ("cookie", "authorization", "proxy-authorization")
 
 
 # --- the total deadline -------------------------------------------------------------------
@@ -349,9 +348,9 @@ def _network_failure(has, chain: list[BaseException]) -> tuple[str, bool] | None
 # --- the fetch ----------------------------------------------------------------------------
 
 def _secrets_of(proxy: str, cookie: str, headers: Mapping[str, str]) -> list[str]:
-    """The secret values to redact: the proxy's, the cookie, and ``headers``' secret ones (looked
-    up by name: ``headers`` is case-insensitive)."""
-    values = [proxy, cookie] + [headers.get(h, "") for h in SECRET_HEADERS]
+    """The secret values to redact: the proxy's, the cookie, and ``headers``' secret ones (every
+    header but the public ones: ``common.secrets.PUBLIC_HEADERS``)."""
+    values = [proxy, cookie] + [str(v) for k, v in headers.items() if is_secret_header(k)]
     if proxy:
         try:
             parts = urlsplit(proxy)
@@ -369,7 +368,17 @@ def _secrets_of(proxy: str, cookie: str, headers: Mapping[str, str]) -> list[str
 
 
 def _masked(headers) -> dict[str, str]:
-    return {str(k): ("***" if str(k).lower() in SECRET_HEADERS else str(v)) for k, v in headers.items()}
+    """Request headers as stored: every secret one masked."""
+    return {str(k): ("***" if is_secret_header(k) else str(v)) for k, v in headers.items()}
+
+
+def drop_credentials(sent, first: str, then: str) -> None:
+    """Take the cookie and every secret header out of ``sent`` (a case-insensitive mapping) when a
+    redirect from ``first`` leads to ``then`` where they may not go."""
+    if not keeps_credentials(first, then):
+        for name in {str(k) for k in sent if is_secret_header(k)}:
+            if name in sent:
+                del sent[name]  # every value of that name
 
 
 def _peer_ip(resp: requests.Response) -> str:
@@ -454,7 +463,7 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
     if proxies:
         netguard.judge_proxy(proxies["http"])
-    hops = 0
+    hops, first = 0, url
     while True:
         deadline.check()
         # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
@@ -472,9 +481,7 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         resp.close()
         hops += 1
         target = redirect_target(url, location, hops, limits.max_redirects)
-        if session.should_strip_auth(url, target):
-            for name in ("Authorization", "Cookie"):
-                sent.pop(name, None)
+        drop_credentials(sent, first, target)
         url = target
     try:
         error = classify_status(resp.status_code, resp.headers.get("Retry-After"))

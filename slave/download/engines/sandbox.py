@@ -2,9 +2,10 @@
 
 Each download runs ``sandbox_main`` under bubblewrap: a pid namespace (everything the downloader
 starts, ``setsid()`` and double forks included, dies with it, and the worker dying kills it:
-``--die-with-parent``), private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (size-capped tmpfs,
-gone with the task), the host's files read-only, no capabilities, ``no_new_privs``; a uid of its
-own whose sockets the network wall (``wall``) keeps away from the cluster's services; resource
+``--die-with-parent``), private ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run`` (size-capped
+tmpfs, gone with the task: the host's sockets under ``/run`` are not there), the host's files
+read-only, no capabilities, ``no_new_privs``, no unix sockets and no io_uring (``seccomp``); a
+uid of its own whose sockets the network wall (``wall``) keeps away from the cluster's services; resource
 limits, capped output and a total deadline. The worker can be neither hung nor flooded nor
 reached. Where bubblewrap, nftables or root are missing, python and shell downloads fail with one
 line saying what to install: never a weaker box.
@@ -29,7 +30,7 @@ from typing import TypeGuard
 
 from common.errors import DownloadError
 from common.secrets import redact
-from slave.download.engines import wall
+from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
 from slave.download.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
@@ -115,17 +116,27 @@ def interpreter() -> str:
     return _interpreter
 
 
-def _command(mode: str, limits: Limits, status_fd: int, info_fd: int) -> list[str]:
-    """bubblewrap around ``sandbox_main``: see the module docstring."""
-    size = str(limits.max_file_mb * 1024 * 1024)
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")  # empty in the box; /var/run leads to /run
+
+
+def box_argv(info_fd: int, seccomp_fd: int, size_bytes: int) -> list[str]:
+    """bubblewrap's options for a box (a downloader's or a browser's): see the module docstring.
+    The command follows, after ``--``."""
     argv = ["bwrap", "--die-with-parent", "--new-session",
             "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
             "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-            "--info-fd", str(info_fd), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for private in ("/tmp", "/var/tmp", "/dev/shm"):
-        argv += ["--perms", "1777", "--size", size, "--tmpfs", private]
-    return argv + ["--ro-bind", script(), MAIN_INSIDE, "--chdir", "/tmp", "--",
-                   interpreter(), "-I", MAIN_INSIDE, mode, str(status_fd)]
+            "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd),
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for private in PRIVATE_DIRS:
+        argv += ["--perms", "1777", "--size", str(size_bytes), "--tmpfs", private]
+    return argv
+
+
+def _command(mode: str, limits: Limits, status_fd: int, info_fd: int, seccomp_fd: int) -> list[str]:
+    """bubblewrap around ``sandbox_main``: see the module docstring."""
+    return box_argv(info_fd, seccomp_fd, limits.max_file_mb * 1024 * 1024) + [
+        "--ro-bind", script(), MAIN_INSIDE, "--chdir", "/tmp", "--",
+        interpreter(), "-I", MAIN_INSIDE, mode, str(status_fd)]
 
 
 def _box_pid(info: bytes) -> int | None:
@@ -173,17 +184,21 @@ def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int)
     outcome = _Outcome()
     status_w: int | None  # the child's ends: None once closed here
     info_w: int | None
+    filter_r: int | None
     status_r, status_w = os.pipe()
     info_r, info_w = os.pipe()
     os.set_blocking(info_r, False)
+    filter_r = rules = seccomp.pipe_fd()
     proc = pidfd = None
     try:
         proc = subprocess.Popen(
-            _command(mode, limits, status_w, info_w), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=dict(BASE_ENV), start_new_session=True, pass_fds=(status_w, info_w))
+            _command(mode, limits, status_w, info_w, rules), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=dict(BASE_ENV), start_new_session=True,
+            pass_fds=(status_w, info_w, rules))
         os.close(status_w)
         os.close(info_w)
-        status_w = info_w = None
+        os.close(rules)
+        status_w = info_w = filter_r = None
         try:
             pidfd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -191,7 +206,7 @@ def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int)
         _pump(proc, pidfd, json.dumps({**message, "uid": uid}, default=str).encode(), outcome, deadline,
               limits.stderr_bytes, stdout_cap)
     finally:
-        for fd in (status_w, info_w):
+        for fd in (status_w, info_w, filter_r):
             if fd is not None:
                 os.close(fd)
         if proc is not None:

@@ -2,21 +2,31 @@
 
 Every python or shell downloader runs as a uid of its own, and the kernel stamps each socket
 with the uid that made it, which the downloader cannot change (it has no capabilities). Each
-worker process owns a block of uids (``Block``: one per sandbox it runs at once, ordinary jobs'
-first, then ``allow_private`` jobs', the last kept for its browsers) and one nftables table
-matching exactly that block on the host's output hook, so workers of other clusters or settings
-on the same host never meet each other's rules. The table rejects, for every sandbox:
+worker process owns a block of uids: SLOTS for ordinary jobs (the last of them for its browsers
+of such jobs), then SLOTS for ``allow_private`` jobs (the last for its browsers of those), and
+one nftables table matching exactly that block on the host's output hook, so workers of other
+clusters or settings on the same host never meet each other's rules. The table rejects, for
+every sandbox and browser:
 
   * the cluster's services, as ``common.netguard`` finds them for the built-in engines: Redis,
     MongoDB (source, log, control), the web and metrics (``WEB_BIND``, ``PUBLIC_URL``) — on any
-    address of this host for services it holds, at their addresses for services elsewhere —
-    and whatever the operator lists in ``SANDBOX_DENY``;
+    address of this host for services it holds, at their addresses for services elsewhere, as
+    named and as they really are behind their URLs (Sentinels' masters and replicas, MongoDB
+    members, names resolved again every SERVICES_REFRESH s: the table follows) — and those
+    addresses carried inside IPv6 ones (NAT64, 6to4, IPv4-compatible), Teredo entirely, and
+    whatever the operator lists in ``SANDBOX_DENY``;
 
-and for sandboxes of jobs without ``allow_private``:
+and for those of jobs without ``allow_private``:
 
   * every address of this host and every address that is not global (loopback, private,
-    link-local such as cloud metadata, multicast, reserved); except the DNS servers of
-    ``/etc/resolv.conf`` and the proxies listed in ``SANDBOX_ALLOW``.
+    link-local such as cloud metadata, multicast, reserved), also when an IPv6 address carries
+    it; except the DNS servers of ``/etc/resolv.conf`` and the proxies listed in
+    ``SANDBOX_ALLOW``.
+
+A browser is matched by its uid like a downloader, so what a page does in it (a name that
+rebinds to a private address, a WebSocket, WebRTC) meets the same rules in the kernel.
+Unix sockets are not a way round: the box has no ``/run``, and a seccomp filter refuses
+``socket(AF_UNIX)`` (path and abstract sockets alike) and io_uring to its processes.
 
 Why this, and not a network namespace per sandbox with user-mode networking (pasta,
 slirp4netns): those start a process per download and still reach the host's other addresses
@@ -44,10 +54,9 @@ __all__ = ["Unavailable", "browser_uid", "check", "ensure", "remove", "sandbox_u
 logger = logging.getLogger(__name__)
 
 UID_BASE = 1_500_000_000      # far above any real account
-SLOTS = 256                   # sandboxes one worker process runs at once, per kind of job
+SLOTS = 256                   # uids per kind of job in one worker process: sandboxes, then a browser's
 BLOCK = 2 * SLOTS             # a worker process's uids: ordinary jobs', then allow_private jobs'
-PID_SPAN = 1 << 22            # the kernel's largest pid_max
-UID_END = UID_BASE + PID_SPAN * BLOCK   # below 2**32 - 1
+PID_SPAN = 1 << 22            # the kernel's largest pid_max (UID_BASE + PID_SPAN * BLOCK < 2**32 - 1)
 TABLE_PREFIX = "downcluster_"
 # what ordinary jobs' downloaders may not reach: every address that is not global (IANA's
 # special-purpose registries: loopback, private, shared, link-local, documentation, benchmark,
@@ -56,6 +65,7 @@ NOT_GLOBAL_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169
                  "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
                  "203.0.113.0/24", "224.0.0.0/3")
 NOT_GLOBAL_V6 = ("::/127", "100::/64", "2001:db8::/32", "fc00::/7", "fe80::/10", "ff00::/8")
+TEREDO = "2001::/32"   # its IPv4 address is scrambled, not at a fixed place: refused whole
 NFT_TIMEOUT = 10
 INSTALL = "apt-get install -y bubblewrap nftables"
 
@@ -85,8 +95,8 @@ class _Slots:
             if self.pid != os.getpid():  # a forked work-horse owns a block of its own
                 base = block_of(os.getpid())
                 self.pid = os.getpid()
-                self.free = {False: list(range(base, base + SLOTS)),
-                             True: list(range(base + SLOTS, base + BLOCK - 1))}  # the last: browsers
+                self.free = {False: list(range(base, base + SLOTS - 1)),  # the last of each: browsers
+                             True: list(range(base + SLOTS, base + BLOCK - 1))}
             if not self.free[allow_private]:
                 raise Unavailable(f"more than {SLOTS} sandboxes at once in one worker process")
             return self.free[allow_private].pop()
@@ -110,9 +120,10 @@ def sandbox_uid(allow_private: bool):
         _slots.give(uid)
 
 
-def browser_uid() -> int:
-    """The uid of this worker's browsers (the private kind: pages of intranet jobs load)."""
-    return block_of(os.getpid()) + BLOCK - 1
+def browser_uid(allow_private: bool) -> int:
+    """The uid of this worker's browsers for jobs with or without ``allow_private``: walled as
+    those jobs' downloaders are."""
+    return block_of(os.getpid()) + (BLOCK if allow_private else SLOTS) - 1
 
 
 def check() -> str | None:
@@ -214,6 +225,29 @@ def _targets() -> tuple[set[int], set[tuple[str, int]], set[str], set[tuple[str,
     return local_ports, remote, denied, allowed
 
 
+def _local_ipv4() -> list[ipaddress.IPv4Network]:
+    """This host's IPv4 addresses (and loopback), as ``ip`` lists them."""
+    found = [ipaddress.IPv4Network("127.0.0.0/8")]
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
+                             timeout=NFT_TIMEOUT).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return found
+    for line in out.splitlines():
+        words = line.split()
+        if "inet" in words and words.index("inet") + 1 < len(words):
+            try:
+                found.append(ipaddress.IPv4Network(words[words.index("inet") + 1].split("/")[0]))
+            except ValueError:
+                pass
+    return found
+
+
+def _embedded(nets) -> str:
+    """The IPv6 prefixes carrying the IPv4 networks ``nets`` (see netguard.embedding_networks)."""
+    return ", ".join(sorted({str(e) for n in nets for e in netguard.embedding_networks(n)}))
+
+
 def _family(address: str) -> str:
     return "ip6" if ipaddress.ip_network(address, strict=False).version == 6 else "ip"
 
@@ -233,7 +267,13 @@ def ruleset() -> str:
     local_ports, remote, denied, allowed = _targets()
     rules: list[str] = []
     if local_ports:
-        rules += _deny(f"fib daddr type local tcp dport {{ {', '.join(map(str, sorted(local_ports)))} }}")
+        ports = ", ".join(map(str, sorted(local_ports)))
+        rules += _deny(f"fib daddr type local tcp dport {{ {ports} }}")
+        rules += _deny(f"ip6 daddr {{ {_embedded(_local_ipv4())} }} tcp dport {{ {ports} }}")
+    for address, port in sorted(remote):
+        if _family(address) == "ip":
+            rules += _deny(f"ip6 daddr {{ {_embedded([ipaddress.IPv4Network(address)])} }} tcp dport {port}")
+    rules += _deny(f"ip6 daddr {TEREDO}")
     for fam in ("ip", "ip6"):
         if _pairs(remote, fam):
             rules += _deny(f"{fam} daddr . tcp dport {{ {_pairs(remote, fam)} }}")
@@ -247,6 +287,8 @@ def ruleset() -> str:
     rules += _deny("fib daddr type local")
     rules += _deny(f"ip daddr {{ {', '.join(NOT_GLOBAL_V4)} }}")
     rules += _deny(f"ip6 daddr {{ {', '.join(NOT_GLOBAL_V6)} }}")
+    carried = _embedded(map(ipaddress.IPv4Network, NOT_GLOBAL_V4))
+    rules += _deny(f"ip6 daddr {{ {netguard.NAT64_LOCAL}, {carried} }}")
     body = "\n".join("    " + rule for rule in rules)
     # only packets of sandbox sockets enter chain "box" (the kernel's own replies have no socket)
     return (f"table inet {table}\ndelete table inet {table}\n"
