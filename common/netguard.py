@@ -201,6 +201,7 @@ class _Services:
         self.key: tuple | None = None      # (pid, the settings the view was made of)
         self.view: frozenset = frozenset()
         self.members: set[tuple[str, int]] = set()
+        self.at = 0.0                       # when the view was made (monotonic)
 
     @staticmethod
     def _urls() -> tuple:
@@ -229,17 +230,16 @@ class _Services:
             pass
         named = [hp for url in filter(None, key[1]) for hp in _hosts_of(url)]
         self.view = _resolve_all(named + sorted(self.members))
-        self.key = key
+        self.key, self.at = key, time.monotonic()
 
     def _keep_fresh(self) -> None:
         pid = os.getpid()
-        while True:
-            time.sleep(settings.SERVICES_REFRESH)
-            if os.getpid() != pid:
-                return
-            with self.lock:
-                if self.key is not None:
-                    self._refresh(self.key)
+        while os.getpid() == pid:
+            time.sleep(min(1.0, settings.SERVICES_REFRESH))
+            if self.key is not None and time.monotonic() - self.at >= settings.SERVICES_REFRESH:
+                with self.lock:
+                    if self.key is not None:
+                        self._refresh(self.key)
 
 
 _services = _Services()

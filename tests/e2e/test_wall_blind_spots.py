@@ -404,3 +404,43 @@ def test_a_proxy_at_a_cluster_service_is_refused_in_any_numeric_form(cluster, ai
         netguard.judge_proxy(proxy)
     with pytest.raises(DownloadError, match="is a service of this cluster"):
         aio_get("http://example.com/", timeout=5, proxy=proxy)
+
+
+# --- 7. a service whose name moves -----------------------------------------------------------
+
+@pytest.fixture
+def hosts_entry():
+    """A name of our own in /etc/hosts (restored afterwards): ``move(address)`` repoints it."""
+    path, name = Path("/etc/hosts"), f"dc-moving-{uuid.uuid4().hex[:8]}.test"
+    original = path.read_text()
+
+    def move(address: str) -> None:
+        path.write_text(original.rstrip("\n") + f"\n{address} {name}\n")
+
+    try:
+        yield name, move
+    finally:
+        path.write_text(original)
+
+
+def test_a_service_whose_dns_moves_is_walled_at_its_new_address(cluster, hosts_entry, monkeypatch):
+    name, move = hosts_entry
+    move("198.18.0.5")
+    monkeypatch.setenv("DOWNCLUSTER_PUBLIC_URL", f"https://{name}:8443")
+    monkeypatch.setenv("DOWNCLUSTER_SERVICES_REFRESH", "0.2")
+    load()
+    wall.ensure()
+    table = subprocess.run(["nft", "list", "table", "inet", f"{wall.TABLE_PREFIX}{os.getpid()}"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "198.18.0.5 . 8443" in table
+    move("198.18.0.6")  # a managed failover: the name now leads elsewhere
+    end = time.monotonic() + 20
+    while not any(str(a) == "198.18.0.6" for a, _ in netguard.cluster_endpoints()):
+        assert time.monotonic() < end, "the new address was not seen"
+        time.sleep(0.05)
+    with pytest.raises(AddressRefused, match="is a service of this cluster"):
+        netguard.judge("198.18.0.6", 8443, allow_private=True)
+    wall.ensure()  # what every download does first: the table follows
+    table = subprocess.run(["nft", "list", "table", "inet", f"{wall.TABLE_PREFIX}{os.getpid()}"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "198.18.0.6 . 8443" in table
