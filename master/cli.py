@@ -334,7 +334,8 @@ def migrate() -> None:
     _connect()
     report = run()
     click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again; "
-               f"moved {report.secrets_moved} secrets, tokens and sessions to the control database")
+               f"moved {report.secrets_moved} secrets, tokens and sessions to the control database; "
+               f"named the owning token of {report.owners_filled} exports")
     for left in report.secrets_kept or []:
         click.echo(
             f"  left in the source database (the control database has another of that name): {left}", err=True

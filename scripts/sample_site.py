@@ -277,6 +277,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             elif head == "versioned":
                 self._versioned(arg)
+            elif head == "echo":  # the query's ``body`` as a text page (stored values of a test's choosing)
+                self._send(200, parse_qs(url.query)["body"][0].encode(), "text/plain; charset=utf-8")
             elif head == "headers":
                 self._send(200, json.dumps(dict(self.headers.items())).encode(), "application/json")
             else:

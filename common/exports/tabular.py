@@ -15,6 +15,23 @@ from common.exports.sheets import cell_text, write_xlsx
 from common.exports.templates import Table, Template
 from common.store.models import iso
 
+# What a spreadsheet reads as the start of a formula (OWASP's CSV-injection advice): such a cell
+# gets a leading single quote in CSV, so Excel and LibreOffice show it as text. JSON Lines keeps the
+# raw value; Excel cells are written as strings (``sheets.py``), never as formulas.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs: a string beginning like a formula gets a leading ``'``."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_row(values: Iterable[Any]) -> list[Any]:
+    """A CSV row of ``csv_cell`` cells: every CSV writer of the cluster writes its rows through it."""
+    return [csv_cell(v) for v in values]
+
 
 def check_fits(template: Template, fmt: str) -> None:
     """Row headers and several tables need a spreadsheet."""
@@ -27,7 +44,8 @@ def _rows(source: Iterable[dict] | Callable[[Table], Any], template: Template) -
 
 
 def write_csv(template: Template, source: Iterable[dict] | Callable[[Table], Any], out: IO[bytes]) -> int:
-    """One header row (the column titles), then a row per record; cells capped as in Excel."""
+    """One header row (the column titles), then a row per record; cells capped as in Excel and
+    neutralised where a spreadsheet would run them (``csv_cell``)."""
     check_fits(template, "csv")
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -38,10 +56,10 @@ def write_csv(template: Template, source: Iterable[dict] | Callable[[Table], Any
         buf.truncate()
 
     columns = template.columns
-    writer.writerow([c.title for c in columns])
+    writer.writerow(csv_row(c.title for c in columns))
     n = 0
     for row in _rows(source, template):
-        writer.writerow([iso(cell_text(row.get(c.name))) for c in columns])
+        writer.writerow(csv_row(iso(cell_text(row.get(c.name))) for c in columns))
         n += 1
         if buf.tell() >= 256 * 1024:
             flush()

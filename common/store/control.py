@@ -26,6 +26,7 @@ class Token(Protocol):
     role: str
     digest: str
     jobs: list[str]
+    add_datetime: datetime
 
 
 def token(name: str) -> ApiToken | None:

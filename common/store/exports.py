@@ -26,9 +26,10 @@ def _coll():
 
 # --- requests (the master) ---------------------------------------------------------------
 
-def earlier(key: str, now: datetime, window: timedelta) -> Export | None:
-    """The newest export with digest ``key`` underway, or finished with SUCCESS within ``window``."""
-    return Export.objects(digest=key).filter(
+def earlier(key: str, now: datetime, window: timedelta, owner=None) -> Export | None:
+    """The newest export of ``owner`` (a token's id; None: the command line) with digest ``key``
+    underway, or finished with SUCCESS within ``window``."""
+    return Export.objects(digest=key, owner=owner).filter(
         __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
                          {"state": SUCCESS, "created_at": {"$gte": now - window}}]}
     ).order_by("-created_at").first()
@@ -55,14 +56,37 @@ def get(export_id) -> Export | None:
     return Export.objects(id=export_id).first()
 
 
-def listing(job_name: str | None, limit: int, seen_by: tuple[str, list[str]] | None = None) -> list[Export]:
+def owned_by(owner, name: str, since: datetime | None) -> dict:
+    """The query of the exports token ``owner`` requested: those that name it, and those stored
+    before exports had an ``owner`` that name it by ``name`` and are not older than the token (an
+    earlier token of that name, revoked since, owned those). ``migrate`` fills ``owner`` in."""
+    legacy: dict = {"owner": None, "requested_by": name}
+    if since is not None:
+        legacy["created_at"] = {"$gte": since}
+    return {"$or": [{"owner": owner}, legacy]}
+
+
+def listing(job_name: str | None, limit: int, seen_by: tuple[dict, list[str]] | None = None) -> list[Export]:
     """Up to ``limit`` exports (of job ``job_name``), newest first; with ``seen_by`` (a token's
-    name and granted jobs) only the ones it requested or was granted."""
+    ``owned_by`` query and granted jobs) only the ones it requested or was granted."""
     query = Export.objects(job_name=job_name) if job_name else Export.objects
     if seen_by is not None:
-        name, granted = seen_by
-        query = query.filter(__raw__={"$or": [{"requested_by": name}, {"job_name": {"$in": list(granted)}}]})
+        owned, granted = seen_by
+        query = query.filter(__raw__={"$or": [owned, {"job_name": {"$in": list(granted)}}]})
     return list(query.order_by("-created_at").limit(limit))
+
+
+def fill_owners(owners: dict[str, tuple[object, datetime | None]]) -> int:
+    """The upgrade to owned exports: each export without an ``owner`` whose ``requested_by``
+    names a live token (``owners``: name -> (id, created)) and is not older than that token gets
+    its id; the others (the command line's, a revoked token's) keep none. How many changed."""
+    changed = 0
+    for name, (token_id, created) in owners.items():
+        query: dict = {"owner": None, "requested_by": name}
+        if created is not None:
+            query["created_at"] = {"$gte": created}
+        changed += _coll().update_many(query, {"$set": {"owner": token_id}}).modified_count
+    return changed
 
 
 def cancel(export_id, now: datetime) -> bool:

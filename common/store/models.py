@@ -419,7 +419,8 @@ class Export(Document):
     digest = StringField(required=True)          # MD5 of the canonical (job, format, template, filter)
     callback_urls = ListField(StringField())
     mails = ListField(StringField())
-    requested_by = StringField(default="")
+    requested_by = StringField(default="")         # who asked, as shown: a token's name at the time, or "cli"
+    owner = ObjectIdField()                       # the requesting token's id (None: the command line)
     state = StringField(choices=EXPORT_STATES, default=PENDING)
     rows_done = IntField(default=0)
     rows_total = IntField()
@@ -445,6 +446,7 @@ class Export(Document):
             ("state", "retry_at"),
             ("job_name", "-created_at"),
             ("requested_by", "-created_at"),
+            ("owner", "-created_at"),
         ],
     }
 

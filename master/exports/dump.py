@@ -6,7 +6,8 @@ byte-exact, base64); with a template, or as Excel, the file is what the export c
 
 Documents that their task names (``common.store.data.visible``) are read in ``_id`` order with a
 small cursor batch, one at a time, so memory stays bounded whatever the job's size. JSONL keeps
-the body byte-exact (base64) next to a decoded text; CSV carries the decoded text.
+the body byte-exact (base64) next to a decoded text; CSV carries the decoded text, its cells
+neutralised where a spreadsheet would run them (``common.exports.tabular.csv_cell``).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import json
 from typing import IO, Iterator
 
 from common.errors import ValidationError
-from common.exports.tabular import WRITERS
+from common.exports.tabular import WRITERS, csv_row
 from common.store import jobs
 from common.store.data import documents, export_source, text_of
 from common.store.models import iso
@@ -79,7 +80,7 @@ def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
         writer = csv.writer(out)
         writer.writerow([*FIELDS, "body"])
         for meta, body in rows(job_name, flt):
-            writer.writerow([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])])
+            writer.writerow(csv_row([*(meta[f] for f in FIELDS), text_of(body, meta["encoding"])]))
             count += 1
     elif fmt == "jsonl":
         for doc, body in _documents(job_name, flt):

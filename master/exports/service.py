@@ -3,13 +3,16 @@ link, cancel; and ``tend``, run by every dispatcher: recover exports whose worke
 defender's rules), send again those whose entry was lost or whose retry is due, expire old
 files, deliver due notifications.
 
-Who may see what: an export belongs to the token that requested it; an analyst sees
-its own exports and those of the jobs it is granted (``downcluster token grant``), an admin all;
-to anyone else an export does not exist (404).
+Who may see what: an export belongs to the token that requested it, by the token's id
+(``owner``), never by its name: a new token given a revoked one's name owns nothing of it. An
+analyst sees its own exports and those of the jobs it is granted (``downcluster token grant``), an
+admin all; to anyone else an export does not exist (404).
 
-De-duplication: the MD5 of the canonical (job, format, template, filter) finds
-an earlier export that is PENDING, RUNNING, or SUCCESS and younger than EXPORT_DEDUP_WINDOW;
-that one is returned (``deduplicated``) and the new request's callback and mails join it.
+De-duplication: the MD5 of the canonical (job, format, template, filter) finds an earlier export of
+the same owner that is PENDING, RUNNING, or SUCCESS and younger than EXPORT_DEDUP_WINDOW; that one
+is returned (``deduplicated``) and the new request's callback and mails join it. Requests of two
+tokens never join: each gets an export of its own, so a callback or mail is only ever sent a link to
+an export its requester owns.
 """
 from __future__ import annotations
 
@@ -149,8 +152,10 @@ def request(
     mails: Any = (),
     requested_by: str = "",
     max_exec_time: Any = None,
+    owner: Any = None,
 ) -> Requested:
-    """Check and queue an export (or return the identical one already underway or fresh)."""
+    """Check and queue an export for ``owner`` (a token's id; None: the command line), or return
+    the identical one of the same owner already underway or fresh."""
     checked = check(job_name, fmt, template, flt)
     job, parsed, cleaned = checked.job, checked.template, checked.filter
     max_exec_time = check_exec_time(max_exec_time)
@@ -161,13 +166,13 @@ def request(
     key = digest(job.name, fmt, parsed.canonical(), cleaned)
     with redis.lock(f"downcluster:export:dedup:{key}", timeout=30, blocking_timeout=30):
         now = utcnow()
-        earlier = exports.earlier(key, now, timedelta(seconds=settings.EXPORT_DEDUP_WINDOW))
+        earlier = exports.earlier(key, now, timedelta(seconds=settings.EXPORT_DEDUP_WINDOW), owner)
         if earlier is not None:
             _join(earlier, callbacks, mails)
             return Requested(earlier, True)
         export = exports.add(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned,
                              digest=key, callback_urls=callbacks, mails=mails, requested_by=requested_by,
-                             created_at=now, retry_at=now, max_exec_time=max_exec_time)
+                             owner=owner, created_at=now, retry_at=now, max_exec_time=max_exec_time)
     push(redis, export)
     return Requested(export, False)
 
@@ -191,12 +196,21 @@ def push(redis: Redis, export: exports.Export) -> None:
     exports.mark_queued(export.id, utcnow())
 
 
+def owns(token: Token, export: exports.Export) -> bool:
+    """Whether ``token`` requested ``export`` (by id; an export stored before owners counts by
+    name, if it is not older than the token: see ``common.store.exports.owned_by``)."""
+    if export.owner is not None:
+        return bool(export.owner == token.id)
+    since = token.add_datetime
+    return export.requested_by == token.name and (since is None or export.created_at >= since)
+
+
 def may_see(token: Token | None, export: exports.Export) -> bool:
     """None is the operator at the command line, who sees everything."""
     return (
         token is None
         or token.role == ADMIN
-        or export.requested_by == token.name
+        or owns(token, export)
         or export.job_name in token.jobs
     )
 
@@ -232,7 +246,10 @@ def describe(export: exports.Export, ttl: int | None = None) -> dict:
 
 
 def listing(job_name: str | None = None, limit: int = 50, token: Token | None = None) -> list[exports.Export]:
-    seen_by = (token.name, list(token.jobs)) if token is not None and token.role != ADMIN else None
+    seen_by = None
+    if token is not None and token.role != ADMIN:
+        owned = exports.owned_by(token.id, token.name, token.add_datetime)
+        seen_by = (owned, list(token.jobs))
     return exports.listing(job_name, limit, seen_by)
 
 

@@ -9,6 +9,9 @@ It also moves the cluster's secrets, token digests and console sessions out of t
 database (which analysts read) into the control database (``MONGO_CONTROL_URI``): each document
 is written there, then removed from the source. Last it counts each job's tasks per status
 (``common/store/counts.py``; run it while no dispatcher or worker runs, as after an upgrade).
+Exports stored before they named their requester by token id get the id of the live token of
+their ``requested_by`` name, unless they are older than that token (a revoked token of the same
+name requested them: they stay without an owner, seen by admins and by the job's grants only).
 
 Idempotent: a second run finds nothing to do.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from common.store import counts, jobs, leases, tasks
+from common.store import control, counts, exports, jobs, leases, tasks
 from common.store.models import utcnow
 from common.store.upgrade import move_secrets
 
@@ -29,6 +32,7 @@ class MigrationReport:
     numbered: int = 0
     sent_again: int = 0
     secrets_moved: int = 0
+    owners_filled: int = 0
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -51,5 +55,6 @@ def migrate() -> MigrationReport:
     tasks.forget_watermarks()
     counts.recount()  # tasks per job and status, kept from now on as they change
     report.secrets_moved, report.secrets_kept = move_secrets()
+    report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
     return report
 

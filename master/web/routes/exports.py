@@ -88,7 +88,7 @@ def request_export(body: ExportIn, token: Reader) -> dict:
     """Queue an export (analysts may); an identical one underway or fresh is returned instead."""
     got = exports.request(redis_conn(), body.job, body.format, body.template or "",
                           body.filter.model_dump() if body.filter else None, body.callback_url, body.mails,
-                          requested_by=token.name, max_exec_time=body.max_exec_time)
+                          requested_by=token.name, owner=token.id, max_exec_time=body.max_exec_time)
     return {"id": str(got.export.id), "state": got.export.state, "deduplicated": got.deduplicated}
 
 
@@ -108,7 +108,7 @@ def show_export(export_id: ObjectIdPath, token: Reader) -> dict:
 @router.post("/exports/{export_id}/cancel", responses=answers(401, 403, 404, 409))
 def cancel_export(export_id: ObjectIdPath, token: Reader) -> dict:
     """Cancel a PENDING or RUNNING export: its requester or an admin."""
-    if token.role != ADMIN and exports.get(export_id, token).requested_by != token.name:
+    if token.role != ADMIN and not exports.owns(token, exports.get(export_id, token)):
         raise ApiError(403, "only the export's requester or an admin may cancel it")
     return exports.describe(exports.cancel(redis_conn(), export_id, token))
 
@@ -190,7 +190,7 @@ def _download(name: str, body: SyncIn, token) -> Response:
         reason = f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this web process are busy"
     if reason:
         got = exports.request(redis_conn(), name, body.format, body.template or "", flt,
-                              requested_by=token.name, max_exec_time=body.max_exec_time)
+                              requested_by=token.name, owner=token.id, max_exec_time=body.max_exec_time)
         where = f"/api/v1/exports/{got.export.id}"
         return JSONResponse(
             {
