@@ -26,8 +26,9 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def create(name: str, role: str) -> str:
-    """Store a new token NAME with ROLE; return the token (the only time it exists in clear)."""
+def create(name: str, role: str, projects: list[int] | None = None) -> str:
+    """Store a new token NAME with ROLE holding ``projects`` (ids); return the token (the only
+    time it exists in clear)."""
     if not NAME_RE.match(name or ""):
         raise ValidationError(f"token name must be 1-64 letters, digits, '_', '.', '@' or '-', got {name!r}")
     if role not in ROLES:
@@ -35,7 +36,7 @@ def create(name: str, role: str) -> str:
     if control.token(name) is not None:
         raise ValidationError(f"a token named {name!r} exists: revoke it first")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    control.add_token(name, role, digest(token))
+    control.add_token(name, role, digest(token), projects)
     return token
 
 
@@ -47,6 +48,7 @@ def listing() -> list[dict]:
             "created": t.add_datetime,
             "last_used": t.last_used_at,
             "jobs": t.jobs,
+            "projects": sorted(t.projects),
         }
         for t in control.tokens()
     ]
