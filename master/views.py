@@ -250,9 +250,12 @@ def workers(redis: Redis) -> list[dict]:
 
 
 def scoped_stats(data: dict, names: set[str] | None) -> dict:
-    """Stats as a user or analyst sees them: the jobs of its projects (None: all)."""
+    """Stats as a user or analyst sees them (``names``: the jobs of its projects; None: all): its
+    jobs' rows, and no throttled site (those name what other projects crawl). Queue depths and the
+    last hour's success rate are the cluster's aggregates, shown to every role."""
     if names is not None:
         data["jobs"] = [row for row in data["jobs"] if row["job"] in names]
+        data["throttled_hosts"] = []
     return data
 
 

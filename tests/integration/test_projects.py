@@ -5,8 +5,14 @@ project answers 404 (the same as a name nobody uses), listings, counts and /metr
 token's projects, roles decide what a token may change (403 only for what it sees)."""
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
+import sys
+import tarfile
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from bson import ObjectId
@@ -128,6 +134,7 @@ def test_nothing_of_another_project_is_visible_and_naming_it_answers_404(cluster
                 assert [r["job"] for r in stats["jobs"]] == [f"job-{mine}"]
                 overview = web.call("GET", "/api/v1/overview", token).json()
                 assert [r["job"] for r in overview["jobs"]] == [f"job-{mine}"]
+                assert overview["throttled_hosts"] == [] and "last_hour" in overview
                 logs = web.call("GET", "/api/v1/logs/download", token).json()["logs"]
                 assert logs and {entry["job"] for entry in logs} == {f"job-{mine}"}
                 projects = web.call("GET", "/api/v1/projects", token).json()["projects"]
@@ -237,6 +244,66 @@ def test_upgrade_puts_a_store_written_before_projects_into_default(cluster, tmp_
         again = cli("migrate")
         assert "put 0 jobs, 0 exports and 0 tokens" in again.output
         assert web.call("GET", "/api/v1/jobs/old", nobody).status_code == 404
+
+
+def _code_before_projects(tmp_path) -> Path | None:
+    """This checkout's code as it was before projects (the parent of the commit that added
+    master/access.py), unpacked under ``tmp_path``; None without git history."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        added = subprocess.run(
+            ["git", "log", "--format=%H", "-1", "--diff-filter=A", "--", "master/access.py"],
+            cwd=root, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        if not added:
+            return None
+        old = tmp_path / "before-projects"
+        old.mkdir()
+        archive = subprocess.run(["git", "archive", f"{added}^"], cwd=root, capture_output=True,
+                                 timeout=120, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(old, filter="data")
+    return old
+
+
+def test_upgrade_of_a_store_written_by_the_code_before_projects(cluster, tmp_path):
+    """The store written by the previous version's own commands (its code run from git), then
+    this version's ``migrate``: jobs and exports go to ``default``, the old analyst keeps reading
+    what it read, the old admin keeps everything."""
+    old = _code_before_projects(tmp_path)
+    if old is None:
+        pytest.skip("no git history to take the code before projects from")
+    env = {**os.environ, **cluster.env, "PYTHONPATH": str(old)}
+
+    def old_cli(*args: str, input: str | None = None) -> str:
+        done = subprocess.run([sys.executable, "-c", "from common.cli import main; main()", *args], cwd=old,
+                              env=env, input=input, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    assert "access.py" not in os.listdir(old / "master")
+    old_cli("job", "register", str(write_job(tmp_path, "legacy")))
+    old_cli("task", "add", "legacy", "-", input=f"{cluster.site}/page/1\n")
+    analyst = old_cli("token", "create", "ann", "--role", "analyst").strip().splitlines()[-1]
+    admin = old_cli("token", "create", "root", "--role", "admin").strip().splitlines()[-1]
+    export_id = old_cli("export", "request", "legacy", "--format", "csv").strip().splitlines()[-1]
+    assert "project" not in Job._get_collection().find_one({"name": "legacy"})
+    assert "projects" not in ApiToken._get_collection().find_one({"name": "ann"})
+    result = cli("migrate")
+    assert result.exit_code == 0
+    assert "put 1 jobs, 1 exports and 1 tokens into project default" in result.output
+    default = Project.objects.get(name="default").id
+    assert Job.objects.get(name="legacy").project == default == Export.objects.get(id=export_id).project
+    with WebServer(cluster.env) as web:
+        for token in (analyst, admin):
+            assert web.call("GET", "/api/v1/jobs/legacy", token).status_code == 200
+            assert web.call("GET", "/api/v1/jobs/legacy/tasks", token).json()["tasks"]
+        assert web.call("GET", f"/api/v1/exports/{export_id}", admin).status_code == 200
+        made = web.call("POST", "/api/v1/exports", analyst, json={"job": "legacy", "format": "jsonl"})
+        assert made.status_code == 202
+        assert web.call("POST", "/api/v1/jobs/legacy/disable", analyst).status_code == 403
+        assert web.call("POST", "/api/v1/jobs/legacy/disable", admin).status_code == 200
 
 
 def test_a_failed_export_is_retried_by_hand(cluster, tmp_path):
