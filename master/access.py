@@ -51,7 +51,7 @@ def job(name: Any, token: Token | None, change: bool = False) -> jobs.Job:
     ``change``, the caller's role must also be admin or user (else Forbidden)."""
     found = jobs.named(name)
     if not holds(token, found.project):
-        raise NotFound(f"no job named {str(name)[:128]!r}")
+        raise NotFound(f"no job named {name!r}")  # word for word what no such job answers
     if change and token is not None and token.role == ANALYST:
         raise Forbidden("role analyst may not change a job: a user or admin token is needed")
     return found

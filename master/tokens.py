@@ -19,6 +19,7 @@ from common.store import control
 from common.store.models import ROLES, utcnow
 
 TOKEN_PREFIX = "dct_"
+RESERVED = "cli"  # ``requested_by`` of the command line's exports (read by name before owners)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
@@ -31,6 +32,8 @@ def create(name: str, role: str, projects: list[int] | None = None) -> str:
     time it exists in clear)."""
     if not NAME_RE.match(name or ""):
         raise ValidationError(f"token name must be 1-64 letters, digits, '_', '.', '@' or '-', got {name!r}")
+    if name == RESERVED:
+        raise ValidationError(f"token name {RESERVED!r} is reserved: it names the command line's exports")
     if role not in ROLES:
         raise ValidationError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if control.token(name) is not None:

@@ -122,6 +122,8 @@ def test_nothing_of_another_project_is_visible_and_naming_it_answers_404(cluster
                             continue
                         assert got.status_code == 404, (role, mine, method, path, got.status_code, got.text)
                         assert "error" in got.json()
+                        if path == f"/api/v1/jobs/job-{other}":  # word for word a name nobody uses
+                            assert got.json()["error"] == f"no job named 'job-{other}'"
                     export_id = things[other]["export"]
                     ws_url = web.base.replace("http", "ws") + f"/api/v1/exports/{export_id}/events"
                     with connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"},
