@@ -139,6 +139,8 @@ def test_nothing_of_another_project_is_visible_and_naming_it_answers_404(cluster
                 assert overview["throttled_hosts"] == [] and "last_hour" in overview
                 logs = web.call("GET", "/api/v1/logs/download", token).json()["logs"]
                 assert logs and {entry["job"] for entry in logs} == {f"job-{mine}"}
+                types = web.call("GET", "/api/v1/types", token).json()["types"]
+                assert {t["language"]: t["jobs"] for t in types}["none"] == 1  # its own job only
                 projects = web.call("GET", "/api/v1/projects", token).json()["projects"]
                 assert [p["id"] for p in projects] == [ids[mine]]
                 assert web.call("GET", "/api/v1/session", token).json()["projects"] == [ids[mine]]

@@ -325,9 +325,17 @@ Language = Literal["python", "shell", "none"]
 
 
 @router.get("/types", tags=["cluster"], responses=READ)
-def list_types(_: Reader) -> dict:
-    """The downloader languages, whether each is supported, and how many jobs use it."""
-    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in registry.type_rows()]}
+def list_types(token: Reader) -> dict:
+    """The downloader languages, whether each is supported, and how many jobs use it (for a user
+    or analyst: how many of its projects' jobs)."""
+    rows = registry.type_rows()
+    names = access.visible_job_names(token)
+    if names is not None:
+        used: dict[str, int] = {}
+        for j in views.job_rows(names):
+            used[j["type"]] = used.get(j["type"], 0) + 1
+        rows = [{**t, "jobs": used.get(t["language"], 0)} for t in rows]
+    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in rows]}
 
 
 @router.post("/types/{language}/enable", tags=["cluster"], responses=answers(401, 403, 404))
