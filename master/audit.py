@@ -1,5 +1,6 @@
-"""The audit log: every door records the changes it makes here (the CLI as ``cli:<os user>``,
-the API and console as the token), and admins read it (``downcluster audit``, GET /api/v1/audit).
+"""The audit log: every door records the changes it makes here — jobs, their tasks and
+generators, tokens, projects, grants, exports — the CLI as ``cli:<os user>``, the API and console
+as the token; admins read it (``downcluster audit``, GET /api/v1/audit).
 """
 from __future__ import annotations
 

@@ -130,11 +130,11 @@ def job_disable(name: str) -> None:
     _set_status(name, "OFF")
 
 
-def _audit_job(action: str, name: str) -> None:
+def _audit_job(action: str, name: str, **detail) -> None:
     from common.store.jobs import named
     from master import audit
 
-    audit.record(None, action, name, named(name).project)
+    audit.record(None, action, name, named(name).project, **detail)
 
 
 # --- generator (``downcluster generator ...``: common/cli.py; ``test`` is slave/cli.py's) -------
@@ -205,6 +205,7 @@ def generator_run(name: str) -> None:
 
     _connect()
     got = run_now(name, redis_conn())
+    _audit_job("job.generator.run", name)
     click.echo(f"generator run {got['run']} of {name} queued on {got['queue']}")
 
 
@@ -233,6 +234,7 @@ def task_add(name: str, source, host: str) -> None:
         click.echo(f"line {number}: {reason}", err=True)
     if len(report.errors) > 50:
         click.echo(f"... and {len(report.errors) - 50} more rejected lines", err=True)
+    _audit_job("tasks.add", name, added=report.added)
     click.echo(f"added {report.added}, duplicate {report.duplicate}, rejected {report.rejected}")
 
 
@@ -281,7 +283,9 @@ def task_cancel(name: str, statuses: tuple[str, ...]) -> None:
     from master.ops.tasks import cancel
 
     _connect()
-    click.echo(f"cancelled {cancel(name, statuses)} tasks")
+    n = cancel(name, statuses)
+    _audit_job("tasks.cancel", name, tasks=n, statuses=list(statuses))
+    click.echo(f"cancelled {n} tasks")
 
 
 @task.command("requeue")
@@ -293,7 +297,9 @@ def task_requeue(name: str, statuses: tuple[str, ...]) -> None:
     from master.ops.tasks import requeue
 
     _connect()
-    click.echo(f"requeued {requeue(name, statuses)} tasks")
+    n = requeue(name, statuses)
+    _audit_job("tasks.requeue", name, tasks=n, statuses=list(statuses))
+    click.echo(f"requeued {n} tasks")
 
 
 # --- dispatch, defender, scheduler -------------------------------------------------------

@@ -354,6 +354,8 @@ def test_the_audit_log_tells_who_did_what(cluster, tmp_path):
     assert cli("job", "disable", "j").exit_code == 0
     with WebServer(cluster.env) as web:
         assert web.call("POST", "/api/v1/jobs/j/enable", user).status_code == 200
+        urls = {"urls": [f"{cluster.site}/page/1"]}
+        assert web.call("POST", "/api/v1/jobs/j/tasks", user, json=urls).json()["added"] == 1
         made = web.call("POST", "/api/v1/exports", user, json={"job": "j", "format": "csv"}).json()
         assert web.call("POST", f"/api/v1/exports/{made['id']}/cancel", user).status_code == 200
         assert web.call("POST", "/api/v1/projects", root, json={"name": "ops"}).status_code == 201
@@ -367,8 +369,10 @@ def test_the_audit_log_tells_who_did_what(cluster, tmp_path):
     shown = json.loads(cli("audit", "--json", "--limit", "100").stdout)["entries"]
     actions = [e["action"] for e in reversed(shown)]
     assert actions == ["project.create", "job.register", "token.create", "token.create", "token.grant",
-                       "job.off", "job.on", "export.request", "export.cancel", "project.create",
+                       "job.off", "job.on", "tasks.add", "export.request", "export.cancel", "project.create",
                        "token.revoke"]
+    added = next(e for e in shown if e["action"] == "tasks.add")
+    assert added["actor"] == "u1" and added["detail"] == {"added": 1}
     first = shown[-1]
     assert first["actor"].startswith("cli") and first["target"] == "1" and first["detail"] == {"name": "shop"}
     on = next(e for e in shown if e["action"] == "job.on")

@@ -227,8 +227,10 @@ def generator_off(name: JobName, token: Reader) -> dict:
     401, 403, 404, 409, why={**GENERATOR_404, 409: "a run of the generator is under way"}))
 def generator_run(name: JobName, token: Reader) -> dict:
     """Run the generator once now, through the queue (``downcluster generator run``)."""
-    access.job(name, token, change=True)
-    return generators.run_now(name, redis_conn())
+    job = access.job(name, token, change=True)
+    got = generators.run_now(name, redis_conn())
+    audit.record(token, "job.generator.run", name, job.project)
+    return got
 
 
 # --- tasks -------------------------------------------------------------------------------
@@ -256,8 +258,9 @@ class RequeueIn(Strict):
 
 
 def _intake(name: str, lines: list[str], host: str, token: Token) -> dict:
-    access.job(name, token, change=True)
+    job = access.job(name, token, change=True)
     report = add_tasks(name, lines, host=host)
+    audit.record(token, "tasks.add", name, job.project, added=report.added)
     return {"added": report.added, "duplicate": report.duplicate,
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
 
@@ -296,14 +299,20 @@ def list_tasks(name: JobName, token: Reader, status: TaskStatus | None = None, l
 
 @router.post("/jobs/{name}/tasks/cancel", tags=["tasks"], responses=answers(401, 403, 404))
 def cancel_tasks(name: JobName, body: CancelIn, token: Reader) -> dict:
-    access.job(name, token, change=True)
-    return {"cancelled": tasks.cancel(name, tuple(body.status or tasks.CANCELLABLE_DEFAULT))}
+    job = access.job(name, token, change=True)
+    statuses = tuple(body.status or tasks.CANCELLABLE_DEFAULT)
+    n = tasks.cancel(name, statuses)
+    audit.record(token, "tasks.cancel", name, job.project, tasks=n, statuses=list(statuses))
+    return {"cancelled": n}
 
 
 @router.post("/jobs/{name}/tasks/requeue", tags=["tasks"], responses=answers(401, 403, 404))
 def requeue_tasks(name: JobName, body: RequeueIn, token: Reader) -> dict:
-    access.job(name, token, change=True)
-    return {"requeued": tasks.requeue(name, tuple(body.status or tasks.REQUEUE_DEFAULT))}
+    job = access.job(name, token, change=True)
+    statuses = tuple(body.status or tasks.REQUEUE_DEFAULT)
+    n = tasks.requeue(name, statuses)
+    audit.record(token, "tasks.requeue", name, job.project, tasks=n, statuses=list(statuses))
+    return {"requeued": n}
 
 
 @router.get("/jobs/{name}/tasks/lookup", tags=["tasks"], responses=answers(401, 404))
@@ -453,5 +462,6 @@ def get_audit(_: Admin, limit: Limit = None, before: Annotated[str | None, Query
         pattern=r"^[0-9a-f]{24}$", description="the `next` of the previous page")] = None,
         action: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z.]+$")] = None) -> dict:
     """Who changed what, and when, newest first (``downcluster audit --json``): jobs registered,
-    changed or switched, tokens, projects, grants, exports requested, cancelled or retried."""
+    changed or switched, their tasks and generators, tokens, projects, grants, exports requested,
+    cancelled or retried."""
     return audit.page(limit, before, action)
