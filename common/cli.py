@@ -27,6 +27,8 @@ COMMANDS = {
     "token": "master.cli:token",
     "archive": "master.cli:archive",
     "type": "master.cli:types",
+    "project": "master.cli_access:project",
+    "audit": "master.cli_access:audit",
     "generator": "common.cli:generator",
 }
 # ``downcluster generator ...``: the dry run runs the generator's sandbox here (slave code), the

@@ -3,7 +3,9 @@
     DownclusterError
     ├── ConfigError          a setting cannot be read (not retryable)
     ├── ValidationError      a manifest, downloader, URL or setting is invalid (not retryable)
-    │   ├── NotFound         the named job, task, export or document does not exist
+    │   ├── NotFound         the named job, task, export or document does not exist (or is
+    │   │                    another project's: its existence is never told)
+    │   ├── Forbidden        the caller sees it, but its role may not do that (HTTP 403)
     │   └── Conflict         it exists, but its state forbids the action (cancel a finished export)
     ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
@@ -26,6 +28,10 @@ class ValidationError(DownclusterError):
 
 class NotFound(ValidationError):
     """What a request names (a job, an export, a document) does not exist."""
+
+
+class Forbidden(ValidationError):
+    """The caller sees what it names but its role may not do that (an analyst changing a job)."""
 
 
 class Conflict(ValidationError):

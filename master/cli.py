@@ -27,12 +27,18 @@ def job() -> None:
 
 @job.command("register")
 @click.argument("manifest", type=click.Path(dir_okay=False))
-def job_register(manifest: str) -> None:
+@click.option("--project", default=None, help="The project (id or name) of a new job, or to move the job "
+              "to (default: `default` for a new job; an existing job keeps its own).")
+def job_register(manifest: str, project: str | None) -> None:
     """Validate MANIFEST.toml and its code, then store (or update) the job."""
+    from master import audit
+    from master.projects import resolve
     from master.registry import register
 
     _connect()
-    stored = register(manifest)
+    existed = _job_exists(manifest)
+    stored = register(manifest, project=resolve(project) if project else None)
+    audit.record(None, "job.change" if existed else "job.register", stored.name, stored.project)
     host = f", host {stored.host}" if stored.host else ""
     click.echo(f"registered job {stored.name} (priority {stored.priority}{host})")
     from master.generators import summary
@@ -88,11 +94,25 @@ def job_show(name: str, as_json: bool) -> None:
                    f"{g['next_at'] or '-'}, last run {last}")
 
 
+def _job_exists(manifest: str) -> bool:
+    """Whether the job a manifest names is stored already (for the audit log's verb)."""
+    from common.store.jobs import find
+    from master.registry import guess_name
+
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            return find(guess_name(f.read())) is not None
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _set_status(name: str, status: str) -> None:
+    from master import audit
     from master.registry import set_status
 
     _connect()
-    set_status(name, status)
+    job = set_status(name, status)
+    audit.record(None, "job.on" if status == "ON" else "job.off", name, job.project)
     click.echo(f"job {name} is {status}")
 
 
@@ -108,6 +128,13 @@ def job_enable(name: str) -> None:
 def job_disable(name: str) -> None:
     """Stop dispatching NAME's tasks (queued ones go back to LIVE when a worker meets them)."""
     _set_status(name, "OFF")
+
+
+def _audit_job(action: str, name: str, **detail) -> None:
+    from common.store.jobs import named
+    from master import audit
+
+    audit.record(None, action, name, named(name).project, **detail)
 
 
 # --- generator (``downcluster generator ...``: common/cli.py; ``test`` is slave/cli.py's) -------
@@ -138,6 +165,7 @@ def generator_on(name: str) -> None:
 
     _connect()
     shown = set_state(name, "on")
+    _audit_job("job.generator.on", name)
     click.echo(f"generator of {name}: on, next run {shown['next_at']}")
 
 
@@ -149,6 +177,7 @@ def generator_off(name: str) -> None:
 
     _connect()
     set_state(name, "off")
+    _audit_job("job.generator.off", name)
     click.echo(f"generator of {name}: off")
 
 
@@ -176,6 +205,7 @@ def generator_run(name: str) -> None:
 
     _connect()
     got = run_now(name, redis_conn())
+    _audit_job("job.generator.run", name)
     click.echo(f"generator run {got['run']} of {name} queued on {got['queue']}")
 
 
@@ -204,6 +234,7 @@ def task_add(name: str, source, host: str) -> None:
         click.echo(f"line {number}: {reason}", err=True)
     if len(report.errors) > 50:
         click.echo(f"... and {len(report.errors) - 50} more rejected lines", err=True)
+    _audit_job("tasks.add", name, added=report.added)
     click.echo(f"added {report.added}, duplicate {report.duplicate}, rejected {report.rejected}")
 
 
@@ -252,7 +283,9 @@ def task_cancel(name: str, statuses: tuple[str, ...]) -> None:
     from master.ops.tasks import cancel
 
     _connect()
-    click.echo(f"cancelled {cancel(name, statuses)} tasks")
+    n = cancel(name, statuses)
+    _audit_job("tasks.cancel", name, tasks=n, statuses=list(statuses))
+    click.echo(f"cancelled {n} tasks")
 
 
 @task.command("requeue")
@@ -264,7 +297,9 @@ def task_requeue(name: str, statuses: tuple[str, ...]) -> None:
     from master.ops.tasks import requeue
 
     _connect()
-    click.echo(f"requeued {requeue(name, statuses)} tasks")
+    n = requeue(name, statuses)
+    _audit_job("tasks.requeue", name, tasks=n, statuses=list(statuses))
+    click.echo(f"requeued {n} tasks")
 
 
 # --- dispatch, defender, scheduler -------------------------------------------------------
@@ -335,7 +370,9 @@ def migrate() -> None:
     report = run()
     click.echo(f"numbered {report.numbered} tasks; sent {report.sent_again} tasks of old entries again; "
                f"moved {report.secrets_moved} secrets, tokens and sessions to the control database; "
-               f"named the owning token of {report.owners_filled} exports")
+               f"named the owning token of {report.owners_filled} exports; put "
+               f"{report.projects_filled[0]} jobs, {report.projects_filled[1]} exports and "
+               f"{report.projects_filled[2]} tokens into project default")
     for left in report.secrets_kept or []:
         click.echo(
             f"  left in the source database (the control database has another of that name): {left}", err=True
@@ -541,14 +578,21 @@ def token() -> None:
 
 @token.command("create")
 @click.argument("name")
-@click.option("--role", type=click.Choice(["admin", "analyst"]), required=True,
-              help="admin may change things; analyst may read everything and request exports.")
-def token_create(name: str, role: str) -> None:
+@click.option("--role", type=click.Choice(["admin", "user", "analyst"]), required=True,
+              help="admin: everything; user: registers and runs the jobs of its projects, requests exports; "
+                   "analyst: reads its projects' jobs, data and logs, requests exports.")
+@click.option("--project", "project_keys", multiple=True,
+              help="A project (id or name) the token holds (repeatable; an admin holds every project).")
+def token_create(name: str, role: str, project_keys: tuple[str, ...]) -> None:
     """Create token NAME; the token is printed once, alone on the last line (only its hash is kept)."""
+    from master import audit
+    from master.projects import resolve
     from master.tokens import create
 
     _connect()
-    secret = create(name, role)
+    ids = sorted({resolve(k) for k in project_keys})
+    secret = create(name, role, ids)
+    audit.record(None, "token.create", name, role=role, projects=ids)
     click.echo(f"created {role} token {name}; store it now, it is not shown again:", err=True)
     click.echo(secret)
 
@@ -559,33 +603,49 @@ def token_list() -> None:
     from master.tokens import listing
 
     _connect()
-    click.echo(f"{'name':<24}{'role':<10}{'created':<22}{'last used':<22}granted jobs")
+    click.echo(f"{'name':<24}{'role':<10}{'created':<22}{'last used':<22}{'projects':<16}granted jobs")
     for t in listing():
         last = t["last_used"].strftime("%Y-%m-%d %H:%M") if t["last_used"] else "-"
-        click.echo(f"{t['name']:<24}{t['role']:<10}{t['created']:%Y-%m-%d %H:%M}{'':<6}{last:<22}"
+        held = "all" if t["role"] == "admin" else ",".join(map(str, t["projects"])) or "-"
+        click.echo(f"{t['name']:<24}{t['role']:<10}{t['created']:%Y-%m-%d %H:%M}{'':<6}{last:<22}{held:<16}"
                    f"{', '.join(t['jobs']) or '-'}")
 
 
 @token.command("grant")
 @click.argument("name")
-@click.argument("jobs", nargs=-1, required=True)
+@click.argument("jobs", nargs=-1)
+@click.option("--project", "project_keys", multiple=True,
+              help="Give the token this project (id or name; repeatable).")
 @click.option("--remove", is_flag=True, help="Take the grants away instead.")
-def token_grant(name: str, jobs: tuple[str, ...], remove: bool) -> None:
-    """Let analyst token NAME see and download every export of JOBS (not only its own)."""
+def token_grant(name: str, jobs: tuple[str, ...], project_keys: tuple[str, ...], remove: bool) -> None:
+    """Give token NAME projects (--project), or let it see and download every export of JOBS
+    (of its projects), not only its own."""
+    from master import audit
+    from master.projects import grant as grant_projects
     from master.tokens import grant
 
     _connect()
-    click.echo(f"token {name} is granted: {', '.join(grant(name, list(jobs), remove)) or 'no jobs'}")
+    if not jobs and not project_keys:
+        raise click.UsageError("name JOBS or --project")
+    if project_keys:
+        held = grant_projects(name, list(project_keys), remove)
+        click.echo(f"token {name} holds projects: {', '.join(map(str, held)) or 'none'}")
+    if jobs:
+        granted = grant(name, list(jobs), remove)
+        audit.record(None, "token.ungrant" if remove else "token.grant", name, jobs=list(jobs))
+        click.echo(f"token {name} is granted: {', '.join(granted) or 'no jobs'}")
 
 
 @token.command("revoke")
 @click.argument("name")
 def token_revoke(name: str) -> None:
     """Revoke token NAME at once (its console sessions end too)."""
+    from master import audit
     from master.tokens import revoke
 
     _connect()
     revoke(name)
+    audit.record(None, "token.revoke", name)
     click.echo(f"revoked token {name}")
 
 
@@ -632,6 +692,11 @@ def export_request(
     )
     if got.deduplicated:
         click.echo(f"an identical export is {got.export.state}: reusing it", err=True)
+    else:
+        from master import audit
+
+        audit.record(None, "export.request", got.export.id, got.export.project, job=got.export.job_name,
+                     format=got.export.format)
     click.echo(str(got.export.id))
 
 
@@ -686,7 +751,23 @@ def export_url(export_id: str, ttl: int | None) -> None:
 @click.argument("export_id")
 def export_cancel(export_id: str) -> None:
     """Cancel a PENDING or RUNNING export (a running worker stops and removes its partial file)."""
+    from master import audit
     from master.exports.service import cancel
 
     _connect()
-    click.echo(f"export {cancel(redis_conn(), export_id).id} is CANCEL")
+    cancelled = cancel(redis_conn(), export_id)
+    audit.record(None, "export.cancel", cancelled.id, cancelled.project)
+    click.echo(f"export {cancelled.id} is CANCEL")
+
+
+@export.command("retry")
+@click.argument("export_id")
+def export_retry(export_id: str) -> None:
+    """Put a FAIL export back to PENDING by hand (its attempts counted afresh) and queue it."""
+    from master import audit
+    from master.exports.service import retry
+
+    _connect()
+    retried = retry(redis_conn(), export_id)
+    audit.record(None, "export.retry", retried.id, retried.project)
+    click.echo(f"export {retried.id} is {retried.state}")

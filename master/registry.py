@@ -12,18 +12,21 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from common import jobsettings
 from common.config import settings
 from common.cron import check_schedule
-from common.errors import NotFound, ValidationError
+from common.errors import Forbidden, NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import generators, jobs, tasks
 from common.store.models import OFF, ON, utcnow
+
+if TYPE_CHECKING:
+    from common.store.control import Token
 
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
@@ -266,14 +269,14 @@ def ensure_download_types() -> None:
     jobs.ensure_types(DOWNLOADER_TYPES)
 
 
-def store(spec: JobSpec) -> tuple[jobs.Job, bool]:
+def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     fields = {**jobsettings.defaults(settings), **spec.settings}
-    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields)
+    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project)
     if fields.get("revisit"):  # its pages come due again; the dispatcher reads them from here
         tasks.start_revisits(job.id, utcnow())
     g = spec.generator
@@ -284,34 +287,62 @@ def store(spec: JobSpec) -> tuple[jobs.Job, bool]:
     return job, created
 
 
-def register(path: str | Path) -> jobs.Job:
-    """Validate and store the manifest at ``path``; on rejection log it and re-raise."""
+def register(path: str | Path, token: Token | None = None, project: int | None = None) -> jobs.Job:
+    """Validate and store the manifest at ``path``; on rejection log it and re-raise. The job goes
+    to ``project`` (see ``master.access.project_for_new_job``); a job that exists keeps its own."""
     def guess() -> str:
         try:
-            return _guess_name(Path(path).read_text("utf-8"))
+            return guess_name(Path(path).read_text("utf-8"))
         except (OSError, UnicodeDecodeError):
             return ""
-    return _logged(lambda: load_manifest(path), str(path), guess)[0]
+    return _logged(lambda: load_manifest(path), str(path), guess, token, project)[0]
 
 
-def register_text(manifest: str, code: str | None = None) -> tuple[jobs.Job, bool]:
+def register_text(manifest: str, code: str | None = None, token: Token | None = None,
+                  project: int | None = None) -> tuple[jobs.Job, bool]:
     """Validate and store a manifest given as text, with its code (the API's door); (job, created)."""
     def load() -> JobSpec:
         if not isinstance(manifest, str) or "\0" in manifest or len(manifest) > MAX_CODE_BYTES:
             raise ValidationError("manifest must be TOML text of at most 1 MiB")
         return validate_manifest(parse_manifest(manifest, "(text)"), None, code)
-    return _logged(load, "(api)", lambda: _guess_name(manifest))
+    return _logged(load, "(api)", lambda: guess_name(manifest), token, project)
 
 
-def _logged(load, label: str, guess) -> tuple[jobs.Job, bool]:
+def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[jobs.Job, bool]:
     try:
-        return store(load())
+        spec = load()
     except ValidationError as exc:
         jobs.log_rejected(guess(), label, str(exc), settings.HOSTNAME)
         raise
+    # who may: not a rejection of the manifest, so not logged where readers of the job would see it
+    project_id = _project(spec.name, token, project)
+    try:
+        return store(spec, project_id)
+    except ValidationError as exc:
+        jobs.log_rejected(spec.name, label, str(exc), settings.HOSTNAME)
+        raise
 
 
-def _guess_name(text: str) -> str:
+def _project(name: str, token: Token | None, wanted: int | None) -> int:
+    """The project of job ``name`` once stored: an existing job's own (only an admin moves it to
+    ``wanted``), a new one's as ``access.project_for_new_job`` says."""
+    from master import access
+
+    existing = jobs.find(name)
+    if existing is None:
+        return access.project_for_new_job(token, wanted)
+    access.job(name, token, change=True)
+    if wanted is not None:
+        access.check_project(token, wanted)
+    current = access.project_of(existing)
+    if wanted is None or wanted == current:
+        return current
+    if not access.is_admin(token):
+        raise Forbidden("only an admin moves a job to another project")
+    return access.project_for_new_job(token, wanted)
+
+
+def guess_name(text: str) -> str:
     try:
         return str(tomllib.loads(text).get("name", ""))[:128]
     except Exception:  # the manifest is broken; the log still records where it came from

@@ -19,6 +19,7 @@ from common.store import control
 from common.store.models import ROLES, utcnow
 
 TOKEN_PREFIX = "dct_"
+RESERVED = "cli"  # ``requested_by`` of the command line's exports (read by name before owners)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
@@ -26,16 +27,19 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def create(name: str, role: str) -> str:
-    """Store a new token NAME with ROLE; return the token (the only time it exists in clear)."""
+def create(name: str, role: str, projects: list[int] | None = None) -> str:
+    """Store a new token NAME with ROLE holding ``projects`` (ids); return the token (the only
+    time it exists in clear)."""
     if not NAME_RE.match(name or ""):
         raise ValidationError(f"token name must be 1-64 letters, digits, '_', '.', '@' or '-', got {name!r}")
+    if name == RESERVED:
+        raise ValidationError(f"token name {RESERVED!r} is reserved: it names the command line's exports")
     if role not in ROLES:
         raise ValidationError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if control.token(name) is not None:
         raise ValidationError(f"a token named {name!r} exists: revoke it first")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    control.add_token(name, role, digest(token))
+    control.add_token(name, role, digest(token), projects)
     return token
 
 
@@ -47,6 +51,7 @@ def listing() -> list[dict]:
             "created": t.add_datetime,
             "last_used": t.last_used_at,
             "jobs": t.jobs,
+            "projects": sorted(t.projects),
         }
         for t in control.tokens()
     ]

@@ -8,7 +8,7 @@ it goes into a query, so no caller can smuggle a MongoDB operator in.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from bson import ObjectId
 from bson.errors import InvalidId
@@ -18,11 +18,14 @@ from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import data as store_data
-from common.store import jobs, logs, pages
+from common.store import jobs, logs, pages, projects
 from common.store.connection import as_text
 from common.store.models import TASK_STATUSES, iso
-from master import generators
+from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
+
+if TYPE_CHECKING:
+    from common.store.control import Token
 
 OBJECT_ID = re.compile(r"^[0-9a-fA-F]{24}$")
 
@@ -72,13 +75,16 @@ def _page(cursor_docs: list[dict], limit: int) -> dict:
 
 # --- jobs --------------------------------------------------------------------------------
 
-def job_rows() -> list[dict]:
-    """Every job with its status, priority, downloader type, host and task counts."""
+def job_rows(names: set[str] | None = None) -> list[dict]:
+    """Every job (of ``names``, when given) with its status, priority, downloader type, host,
+    project and task counts."""
     kinds = jobs.type_names()
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
+    default = projects.default_id()
     return [{"name": j.name, "status": j.status, "priority": j.priority, "type": kinds.get(j.id, "?"),
-             "host": j.host or "", "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
-            for j in jobs.ordered()]
+             "host": j.host or "", "project": j.project if j.project is not None else default,
+             "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
+            for j in jobs.ordered() if names is None or j.name in names]
 
 
 MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their queue",
@@ -139,10 +145,11 @@ def task_detail(name: Any, key: Any) -> dict:
     return _task(found, job.name)
 
 
-def task_by_id(task_id: Any) -> dict:
+def task_by_id(task_id: Any, token: Token | None = None) -> dict:
     found = pages.task_by_id(object_id(task_id, "id"))
     if found is None:
         raise NotFound(f"no task {str(task_id)[:40]!r}")
+    access.job_by_id(found["job"], token, f"no task {str(task_id)[:40]!r}")
     return _task(found, jobs.name_of(found["job"]))
 
 
@@ -188,20 +195,23 @@ def data_page(name: Any, limit: Any = None, after: Any = None, versions: str = "
     return {"data": page["items"], "next": page["next"]}
 
 
-def body(data_id: Any) -> tuple[int, Iterator[bytes]]:
-    """(length, chunks) of a stored response body, byte-exact; GridFS bodies are streamed."""
+def body(data_id: Any, job_ids: list | None = None) -> tuple[int, Iterator[bytes]]:
+    """(length, chunks) of a stored response body (of one of ``job_ids``' jobs, when given),
+    byte-exact; GridFS bodies are streamed."""
     try:
         oid = object_id(data_id)
     except ValidationError:
         raise NotFound(f"no data document {str(data_id)[:40]!r}") from None
-    found = pages.body(oid)
+    found = pages.body(oid, job_ids)
     if found is None:
         raise NotFound(f"no data document {data_id}")
     return found
 
 
-def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -> dict:
-    """A page of one log, newest first."""
+def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None,
+             job_ids: list | None = None, job_names: set[str] | None = None) -> dict:
+    """A page of one log, newest first (of the jobs ``job_ids`` / named ``job_names``, when
+    given: the registration log by name, the others by id)."""
     if plain(kind, "log") not in pages.LOGS:
         raise NotFound(f"no log {kind!r}: one of {', '.join(pages.LOGS)}")
     job_id = job_name = None
@@ -211,7 +221,8 @@ def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None) -
         job_id = jobs.named(job).id
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = pages.logs(kind, n + 1, mark, job_id=job_id, job_name=job_name)
+    docs = pages.logs(kind, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
+                      job_names=None if job_names is None else sorted(job_names))
     names = jobs.names()
     for d in docs:
         if "job" in d:
@@ -238,9 +249,23 @@ def workers(redis: Redis) -> list[dict]:
     return out
 
 
-def overview(redis: Redis) -> dict:
-    """What the console's first page shows: stats, workers alive, recent alerts."""
-    data = collect(redis)
+def scoped_stats(data: dict, names: set[str] | None) -> dict:
+    """Stats as a user or analyst sees them (``names``: the jobs of its projects; None: all): its
+    jobs' rows, and no throttled site (those name what other projects crawl). Queue depths and the
+    last hour's success rate are the cluster's aggregates, shown to every role."""
+    if names is not None:
+        data["jobs"] = [row for row in data["jobs"] if row["job"] in names]
+        data["throttled_hosts"] = []
+    return data
+
+
+def overview(redis: Redis, names: set[str] | None = None, job_ids: list | None = None) -> dict:
+    """What the console's first page shows: stats, workers alive, recent alerts (of the jobs
+    ``names`` / ``job_ids`` only, when given)."""
+    data = scoped_stats(collect(redis), names)
     data["workers"] = workers(redis)
-    data["alerts"] = log_page("alert", limit=10)["logs"]
+    if names is not None:
+        for w in data["workers"]:
+            w["jobs"] = [j for j in w["jobs"] if j in names]
+    data["alerts"] = log_page("alert", limit=10, job_ids=job_ids)["logs"]
     return data

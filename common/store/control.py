@@ -26,6 +26,7 @@ class Token(Protocol):
     role: str
     digest: str
     jobs: list[str]
+    projects: list[int]
     add_datetime: datetime
 
 
@@ -38,9 +39,11 @@ def token_by_digest(digest: str) -> ApiToken | None:
     return ApiToken.objects(digest=digest).first()
 
 
-def add_token(name: str, role: str, digest: str) -> None:
-    """Insert a token (DuplicateKeyError if the name or digest exists)."""
-    ApiToken(name=name, role=role, digest=digest).save(force_insert=True)
+def add_token(name: str, role: str, digest: str, projects: list[int] | None = None) -> ApiToken:
+    """Insert a token holding ``projects`` (DuplicateKeyError if the name or digest exists)."""
+    token = ApiToken(name=name, role=role, digest=digest, projects=list(projects or []))
+    token.save(force_insert=True)
+    return token
 
 
 def tokens() -> list[ApiToken]:

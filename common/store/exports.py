@@ -66,14 +66,29 @@ def owned_by(owner, name: str, since: datetime | None) -> dict:
     return {"$or": [{"owner": owner}, legacy]}
 
 
-def listing(job_name: str | None, limit: int, seen_by: tuple[dict, list[str]] | None = None) -> list[Export]:
+def listing(job_name: str | None, limit: int,
+            seen_by: tuple[dict, list[str], list[int], int] | None = None) -> list[Export]:
     """Up to ``limit`` exports (of job ``job_name``), newest first; with ``seen_by`` (a token's
-    ``owned_by`` query and granted jobs) only the ones it requested or was granted."""
+    ``owned_by`` query, granted jobs, projects, and the ``default`` project's id) only the ones of
+    its projects that it requested or was granted."""
     query = Export.objects(job_name=job_name) if job_name else Export.objects
     if seen_by is not None:
-        owned, granted = seen_by
-        query = query.filter(__raw__={"$or": [owned, {"job_name": {"$in": list(granted)}}]})
+        owned, granted, held, default = seen_by
+        in_projects: dict = {"project": {"$in": list(held)}}
+        if default in held:  # exports stored before projects: the default project's
+            in_projects = {"$or": [in_projects, {"project": None}]}
+        query = query.filter(__raw__={"$and": [in_projects,
+                                               {"$or": [owned, {"job_name": {"$in": list(granted)}}]}]})
     return list(query.order_by("-created_at").limit(limit))
+
+
+def retry(export_id, now: datetime) -> bool:
+    """FAIL -> PENDING, due now, with its attempts and recoveries counted afresh; whether it was FAIL."""
+    return bool(_coll().update_one(
+        {"_id": export_id, "state": FAIL},
+        {"$set": {"state": PENDING, "retry_at": now, "attempts": 0, "recoveries": 0, "error": None,
+                  "worker": None},
+         "$unset": {"finished_at": 1, "queued_at": 1, "deadline_at": 1}}).modified_count)
 
 
 def fill_owners(owners: dict[str, tuple[object, datetime | None]]) -> int:

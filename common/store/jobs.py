@@ -32,6 +32,11 @@ def named(name) -> Job:
     return job_named(name)
 
 
+def find(name: str) -> Job | None:
+    """The job called ``name``, or None."""
+    return Job.objects(name=name).first()
+
+
 def ordered() -> list[Job]:
     """Every job, by priority then name."""
     return list(Job.objects.order_by("priority", "name"))
@@ -73,14 +78,17 @@ def download_type(language: str) -> CrawlerDownloadType:
     return CrawlerDownloadType.objects.get(language=language)
 
 
-def store(name: str, priority: int, host: str, code: str, dtype, fields: dict) -> tuple[Job, bool]:
-    """Create or update job ``name``, its download (``code`` of type ``dtype``) and its settings
-    (``fields``); (job, created)."""
+def store(name: str, priority: int, host: str, code: str, dtype, fields: dict,
+          project: int | None = None) -> tuple[Job, bool]:
+    """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
+    ``dtype``) and its settings (``fields``); (job, created)."""
     now = utcnow()
     job = Job.objects(name=name).first()
     created = job is None
     job = job or Job(name=name, add_datetime=now)
     job.priority, job.host, job.last_update_datetime = priority, host, now
+    if project is not None:
+        job.project = project
     job.save()
     download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
     download.code, download.types, download.status, download.last_update_datetime = code, dtype, ON, now

@@ -89,6 +89,7 @@ class Job(Document):
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=PRIORITIES[0], max_value=PRIORITIES[-1], default=DEFAULT_PRIORITY)
     host = StringField(default="")
+    project = IntField()  # the project it belongs to (null: the ``default`` project, before ``migrate``)
     # The fresh-task cursor (see common/store/tasks.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
     seq_next = IntField(default=0)   # highest seq handed out by intake
@@ -374,8 +375,34 @@ class CrawlerRegistrationErrorLog(Document):
     meta = {"db_alias": "log"}
 
 
-ADMIN, ANALYST = "admin", "analyst"
-ROLES = (ADMIN, ANALYST)
+ADMIN, USER, ANALYST = "admin", "user", "analyst"
+ROLES = (ADMIN, USER, ANALYST)
+DEFAULT_PROJECT = "default"  # the project of jobs registered before projects
+
+
+class Project(Document):
+    """A team's or system's share of the cluster: its jobs, exports and the tokens granted it.
+    The id is assigned by the cluster (1, 2, ...), never chosen by the caller."""
+
+    id = IntField(primary_key=True)
+    name = StringField(required=True, unique=True, max_length=64)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "control"}
+
+
+class AuditEntry(Document):
+    """One change made by a person or system: who (the token's name and id, or the command line),
+    what (``action``: job.register, token.create, export.retry ...), on what, and when."""
+
+    at = DateTimeField(default=utcnow)
+    actor = StringField(required=True)      # a token's name, or "cli:<os user>"
+    actor_id = ObjectIdField()              # the token's id (null: the command line)
+    role = StringField()
+    action = StringField(required=True)
+    target = StringField(default="")
+    project = IntField()
+    detail = DictField()
+    meta = {"db_alias": "control", "collection": "audit_log", "indexes": [("-at", "-_id")]}
 
 
 class ApiToken(Document):
@@ -385,6 +412,7 @@ class ApiToken(Document):
     role = StringField(choices=ROLES, required=True)
     digest = StringField(required=True, unique=True)  # hex SHA-256 of the token
     jobs = ListField(StringField())  # an analyst's grants: it sees every export of these jobs
+    projects = ListField(IntField())  # the projects it holds (an admin holds every project)
     add_datetime = DateTimeField(default=utcnow)
     last_used_at = DateTimeField()
     meta = {"db_alias": "control"}
@@ -421,6 +449,7 @@ class Export(Document):
     mails = ListField(StringField())
     requested_by = StringField(default="")         # who asked, as shown: a token's name at the time, or "cli"
     owner = ObjectIdField()                       # the requesting token's id (None: the command line)
+    project = IntField()                          # its job's project when requested
     state = StringField(choices=EXPORT_STATES, default=PENDING)
     rows_done = IntField(default=0)
     rows_total = IntField()
@@ -548,6 +577,8 @@ class CrawlerGeneratorLog(Document):
 
 
 ALL_MODELS = (
+    Project,
+    AuditEntry,
     Export,
     Notification,
     NotificationLog,

@@ -106,10 +106,11 @@ def data(job_id, limit: int, after: ObjectId | None, all_versions: bool = False)
     return docs
 
 
-def body(data_id: ObjectId) -> tuple[int, Iterator[bytes]] | None:
-    """(length, chunks) of a shown data document's body, byte-exact (GridFS bodies streamed), or None."""
+def body(data_id: ObjectId, job_ids: list | None = None) -> tuple[int, Iterator[bytes]] | None:
+    """(length, chunks) of a shown data document's body (of one of ``job_ids``' jobs, when
+    given), byte-exact (GridFS bodies streamed), or None."""
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": data_id},
+    doc = coll.find_one({"_id": data_id, **({"job": {"$in": job_ids}} if job_ids is not None else {})},
                         {"response_body": 1, "response_body_gridfs": 1, "task": 1, "lease": 1})
     if doc is None or not shown([doc]):
         return None
@@ -123,16 +124,22 @@ def body(data_id: ObjectId) -> tuple[int, Iterator[bytes]] | None:
 # --- logs --------------------------------------------------------------------------------
 
 def logs(kind: str, limit: int, after: ObjectId | None, job_id=None,
-         job_name: str | None = None) -> list[dict]:
+         job_name: str | None = None, job_ids: list | None = None,
+         job_names: list[str] | None = None) -> list[dict]:
     """Up to ``limit`` of log ``kind`` (one of LOGS), newest first: of job ``job_id`` (the
-    registration log: of ``job_name``), or of every job."""
+    registration log: of ``job_name``), or of every job — of those of ``job_ids`` (the
+    registration log: named ``job_names``) when given."""
     model = LOGS[kind]
     flt: dict[str, Any] = {}
     span = Span()
     if model is CrawlerRegistrationErrorLog:
         flt = {"name": job_name} if job_name is not None else {}
+        if job_names is not None:
+            flt = {"$and": [flt, {"name": {"$in": job_names}}]}
     elif job_id is not None:
         flt, span = {"job": job_id}, counts.span(job_id)
+    elif job_ids is not None:
+        flt = {"job": {"$in": job_ids}}
     elif model is CrawlerDownloadLog:
         span = counts.span()
     return by_id(model._get_collection(), flt, limit, span=span, after=after, newest=True)

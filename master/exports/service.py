@@ -26,7 +26,7 @@ from typing import Any
 from redis import Redis
 
 from common.config import settings
-from common.errors import Conflict, NotFound, ValidationError
+from common.errors import Conflict, Forbidden, NotFound, ValidationError
 from common.exports.events import publish
 from common.exports.tabular import check_fits
 from common.exports.templates import parse_template
@@ -34,10 +34,11 @@ from common.notify import check_callback, check_mail, deliver_due
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
 from common.signing import export_url
-from common.store import exports, jobs
+from common.store import exports, projects
 from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
+from master import access
 from master.views import object_id
 
 
@@ -120,10 +121,13 @@ class Checked:
     filter: dict
 
 
-def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None) -> Checked:
+def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None,
+          token: Token | None = None) -> Checked:
+    """The request checked, for ``token`` (None: the command line): a job of a project it does not
+    hold does not exist."""
     if not isinstance(job_name, str):
         raise ValidationError("job must be a string")
-    job = jobs.named(job_name)
+    job = access.job(job_name, token)
     if fmt not in EXPORT_FORMATS:
         raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
     if template is not None and not isinstance(template, str):
@@ -153,10 +157,14 @@ def request(
     requested_by: str = "",
     max_exec_time: Any = None,
     owner: Any = None,
+    token: Token | None = None,
 ) -> Requested:
     """Check and queue an export for ``owner`` (a token's id; None: the command line), or return
-    the identical one of the same owner already underway or fresh."""
-    checked = check(job_name, fmt, template, flt)
+    the identical one of the same owner already underway or fresh. With ``token`` (the API), it
+    is the requester: its name, id and projects are used."""
+    if token is not None:
+        requested_by, owner = token.name, token.id
+    checked = check(job_name, fmt, template, flt, token)
     job, parsed, cleaned = checked.job, checked.template, checked.filter
     max_exec_time = check_exec_time(max_exec_time)
     callbacks = [check_callback(callback_url)] if callback_url else []
@@ -172,7 +180,8 @@ def request(
             return Requested(earlier, True)
         export = exports.add(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned,
                              digest=key, callback_urls=callbacks, mails=mails, requested_by=requested_by,
-                             owner=owner, created_at=now, retry_at=now, max_exec_time=max_exec_time)
+                             owner=owner, project=access.project_of(job),
+                             created_at=now, retry_at=now, max_exec_time=max_exec_time)
     push(redis, export)
     return Requested(export, False)
 
@@ -206,12 +215,12 @@ def owns(token: Token, export: exports.Export) -> bool:
 
 
 def may_see(token: Token | None, export: exports.Export) -> bool:
-    """None is the operator at the command line, who sees everything."""
+    """None is the operator at the command line, who sees everything; a user or analyst sees the
+    exports of its projects that it requested or whose job it was granted."""
     return (
         token is None
         or token.role == ADMIN
-        or owns(token, export)
-        or export.job_name in token.jobs
+        or (access.holds(token, export.project) and (owns(token, export) or export.job_name in token.jobs))
     )
 
 
@@ -249,7 +258,7 @@ def listing(job_name: str | None = None, limit: int = 50, token: Token | None = 
     seen_by = None
     if token is not None and token.role != ADMIN:
         owned = exports.owned_by(token.id, token.name, token.add_datetime)
-        seen_by = (owned, list(token.jobs))
+        seen_by = (owned, list(token.jobs), list(token.projects), projects.default_id())
     return exports.listing(job_name, limit, seen_by)
 
 
@@ -283,6 +292,19 @@ def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> exports.
     rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
     publish(export.id)
     return exports.reload(export)
+
+
+def retry(redis: Redis, export_id: Any, token: Token | None = None) -> exports.Export:
+    """A FAIL export back to PENDING by hand, its attempts counted afresh, and queued again."""
+    export = get(export_id, token)
+    if token is not None and token.role != ADMIN and not owns(token, export):
+        raise Forbidden("only the export's requester or an admin may retry it")
+    if not exports.retry(export.id, utcnow()):
+        raise Conflict(f"export {export_id} is {export.state}: only a FAIL export can be retried")
+    export = exports.reload(export)
+    push(redis, export)
+    publish(export.id)
+    return export
 
 
 # --- tending (every dispatcher run) ------------------------------------------------------

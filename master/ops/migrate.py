@@ -12,6 +12,8 @@ is written there, then removed from the source. Last it counts each job's tasks 
 Exports stored before they named their requester by token id get the id of the live token of
 their ``requested_by`` name, unless they are older than that token (a revoked token of the same
 name requested them: they stay without an owner, seen by admins and by the job's grants only).
+Jobs and exports stored before projects go to the ``default`` project, and every token but the
+admins' stored before projects is given ``default`` (an analyst read every job before).
 
 Idempotent: a second run finds nothing to do.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from common.store import control, counts, exports, jobs, leases, tasks
+from common.store import control, counts, exports, jobs, leases, projects, tasks
 from common.store.models import utcnow
 from common.store.upgrade import move_secrets
 
@@ -33,6 +35,7 @@ class MigrationReport:
     sent_again: int = 0
     secrets_moved: int = 0
     owners_filled: int = 0
+    projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -56,5 +59,6 @@ def migrate() -> MigrationReport:
     counts.recount()  # tasks per job and status, kept from now on as they change
     report.secrets_moved, report.secrets_kept = move_secrets()
     report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
+    report.projects_filled = projects.upgrade()
     return report
 

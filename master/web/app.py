@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.errors import Conflict, DispatchLocked, NotFound, ValidationError
+from common.errors import Conflict, DispatchLocked, Forbidden, NotFound, ValidationError
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
@@ -172,6 +172,10 @@ def _answer_errors(app: FastAPI) -> None:
     @app.exception_handler(NotFound)
     async def _not_found(request: Request, exc: NotFound):
         return error(404, str(exc))
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(request: Request, exc: Forbidden):
+        return error(403, str(exc))
 
     @app.exception_handler(ValidationError)
     async def _invalid(request: Request, exc: ValidationError):

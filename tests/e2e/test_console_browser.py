@@ -106,7 +106,7 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         field.send_keys(token)
         browser.find_element(By.CSS_SELECTOR, "#signin-form button").click()
         wait_text(browser, "#view table", "down_low")
-        wait_text(browser, "#who", "console (admin)")
+        wait_text(browser, "#who", "console (admin, every project)")
         assert "down_low\n1\n1000" in wait_text(browser, "#view table", "down_low").replace(" ", "\n")
         # the charts: pages stored per minute (3 stored by the worker above) and queue depth as sampled
         stored = browser.find_element(

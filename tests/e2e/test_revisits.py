@@ -220,7 +220,8 @@ def test_history_through_the_api_and_retention_of_old_versions(cluster, tmp_path
         visit_again(cluster, "hist")
     t = task_of(page)
     assert t.versions == 3 and len(t.history) == 2
-    token = __import__("tests.helpers", fromlist=["cli"]).cli("token", "create", "an", "--role", "analyst")
+    token = __import__("tests.helpers", fromlist=["cli"]).cli("token", "create", "an", "--role", "analyst",
+                                                                   "--project", "default")
     bearer = token.stdout.strip().splitlines()[-1]
     with WebServer(cluster.env) as web:
         shown = web.call("GET", f"/api/v1/tasks/{t.id}", bearer).json()

@@ -180,3 +180,6 @@ def test_a_new_token_under_a_revoked_name_inherits_no_export_and_no_grant(cluste
     assert Export.objects.get(id=mine.id).owner == new.id
     assert Export.objects.get(id=legacy.id).owner is None
     assert {str(e.id) for e in exports.listing(token=new)} == {str(mine.id)}
+    # "cli" names the command line's exports: no token takes that name
+    refused = cli("token", "create", "cli", "--role", "analyst")
+    assert refused.exit_code != 0 and "reserved" in refused.output

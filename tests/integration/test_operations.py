@@ -170,7 +170,7 @@ def test_metrics_from_two_web_processes_token_or_network(cluster, tmp_path):
 
     _job_with_pages(cluster, tmp_path, n=3)
     exports.request(cluster.redis, "j", "csv")
-    token = tokens.create("prom", "analyst")
+    token = tokens.create("prom", "admin")  # an operator's scraper (others see their projects' jobs)
     with WebServer(cluster.env) as local, WebServer(cluster.env, METRICS_ALLOW="10.0.0.0/8") as closed:
         assert closed.call("GET", "/metrics").status_code == 401
         seen = []
@@ -303,7 +303,9 @@ def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
     assert by_url == by_id and by_url["status"] == "SUCCESS" and by_url["attempts"] == 1
     assert by_url["data_id"] and [log["status"] for log in by_url["download_logs"]] == ["SUCCESS"]
     assert cli("task", "show", "j", "http://nowhere.example/").exit_code == 2
-    token = tokens.create("ann", "analyst")
+    from common.store.projects import default_id
+
+    token = tokens.create("ann", "analyst", [default_id()])
     with WebServer(cluster.env) as web:
         assert web.call("GET", f"/api/v1/tasks/{task.id}", token).json() == by_id
         assert web.call("GET", "/api/v1/jobs/j/tasks/lookup", token, params={"url": url}).json() == by_id

@@ -29,8 +29,12 @@ def web(redis_server, mongo_server):
         yield server
 
 
-def new_token(name: str, role: str) -> str:
-    result = cli("token", "create", name, "--role", role)
+def new_token(name: str, role: str, *projects: str) -> str:
+    """A token NAME of ROLE holding ``projects`` (ids or names; a user's or analyst's default:
+    the ``default`` project, where jobs registered without a project go)."""
+    if role != "admin" and not projects:
+        projects = ("default",)
+    result = cli("token", "create", name, "--role", role, *(f"--project={p}" for p in projects))
     assert result.exit_code == 0, result.output
     return result.stdout.strip().splitlines()[-1]
 
@@ -78,7 +82,7 @@ def test_register_list_show_enable_disable(cluster, web, tokens, tmp_path):
         admin,
         json={"manifest": 'name = "py"\ntype = "python"\npriority = 1\n', "code": code},
     )
-    assert r.status_code == 201 and r.json() == {"name": "py"}
+    assert r.status_code == 201 and r.json() == {"name": "py", "project": 1}
     r = web.call(
         "POST",
         "/api/v1/jobs",

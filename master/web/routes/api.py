@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, Response, Security
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,7 +17,7 @@ from common.errors import ValidationError
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import ADMIN, iso
-from master import generators, registry, tokens, views
+from master import access, audit, generators, projects, registry, tokens, views
 from master.dispatch.dispatcher import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
@@ -109,13 +109,14 @@ def sign_in(body: SignIn, request: Request, response: Response) -> dict:
     secret, csrf = tokens.start_session(token)
     response.set_cookie(COOKIE, secret, max_age=settings.WEB_SESSION_TTL, httponly=True, samesite="strict",
                         secure=settings.WEB_COOKIE_SECURE or request.url.scheme == "https", path="/")
-    return {"name": token.name, "role": token.role, "csrf": csrf}
+    return {"name": token.name, "role": token.role, "projects": access.held(token), "csrf": csrf}
 
 
 @router.get("/session", tags=["session"], responses=READ)
 def whoami(request: Request, token: Reader) -> dict:
     found = tokens.session_of(request.cookies.get(COOKIE))
-    return {"name": token.name, "role": token.role, "csrf": found[1] if found else None}
+    return {"name": token.name, "role": token.role, "projects": access.held(token),
+            "csrf": found[1] if found else None}
 
 
 @router.post("/session/end", tags=["session"], responses=answers())
@@ -130,6 +131,9 @@ def sign_out(request: Request, response: Response) -> dict:
 class JobIn(Strict):
     manifest: str = Field(min_length=1, description="the TOML manifest")
     code: str | None = Field(None, description="the downloader's code, for a python or shell job")
+    project: int | None = Field(None, ge=1, description=(
+        "the project of a new job (default: the token's only project; an admin's: `default`); "
+        "an existing job keeps its own unless an admin names another"))
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
@@ -150,31 +154,38 @@ INVALID_MANIFEST = "the manifest or code does not validate (the error says where
 
 
 @router.get("/jobs", tags=["jobs"], responses=READ)
-def list_jobs(_: Reader) -> dict:
-    return {"jobs": views.job_rows()}
+def list_jobs(token: Reader) -> dict:
+    """The jobs of the token's projects."""
+    return {"jobs": views.job_rows(access.visible_job_names(token))}
 
 
 @router.post("/jobs", tags=["jobs"], status_code=201, responses={
-    200: {"description": "an existing job was updated"}, **answers(401, 403, invalid=INVALID_MANIFEST)})
-def register_job(body: JobIn, response: Response, _: Admin) -> dict:
-    """Validate and store a job, as ``downcluster job register`` does (nothing stored when invalid)."""
-    job, created = registry.register_text(body.manifest, body.code)
+    200: {"description": "an existing job was updated"}, **answers(401, 403, 404, invalid=INVALID_MANIFEST)})
+def register_job(body: JobIn, response: Response, token: Reader) -> dict:
+    """Validate and store a job, as ``downcluster job register`` does (nothing stored when invalid):
+    an admin, or a user in one of its projects."""
+    job, created = registry.register_text(body.manifest, body.code, token, body.project)
+    audit.record(token, "job.register" if created else "job.change", job.name, job.project)
     response.status_code = 201 if created else 200
-    return {"name": job.name}
+    return {"name": job.name, "project": job.project}
 
 
 @router.get("/jobs/{name}", tags=["jobs"], responses=answers(401, 404))
-def show_job(name: JobName, _: Reader) -> dict:
-    return views.job_detail(name)
+def show_job(name: JobName, token: Reader) -> dict:
+    return views.job_detail(access.job(name, token).name)
 
 
 @router.post("/jobs/{name}/enable", tags=["jobs"], responses=answers(401, 403, 404))
-def enable_job(name: JobName, _: Admin) -> dict:
+def enable_job(name: JobName, token: Reader) -> dict:
+    job = access.job(name, token, change=True)
+    audit.record(token, "job.on", name, job.project)
     return {"name": name, "status": registry.set_status(name, "ON").status}
 
 
 @router.post("/jobs/{name}/disable", tags=["jobs"], responses=answers(401, 403, 404))
-def disable_job(name: JobName, _: Admin) -> dict:
+def disable_job(name: JobName, token: Reader) -> dict:
+    job = access.job(name, token, change=True)
+    audit.record(token, "job.off", name, job.project)
     return {"name": name, "status": registry.set_status(name, "OFF").status}
 
 
@@ -184,33 +195,42 @@ GENERATOR_404 = {404: "no such job, or the job declares no generator"}
 
 
 @router.get("/jobs/{name}/generator", tags=["generators"], responses=answers(401, 404, why=GENERATOR_404))
-def show_generator(name: JobName, _: Reader, limit: Limit = None, after: After = None) -> dict:
+def show_generator(name: JobName, token: Reader, limit: Limit = None, after: After = None) -> dict:
     """The job's generator, as ``downcluster generator show --json``: type, schedule, schemes, state
     (test, on, off), next run, and a page of its runs newest first (``next``: the cursor of the
     following page, for ``after``)."""
-    return generators.show(name, views.clamp(limit, 10), after)
+    return generators.show(access.job(name, token).name, views.clamp(limit, 10), after)
 
 
 @router.post("/jobs/{name}/generator/on", tags=["generators"], responses=answers(
     401, 403, 404, 409, why={**GENERATOR_404, 409: "no dry run passed since the generator last changed"}))
-def generator_on(name: JobName, _: Admin) -> dict:
+def generator_on(name: JobName, token: Reader) -> dict:
     """Switch the generator on, as ``downcluster generator on`` (the dry run is the CLI's
     ``generator test``: it runs the code in a sandbox where it is typed)."""
-    return generators.set_state(name, "on")
+    job = access.job(name, token, change=True)
+    shown = generators.set_state(name, "on")
+    audit.record(token, "job.generator.on", name, job.project)
+    return shown
 
 
 @router.post("/jobs/{name}/generator/off", tags=["generators"],
              responses=answers(401, 403, 404, why=GENERATOR_404))
-def generator_off(name: JobName, _: Admin) -> dict:
+def generator_off(name: JobName, token: Reader) -> dict:
     """Switch the generator off, as ``downcluster generator off`` (a run under way finishes)."""
-    return generators.set_state(name, "off")
+    job = access.job(name, token, change=True)
+    shown = generators.set_state(name, "off")
+    audit.record(token, "job.generator.off", name, job.project)
+    return shown
 
 
 @router.post("/jobs/{name}/generator/run", tags=["generators"], responses=answers(
     401, 403, 404, 409, why={**GENERATOR_404, 409: "a run of the generator is under way"}))
-def generator_run(name: JobName, _: Admin) -> dict:
+def generator_run(name: JobName, token: Reader) -> dict:
     """Run the generator once now, through the queue (``downcluster generator run``)."""
-    return generators.run_now(name, redis_conn())
+    job = access.job(name, token, change=True)
+    got = generators.run_now(name, redis_conn())
+    audit.record(token, "job.generator.run", name, job.project)
+    return got
 
 
 # --- tasks -------------------------------------------------------------------------------
@@ -237,8 +257,10 @@ class RequeueIn(Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [{"status": ["FAIL", "DEAD"]}]})
 
 
-def _intake(name: str, lines: list[str], host: str) -> dict:
+def _intake(name: str, lines: list[str], host: str, token: Token) -> dict:
+    job = access.job(name, token, change=True)
     report = add_tasks(name, lines, host=host)
+    audit.record(token, "tasks.add", name, job.project, added=report.added)
     return {"added": report.added, "duplicate": report.duplicate,
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
 
@@ -248,7 +270,7 @@ def _intake(name: str, lines: list[str], host: str) -> dict:
         "text/plain": {"schema": {"type": "string", "description": "one URL a line"},
                        "example": "https://example.org/a\nhttps://example.org/b\n"},
         "application/json": {"schema": UrlsIn.model_json_schema()}}}})
-async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
+async def add_job_tasks(name: JobName, request: Request, token: Reader) -> dict:
     """Add URLs: a text/plain body (one a line) or JSON {"urls": [...], "host": "..."}."""
     raw = await request.body()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -266,36 +288,44 @@ async def add_job_tasks(name: JobName, request: Request, _: Admin) -> dict:
         raise ValidationError("a request body is required: text/plain (one URL a line) or application/json")
     else:
         raise ApiError(415, "send text/plain (one URL a line) or application/json")
-    return await run_in_threadpool(_intake, name, lines, host)
+    return await run_in_threadpool(_intake, name, lines, host, token)
 
 
 @router.get("/jobs/{name}/tasks", tags=["tasks"], responses=answers(401, 404))
-def list_tasks(name: JobName, _: Reader, status: TaskStatus | None = None, limit: Limit = None,
+def list_tasks(name: JobName, token: Reader, status: TaskStatus | None = None, limit: Limit = None,
                after: After = None) -> dict:
-    return views.task_page(name, status, limit, after)
+    return views.task_page(access.job(name, token).name, status, limit, after)
 
 
 @router.post("/jobs/{name}/tasks/cancel", tags=["tasks"], responses=answers(401, 403, 404))
-def cancel_tasks(name: JobName, body: CancelIn, _: Admin) -> dict:
-    return {"cancelled": tasks.cancel(name, tuple(body.status or tasks.CANCELLABLE_DEFAULT))}
+def cancel_tasks(name: JobName, body: CancelIn, token: Reader) -> dict:
+    job = access.job(name, token, change=True)
+    statuses = tuple(body.status or tasks.CANCELLABLE_DEFAULT)
+    n = tasks.cancel(name, statuses)
+    audit.record(token, "tasks.cancel", name, job.project, tasks=n, statuses=list(statuses))
+    return {"cancelled": n}
 
 
 @router.post("/jobs/{name}/tasks/requeue", tags=["tasks"], responses=answers(401, 403, 404))
-def requeue_tasks(name: JobName, body: RequeueIn, _: Admin) -> dict:
-    return {"requeued": tasks.requeue(name, tuple(body.status or tasks.REQUEUE_DEFAULT))}
+def requeue_tasks(name: JobName, body: RequeueIn, token: Reader) -> dict:
+    job = access.job(name, token, change=True)
+    statuses = tuple(body.status or tasks.REQUEUE_DEFAULT)
+    n = tasks.requeue(name, statuses)
+    audit.record(token, "tasks.requeue", name, job.project, tasks=n, statuses=list(statuses))
+    return {"requeued": n}
 
 
 @router.get("/jobs/{name}/tasks/lookup", tags=["tasks"], responses=answers(401, 404))
-def find_task(name: JobName, _: Reader, url: Annotated[str, Query(min_length=1, max_length=1024,
+def find_task(name: JobName, token: Reader, url: Annotated[str, Query(min_length=1, max_length=1024,
                                                                    description="the URL as added")]) -> dict:
     """One task of the job by its URL (see GET /tasks/{id})."""
-    return views.task_detail(name, url)
+    return views.task_detail(access.job(name, token).name, url)
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], responses=answers(401, 404))
-def show_task(task_id: ObjectIdPath, _: Reader) -> dict:
+def show_task(task_id: ObjectIdPath, token: Reader) -> dict:
     """One task: status, attempts, reasons, its data id and its download logs (newest first)."""
-    return views.task_by_id(task_id)
+    return views.task_by_id(task_id, token)
 
 
 # --- downloader types ---------------------------------------------------------------------
@@ -304,9 +334,17 @@ Language = Literal["python", "shell", "none"]
 
 
 @router.get("/types", tags=["cluster"], responses=READ)
-def list_types(_: Reader) -> dict:
-    """The downloader languages, whether each is supported, and how many jobs use it."""
-    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in registry.type_rows()]}
+def list_types(token: Reader) -> dict:
+    """The downloader languages, whether each is supported, and how many jobs use it (for a user
+    or analyst: how many of its projects' jobs)."""
+    rows = registry.type_rows()
+    names = access.visible_job_names(token)
+    if names is not None:
+        used: dict[str, int] = {}
+        for j in views.job_rows(names):
+            used[j["type"]] = used.get(j["type"], 0) + 1
+        rows = [{**t, "jobs": used.get(t["language"], 0)} for t in rows]
+    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in rows]}
 
 
 @router.post("/types/{language}/enable", tags=["cluster"], responses=answers(401, 403, 404))
@@ -335,9 +373,10 @@ def dispatch(_: Admin) -> dict:
 
 
 @router.get("/stats", tags=["cluster"], responses=READ)
-def get_stats(_: Reader) -> dict:
-    """The same object as ``downcluster stats --json``."""
-    return stats.collect(redis_conn())
+def get_stats(token: Reader) -> dict:
+    """The same object as ``downcluster stats --json`` (for a user or analyst: the jobs of its
+    projects only)."""
+    return views.scoped_stats(stats.collect(redis_conn()), access.visible_job_names(token))
 
 
 @router.get("/series", tags=["cluster"], responses=READ)
@@ -351,26 +390,27 @@ def get_series(_: Reader) -> dict:
 
 
 @router.get("/overview", tags=["cluster"], responses=READ)
-def get_overview(_: Reader) -> dict:
-    """Stats, workers alive (host, downloads in flight, jobs they run) and the last alerts."""
-    return views.overview(redis_conn())
+def get_overview(token: Reader) -> dict:
+    """Stats, workers alive (host, downloads in flight, jobs they run) and the last alerts (for a
+    user or analyst: of the jobs of its projects only)."""
+    return views.overview(redis_conn(), access.visible_job_names(token), access.visible_job_ids(token))
 
 
 # --- data, logs --------------------------------------------------------------------------
 
 @router.get("/jobs/{name}/data", tags=["data"], responses=answers(401, 404))
-def list_data(name: JobName, _: Reader, limit: Limit = None, after: After = None,
+def list_data(name: JobName, token: Reader, limit: Limit = None, after: After = None,
               versions: Versions = "latest") -> dict:
     """The job's stored data, oldest first: each page's latest version, or every version of a
     revisited page with ``versions=all`` (a task's own history: GET /tasks/{id})."""
-    return views.data_page(name, limit, after, versions)
+    return views.data_page(access.job(name, token).name, limit, after, versions)
 
 
 @router.get("/data/{data_id}/body", tags=["data"], response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}, **answers(401, 404)})
-def get_body(data_id: ObjectIdPath, _: Reader) -> StreamingResponse:
+def get_body(data_id: ObjectIdPath, token: Reader) -> StreamingResponse:
     """The stored response body, byte-exact, as an attachment (never rendered on this origin)."""
-    length, chunks = views.body(data_id)
+    length, chunks = views.body(data_id, access.visible_job_ids(token))
     return StreamingResponse(chunks, media_type="application/octet-stream", headers={
         "Content-Length": str(length), "Content-Disposition": f'attachment; filename="{data_id}.body"',
         "Content-Security-Policy": "sandbox", "Cache-Control": "private, no-store"})
@@ -379,10 +419,49 @@ def get_body(data_id: ObjectIdPath, _: Reader) -> StreamingResponse:
 @router.get("/logs/{kind}", tags=["logs"], responses=answers(401, 404))
 def list_logs(
     kind: Literal["download", "dispatch", "alert", "registration"],
-    _: Reader,
+    token: Reader,
     job: JobFilter = None,
     limit: Limit = None,
     after: After = None,
 ) -> dict[str, Any]:
-    """One log, newest first: download, dispatch, alert or registration."""
-    return views.log_page(kind, job, limit, after)
+    """One log, newest first: download, dispatch, alert or registration (for a user or analyst:
+    of the jobs of its projects only)."""
+    if job is not None and kind != "registration":
+        access.job(job, token)
+    return views.log_page(kind, job, limit, after, access.visible_job_ids(token),
+                          access.visible_job_names(token))
+
+
+# --- projects, audit ---------------------------------------------------------------------
+
+class ProjectIn(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,63}$")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "shop"}]})
+
+
+@router.get("/projects", tags=["projects"], responses=READ)
+def list_projects(token: Reader) -> dict:
+    """The projects this token holds (an admin: every project), by id."""
+    return {"projects": projects.listing(token)}
+
+
+@router.post("/projects", tags=["projects"], status_code=201, responses=answers(
+    401, 403, 409, why={409: "a project of that name exists"}))
+def create_project(body: ProjectIn, token: Admin) -> dict:
+    """A new project; the cluster assigns its id (``downcluster project create``)."""
+    return projects.create(body.name, token)
+
+
+@router.get("/projects/{project_id}", tags=["projects"], responses=answers(401, 404))
+def show_project(project_id: Annotated[int, Path(ge=1, le=2**31)], token: Reader) -> dict:
+    return projects.show(project_id, token)
+
+
+@router.get("/audit", tags=["cluster"], responses=answers(401, 403))
+def get_audit(_: Admin, limit: Limit = None, before: Annotated[str | None, Query(
+        pattern=r"^[0-9a-f]{24}$", description="the `next` of the previous page")] = None,
+        action: Annotated[str | None, Query(max_length=64, pattern=r"^[a-z.]+$")] = None) -> dict:
+    """Who changed what, and when, newest first (``downcluster audit --json``): jobs registered,
+    changed or switched, their tasks and generators, tokens, projects, grants, exports requested,
+    cancelled or retried."""
+    return audit.page(limit, before, action)

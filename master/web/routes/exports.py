@@ -29,7 +29,7 @@ from common.notify import MAIL_RE
 from common.store.connection import redis_client, redis_conn
 from common.store.data import export_fits, export_source
 from common.store.models import ADMIN
-from master import tokens, views
+from master import audit, tokens, views
 from master.exports import service as exports
 from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, Versions, answers
 from master.web.errors import ApiError
@@ -88,7 +88,10 @@ def request_export(body: ExportIn, token: Reader) -> dict:
     """Queue an export (analysts may); an identical one underway or fresh is returned instead."""
     got = exports.request(redis_conn(), body.job, body.format, body.template or "",
                           body.filter.model_dump() if body.filter else None, body.callback_url, body.mails,
-                          requested_by=token.name, owner=token.id, max_exec_time=body.max_exec_time)
+                          max_exec_time=body.max_exec_time, token=token)
+    if not got.deduplicated:
+        audit.record(token, "export.request", got.export.id, got.export.project, job=got.export.job_name,
+                     format=got.export.format)
     return {"id": str(got.export.id), "state": got.export.state, "deduplicated": got.deduplicated}
 
 
@@ -110,7 +113,19 @@ def cancel_export(export_id: ObjectIdPath, token: Reader) -> dict:
     """Cancel a PENDING or RUNNING export: its requester or an admin."""
     if token.role != ADMIN and not exports.owns(token, exports.get(export_id, token)):
         raise ApiError(403, "only the export's requester or an admin may cancel it")
-    return exports.describe(exports.cancel(redis_conn(), export_id, token))
+    cancelled = exports.cancel(redis_conn(), export_id, token)
+    audit.record(token, "export.cancel", cancelled.id, cancelled.project)
+    return exports.describe(cancelled)
+
+
+@router.post("/exports/{export_id}/retry", responses=answers(
+    401, 403, 404, 409, why={409: "the export is not FAIL"}))
+def retry_export(export_id: ObjectIdPath, token: Reader) -> dict:
+    """A FAIL export back to PENDING, its attempts counted afresh (``downcluster export retry``):
+    its requester or an admin."""
+    retried = exports.retry(redis_conn(), export_id, token)
+    audit.record(token, "export.retry", retried.id, retried.project)
+    return exports.describe(retried)
 
 
 Ttl = Annotated[int | None, Query(ge=1, le=settings.EXPORT_URL_MAX_TTL, description=(
@@ -182,7 +197,7 @@ SYNC_ANSWERS = {
 
 def _download(name: str, body: SyncIn, token) -> Response:
     flt = body.filter.model_dump() if body.filter else None
-    checked = exports.check(name, body.format, body.template or "", flt)
+    checked = exports.check(name, body.format, body.template or "", flt, token)
     fits = export_fits(checked.job.id, checked.filter, checked.template, settings.EXPORT_SYNC_MAX_ROWS)
     reason = None if fits else f"more than EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS}) rows"
     slots = _slots()
@@ -190,7 +205,7 @@ def _download(name: str, body: SyncIn, token) -> Response:
         reason = f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this web process are busy"
     if reason:
         got = exports.request(redis_conn(), name, body.format, body.template or "", flt,
-                              requested_by=token.name, owner=token.id, max_exec_time=body.max_exec_time)
+                              max_exec_time=body.max_exec_time, token=token)
         where = f"/api/v1/exports/{got.export.id}"
         return JSONResponse(
             {

@@ -20,7 +20,7 @@ from common.metrics import page_counters
 from common.store import exports as export_store
 from common.store.connection import redis_conn
 from common.store.models import EXPORT_STATES, TASK_STATUSES
-from master import views
+from master import access, views
 from master.ops import stats
 from master.web.errors import ApiError
 from master.web.routes.api import bearer
@@ -40,25 +40,28 @@ def networks(value: str) -> tuple:
     return tuple(out)
 
 
-def _allowed(request: Request) -> bool:
+def _scope(request: Request) -> tuple[bool, set[str] | None]:
+    """(allowed, the job names it may see: None for all). A METRICS_ALLOW network without a token
+    sees everything (the operator's Prometheus); a token sees what its projects hold."""
+    auth = request.headers.get("authorization")
+    if auth is not None:
+        try:
+            return True, access.visible_job_names(bearer(auth))
+        except ApiError:
+            pass  # judged by its network alone
     host = request.client.host if request.client else ""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
         address = None
-    if address is not None and any(address in net for net in networks(settings.METRICS_ALLOW)):
-        return True
-    try:
-        return bearer(request.headers.get("authorization", "")) is not None
-    except ApiError:
-        return False
+    return address is not None and any(address in net for net in networks(settings.METRICS_ALLOW)), None
 
 
 class Cluster:
     """A prometheus_client collector: every family computed when scraped."""
 
-    def __init__(self, redis) -> None:
-        self.redis = redis
+    def __init__(self, redis, names: set[str] | None = None) -> None:
+        self.redis, self.names = redis, names  # names: the jobs shown (None: all)
 
     def collect(self):
         queues = stats.queue_stats(self.redis)
@@ -77,12 +80,16 @@ class Cluster:
         yield from (depth, age, cap)
         tasks = GaugeMetricFamily("downcluster_tasks", "Tasks by job and status", labels=["job", "status"])
         for row in stats.task_counts():
+            if self.names is not None and row["job"] not in self.names:
+                continue
             for status in TASK_STATUSES:
                 tasks.add_metric([row["job"], status], row[status])
         yield tasks
         pages = CounterMetricFamily("downcluster_pages", "Pages stored or failed, by job and failure class",
                                     labels=["job", "outcome", "reason"])
         for job, outcome, klass, n in page_counters(self.redis):
+            if self.names is not None and job not in self.names:
+                continue
             pages.add_metric([job, outcome, klass], n)
         yield pages
         alive = views.workers(self.redis)
@@ -99,6 +106,8 @@ class Cluster:
             "Share of downloads that succeeded (-1: none)",
             value=-1 if rate["rate"] is None else rate["rate"],
         )
+        if self.names is not None:
+            return  # the cluster's export counts are every project's: an admin's
         by_state = {**dict.fromkeys(EXPORT_STATES, 0), **export_store.by_state()}
         exports = GaugeMetricFamily("downcluster_exports", "Exports by state", labels=["state"])
         for state, n in by_state.items():
@@ -108,8 +117,9 @@ class Cluster:
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request) -> Response:
-    if not _allowed(request):
+    allowed, names = _scope(request)
+    if not allowed:
         raise ApiError(401, "metrics are for METRICS_ALLOW networks or a Bearer token")
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Cluster(redis_conn()))
+    registry.register(Cluster(redis_conn(), names))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

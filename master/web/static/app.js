@@ -43,7 +43,8 @@ function table(columns, rows, empty = "nothing yet") {
 const col = (title, value, num) => ({ title, value: typeof value === "function" ? value : (r) => r[value], num });
 const age = (s) => (s == null ? "-" : s < 120 ? `${s.toFixed(0)} s` : `${(s / 60).toFixed(1)} min`);
 const when = (iso) => (iso ? iso.replace("T", " ").slice(0, 19) : "-");
-const isAdmin = () => state.me && state.me.role === "admin";
+// who may change the jobs it sees: an admin, or a user (in its projects; the API decides)
+const canChange = () => state.me && (state.me.role === "admin" || state.me.role === "user");
 function flash(text, bad) { const s = $("status"); s.textContent = text; s.className = bad ? "error" : "ok"; }
 
 function action(label, fn, cls) {
@@ -136,7 +137,7 @@ const views = {
       col("status", (j) => el("span", { class: `status-${j.status}` }, j.status)), col("priority", "priority", 1),
       col("type", "type"), col("host", (j) => j.host || "-"),
       ...statuses.map((s) => col(s, (j) => j.counts[s], 1))];
-    if (isAdmin()) cols.push(col("", (j) => j.status === "ON"
+    if (canChange()) cols.push(col("", (j) => j.status === "ON"
       ? action("Disable", () => api("POST", `/jobs/${encodeURIComponent(j.name)}/disable`), "danger")
       : action("Enable", () => api("POST", `/jobs/${encodeURIComponent(j.name)}/enable`))));
     return [el("h1", {}, "Jobs"), table(cols, d.jobs, "no jobs registered")];
@@ -148,7 +149,7 @@ const views = {
       api("GET", `/jobs/${q}/tasks?status=DEAD&limit=50`), api("GET", `/jobs/${q}/data?limit=50`)]);
     const counts = Object.entries(j.counts).map(([k, v]) => `${k} ${v}`).join(" · ");
     const deadHead = [el("h2", {}, `DEAD tasks (${j.counts.DEAD})`)];
-    if (isAdmin() && j.counts.DEAD) deadHead.push(action("Requeue DEAD tasks", () => api("POST", `/jobs/${q}/tasks/requeue`, { status: ["DEAD"] })));
+    if (canChange() && j.counts.DEAD) deadHead.push(action("Requeue DEAD tasks", () => api("POST", `/jobs/${q}/tasks/requeue`, { status: ["DEAD"] })));
     return [
       el("h1", {}, `Job ${j.name} `, el("span", { class: `status-${j.status}` }, j.status)),
       ...generatorSection(j, q),
@@ -195,12 +196,12 @@ const views = {
   },
 };
 
-// A job's generator: its state, schedule and next run, its last runs, and (admins) on / off / run now.
+// A job's generator: its state, schedule and next run, its last runs, and (admins, users) on / off / run now.
 function generatorSection(j, q) {
   const g = j.generator;
   if (!g) return [];
   const head = [el("h2", {}, "Generator ", el("span", { class: `gen-${g.state}` }, g.state))];
-  if (isAdmin()) {
+  if (canChange()) {
     head.push(g.state === "on"
       ? action("Switch off", () => api("POST", `/jobs/${q}/generator/off`), "danger")
       : action("Switch on", () => api("POST", `/jobs/${q}/generator/on`)));
@@ -336,7 +337,8 @@ function showSignIn() {
 function signedIn(me) {
   state.me = me; state.csrf = me.csrf;
   $("signin").hidden = true; $("nav").hidden = false; $("signout").hidden = false;
-  $("who").textContent = `${me.name} (${me.role})`;
+  const held = me.projects == null ? "every project" : `projects ${me.projects.join(", ") || "none"}`;
+  $("who").textContent = `${me.name} (${me.role}, ${held})`;
   refresh();
   clearInterval(state.timer);
   state.timer = setInterval(() => { if (route().name !== "exports") refresh(); }, 3000);
