@@ -441,7 +441,7 @@ VERSIONS_OPTION = click.option(
 @data.command("export")
 @click.argument("name")
 @click.option(
-    "--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), default="jsonl", show_default=True
+    "--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx", "warc"]), default="jsonl", show_default=True
 )
 @TEMPLATE_OPTION
 @STATUS_OPTION
@@ -452,10 +452,11 @@ VERSIONS_OPTION = click.option(
     "-o", "--output", type=click.Path(dir_okay=False), default="-", help="File to write (default stdout)."
 )
 def data_export(name: str, fmt: str, template, codes, since, until, versions: str, output: str) -> None:
-    """Stream job NAME's stored data as CSV, JSON Lines or Excel, here and now.
+    """Stream job NAME's stored data as CSV, JSON Lines, Excel or WARC, here and now.
 
     Without a template: every field, with the body byte-exact (base64) in JSON Lines. With one:
-    what the template says, as the export center writes it (xlsx needs --output)."""
+    what the template says, as the export center writes it (xlsx needs --output). WARC: every
+    stored version and revisit as WARC 1.1 records, gzip per record (docs/exports.md)."""
     from master.exports.dump import export
 
     _connect()
@@ -658,7 +659,7 @@ def export() -> None:
 
 @export.command("request")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx"]), required=True)
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "xlsx", "warc"]), required=True)
 @TEMPLATE_OPTION
 @STATUS_OPTION
 @SINCE_OPTION

@@ -23,7 +23,7 @@ from bson import ObjectId
 from common.config import settings
 from common.errors import ValidationError
 from common.exports.events import announce, publish
-from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits
+from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits, file_name
 from common.exports.templates import parse_template
 from common.secrets import redact
 from common.sentry import capture
@@ -116,7 +116,7 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
     flt = doc.get("filter") or {}
     exports.set_total(doc["_id"], worker_id, export_total(doc["job"], flt, template))
     publish(doc["_id"])
-    name = f"{doc['job_name']}-{doc['_id']}.{doc['format']}"
+    name = file_name(f"{doc['job_name']}-{doc['_id']}", doc["format"])
     upload = export_upload(file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
     rows_for = export_source(doc["job"], flt, template, doc["format"], progress.wrap)
     # the writers only call write(): the upload is file enough for them

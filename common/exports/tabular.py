@@ -13,6 +13,7 @@ from typing import IO, Any, Callable, Iterable
 from common.errors import ValidationError
 from common.exports.sheets import cell_text, write_xlsx
 from common.exports.templates import Table, Template
+from common.store.data import WholeDocuments
 from common.store.models import iso
 
 # What a spreadsheet reads as the start of a formula (OWASP's CSV-injection advice): such a cell
@@ -35,6 +36,8 @@ def csv_row(values: Iterable[Any]) -> list[Any]:
 
 def check_fits(template: Template, fmt: str) -> None:
     """Row headers and several tables need a spreadsheet."""
+    if fmt == "warc":
+        return  # whole documents: a template says nothing to it (an explicit one is refused at request)
     if fmt != "xlsx" and not template.plain:
         raise ValidationError(f"template: row headers and several tables need format xlsx, not {fmt}")
 
@@ -78,6 +81,22 @@ def write_jsonl(template: Template, source: Iterable[dict] | Callable[[Table], A
     return n
 
 
-WRITERS = {"csv": write_csv, "jsonl": write_jsonl, "xlsx": write_xlsx}
+def write_warc(template: Template, source: Any, out: IO[bytes]) -> int:
+    """The job's stored downloads as WARC 1.1 records (``common.exports.warc``): the template has
+    no say; ``source`` is the export's ``WholeDocuments``."""
+    from common.exports import warc
+
+    if not isinstance(source, WholeDocuments):
+        raise TypeError("a WARC file is written from whole documents")
+    return warc.write_job(source.job_id, str(source.job_id), source.filter, out, source.wrap)
+
+
+WRITERS = {"csv": write_csv, "jsonl": write_jsonl, "xlsx": write_xlsx, "warc": write_warc}
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson",
-                 "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"}
+                 "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+                 "warc": "application/warc"}
+EXTENSIONS = {"warc": "warc.gz"}  # a file's name ends so (else: the format's name)
+
+
+def file_name(stem: str, fmt: str) -> str:
+    return f"{stem}.{EXTENSIONS.get(fmt, fmt)}"

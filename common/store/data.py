@@ -10,7 +10,8 @@ writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
 
 import gridfs
 
@@ -74,12 +75,13 @@ def export_upload(file_id, filename: str, metadata: dict) -> Upload:
     return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
 
 
-def documents(job_id, flt: dict) -> Iterator[tuple[dict, bytes]]:
-    """(document without its request, body) of each of the job's shown data documents matching
-    ``flt`` (see ``data_filter``), oldest first."""
+def documents(job_id, flt: dict, request_headers: bool = False) -> Iterator[tuple[dict, bytes]]:
+    """(document without its request — but its headers with ``request_headers`` —, body) of each
+    of the job's shown data documents matching ``flt`` (see ``data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
-    cursor = coll.find(data_filter(job_id, flt), {"requests_body": 0, "requests_headers": 0})
+    unread = {"requests_body": 0} if request_headers else {"requests_body": 0, "requests_headers": 0}
+    cursor = coll.find(data_filter(job_id, flt), unread)
     cursor = cursor.sort("_id", 1).batch_size(200)
     for doc in versions_kept(visible(cursor), flt):
         yield doc, body_of(doc, fs)
@@ -100,6 +102,17 @@ def versions_of(task_id) -> list[dict]:
     found = CrawlerDownloadData._get_collection().find(
         {"task": task_id, "lease": {"$in": leases}}, {"response_body": 0, "requests_body": 0})
     return [{**d, "latest": d["lease"] == task["data_lease"]} for d in sorted(found, key=lambda d: d["_id"])]
+
+
+def version_at(task_id, at) -> tuple[dict, bytes] | None:
+    """The version of a task's page that was its latest at time ``at`` (the newest stored no later
+    than ``at``), with its body; None if it has none (or none is kept)."""
+    before = [d for d in versions_of(task_id) if d.get("add_datetime") and d["add_datetime"] <= at]
+    if not before:
+        return None
+    coll = CrawlerDownloadData._get_collection()
+    doc = coll.find_one({"_id": before[-1]["_id"]}, {"requests_body": 0})
+    return (doc, body_of(doc, gridfs_of(coll.database))) if doc else None
 
 
 def drop_export_file(file_id) -> None:
@@ -307,9 +320,21 @@ def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
     return sum(rows)
 
 
+@dataclass(frozen=True)
+class WholeDocuments:
+    """An export's source that is not rows: the job's stored documents whole, read by the writer
+    itself (a WARC file: ``common.exports.warc``), with the export's filter and progress hook."""
+    job_id: Any
+    filter: dict
+    wrap: Callable
+
+
 def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):
     """The rows of each table of an export (what the writers call): the job's data kept by the
-    export's filter and the table's own status codes, in task order for a spreadsheet."""
+    export's filter and the table's own status codes, in task order for a spreadsheet; for a
+    WARC file, the documents whole (``WholeDocuments``)."""
+    if fmt == "warc":
+        return WholeDocuments(job_id, flt, wrap)
     base = data_filter(job_id, flt)
 
     def rows_for(table) -> Iterator[dict]:

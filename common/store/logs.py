@@ -14,6 +14,9 @@ Invariant: logs are appended, never changed; only retention removes them.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Iterator
+
+from bson import ObjectId
 
 from common.config import settings
 from common.store.models import FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadLog
@@ -26,6 +29,18 @@ def of_task(task_id, limit: int = 100) -> list[dict]:
     """The task's download logs, newest first."""
     return list(CrawlerDownloadLog._get_collection().find({"task": task_id}, DOWNLOAD_FIELDS)
                 .sort("_id", -1).limit(limit))
+
+
+def not_modified(job_id, since: datetime | None = None, until: datetime | None = None) -> Iterator[dict]:
+    """The job's download logs of revisits that stored nothing (``not_modified`` set), oldest
+    first, within [since, until) when given: read by the ``(job, _id)`` index, a window of time."""
+    query: dict = {"job": job_id, "not_modified": {"$exists": True}}
+    window = {**({"$gte": ObjectId.from_datetime(since)} if since else {}),
+              **({"$lt": ObjectId.from_datetime(until)} if until else {})}
+    if window:
+        query["_id"] = window
+    yield from CrawlerDownloadLog._get_collection().find(
+        query, {"task": 1, "not_modified": 1, "add_datetime": 1}).sort("_id", 1).batch_size(500)
 
 
 def add_alerts(alerts: list[tuple], at: datetime) -> None:

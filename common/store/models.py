@@ -432,7 +432,7 @@ class WebSession(Document):
 # export states
 PENDING, EXPORT_RUNNING, CANCELLED, EXPIRED = "PENDING", "RUNNING", "CANCEL", "EXPIRED"
 EXPORT_STATES = (PENDING, EXPORT_RUNNING, SUCCESS, FAIL, CANCELLED, EXPIRED)
-EXPORT_FORMATS = ("csv", "jsonl", "xlsx")
+EXPORT_FORMATS = ("csv", "jsonl", "xlsx", "warc")
 
 
 class Export(Document):

@@ -64,7 +64,7 @@ def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dic
     from master.exports.service import check
 
     checked = check(job_name, fmt, template, flt)
-    if template or fmt == "xlsx":
+    if template or fmt in ("xlsx", "warc"):
         source = export_source(checked.job.id, checked.filter, checked.template, fmt)
         return WRITERS[fmt](checked.template, source, out)
     text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)

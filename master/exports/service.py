@@ -132,6 +132,8 @@ def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None,
         raise ValidationError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {str(fmt)[:20]!r}")
     if template is not None and not isinstance(template, str):
         raise ValidationError("template must be TOML or JSON text")
+    if fmt == "warc" and template:
+        raise ValidationError("a WARC export takes no template: it carries every stored page whole")
     parsed = parse_template(template)
     check_fits(parsed, fmt)
     return Checked(job, fmt, parsed, check_filter(flt))

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from common.config import settings
 from common.errors import NotFound
 from common.exports.events import FINAL_STATES, channel, snapshot
-from common.exports.tabular import CONTENT_TYPES, WRITERS
+from common.exports.tabular import CONTENT_TYPES, WRITERS, file_name
 from common.notify import MAIL_RE
 from common.store.connection import redis_client, redis_conn
 from common.store.data import export_fits, export_source
@@ -37,7 +37,7 @@ from master.web.routes.api import COOKIE, Reader, Strict, bearer
 from master.web.routes.files import stream_file
 
 router = APIRouter(tags=["exports"])
-FORMATS = Literal["csv", "jsonl", "xlsx"]
+FORMATS = Literal["csv", "jsonl", "xlsx", "warc"]
 TEMPLATE_DOC = "an export template, TOML or JSON (columns, header trees, row headers, tables; see the README)"
 
 
@@ -237,7 +237,7 @@ def _download(name: str, body: SyncIn, token) -> Response:
             "Content-Length": str(size),
             "Cache-Control": "private, no-store",
             "X-Export-Rows": str(rows),
-            "Content-Disposition": f'attachment; filename="{name}-{stamp}.{body.format}"',
+            "Content-Disposition": f'attachment; filename="{file_name(f"{name}-{stamp}", body.format)}"',
         },
     )
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from gridfs.errors import NoFile
 
-from common.exports.tabular import CONTENT_TYPES
+from common.exports.tabular import CONTENT_TYPES, file_name
 from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
@@ -57,7 +57,7 @@ def stream_file(export: exports.Export) -> StreamingResponse:
         stored = exports.open_file(export.file_id)
     except NoFile:
         raise ApiError(410, "the export's file is gone") from None
-    name = f"{export.job_name}-{export.id}.{export.format}"
+    name = file_name(f"{export.job_name}-{export.id}", export.format)
     return StreamingResponse(
         iter(lambda: stored.read(256 * 1024), b""),
         media_type=CONTENT_TYPES[export.format],

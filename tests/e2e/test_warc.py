@@ -1,0 +1,140 @@
+"""Issue 42 part 6: WARC 1.1 exports, read back by an outside reader (warcio: ``warcio check``,
+``warcio index`` and its ArchiveIterator). Real workers download the sample site, a revisit
+brings a 304, an unchanged body and a new version; the file comes from ``data export --format
+warc`` and from the export center (a worker writes it, as any export)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import sample_site
+from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, Export, Job
+from master.dispatch.dispatcher import dispatch_once
+from tests.e2e.test_revisits import keys, task_of, url, visit_again
+from tests.helpers import add_urls, burst_worker, cli, register, statuses
+
+warcio = pytest.importorskip("warcio")
+from warcio.archiveiterator import ArchiveIterator  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def record_id(key, kind: str) -> str:
+    return f"<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'downcluster:{key}:{kind}')}>"
+
+
+def read(path: Path) -> list:
+    """Every record of a WARC file: (headers, http status and headers, payload) as warcio reads them."""
+    out = []
+    with open(path, "rb") as f:
+        for rec in ArchiveIterator(f):
+            http = None
+            if rec.http_headers:
+                http = (rec.http_headers.get_statuscode(), dict(rec.http_headers.headers))
+            out.append((dict(rec.rec_headers.headers), rec.rec_type, http, rec.content_stream().read()))
+    return out
+
+
+def checked(path: Path) -> None:
+    """warcio's own checks: every digest right, and an index of every record."""
+    done = subprocess.run([str(BIN / "warcio"), "check", "-v", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0 and "digest pass" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "digest fail" not in done.stdout
+    index = subprocess.run([str(BIN / "warcio"), "index", str(path)], capture_output=True, text=True,
+                           check=True)
+    assert all(json.loads(line)["offset"] for line in index.stdout.splitlines()[1:])
+
+
+@pytest.fixture
+def crawled(cluster, tmp_path):
+    """A revisited job: pages answered 304 and with the same body on the second visit, one page
+    changed, a binary page and a Shift_JIS one."""
+    register(tmp_path, "wa", revisit=1.0)
+    pages = keys("etag", "none", "changing")
+    others = [f"{cluster.site}/bytes/3000", f"{cluster.site}/shift_jis"]
+    add_urls("wa", [url(cluster, k) for k in pages.values()] + others)
+    dispatch_once(cluster.redis)
+    burst_worker(cluster)
+    assert statuses("wa") == {"SUCCESS": 5}
+    sample_site.VERSIONED[pages["changing"]][0] = 2
+    visit_again(cluster, "wa")
+    assert sample_site.ANSWERS[pages["etag"]] == [200, 304]
+    assert sample_site.ANSWERS[pages["none"]] == [200, 200]
+    return pages
+
+
+def _assert_archive(path: Path, pages: dict) -> None:
+    checked(path)
+    records = read(path)
+    assert records[0][1] == "warcinfo"
+    job = Job.objects.get(name="wa")
+    docs = {str(d.id): d for d in CrawlerDownloadData.objects(job=job)}
+    assert len(docs) == 6  # 5 pages, and the changed page's second version
+    responses = {h["WARC-Record-ID"]: (h, http, body)
+                 for h, kind, http, body in records if kind == "response"}
+    requests = {h["WARC-Record-ID"]: h for h, kind, _, _ in records if kind == "request"}
+    assert len(responses) == len(docs) == len(requests)
+    for key, doc in docs.items():
+        h, http, body = responses[record_id(key, "response")]
+        stored = bytes(doc.response_body)
+        assert body == stored  # byte-exact, as stored
+        assert h["WARC-Target-URI"] == doc.url and h["WARC-IP-Address"] == "127.0.0.1"
+        assert h["WARC-Date"] == doc.add_datetime.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert h["WARC-Concurrent-To"] == record_id(key, "request")
+        assert requests[record_id(key, "request")]["WARC-Concurrent-To"] == record_id(key, "response")
+        assert http[0] == str(doc.status_code)
+    revisits = [(h, http) for h, kind, http, _ in records if kind == "revisit"]
+    logs = {record_id(log.id, "revisit"): log
+            for log in CrawlerDownloadLog.objects(job=job, not_modified__ne=None)}
+    assert len(revisits) == len(logs) == 4  # a 304, and three pages answered with the same body
+    profiles = {}
+    for h, http in revisits:
+        log = logs[h["WARC-Record-ID"]]
+        assert h["WARC-Date"] == log.add_datetime.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        target = h["WARC-Target-URI"]
+        first = docs[next(k for k, d in docs.items() if d.url == target and (d.version or 1) == 1)]
+        assert h["WARC-Refers-To"] == record_id(str(first.id), "response")
+        assert h["WARC-Refers-To-Target-URI"] == target
+        profiles[target.rsplit("/", 1)[-1]] = (h["WARC-Profile"].rsplit("/", 1)[-1], http[0])
+    assert profiles == {pages["etag"]: ("server-not-modified", "304"),
+                        pages["none"]: ("identical-payload-digest", "200"),
+                        "3000": ("identical-payload-digest", "200"),
+                        "shift_jis": ("identical-payload-digest", "200")}
+
+
+def test_data_export_writes_a_warc_that_warcio_reads_back_exactly(cluster, crawled, tmp_path):
+    path = tmp_path / "wa.warc.gz"
+    done = cli("data", "export", "wa", "--format", "warc", "-o", str(path))
+    assert done.exit_code == 0, done.output
+    _assert_archive(path, crawled)
+    assert task_of(crawled["changing"]).versions == 2
+
+
+def test_the_export_center_writes_the_same_archive(cluster, crawled, tmp_path):
+    done = cli("export", "request", "wa", "--format", "warc")
+    assert done.exit_code == 0, done.output
+    export_id = done.output.strip().splitlines()[-1]
+    burst_worker(cluster)
+    export = Export.objects.get(id=export_id)
+    assert export.state == "SUCCESS", export.to_mongo()
+    from common.store.exports import open_file
+
+    path = tmp_path / "center.warc.gz"
+    with open_file(export.file_id) as src, open(path, "wb") as out:
+        shutil.copyfileobj(src, out)
+    _assert_archive(path, crawled)
+
+
+def test_a_template_with_warc_is_refused_and_nothing_is_written(cluster, crawled, tmp_path):
+    template = tmp_path / "t.toml"
+    template.write_text('[[columns]]\nname = "url"\ntitle = "URL"\n')
+    out = tmp_path / "x.warc.gz"
+    done = cli("data", "export", "wa", "--format", "warc", "--template", str(template), "-o", str(out))
+    assert done.exit_code != 0 and "takes no template" in done.output and not out.exists()
