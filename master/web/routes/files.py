@@ -12,6 +12,7 @@ from common.exports.tabular import CONTENT_TYPES
 from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
+from master.center import disposition, file_name
 from master.exports.service import get
 from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError
@@ -57,13 +58,13 @@ def stream_file(export: exports.Export) -> StreamingResponse:
         stored = exports.open_file(export.file_id)
     except NoFile:
         raise ApiError(410, "the export's file is gone") from None
-    name = f"{export.job_name}-{export.id}.{export.format}"
+    name = file_name(export) or f"{export.job_name}-{export.id}.{export.format}"
     return StreamingResponse(
         iter(lambda: stored.read(256 * 1024), b""),
         media_type=CONTENT_TYPES[export.format],
         headers={
             "Content-Length": str(stored.length),
             "Cache-Control": "private, no-store",
-            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Disposition": disposition(name),
         },
     )

@@ -1,0 +1,21 @@
+"""Download tasks of the general center (seed 000) in the ``export`` collection: an export with a
+``project_id`` and a ``center`` document (its parameters). The listing is served by the
+``(project_id, -created_at)`` index; its filters narrow what that index finds.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from common.store.models import Export
+
+
+def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[Export], int]:
+    """The tasks matching ``query`` (a pymongo filter on ``project_id`` and ``center.*``), newest
+    first, ``limit`` from ``skip``; and how many match in all."""
+    found = Export.objects(__raw__={**query, "center": {"$exists": True, "$ne": {}}})
+    return list(found.order_by("-created_at").skip(skip).limit(limit)), found.count()
+
+
+def remove(export_id) -> None:
+    """Delete a task's document (its file is dropped by the caller)."""
+    Export.objects(id=export_id).delete()
