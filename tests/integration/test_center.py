@@ -316,3 +316,20 @@ def test_the_command_line_says_what_the_api_says(fast, source, tmp_path):
     assert got.exit_code == 2 and got.stderr.strip() == "error: step must be a whole number from 100 to 5000"
     assert task_id in cli("center", "list", "--project-ids", "3").stdout
     assert "deleted 1" in cli("center", "delete", "--project-ids", "3", task_id).stdout
+
+
+def test_the_callback_hears_of_the_task_by_its_id_and_project(cluster, monkeypatch, source):
+    from tests.receivers import WebhookReceiver
+
+    with_settings(cluster, monkeypatch, {**FAST, "DOWNCLUSTER_WEBHOOK_ALLOW_PRIVATE": "1"})
+    with WebhookReceiver() as hook:
+        export = center.deliver(cluster.redis, task(source_url=f"{source}/rows?n=10", step=100,
+                                                    callback=hook.url))
+        assert run(export).state == "SUCCESS"
+        failed = center.deliver(cluster.redis, task(source_url=f"{source}/html?n=1", step=100,
+                                                     callback=hook.url))
+        assert run(failed).state == "FAIL"
+        payloads = [json.loads(body) for _, body in hook.received]
+    assert [(p["event"], p["task_id"], p["project_id"], p["name"]) for p in payloads] == [
+        ("export.succeeded", str(export.id), 7, "orders"), ("export.failed", str(failed.id), 7, "orders")]
+    assert payloads[0]["rows"] == 10 and payloads[0]["url"].startswith("http")
