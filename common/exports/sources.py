@@ -285,7 +285,9 @@ def _read(resp, deadline: float) -> bytes:
     is a source that hangs)."""
     limit, chunks, size = settings.SOURCE_PAGE_MAX_BYTES, [], 0
     try:
-        for chunk in resp.stream(256 * 1024):
+        # read1: at most one receive each (each bounded by the read timeout), so the deadline is
+        # checked between receives and a trickle cannot stretch a page beyond it
+        while chunk := resp.read1(256 * 1024):
             size += len(chunk)
             if size > limit:
                 raise SourceFailed(f"a source page is larger than SOURCE_PAGE_MAX_BYTES ({limit} bytes)")

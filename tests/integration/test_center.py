@@ -69,9 +69,32 @@ class Source(BaseHTTPRequestHandler):
             return self._answer({"status": 200, "msg": "", "data": {"rows": [row(1)], "count": 1}})
         if kind == "/error":
             return self._answer(b"oops", 500, "text/plain")
+        if kind == "/trickle":  # headers at once, then a byte every 0.4 s: each read is quick
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.4)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return None
         if kind == "/hang":
             time.sleep(3)
             return self._answer({"status": 200, "data": {"data": [], "total": 0}})
+        if kind == "/chunked":  # the seed's answer, sent in chunks (no Content-Length)
+            rows = [row(i) for i in range(page * size, min(n, (page + 1) * size))]
+            body = json.dumps({"status": 200, "msg": "", "data": {"data": rows, "total": n}}).encode()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+            for at in range(0, len(body), 1000):
+                part = body[at:at + 1000]
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.close_connection = True
+            return None
         total = n
         if kind == "/more":       # says n, gives full pages for ever
             rows = [row(page * size + i) for i in range(size)]
@@ -182,6 +205,11 @@ def test_source_data_one_table_and_multi_table(fast):
     assert ["云研发", "前端", "a"] in cells and ["后端", "c"] in cells
 
 
+def test_a_chunked_source_is_read_whole(fast, source):
+    done = run(center.deliver(fast.redis, task(source_url=f"{source}/chunked?n=350", step=100)))
+    assert done.state == "SUCCESS" and done.rows_done == 350, done.error
+
+
 def test_a_source_that_fails_once_is_retried(fast, source):
     done = run(center.deliver(fast.redis, task(source_url=f"{source}/flaky?n=150", step=100)))
     assert done.state == "SUCCESS" and done.rows_done == 150
@@ -194,6 +222,7 @@ def test_a_source_that_fails_once_is_retried(fast, source):
     ("/more?n=150", "more rows than its total of 150"),
     ("/fewer?n=500", "ended after 100 rows of the 500"),
     ("/hang?n=1", "no answer (ReadTimeoutError)"),
+    ("/trickle?n=1", "took longer than SOURCE_TIMEOUT (1.5 s)"),
     ("/endless?n=1", "over SOURCE_MAX_ROWS"),
 ])
 def test_a_source_that_breaks_its_word_fails_the_task_in_one_line(fast, source, path, reason):
