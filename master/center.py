@@ -72,10 +72,10 @@ def check_project(token: Token | None, project_id: Any, what: str = "project_id"
     """A project id the token may use, as an integer. Today every token may name any project
     (the id is only checked to be one); the projects module's ownership check goes here, and
     only here: a project the token does not hold will answer 404."""
-    return _integer(project_id, what, 1, MAX_PROJECT, required=True)
+    return integer(project_id, what, 1, MAX_PROJECT, required=True)
 
 
-def _integer(value: Any, what: str, low: int, high: int, required: bool = False,
+def integer(value: Any, what: str, low: int, high: int, required: bool = False,
              default: int | None = None) -> int:
     if value is None or value == "":
         if required:
@@ -131,20 +131,20 @@ def check(params: dict, token: Token | None = None) -> Task:
         raise ValidationError("file_name must be 1 to 100 characters without / \\ \" or control characters")
     if not file_name:
         file_name = datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S") + f"_{secrets.randbelow(10**6):06d}"
-    step = _integer(params.get("step"), "step", 100, 5000, default=1000)
+    step = integer(params.get("step"), "step", 100, 5000, default=1000)
     operator_id = params.get("operator_id")
     if operator_id is not None and (isinstance(operator_id, bool) or not isinstance(operator_id, (str, int))
                                     or len(str(operator_id)) > 64):
         raise ValidationError("operator_id must be text of at most 64 characters")
-    merchant_type = _integer(params.get("merchant_type"), "merchant_type", 0, 3)
-    merchant_id = _integer(params.get("merchant_id"), "merchant_id", 0, 2**53)
+    merchant_type = integer(params.get("merchant_type"), "merchant_type", 0, 3)
+    merchant_id = integer(params.get("merchant_id"), "merchant_id", 0, 2**53)
     callback = params.get("callback") or None
     if callback is not None:
         try:
             check_callback(callback)
         except ValidationError as exc:
             raise ValidationError(str(exc).replace("callback_url", "callback", 1)) from None
-    max_exec_time = check_exec_time(_integer(params.get("max_exec_time"), "max_exec_time", 10,
+    max_exec_time = check_exec_time(integer(params.get("max_exec_time"), "max_exec_time", 10,
                                              settings.EXPORT_MAX_EXEC_TIME_LIMIT))
     source_url, source_data = params.get("source_url"), params.get("source_data")
     center: dict[str, Any] = {"name": name.strip(), "file_name": file_name, "step": step,
@@ -333,17 +333,17 @@ def listing(params: dict, token: Token | None = None) -> Page:
         raise ValidationError(f"unknown parameter {unknown[0][:40]!r}")
     projects = id_list(params.get("project_ids"), "project_ids",
                        lambda v: check_project(token, v, "project_ids"))
-    page = _integer(params.get("page"), "page", 1, 10**6, default=1)
-    size = _integer(params.get("page_size"), "page_size", 1, 100, default=20)
+    page = integer(params.get("page"), "page", 1, 10**6, default=1)
+    size = integer(params.get("page_size"), "page_size", 1, 100, default=20)
     query: dict[str, Any] = {"project_id": {"$in": projects}}
     if params.get("status") not in (None, ""):
-        numbers = id_list(params.get("status"), "status", lambda v: _integer(v, "status", 1, 6))
+        numbers = id_list(params.get("status"), "status", lambda v: integer(v, "status", 1, 6))
         query["state"] = {"$in": [STATE_OF[n] for n in numbers]}
     if params.get("operator_id") not in (None, ""):
         query["center.operator_id"] = str(params["operator_id"])[:64]
     for key in ("merchant_type", "merchant_id"):
         if params.get(key) not in (None, ""):
-            query[f"center.{key}"] = _integer(params[key], key, 0, 2**53)
+            query[f"center.{key}"] = integer(params[key], key, 0, 2**53)
     if params.get("task_name") not in (None, ""):
         query["center.name"] = {"$regex": re.escape(str(params["task_name"])[:60])}
     who = _visible(token)

@@ -299,6 +299,9 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         assert file.status_code == 200 and len(file.text.splitlines()) == 322
         assert "filename*=UTF-8''%E8%AE%A2%E5%8D%95.csv" in file.headers["content-disposition"]
         assert web.call("GET", got["file"], token).content == file.content  # the permanent route
+        fresh = web.call("GET", f"/v1/task/{task_id}/url?ttl=60", token).json()
+        assert requests.get(fresh["url"], timeout=30).content == file.content
+        assert web.call("GET", f"/v1/task/{task_id}/url", other).status_code == 404
         listing = web.call("GET", "/v1/tasks?project_ids=7,8&page=1&page_size=1", token).json()
         assert listing["total"] == 2 and len(listing["tasks"]) == 1
         assert web.call("GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单", token).json()[

@@ -19,10 +19,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from common.config import settings
 from common.errors import SourceFailed, ValidationError
 from common.exports.tabular import CONTENT_TYPES
 from common.store.connection import redis_conn
 from master import center
+from master.exports.service import link
 from master.web.errors import ApiError
 from master.web.routes.api import Reader
 
@@ -76,6 +78,15 @@ def find_task(token: Reader, task_id: str = "", project_id: str = "") -> dict:
 @router.get("/v1/task/{task_id}")
 def show_task(task_id: str, token: Reader) -> dict:
     return center.describe(center.get(task_id, token))
+
+
+@router.get("/v1/task/{task_id}/url")
+def task_link(task_id: str, token: Reader, ttl: str = "") -> dict:
+    """A temporary signed link to a done task's file (default 5 minutes; ``ttl`` seconds)."""
+    export = center.get(task_id, token)
+    seconds = center.integer(ttl, "ttl", 1, settings.EXPORT_URL_MAX_TTL) if ttl else None
+    url, ends = link(str(export.id), seconds, token)
+    return {"url": url, "expires_at": ends.isoformat() + "Z"}
 
 
 @router.get("/v1/tasks")
