@@ -11,8 +11,10 @@ from common.store.models import Export
 
 def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[Export], int]:
     """The tasks matching ``query`` (a pymongo filter on ``project_id`` and ``center.*``), newest
-    first, ``limit`` from ``skip``; and how many match in all."""
-    found = Export.objects(__raw__={**query, "center": {"$exists": True, "$ne": {}}})
+    first, ``limit`` from ``skip``; and how many match in all. The rows a task carried inline
+    (``center.source_data``, up to SOURCE_DATA_MAX_BYTES each) are not read."""
+    found = Export.objects(__raw__={**query, "center": {"$exists": True, "$ne": {}}}).exclude(
+        "center.source_data")
     return list(found.order_by("-created_at").skip(skip).limit(limit)), found.count()
 
 

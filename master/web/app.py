@@ -152,6 +152,7 @@ def create_app() -> FastAPI:
     _answer_errors(app)
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(exports.router, prefix="/api/v1")
+    app.include_router(center.api_router, prefix="/api/v1")
     app.include_router(center.router)  # the seed's /v1 interface
     app.include_router(files.router)
     app.include_router(metrics.router)

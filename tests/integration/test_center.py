@@ -326,6 +326,19 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
             r = web.call("POST", "/v1/task", token, data=params)
             assert r.status_code == 422 and line in r.json()["error"], r.text
         assert web.call("POST", "/v1/task", None, data=form).status_code == 401
+        # the same actions, typed, in the /api/v1 description
+        made = web.call("POST", "/api/v1/center/tasks", token, json={
+            "project_id": 9, "name": "typed", "source_data": [{"k": "v"}], "header": {"a": "b"}})
+        assert made.status_code == 201 and made.json()["project_id"] == 9, made.text
+        assert web.call("GET", f"/api/v1/center/tasks/{made.json()['task_id']}", token).json()["status"] == 1
+        assert web.call("GET", "/api/v1/center/tasks?project_ids=9", token).json()["total"] == 1
+        assert web.call("POST", "/api/v1/center/tasks", token, json={
+            "project_id": 9, "name": "typed", "step": 50, "source_data": []}).status_code == 422
+        typed_id = made.json()["task_id"]
+        assert web.call("DELETE", f"/api/v1/center/tasks?task_ids={typed_id}&project_ids=9",
+                        token).json()["deleted"] == [typed_id]
+        paths = web.call("GET", "/api/v1/openapi.json").json()["paths"]
+        assert "/api/v1/center/tasks" in paths and not any(p.startswith("/v1/") for p in paths)
         gone = web.call("DELETE", f"/v1/tasks?task_ids={task_id},{'0' * 24}&project_ids=7", token).json()
         assert gone == {"deleted": [task_id], "not_found": ["0" * 24]}
         assert web.call("GET", f"/v1/task/{task_id}", token).status_code == 404
@@ -365,3 +378,12 @@ def test_the_callback_hears_of_the_task_by_its_id_and_project(cluster, monkeypat
     assert [(p["event"], p["task_id"], p["project_id"], p["name"]) for p in payloads] == [
         ("export.succeeded", str(export.id), 7, "orders"), ("export.failed", str(failed.id), 7, "orders")]
     assert payloads[0]["rows"] == 10 and payloads[0]["url"].startswith("http")
+
+
+def test_a_listing_does_not_read_the_rows_a_task_carries(cluster):
+    from common.store import center as store
+
+    export = center.deliver(cluster.redis, task(source_data=json.dumps([{"a": "x" * 1000}] * 100)))
+    tasks, total = store.page({"project_id": {"$in": [7]}}, 0, 10)
+    assert total == 1 and tasks[0].id == export.id and "source_data" not in tasks[0].center
+    assert tasks[0].center["name"] == "orders" and center.describe(tasks[0])["source"] == "source_data"

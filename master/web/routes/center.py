@@ -6,16 +6,19 @@ synchronous download (``GET``/``POST /v1/download/sync``), a task by ``task_id``
 parameters and calls ``master.center``; its file, link and WebSocket are the export's
 (/api/v1/exports/{task_id}/...).
 
-These routes are outside the /api/v1 OpenAPI description (they take form or JSON bodies with the
-seed's loose types); docs/exports.md describes them.
+These /v1 routes are outside the /api/v1 OpenAPI description (they take form or JSON bodies with
+the seed's loose types); docs/exports.md describes them. The same actions with typed JSON are in
+the description, under /api/v1/center/tasks (``api_router``).
 """
 from __future__ import annotations
 
 import json
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -25,8 +28,9 @@ from common.exports.tabular import CONTENT_TYPES
 from common.store.connection import redis_conn
 from master import center
 from master.exports.service import link
+from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError
-from master.web.routes.api import Reader
+from master.web.routes.api import Reader, Strict
 
 router = APIRouter(include_in_schema=False)
 
@@ -129,3 +133,88 @@ async def download_sync(request: Request, token: Reader) -> Response:
         headers={"Content-Length": str(got.size), "Cache-Control": "private, no-store",
                  "X-Export-Rows": str(got.rows), "Content-Disposition": center.disposition(got.name)},
     )
+
+
+# --- the same actions in the /api/v1 description (typed JSON; OpenAPI) -------------------------
+
+api_router = APIRouter(tags=["center"])
+SOURCE_URL = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+"
+ProjectId = Annotated[int, Field(ge=1, le=center.MAX_PROJECT)]
+ProjectIds = Annotated[str, Query(pattern=r"^[1-9][0-9]{0,8}(,[1-9][0-9]{0,8}){0,99}$",
+                                  description="project ids, comma-separated")]
+Pairs = dict[str, Annotated[str, Field(max_length=1024)]]
+INVALID_TASK = ("source_url or callback does not resolve to addresses a source may have, the template or "
+                "source_data does not fit the seed's forms, or a name is blank")
+
+
+class TaskIn(Strict):
+    """A download task (seed 000): the seed's parameters with their limits (docs/exports.md)."""
+    project_id: ProjectId
+    name: str = Field(min_length=2, max_length=60)
+    file_name: str | None = Field(None, min_length=1, max_length=100, pattern=r'^[^/\\"\x00-\x1f\x7f]+$')
+    type: Literal["csv", "excel"] = "csv"
+    callback: str | None = Field(None, max_length=2048, pattern=SOURCE_URL)
+    step: int = Field(1000, ge=100, le=5000)
+    operator_id: str | None = Field(None, max_length=64)
+    merchant_type: int | None = Field(None, ge=0, le=3, description="0 platform 1 station 2 group 3 stations")
+    merchant_id: int | None = Field(None, ge=0, le=2**53)
+    template: str | dict[str, Any] | list[Any] | None = Field(
+        None, description="the seed's Excel template (leaves name keys of the rows); one per table")
+    title: str | list[str] | None = Field(None, description="a list, one per table, in multi-table mode")
+    summary: str | list[str] | None = None
+    header: Pairs | list[Pairs] | None = None
+    footer: Pairs | list[Pairs] | None = None
+    default_width: float | None = Field(None, ge=1, le=1000)
+    default_height: float | None = Field(None, ge=1, le=1000)
+    max_exec_time: int | None = Field(None, ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT)
+    source_url: str | None = Field(None, max_length=2048, pattern=SOURCE_URL,
+                                   description="pulled page by page (page from 0, page_size, _task_id)")
+    source_data: list[Any] | dict[str, Any] | None = Field(
+        None, description="the rows (a list of objects; a list of such lists in multi-table mode); "
+        "wins over source_url")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"project_id": 7, "name": "orders today", "type": "excel", "step": 1000, "merchant_type": 2,
+         "merchant_id": 88, "source_url": "https://erp.example.org/orders?day=2026-11-26",
+         "template": {"order_no": "Order", "amount": "Amount"}}]})
+
+
+@api_router.post("/center/tasks", status_code=201, responses=answers(401, invalid=INVALID_TASK))
+def deliver_center_task(body: TaskIn, token: Reader) -> dict:
+    """Deliver a download task whose rows come from ``source_url`` or ``source_data`` (as POST /v1/task)."""
+    return center.describe(center.deliver(redis_conn(), body.model_dump(exclude_none=True), token))
+
+
+@api_router.get("/center/tasks", responses=answers(401))
+def list_center_tasks(
+    token: Reader,
+    project_ids: ProjectIds,
+    page: Annotated[int, Query(ge=1, le=10**6)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+    status: Annotated[str | None, Query(pattern=r"^[1-6](,[1-6]){0,5}$",
+                                        description="status numbers: 1 waiting .. 6 expired")] = None,
+    operator_id: Annotated[str | None, Query(max_length=64)] = None,
+    merchant_type: Annotated[int | None, Query(ge=0, le=3)] = None,
+    merchant_id: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+    task_name: Annotated[str | None, Query(max_length=60, description="a part of the task's name")] = None,
+) -> dict:
+    """Download tasks of these projects, newest first, with the seed's filters and paging."""
+    params = {"project_ids": project_ids, "page": page, "page_size": page_size, "status": status,
+              "operator_id": operator_id, "merchant_type": merchant_type, "merchant_id": merchant_id,
+              "task_name": task_name}
+    got = center.listing({k: v for k, v in params.items() if v is not None}, token)
+    return {"total": got.total, "page": got.page, "page_size": got.page_size,
+            "tasks": [center.describe(t) for t in got.tasks]}
+
+
+@api_router.get("/center/tasks/{task_id}", responses=answers(401, 404))
+def show_center_task(task_id: ObjectIdPath, token: Reader) -> dict:
+    """A download task: state and status number, rows, its links once done."""
+    return center.describe(center.get(task_id, token))
+
+
+@api_router.delete("/center/tasks", responses=answers(401))
+def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
+        pattern=r"^[0-9a-fA-F]{24}(,[0-9a-fA-F]{24}){0,99}$", description="task ids, comma-separated")],
+        project_ids: ProjectIds) -> dict:
+    """Remove download tasks (within these projects) and their files; a running one stops."""
+    return center.delete(redis_conn(), task_ids, project_ids, token)
