@@ -387,3 +387,34 @@ def test_a_listing_does_not_read_the_rows_a_task_carries(cluster):
     tasks, total = store.page({"project_id": {"$in": [7]}}, 0, 10)
     assert total == 1 and tasks[0].id == export.id and "source_data" not in tasks[0].center
     assert tasks[0].center["name"] == "orders" and center.describe(tasks[0])["source"] == "source_data"
+
+
+def test_a_seed_template_over_a_callers_rows_opens_in_libreoffice(fast, source, tmp_path):
+    """The seed's complex column header (人员 > 姓名, 其它 > 年龄, 性别) and row header (云研发 >
+    前端, 后端) over a caller's rows, as LibreOffice reads the file."""
+    from tests.integration.test_download_center import _convert, _soffice
+
+    soffice = _soffice()
+    template = {"col": [{"title": "人员", "children": [
+        {"title": "姓名", "name": "name"},
+        {"title": "其它", "children": [{"title": "年龄", "name": "age"},
+                                       {"title": "性别", "name": "sex"}]}]}],
+        "row": [{"title": "云研发", "children": [{"title": "前端", "name": "front_end", "row_count": 2},
+                                              {"title": "后端", "name": "back_end", "row_count": 1}]}]}
+    rows = [{"name": "张三", "age": 12, "sex": "男", "_row_head_": "front_end"},
+            {"name": "李四", "age": 30, "sex": "女", "_row_head_": "back_end"},
+            {"name": "王五", "age": 40, "sex": "男", "_row_head_": "front_end"}]
+    done = run(center.deliver(fast.redis, task(type="excel", source_data=json.dumps(rows),
+                                               template=json.dumps(template), title="表格标题",
+                                               header=json.dumps({"油站": "钓鱼岛"}))))
+    assert done.state == "SUCCESS", done.error
+    book = tmp_path / "seed.xlsx"
+    book.write_bytes(_file(done.id))
+    table = [[c for c in r if c] for r in csv.reader(
+        _convert(soffice, book, "csv:Text - txt - csv (StarCalc):44,34,76", tmp_path)  # 76: UTF-8
+        .read_text(encoding="utf-8").splitlines())]
+    table = [r for r in table if r]
+    assert table[:3] == [["表格标题"], ["油站", "钓鱼岛"], ["人员"]]
+    assert ["姓名", "其它"] in table and ["年龄", "性别"] in table
+    assert ["云研发", "前端", "张三", "12", "男"] in table and ["王五", "40", "男"] in table
+    assert ["后端", "李四", "30", "女"] in table
