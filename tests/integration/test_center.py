@@ -290,10 +290,16 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         r = web.call("POST", "/v1/task", token, json={"project_id": 8, "name": "json task", "type": "excel",
                                                       "source_data": [{"a": 1}], "template": {"a": "A"}})
         assert r.status_code == 201, r.text
-        burst_worker(fast)
+        bad = web.call("POST", "/v1/task", token, data={**form, "source_url": f"{source}/fewer?n=500"}).json()
+        burst_worker(fast)  # a real worker: the bad source fails its task, the worker goes on and ends well
+        failed = web.call("GET", f"/v1/task/{bad['task_id']}", token).json()
+        assert failed["status"] == 4 and failed["state"] == "FAIL" and failed["url"] is None, failed["error"]
+        assert failed["error"] == ("SourceFailed: the source ended after 100 rows of the 500 its total "
+                                   "promised (page 1 was empty)")
         got = web.call("GET", f"/v1/task?task_id={task_id}&project_id=7", token).json()
         assert got["status"] == 3 and got["rows"] == 321 and got["file_name"] == "订单", got
         assert web.call("GET", f"/v1/task/{task_id}", other).status_code == 404  # not its task
+        assert web.call("GET", f"/v1/task/{r.json()['task_id']}", token).json()["status"] == 3  # the JSON one
         assert web.call("GET", f"/v1/task?task_id={task_id}&project_id=8", token).status_code == 404
         file = requests.get(got["url"], timeout=30)  # the temporary link
         assert file.status_code == 200 and len(file.text.splitlines()) == 322
@@ -302,11 +308,12 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         fresh = web.call("GET", f"/v1/task/{task_id}/url?ttl=60", token).json()
         assert requests.get(fresh["url"], timeout=30).content == file.content
         assert web.call("GET", f"/v1/task/{task_id}/url", other).status_code == 404
-        listing = web.call("GET", "/v1/tasks?project_ids=7,8&page=1&page_size=1", token).json()
-        assert listing["total"] == 2 and len(listing["tasks"]) == 1
-        assert web.call("GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单", token).json()[
-            "tasks"][0]["task_id"] == task_id
-        assert web.call("GET", "/v1/tasks?project_ids=7&status=4", token).json()["total"] == 0
+        listing = web.call("GET", "/v1/tasks?project_ids=7,8&page=2&page_size=2", token).json()
+        assert listing["total"] == 3 and len(listing["tasks"]) == 1
+        named = web.call("GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单", token).json()
+        assert [t["task_id"] for t in named["tasks"]] == [bad["task_id"], task_id]  # newest first
+        failed_ones = web.call("GET", "/v1/tasks?project_ids=7&status=4", token).json()["tasks"]
+        assert [t["task_id"] for t in failed_ones] == [bad["task_id"]]
         assert web.call("GET", "/v1/tasks?project_ids=7,8", other).json()["total"] == 0
         # the synchronous download: the same parameters, small data, the file itself
         sync = web.call("GET", "/v1/download/sync", token,
