@@ -56,7 +56,7 @@ class Source(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (the http.server name)
         parts = urlsplit(self.path)
         q = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        Source.seen.append({"path": parts.path, **q})
+        Source.seen.append({"path": parts.path, "host": self.headers.get("Host"), **q})
         page, size = int(q.get("page", 0)), int(q.get("page_size", 1000))
         n = int(q.get("n", 0))
         kind = parts.path
@@ -425,3 +425,28 @@ def test_a_seed_template_over_a_callers_rows_opens_in_libreoffice(fast, source, 
     assert ["姓名", "其它"] in table and ["年龄", "性别"] in table
     assert ["云研发", "前端", "张三", "12", "男"] in table and ["王五", "40", "男"] in table
     assert ["后端", "李四", "30", "女"] in table
+
+
+def test_the_pull_goes_to_the_address_judged_when_it_starts(fast, monkeypatch, source):
+    """Judged at delivery and again when the worker starts the pull: by name (the Host header kept),
+    in the odd forms of an address, and a source that has become a service of the cluster since
+    its delivery is refused before any request reaches it."""
+    port = int(source.rsplit(":", 1)[1])
+    for url in (f"http://[::ffff:127.0.0.1]:{port}/rows", f"http://2130706433:{port}/rows",
+                f"http://localhost:{port}/rows"):
+        monkeypatch.setenv("DOWNCLUSTER_SOURCE_ALLOW_PRIVATE", "0")
+        from common.config import load
+
+        load()
+        with pytest.raises(ValidationError, match="loopback address"):
+            center.check(task(source_url=url))
+    with_settings(fast, monkeypatch, FAST)
+    Source.seen.clear()
+    export = center.deliver(fast.redis, task(source_url=f"http://localhost:{port}/rows?n=3", step=100))
+    assert run(export).state == "SUCCESS" and Source.seen[-1]["host"] == f"localhost:{port}"
+    later = center.deliver(fast.redis, task(source_url=f"{source}/rows?n=3", step=100))
+    with_settings(fast, monkeypatch, {"DOWNCLUSTER_WEB_BIND": f"127.0.0.1:{port}"})  # now the cluster's web
+    Source.seen.clear()
+    done = run(later)
+    assert done.state == "FAIL" and done.error.endswith(f"127.0.0.1:{port} is a service of this cluster")
+    assert Source.seen == []
