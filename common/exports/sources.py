@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import IO, Any, Callable, Iterator
 from urllib.parse import urlencode
 
@@ -127,7 +127,6 @@ class Look:
     footer: tuple[tuple | None, ...] = (None,)
     default_width: float | None = None
     default_height: float | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def look_of(center: dict) -> Look:
