@@ -289,6 +289,29 @@ WEBHOOK_MAX_ATTEMPTS = 8
 WEBHOOK_ALLOW_PRIVATE = False
 """Allow callbacks to loopback and private addresses (off: server-side request forgery)."""
 
+SOURCE_ALLOW_PRIVATE = False
+"""Allow a download task's source_url on loopback and private addresses (intranet sources); the
+cluster's own services stay refused whatever this says."""
+
+SOURCE_TIMEOUT = 30.0
+"""Seconds one page of a download task's source_url may take, connecting and reading it whole."""
+
+SOURCE_RETRIES = 4
+"""Tries at one source page that answers 5xx or 429, times out or is malformed (JSON of the wrong
+shape, HTML) before the task fails; the waits between them double from SOURCE_RETRY_DELAY."""
+
+SOURCE_RETRY_DELAY = 1.0
+"""Seconds before the second try at a source page (then doubled each time)."""
+
+SOURCE_PAGE_MAX_BYTES = 64 * 1024 * 1024
+"""Largest answer one source page may give (a larger one fails the task): bounds a worker's memory."""
+
+SOURCE_MAX_ROWS = 20_000_000
+"""Rows one download task may pull from its source_url (a source without end fails the task)."""
+
+SOURCE_DATA_MAX_BYTES = 4 * 1024 * 1024
+"""Largest source_data (rows given inline with the task, as JSON text) a download task may carry."""
+
 SMTP_URL = ""
 """smtp://[user:pass@]host:port, smtps://..., or smtp://...?starttls=1; empty: mails are not sent."""
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "stats": "master.cli:stats",
     "data": "master.cli:data",
     "export": "master.cli:export",
+    "center": "master.center_cli:center",
     "worker": "slave.cli:worker",
     "web": "master.cli:web",
     "token": "master.cli:token",

@@ -8,6 +8,7 @@
     │   ├── Forbidden        the caller sees it, but its role may not do that (HTTP 403)
     │   └── Conflict         it exists, but its state forbids the action (cancel a finished export)
     ├── DispatchLocked       another dispatcher holds the cluster lock (retry on the next run)
+    ├── SourceFailed         a download task's source_url answered badly after its retries (not retryable)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
         └── AddressRefused   the address connected to is not one the cluster may reach (not retryable)
 """
@@ -36,6 +37,12 @@ class Forbidden(ValidationError):
 
 class Conflict(ValidationError):
     """The named thing exists but is in a state that forbids the action (HTTP 409)."""
+
+
+class SourceFailed(DownclusterError):
+    """A download task's source (``source_url``) answered badly — an error status, a timeout, HTML
+    or JSON of the wrong shape, a total it did not keep — through all its tries. Not retryable:
+    the task fails with this one line."""
 
 
 class DispatchLocked(DownclusterError):

@@ -21,7 +21,7 @@ from typing import IO, cast
 from bson import ObjectId
 
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import SourceFailed, ValidationError
 from common.exports.events import announce, publish
 from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits, file_name
 from common.exports.templates import parse_template
@@ -109,6 +109,13 @@ def run_export(export_id: str, worker_id: str) -> str:
 
 
 def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
+    if doc.get("center"):  # a download task: its rows come from its caller's source
+        from slave.center import write_task
+
+        rows, upload = write_task(doc, file_id, progress.wrap, worker_id)
+        progress.write()  # last check: still ours, not cancelled
+        upload.close()
+        return rows, upload.length
     if not jobs.exists(doc["job"]):
         raise RuntimeError(f"job {doc['job_name']} no longer exists")
     template = parse_template(doc.get("template"))
@@ -129,13 +136,13 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
 def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
     reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
     final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(
-        exc, ValidationError
-    )  # a template no longer valid
+        exc, (ValidationError, SourceFailed)
+    )  # a template no longer valid; a source that broke its word through its tries
     now = utcnow()
     changed = exports.fail(doc["_id"], worker_id, reason, now, final,
                            now + timedelta(seconds=settings.EXPORT_RETRY_DELAY))
     logger.warning("export %s attempt %s failed: %s", doc["_id"], doc["attempts"], reason)
-    if not isinstance(exc, (RuntimeError, ValidationError)):
+    if not isinstance(exc, (RuntimeError, ValidationError, SourceFailed)):
         capture(exc)
     if changed:
         publish(doc["_id"])

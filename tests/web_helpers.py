@@ -33,7 +33,7 @@ class WebServer:
             try:
                 requests.get(self.base + "/api/v1/openapi.json", timeout=1)
                 return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a loaded machine: a first answer > 1 s
                 time.sleep(0.1)
         raise RuntimeError("downcluster web did not answer within 30 s")
 

@@ -173,9 +173,10 @@ class Template:
 DEFAULT = Template((Table(tuple(Node(f, f) for f in FIELDS)),))
 
 
-def parse_template(text: str | None) -> Template:
+def parse_template(text: str | None, general: bool = False) -> Template:
     """The template in ``text`` (JSON when it is an object or a list of objects, TOML otherwise), or every
-    field flat when empty; ValidationError with one line otherwise."""
+    field flat when empty; ValidationError with one line otherwise. ``general``: a download task's
+    template, whose leaves name keys of the caller's rows (any text), not this cluster's fields."""
     if not text or not text.strip():
         return DEFAULT
     if len(text) > MAX_TEMPLATE:
@@ -197,10 +198,10 @@ def parse_template(text: str | None) -> Template:
             raise ValidationError(f"template is not valid TOML: {str(exc).splitlines()[0]}") from None
         except RecursionError:
             raise ValidationError("template nests too deeply") from None
-    return from_data(data)
+    return from_data(data, general)
 
 
-def from_data(data: Any) -> Template:
+def from_data(data: Any, general: bool = False) -> Template:
     if isinstance(data, list):
         data = {"col": data}
     if not isinstance(data, dict) or not data:
@@ -222,9 +223,9 @@ def from_data(data: Any) -> Template:
         raw = data["tables"]
         if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_TABLES:
             raise ValidationError(f"template: tables must be a list of 1-{MAX_TABLES} tables")
-        tables = tuple(_table(t, f"tables[{i}]") for i, t in enumerate(raw))
+        tables = tuple(_table(t, f"tables[{i}]", general) for i, t in enumerate(raw))
     else:
-        tables = (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template"),)
+        tables = (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template", general),)
     if sum(leaf.row_count for t in tables for leaf in t.row_leaves) > MAX_ROW_HEAD_ROWS:
         raise ValidationError(f"template: row headers hold more than {MAX_ROW_HEAD_ROWS} rows in all")
     return Template(tables, sheet, widths["default_width"], widths["default_height"])
@@ -252,7 +253,7 @@ def _pairs(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     return tuple((_text(k, f"{where} key"), _text(v, f"{where}.{k}", 1024)) for k, v in value.items())
 
 
-def _table(data: Any, where: str) -> Table:
+def _table(data: Any, where: str, general: bool = False) -> Table:
     if not isinstance(data, dict):
         raise ValidationError(f"{where}: must be a table of title, col, row, ...")
     unknown = sorted(set(data) - TABLE_KEYS)
@@ -261,9 +262,9 @@ def _table(data: Any, where: str) -> Table:
     if "columns" in data and "col" in data:
         raise ValidationError(f"{where}: give col or columns, not both")
     col = (
-        _columns(data["columns"], where)
+        _columns(data["columns"], where, general)
         if "columns" in data
-        else _tree(data.get("col"), f"{where}.col", rows=False)
+        else _tree(data.get("col"), f"{where}.col", rows=False, general=general)
     )
     leaves = [x for n in col for x in n.leaves()]
     if len(leaves) > MAX_LEAVES:
@@ -272,7 +273,9 @@ def _table(data: Any, where: str) -> Table:
     row_field = data.get("row_field", "")
     if data.get("row") is not None:
         row = _tree(data["row"], f"{where}.row", rows=True)
-        if row_field not in ROW_FIELDS:
+        if general:  # the caller's rows say their leaf in _row_head_ (or in row_field, if named)
+            row_field = _text(row_field or "_row_head_", f"{where}.row_field")
+        elif row_field not in ROW_FIELDS:
             raise ValidationError(f"{where}: row headers need row_field, one of {', '.join(ROW_FIELDS)}")
         names = [leaf.name for n in row for leaf in n.leaves()]
         if len(set(names)) != len(names):
@@ -296,15 +299,15 @@ def _table(data: Any, where: str) -> Table:
     )
 
 
-def _tree(raw: Any, where: str, rows: bool, level: int = 1) -> tuple[Node, ...]:
+def _tree(raw: Any, where: str, rows: bool, level: int = 1, general: bool = False) -> tuple[Node, ...]:
     if not isinstance(raw, list) or not raw:
         raise ValidationError(f"{where}: needs a list of header nodes")
     if level > MAX_DEPTH:
         raise ValidationError(f"{where}: deeper than {MAX_DEPTH} levels")
-    return tuple(_node(n, f"{where}[{i}]", rows, level) for i, n in enumerate(raw))
+    return tuple(_node(n, f"{where}[{i}]", rows, level, general) for i, n in enumerate(raw))
 
 
-def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
+def _node(raw: Any, where: str, rows: bool, level: int, general: bool = False) -> Node:
     allowed = {"title", "name", "children"} | ({"row_count"} if rows else {"format", "width"})
     if not isinstance(raw, dict):
         raise ValidationError(f"{where}: a header node must be a table with title and name or children")
@@ -314,7 +317,7 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
     if "children" in raw:
         if "name" in raw:
             raise ValidationError(f"{where}: a node has a name (a leaf) or children, not both")
-        children = _tree(raw["children"], f"{where}.children", rows, level + 1)
+        children = _tree(raw["children"], f"{where}.children", rows, level + 1, general)
         return Node(_text(raw.get("title", ""), f"{where}.title"), children=children)
     name = raw.get("name")
     if rows:
@@ -325,7 +328,11 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_ROW_HEAD_ROWS:
             raise ValidationError(f"{where}: row_count must be a whole number from 1 to {MAX_ROW_HEAD_ROWS}")
         return Node(_text(raw.get("title", name), f"{where}.title"), name, row_count=count)
-    if name not in FIELDS:
+    if general:
+        name = _text(name, f"{where}.name") if name not in (None, "") else None
+        if name is None:
+            raise ValidationError(f"{where}: a column leaf needs name (the key of the rows it shows)")
+    elif name not in FIELDS:
         raise ValidationError(f"{where}: unknown field {str(name)[:40]!r} (one of {', '.join(FIELDS)})")
     fmt = raw.get("format", "")
     if not isinstance(fmt, str) or len(fmt) > 64:
@@ -338,7 +345,7 @@ def _node(raw: Any, where: str, rows: bool, level: int) -> Node:
     )
 
 
-def _columns(raw: Any, where: str) -> tuple[Node, ...]:
+def _columns(raw: Any, where: str, general: bool = False) -> tuple[Node, ...]:
     """The flat form ``[[columns]]`` (docs/exports.md), each with ``field`` and a ``header`` list
     of titles from the top row down, as a header tree: neighbours with equal header prefixes share
     a parent."""
@@ -349,7 +356,9 @@ def _columns(raw: Any, where: str) -> tuple[Node, ...]:
         if not isinstance(col, dict) or set(col) - {"header", "field", "format", "width"}:
             raise ValidationError(f"{where}: column {i} takes only header, field, format and width")
         fld = col.get("field")
-        if fld not in FIELDS:
+        if general and isinstance(fld, str) and 0 < len(fld) <= 255:
+            pass
+        elif fld not in FIELDS:
             raise ValidationError(
                 f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})"
             )

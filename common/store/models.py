@@ -439,9 +439,13 @@ class Export(Document):
     """An asynchronous export of a job's data: PENDING -> RUNNING -> SUCCESS | FAIL | CANCEL,
     and EXPIRED once its file (GridFS bucket ``export_fs``, id ``file_id``) is removed."""
 
-    job = ReferenceField(Job, required=True)
-    job_name = StringField(required=True)
+    job = ReferenceField(Job)                     # None for a download task (``center``)
+    job_name = StringField(default="")
     format = StringField(choices=EXPORT_FORMATS, required=True)
+    # a download task of the general center (seed 000): its parameters (the source_url or
+    # source_data, name, file_name, step, operator/merchant, title, summary, header, footer,
+    # widths); its rows come from there, not from a job's data (its project: ``project``)
+    center = DictField()
     template = StringField(default="")           # TOML text as requested ("" = every field, flat)
     filter = DictField()                         # {"status": [codes], "since": datetime, "until": datetime}
     digest = StringField(required=True)          # MD5 of the canonical (job, format, template, filter)
@@ -476,6 +480,7 @@ class Export(Document):
             ("job_name", "-created_at"),
             ("requested_by", "-created_at"),
             ("owner", "-created_at"),
+            ("project", "-created_at"),
         ],
     }
 

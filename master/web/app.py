@@ -26,11 +26,14 @@ from common.errors import Conflict, DispatchLocked, Forbidden, NotFound, Validat
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
-from master.web.routes import api, console, exports, files, metrics
+from master.web.routes import api, center, console, exports, files, metrics
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
-LONG_QUERY = {"template": 8192}  # a synchronous download's template may be long (POST takes longer ones)
+# a synchronous download's template (and the seed's sync download's parameters) may be long;
+# POST takes longer ones
+LONG_QUERY = {"template": 8192, "source_data": 8192, "source_url": 2048, "header": 4096, "footer": 4096,
+              "title": 2048, "summary": 4096}
 class Guard:
     """Pure ASGI middleware: body size, query shape, security headers."""
 
@@ -149,6 +152,8 @@ def create_app() -> FastAPI:
     _answer_errors(app)
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(exports.router, prefix="/api/v1")
+    app.include_router(center.api_router, prefix="/api/v1")
+    app.include_router(center.router)  # the seed's /v1 interface
     app.include_router(files.router)
     app.include_router(metrics.router)
     app.include_router(console.router)

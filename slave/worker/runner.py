@@ -169,7 +169,7 @@ class Loop:
         taken = 0
         while not stop.is_set() and (max_jobs is None or taken < max_jobs):
             room = self._room(running)
-            got = None
+            got, names = None, []
             try:
                 names = (([GENERATE_QUEUE] if self.generating < GENERATE_LANES else [])
                          + (self.queues if room else [])
@@ -196,8 +196,12 @@ class Loop:
                 continue
             if not running:
                 if self._export_idle():  # (an export running: the blocking wait above paces the loop)
-                    if burst:
+                    # burst: done once a look that included down_export found nothing (an export
+                    # that ended during a look without it leaves its queue not yet looked at)
+                    if burst and (EXPORT_QUEUE in names or not self.exports):
                         break
+                    if burst:
+                        continue
                     self._notify_when_idle(loop)
                 continue
             done, _ = await asyncio.wait(

@@ -12,6 +12,8 @@ from common.exports.tabular import CONTENT_TYPES, file_name
 from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
+from master.center import disposition
+from master.center import file_name as center_file_name
 from master.exports.service import get
 from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError
@@ -57,13 +59,13 @@ def stream_file(export: exports.Export) -> StreamingResponse:
         stored = exports.open_file(export.file_id)
     except NoFile:
         raise ApiError(410, "the export's file is gone") from None
-    name = file_name(f"{export.job_name}-{export.id}", export.format)
+    name = center_file_name(export) or file_name(f"{export.job_name}-{export.id}", export.format)
     return StreamingResponse(
         iter(lambda: stored.read(256 * 1024), b""),
         media_type=CONTENT_TYPES[export.format],
         headers={
             "Content-Length": str(stored.length),
             "Cache-Control": "private, no-store",
-            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Disposition": disposition(name),
         },
     )

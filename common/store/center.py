@@ -1,0 +1,23 @@
+"""Download tasks of the general center (seed 000) in the ``export`` collection: an export with a
+``project`` and a ``center`` document (its parameters). The listing is served by the
+``(project, -created_at)`` index; its filters narrow what that index finds.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from common.store.models import Export
+
+
+def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[Export], int]:
+    """The tasks matching ``query`` (a pymongo filter on ``project`` and ``center.*``), newest
+    first, ``limit`` from ``skip``; and how many match in all. The rows a task carried inline
+    (``center.source_data``, up to SOURCE_DATA_MAX_BYTES each) are not read."""
+    found = Export.objects(__raw__={**query, "center": {"$exists": True, "$ne": {}}}).exclude(
+        "center.source_data")
+    return list(found.order_by("-created_at").skip(skip).limit(limit)), found.count()
+
+
+def remove(export_id) -> None:
+    """Delete a task's document (its file is dropped by the caller)."""
+    Export.objects(id=export_id).delete()

@@ -1,0 +1,98 @@
+"""``downcluster center``: the general download center's tasks (seed 000) at the command line,
+the same actions as ``/v1/task`` and ``/v1/tasks`` (``master/center.py``) with the seed's
+parameter names as options."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from common.store.connection import connect_mongo, redis_conn
+
+JSON_TEXT = "JSON text, or @FILE to read it from a file"
+
+
+def _text(value: str | None) -> str | None:
+    """An option's value, or a file's text for @FILE (long JSON: templates, source_data)."""
+    if value and value.startswith("@"):
+        return Path(value[1:]).read_text(encoding="utf-8")
+    return value
+
+
+@click.group()
+def center() -> None:
+    """Download tasks whose rows come from a caller's source_url or source_data (seed 000)."""
+
+
+@center.command("request")
+@click.option("--project-id", required=True, help="The project the task belongs to (a whole number).")
+@click.option("--name", required=True, help="The task's name, 2-60 characters.")
+@click.option("--source-url", default=None, help="Pulled page by page: GET with page, page_size, _task_id.")
+@click.option("--source-data", default=None, help=f"The rows ({JSON_TEXT}); wins over --source-url.")
+@click.option("--type", "kind", type=click.Choice(["csv", "excel"]), default="csv")
+@click.option("--file-name", default=None, help="The file's name without extension (default: date + random).")
+@click.option("--step", type=int, default=None, help="Rows per page, 100-5000 (default 1000).")
+@click.option("--callback", default=None, help="URL to POST a signed webhook to when it ends.")
+@click.option("--operator-id", default=None)
+@click.option("--merchant-type", type=int, default=None, help="0 platform 1 station 2 group 3 stations.")
+@click.option("--merchant-id", type=int, default=None)
+@click.option("--template", default=None, help=f"Excel template ({JSON_TEXT}).")
+@click.option("--title", default=None)
+@click.option("--summary", default=None)
+@click.option("--header", default=None, help=f"Key/value pairs above the table ({JSON_TEXT}).")
+@click.option("--footer", default=None, help=f"Key/value pairs below the table ({JSON_TEXT}).")
+@click.option("--default-width", type=float, default=None, help="Column width in points.")
+@click.option("--default-height", type=float, default=None, help="Row height in points.")
+@click.option("--max-exec-time", type=int, default=None, help="Seconds an attempt may run (default 3600).")
+def center_request(**options) -> None:
+    """Deliver a task (as POST /v1/task); prints its id alone on the last line."""
+    from master.center import deliver
+
+    params = {k: _text(v) if isinstance(v, str) else v for k, v in options.items() if v is not None}
+    if "kind" in params:
+        params["type"] = params.pop("kind")
+    connect_mongo(ensure_indexes=True)
+    export = deliver(redis_conn(), params)
+    click.echo(str(export.id))
+
+
+@center.command("show")
+@click.argument("task_id")
+def center_show(task_id: str) -> None:
+    """A task as GET /v1/task/ID answers it (JSON)."""
+    from master.center import describe, get
+
+    connect_mongo(ensure_indexes=True)
+    click.echo(json.dumps(describe(get(task_id)), indent=2, ensure_ascii=False))
+
+
+@center.command("list")
+@click.option("--project-ids", required=True, help="Comma-separated project ids.")
+@click.option("--status", default=None, help="Status numbers, comma-separated (1 waiting .. 6 expired).")
+@click.option("--page", type=int, default=None)
+@click.option("--page-size", type=int, default=None)
+def center_list(project_ids: str, status: str | None, page: int | None, page_size: int | None) -> None:
+    """Tasks of these projects, newest first."""
+    from master.center import listing
+
+    connect_mongo(ensure_indexes=True)
+    params = {"project_ids": project_ids, "status": status, "page": page, "page_size": page_size}
+    got = listing({k: v for k, v in params.items() if v is not None})
+    click.echo(f"{'task_id':<26}{'project':>8}  {'status':<12}{'rows':>10}  name")
+    for t in got.tasks:
+        rows = f"{t.rows_done}/{t.rows_total if t.rows_total is not None else '?'}"
+        click.echo(f"{str(t.id):<26}{t.project:>8}  {t.state:<12}{rows:>10}  {t.center.get('name')}")
+    click.echo(f"{got.total} in all", err=True)
+
+
+@center.command("delete")
+@click.option("--project-ids", required=True, help="Comma-separated project ids.")
+@click.argument("task_ids", nargs=-1, required=True)
+def center_delete(project_ids: str, task_ids: tuple[str, ...]) -> None:
+    """Delete tasks and their files (a running one stops)."""
+    from master.center import delete
+
+    connect_mongo(ensure_indexes=True)
+    got = delete(redis_conn(), list(task_ids), project_ids)
+    click.echo(f"deleted {len(got['deleted'])}; not found: {', '.join(got['not_found']) or '-'}")

@@ -1,0 +1,47 @@
+"""One attempt of a download task of the general center (seed 000) on a worker: its rows from
+``source_data`` or pulled from ``source_url`` page by page (``common/exports/sources.py``),
+streamed into the export writers and up to GridFS as they come. Claimed, beaten, fenced and
+settled by the export protocol (``slave/exporter.py``): a task is an export whose rows come from
+its caller, so a failure here removes the partial file and nothing is published.
+"""
+from __future__ import annotations
+
+from typing import IO, TYPE_CHECKING, Callable, Iterator, cast
+
+from common.exports.events import publish
+from common.exports.sources import Puller, inline_tables, look_of, pull, write_inline, write_pulled
+from common.exports.tabular import CONTENT_TYPES
+from common.store import exports
+from common.store.data import Upload, export_upload
+
+if TYPE_CHECKING:
+    from bson import ObjectId
+
+
+def file_name(doc: dict) -> str:
+    center = doc.get("center") or {}
+    return f"{center.get('file_name') or doc['_id']}.{doc['format']}"
+
+
+def write_task(doc: dict, file_id: ObjectId, wrap: Callable[[Iterator[dict]], Iterator[dict]],
+               worker_id: str) -> tuple[int, Upload]:
+    """Write the task's file; (rows, the closed-over upload, still open) — the caller checks it is
+    still its own before closing the upload, which publishes the file."""
+    center = doc["center"]
+    meta = {"export": doc["_id"], "project_id": doc.get("project"),
+            "contentType": CONTENT_TYPES[doc["format"]]}
+    upload = export_upload(file_id, file_name(doc), meta)
+    out = cast(IO[bytes], upload)
+    look = look_of(center)
+    if center.get("source_data") is not None:
+        tables = inline_tables(center["source_data"])
+        exports.set_total(doc["_id"], worker_id, sum(len(t) for t in tables if isinstance(t, list)))
+        publish(doc["_id"])
+        _, rows = write_inline(look, tables, doc["format"], out, wrap)
+        return rows, upload
+    with Puller(center["source_url"], int(center.get("step") or 1000), str(doc["_id"])) as puller:
+        pulled = pull(puller, look)
+        exports.set_total(doc["_id"], worker_id, pulled.total)
+        publish(doc["_id"])
+        rows = write_pulled(pulled, doc["format"], out, wrap)
+    return rows, upload
