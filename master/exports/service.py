@@ -249,6 +249,7 @@ def describe(export: exports.Export, ttl: int | None = None) -> dict:
         "error": export.error,
         "url": export_url(str(export.id), ttl) if export.state == SUCCESS else None,
         "requested_by": export.requested_by,
+        "project": export.project,
         "max_exec_time": export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME,
         "created_at": iso(export.created_at),
         "finished_at": iso(export.finished_at),

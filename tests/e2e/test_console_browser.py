@@ -17,7 +17,7 @@ import pytest
 from common.store.counts import recount
 from common.store.models import CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, cli, register, statuses
+from tests.helpers import add_urls, cli, register, statuses, write_job
 from tests.web_helpers import WebServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,17 @@ def wait_text(driver, css: str, text: str, timeout: float = 15) -> str:
     def found(d):
         return next((t for t in (e.text for e in d.find_elements(By.CSS_SELECTOR, css)) if text in t), None)
     return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(found)
+
+
+def jobs_shown(driver) -> list[str]:
+    """The job names the jobs view lists now (its first column's links)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#view table td a")]
+    except StaleElementReferenceException:
+        return []
 
 
 def click(driver, xpath: str, timeout: float = 15) -> None:
@@ -98,6 +109,9 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         "status": "DEAD", "download_times": 3, "failed_reason": "HTTP 500 (recovered 3 times)"}})
     recount()  # set behind the product's back: counted again as `downcluster stats --recount` does
     assert dispatch_once(cluster.redis).total == 1  # one entry waits in down_low
+    assert cli("project", "create", "team-b").exit_code == 0  # a second project, with a job of its own
+    other = write_job(tmp_path, "other-team")
+    assert cli("job", "register", str(other), "--project", "team-b").exit_code == 0
     token = cli("token", "create", "console", "--role", "admin").stdout.strip().splitlines()[-1]
 
     with WebServer(cluster.env) as web:
@@ -116,6 +130,9 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
             By.CSS_SELECTOR, '#chart-depth path[data-series="down_low"]'
         )
         assert "pages per minute" in browser.find_element(By.ID, "chart-pages").text
+        # a depth of 1 is labelled 0, 1, 2: every tick of the y axis distinct
+        ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#chart-depth .y-tick")]
+        assert ticks == ["0", "1", "2"], ticks
         var = ROOT / "var"
         var.mkdir(exist_ok=True)
         shot = browser.get_screenshot_as_png()
@@ -124,6 +141,19 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
 
         click(browser, '//nav/a[@data-view="jobs"]')
         wait_text(browser, "#view table", "site")
+        assert "other-team" in wait_text(browser, "#view table", "other-team")  # all projects: both
+        # the project switcher: one project's jobs at a time
+        from selenium.webdriver.support.ui import Select, WebDriverWait
+
+        pick = Select(browser.find_element(By.ID, "project"))
+        assert [o.text for o in pick.options] == ["all projects", "1 default", "2 team-b"]
+        pick.select_by_visible_text("2 team-b")
+        WebDriverWait(browser, 15).until(lambda d: "site" not in jobs_shown(d))
+        assert jobs_shown(browser) == ["other-team"]
+        pick.select_by_visible_text("all projects")
+        WebDriverWait(browser, 15).until(lambda d: sorted(jobs_shown(d)) == ["other-team", "site"])
+        pick.select_by_visible_text("1 default")
+        WebDriverWait(browser, 15).until(lambda d: jobs_shown(d) == ["site"])
         click(browser, "//button[text()='Disable']")
         wait_text(browser, "#view td", "OFF")
         assert Job.objects.get(name="site").status == "OFF"

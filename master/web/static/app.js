@@ -2,7 +2,7 @@
 // Every value from the server is put in the page with textContent (never as HTML).
 "use strict";
 
-const state = { me: null, csrf: null, timer: null, view: null, sockets: new Map() };
+const state = { me: null, csrf: null, timer: null, view: null, sockets: new Map(), project: "" };
 const FINAL = ["SUCCESS", "FAIL", "CANCEL", "EXPIRED"];
 const $ = (id) => document.getElementById(id);
 
@@ -67,15 +67,26 @@ function svg(tag, attrs = {}, ...children) {
 }
 const hhmm = (t) => new Date(t * 1000).toISOString().slice(11, 16);
 
+// The top of a y axis labelled at 0, half and top: for whole counts (queue depths, pages) an even
+// whole number, so the three labels are whole and distinct (0, 1, 2 for a depth of 1); else a
+// "nice" number (1, 2 or 5 times a power of ten).
+function axisTop(values) {
+  const high = Math.max(0, ...values);
+  if (values.every(Number.isInteger)) return 2 * Math.max(1, Math.ceil(high / 2));
+  const p = 10 ** Math.floor(Math.log10(high || 1));
+  return [1, 2, 5, 10].map((m) => m * p).find((n) => n >= high) || 10 * p;
+}
+const axisLabel = (v) => (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(3))));
+
 // One line per series over [from, to]; points are {minute, <series>: value}; a minute without
 // a point counts as 0 for counters (``zeros``) and as a gap otherwise.
 function lineChart(id, title, from, to, points, names, zeros) {
   const W = 560, H = 180, L = 44, R = 14, T = 10, B = 24;
-  const max = Math.max(1, ...points.flatMap((p) => names.map((n) => p[n] || 0)));
+  const max = axisTop(points.flatMap((p) => names.map((n) => p[n] || 0)));
   const x = (t) => L + ((t - from) / Math.max(1, to - from)) * (W - L - R);
   const y = (v) => T + (1 - v / max) * (H - T - B);
   const grid = [0, 0.5, 1].map((f) => [svg("line", { x1: L, x2: W - R, y1: y(max * f), y2: y(max * f), stroke: "#e3e7f0" }),
-    svg("text", { x: L - 4, y: y(max * f) + 4, "text-anchor": "end", "font-size": 10, fill: "#666" }, Number((max * f).toFixed(max < 10 ? 1 : 0)))]);
+    svg("text", { x: L - 4, y: y(max * f) + 4, "text-anchor": "end", "font-size": 10, fill: "#666", class: "y-tick" }, axisLabel(max * f))]);
   const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => svg("text", { x: x(from + f * (to - from)), y: H - 6, "text-anchor": "middle",
     "font-size": 10, fill: "#666" }, hhmm(from + f * (to - from))));
   const byMinute = new Map(points.map((p) => [p.minute, p]));
@@ -131,7 +142,7 @@ const views = {
   },
 
   async jobs() {
-    const d = await api("GET", "/jobs");
+    const d = inProject(await api("GET", "/jobs"), "jobs");
     const statuses = ["LIVE", "DISPATCH", "SUCCESS", "FAIL", "CANCEL", "DEAD", "queued", "running"];
     const cols = [col("job", (j) => el("a", { href: `#/job/${encodeURIComponent(j.name)}` }, j.name)),
       col("status", (j) => el("span", { class: `status-${j.status}` }, j.status)), col("priority", "priority", 1),
@@ -166,7 +177,8 @@ const views = {
   },
 
   async exports() {
-    const [d, jobs] = await Promise.all([api("GET", "/exports?limit=50"), api("GET", "/jobs")]);
+    const [all, everyJob] = await Promise.all([api("GET", "/exports?limit=50"), api("GET", "/jobs")]);
+    const d = inProject(all, "exports"), jobs = inProject(everyJob, "jobs");
     const form = exportForm(jobs.jobs.map((j) => j.name));
     watchExports(d.exports);
     return [
@@ -334,8 +346,26 @@ function showSignIn() {
   $("view").replaceChildren(); $("who").textContent = "";
 }
 
+// The project switcher: the console shows one project's jobs and exports, or all the token holds.
+function inProject(answer, key) {
+  if (!state.project) return answer;
+  return { ...answer, [key]: answer[key].filter((row) => String(row.project) === state.project) };
+}
+
+async function projectSwitcher() {
+  const pick = $("project");
+  let list = [];
+  try { list = (await api("GET", "/projects")).projects || []; } catch (err) { list = []; }
+  if (state.project && !list.some((p) => String(p.id) === state.project)) state.project = "";
+  pick.replaceChildren(el("option", { value: "" }, "all projects"),
+    ...list.map((p) => { const o = el("option", { value: String(p.id) }, `${p.id} ${p.name}`); o.selected = String(p.id) === state.project; return o; }));
+  pick.hidden = list.length === 0;
+}
+
 function signedIn(me) {
   state.me = me; state.csrf = me.csrf;
+  state.project = localStorage.getItem("downcluster.project") || "";
+  projectSwitcher();
   $("signin").hidden = true; $("nav").hidden = false; $("signout").hidden = false;
   const held = me.projects == null ? "every project" : `projects ${me.projects.join(", ") || "none"}`;
   $("who").textContent = `${me.name} (${me.role}, ${held})`;
@@ -348,6 +378,9 @@ $("signin-form").onsubmit = async (e) => {
   e.preventDefault();
   try { signedIn(await api("POST", "/session", { token: $("token").value })); $("token").value = ""; $("signin-error").textContent = ""; }
   catch (err) { $("signin-error").textContent = err.message; }
+};
+$("project").onchange = (e) => {
+  state.project = e.target.value; localStorage.setItem("downcluster.project", state.project); refresh();
 };
 $("signout").onclick = async () => { await api("POST", "/session/end", {}).catch(() => {}); showSignIn(); };
 $("preview-close").onclick = () => { $("preview").hidden = true; };
