@@ -169,11 +169,21 @@ def due(now: datetime) -> Iterator[dict]:
     return _coll().find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1})
 
 
-def expire(now: datetime) -> Iterator[dict]:
-    """SUCCESS exports past ``expires_at`` -> EXPIRED; yields each (with its ``file_id``)."""
+def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[dict]:
+    """SUCCESS exports past ``expires_at`` -> EXPIRED, and (with ``ttl``) download tasks of the
+    general center that ended without a file (FAIL, CANCEL) longer than ``ttl`` ago: the seed's
+    tasks expire after 7 days whatever became of them. Yields each (with its ``file_id``)."""
     coll = _coll()
     for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
         expired = coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}})
+        if expired.modified_count:
+            yield doc
+    if ttl is None:
+        return
+    ended = {"state": {"$in": [FAIL, CANCELLED]}, "center": {"$exists": True, "$ne": {}},
+             "finished_at": {"$lt": now - ttl}}
+    for doc in coll.find(ended, {"file_id": 1, "state": 1}):
+        expired = coll.update_one({"_id": doc["_id"], "state": doc["state"]}, {"$set": {"state": EXPIRED}})
         if expired.modified_count:
             yield doc
 

@@ -353,7 +353,7 @@ def tend(redis: Redis) -> TendReport:
         if export is not None:  # not removed since
             push(redis, export)
             report.sent += 1
-    for doc in exports.expire(now):
+    for doc in exports.expire(now, timedelta(seconds=settings.EXPORT_TTL)):
         drop_export_file(doc.get("file_id"))
         report.expired += 1
         publish(doc["_id"])

@@ -463,3 +463,21 @@ def test_the_pull_goes_to_the_address_judged_when_it_starts(fast, monkeypatch, s
     done = run(later)
     assert done.state == "FAIL" and done.error.endswith(f"127.0.0.1:{port} is a service of this cluster")
     assert Source.seen == []
+
+
+def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source):
+    """The seed's tasks expire after 7 days whatever became of them: a cancelled one too (a done
+    one's file expires by EXPORT_TTL as every export's does)."""
+    from datetime import timedelta
+
+    from common.store.models import store_now
+    from master.exports import service
+
+    old, recent = (center.deliver(fast.redis, task(source_data="[]")) for _ in range(2))
+    for export in (old, recent):
+        service.cancel(fast.redis, str(export.id))
+    Export.objects(id=old.id).update_one(set__finished_at=store_now() - timedelta(days=8))
+    assert service.tend(fast.redis).expired == 1
+    assert Export.objects.get(id=old.id).state == "EXPIRED"
+    assert center.describe(Export.objects.get(id=old.id))["status"] == 6
+    assert Export.objects.get(id=recent.id).state == "CANCEL"
