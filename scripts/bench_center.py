@@ -98,10 +98,13 @@ def measure(rows: int, step: int, formats: list[str]) -> list[dict]:
         from master.center import deliver
 
         connect_mongo(ensure_indexes=True)
+        from common.store import projects
+
+        project = projects.default_id()  # a project of this fresh store for the bench's tasks
         server, url = _source(rows)
         try:
             for fmt in formats:
-                params = {"project_id": 1, "name": f"bench {fmt}", "source_url": url, "step": step,
+                params = {"project_id": project, "name": f"bench {fmt}", "source_url": url, "step": step,
                           "type": "excel" if fmt == "xlsx" else "csv", "max_exec_time": 24 * 3600}
                 if fmt == "xlsx":
                     params |= {"template": json.dumps(TEMPLATE), "title": "Orders",
