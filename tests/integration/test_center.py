@@ -481,3 +481,40 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
     assert Export.objects.get(id=old.id).state == "EXPIRED"
     assert center.describe(Export.objects.get(id=old.id))["status"] == 6
     assert Export.objects.get(id=recent.id).state == "CANCEL"
+
+
+def test_every_center_route_answers_404_across_projects(fast, source):
+    """Three projects, a user and an analyst token of each: a task of one project exists for no
+    token of another, on every route of the seed's interface and of /api/v1/center; a token
+    names only project ids it holds."""
+    tokens = {(p, role): new_token(f"{role}{p}", role, str(p))
+              for p in (7, 8, 9) for role in ("user", "analyst")}
+    with WebServer(fast.env) as web:
+        made = {}
+        for p in (7, 8, 9):
+            body = task(project_id=p, source_data=[{"a": p}])
+            r = web.call("POST", "/v1/task", tokens[(p, "user")], json=body)
+            assert r.status_code == 201, r.text
+            made[p] = r.json()["task_id"]
+        burst_worker(fast)
+        for (p, role), token in tokens.items():
+            mine, theirs = made[p], [made[q] for q in (7, 8, 9) if q != p]
+            assert web.call("GET", f"/v1/task/{mine}", token).json()["status"] == 3
+            assert web.call("GET", f"/v1/tasks?project_ids={p}", token).json()["total"] == 1
+            for other in theirs:
+                q = next(k for k, v in made.items() if v == other)
+                for method, path in (("GET", f"/v1/task/{other}"), ("GET", f"/v1/task?task_id={other}"),
+                                     ("GET", f"/v1/task/{other}/url"), ("GET", f"/v1/tasks?project_ids={q}"),
+                                     ("GET", f"/api/v1/center/tasks/{other}"),
+                                     ("GET", f"/api/v1/center/tasks?project_ids={q}"),
+                                     ("DELETE", f"/v1/tasks?task_ids={other}&project_ids={q}"),
+                                     ("DELETE", f"/api/v1/center/tasks?task_ids={other}&project_ids={q}"),
+                                     ("GET", f"/api/v1/exports/{other}"),
+                                     ("GET", f"/api/v1/exports/{other}/file")):
+                    got = web.call(method, path, token)
+                    assert got.status_code == 404, (role, p, method, path, got.status_code, got.text)
+                for method, path, body in (("POST", "/v1/task", task(project_id=q, source_data=[])),
+                                           ("POST", "/v1/download/sync", task(project_id=q, source_data=[]))):
+                    got = web.call(method, path, token, json=body)
+                    assert got.status_code == 404, (role, p, path, got.status_code, got.text)
+        assert all(Export.objects.get(id=t).state == "SUCCESS" for t in made.values())  # nothing deleted
