@@ -51,7 +51,7 @@ from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import export_entry_id, rq_queue
 from common.signing import export_url
 from common.store import center as store
-from common.store import exports
+from common.store import exports, projects
 from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import EXPORT_RUNNING, PENDING, SUCCESS, iso, utcnow
@@ -75,6 +75,12 @@ def check_project(token: Token | None, project_id: Any, what: str = "project_id"
     number = integer(project_id, what, 1, MAX_PROJECT, required=True)
     access.check_project(token, number)
     return number
+
+
+def private_allowed(project_id: int | None) -> bool:
+    """Whether a task of ``project_id`` may pull from private addresses: the cluster's
+    SOURCE_ALLOW_PRIVATE, or the project's own ``allow_private`` (``project create --allow-private``)."""
+    return bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(project_id)
 
 
 def integer(value: Any, what: str, low: int, high: int, required: bool = False,
@@ -161,7 +167,7 @@ def check(params: dict, token: Token | None = None) -> Task:
         tables = inline_tables(raw)
         center["source_data"] = raw
     elif source_url not in (None, ""):
-        check_source_url(source_url)
+        check_source_url(source_url, private_allowed(project_id))
         center["source_url"] = source_url
     else:
         raise ValidationError("give source_url or source_data")
@@ -254,7 +260,8 @@ def sync(redis: Redis, params: dict, token: Token | None = None) -> Written | Qu
             _, rows = write_inline(look, task.tables, task.format, out)
         else:
             step = task.center["step"]
-            with Puller(task.center["source_url"], step, f"sync-{secrets.token_hex(6)}") as puller:
+            with Puller(task.center["source_url"], step, f"sync-{secrets.token_hex(6)}",
+                        private_allowed(task.project_id)) as puller:
                 pulled = pull(puller, look)
                 if pulled.total > limit:
                     out.close()

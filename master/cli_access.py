@@ -20,12 +20,15 @@ def project() -> None:
 
 @project.command("create")
 @click.argument("name")
-def project_create(name: str) -> None:
+@click.option("--allow-private", is_flag=True,
+              help="Its download tasks may pull source_url from private addresses "
+                   "(never from the cluster's services).")
+def project_create(name: str, allow_private: bool) -> None:
     """Create project NAME; the cluster assigns its id, printed alone on the last line."""
     from master.projects import create
 
     _connect()
-    made = create(name)
+    made = create(name, allow_private=allow_private)
     click.echo(f"created project {made['name']}", err=True)
     click.echo(str(made["id"]))
 

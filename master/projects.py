@@ -19,15 +19,20 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,63}$")
 
 
 def describe(project) -> dict:
-    return {"id": project.id, "name": project.name, "created": iso(project.add_datetime)}
+    return {"id": project.id, "name": project.name, "allow_private": bool(project.allow_private),
+            "created": iso(project.add_datetime)}
 
 
-def create(name: Any, token: Token | None = None) -> dict:
+def create(name: Any, token: Token | None = None, allow_private: Any = False) -> dict:
+    """A new project; ``allow_private``: its download tasks may pull from private addresses (an
+    intranet system's source; the cluster's own services never)."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValidationError("project name must be 2-64 letters, digits, '_', '.' or '-', "
                               f"starting with a letter or digit, got {str(name)[:70]!r}")
+    if not isinstance(allow_private, bool):
+        raise ValidationError("allow_private must be true or false")
     try:
-        project = projects.add(name)
+        project = projects.add(name, allow_private)
     except DuplicateKeyError:
         raise Conflict(f"a project named {name!r} exists") from None
     audit.record(token, "project.create", project.id, project.id, name=name)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import IO, TYPE_CHECKING, Callable, Iterator, cast
 
+from common.config import settings
 from common.exports.events import publish
 from common.exports.sources import Puller, inline_tables, look_of, pull, write_inline, write_pulled
 from common.exports.tabular import CONTENT_TYPES
-from common.store import exports
+from common.store import exports, projects
 from common.store.data import Upload, export_upload
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ def write_task(doc: dict, file_id: ObjectId, wrap: Callable[[Iterator[dict]], It
         publish(doc["_id"])
         _, rows = write_inline(look, tables, doc["format"], out, wrap)
         return rows, upload
-    with Puller(center["source_url"], int(center.get("step") or 1000), str(doc["_id"])) as puller:
+    allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(doc.get("project"))
+    with Puller(center["source_url"], int(center.get("step") or 1000), str(doc["_id"]), allow) as puller:
         pulled = pull(puller, look)
         exports.set_total(doc["_id"], worker_id, pulled.total)
         publish(doc["_id"])

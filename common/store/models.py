@@ -386,6 +386,7 @@ class Project(Document):
 
     id = IntField(primary_key=True)
     name = StringField(required=True, unique=True, max_length=64)
+    allow_private = BooleanField(default=False)  # its download tasks may pull from private addresses
     add_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "control"}
 

@@ -12,12 +12,14 @@ from pymongo.errors import DuplicateKeyError
 from common.store.models import ADMIN, DEFAULT_PROJECT, ApiToken, Export, Job, Project, utcnow
 
 
-def add(name: str) -> Project:
+def add(name: str, allow_private: bool = False) -> Project:
     """A new project ``name`` with the next id (DuplicateKeyError if the name exists)."""
     coll = Project._get_collection()
     while True:
         last = coll.find_one({}, {"_id": 1}, sort=[("_id", -1)])
         doc = {"_id": (last["_id"] if last else 0) + 1, "name": name, "add_datetime": utcnow()}
+        if allow_private:
+            doc["allow_private"] = True
         try:
             coll.insert_one(doc)
             return Project._from_son(doc)
@@ -29,6 +31,12 @@ def add(name: str) -> Project:
 
 def by_id(project_id: int) -> Project | None:
     return Project.objects(id=project_id).first()
+
+
+def allows_private(project_id: int | None) -> bool:
+    """Whether the download tasks of project ``project_id`` may pull from private addresses."""
+    found = Project.objects(id=project_id).only("allow_private").first() if project_id is not None else None
+    return bool(found and found.allow_private)
 
 
 def by_name(name: str) -> Project | None:

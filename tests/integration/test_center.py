@@ -518,3 +518,24 @@ def test_every_center_route_answers_404_across_projects(fast, source):
                     got = web.call(method, path, token, json=body)
                     assert got.status_code == 404, (role, p, path, got.status_code, got.text)
         assert all(Export.objects.get(id=t).state == "SUCCESS" for t in made.values())  # nothing deleted
+
+
+def test_private_sources_where_the_project_allows_them(cluster, monkeypatch, source):
+    """SOURCE_ALLOW_PRIVATE off: a project created with --allow-private may pull from loopback,
+    another may not; the cluster's services stay refused for both."""
+    from common.config import load
+
+    monkeypatch.setenv("DOWNCLUSTER_SOURCE_ALLOW_PRIVATE", "0")
+    load()
+    made = cli("project", "create", "intranet", "--allow-private")
+    assert made.exit_code == 0, made.output
+    intranet = int(made.stdout.strip().splitlines()[-1])
+    assert center.check(task(project_id=intranet, source_url=f"{source}/rows?n=3"))
+    with pytest.raises(ValidationError, match="loopback address"):
+        center.check(task(project_id=7, source_url=f"{source}/rows?n=3"))
+    redis_port = cluster.redis_server.port
+    with pytest.raises(ValidationError, match="is a service of this cluster"):
+        center.check(task(project_id=intranet, source_url=f"http://127.0.0.1:{redis_port}/"))
+    export = center.deliver(cluster.redis, task(project_id=intranet, source_url=f"{source}/rows?n=3",
+                                                step=100))
+    assert run(export).state == "SUCCESS"

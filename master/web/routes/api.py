@@ -436,6 +436,7 @@ def list_logs(
 
 class ProjectIn(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,63}$")
+    allow_private: bool = Field(False, description="its download tasks may pull from private addresses")
     model_config = ConfigDict(json_schema_extra={"examples": [{"name": "shop"}]})
 
 
@@ -449,7 +450,7 @@ def list_projects(token: Reader) -> dict:
     401, 403, 409, why={409: "a project of that name exists"}))
 def create_project(body: ProjectIn, token: Admin) -> dict:
     """A new project; the cluster assigns its id (``downcluster project create``)."""
-    return projects.create(body.name, token)
+    return projects.create(body.name, token, body.allow_private)
 
 
 @router.get("/projects/{project_id}", tags=["projects"], responses=answers(401, 404))
