@@ -178,13 +178,17 @@ class TaskIn(Strict):
          "template": {"order_no": "Order", "amount": "Amount"}}]})
 
 
-@api_router.post("/center/tasks", status_code=201, responses=answers(401, invalid=INVALID_TASK))
+NO_PROJECT = {404: "a project the token does not hold (or none has that id)"}
+
+
+@api_router.post("/center/tasks", status_code=201, responses=answers(
+    401, 404, invalid=INVALID_TASK, why=NO_PROJECT))
 def deliver_center_task(body: TaskIn, token: Reader) -> dict:
     """Deliver a download task whose rows come from ``source_url`` or ``source_data`` (as POST /v1/task)."""
     return center.describe(center.deliver(redis_conn(), body.model_dump(exclude_none=True), token))
 
 
-@api_router.get("/center/tasks", responses=answers(401))
+@api_router.get("/center/tasks", responses=answers(401, 404, why=NO_PROJECT))
 def list_center_tasks(
     token: Reader,
     project_ids: ProjectIds,
@@ -212,7 +216,7 @@ def show_center_task(task_id: ObjectIdPath, token: Reader) -> dict:
     return center.describe(center.get(task_id, token))
 
 
-@api_router.delete("/center/tasks", responses=answers(401))
+@api_router.delete("/center/tasks", responses=answers(401, 404, why=NO_PROJECT))
 def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
         pattern=r"^[0-9a-fA-F]{24}(,[0-9a-fA-F]{24}){0,99}$", description="task ids, comma-separated")],
         project_ids: ProjectIds) -> dict:
