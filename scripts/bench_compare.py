@@ -163,9 +163,15 @@ class Compare:
         from common.store.connection import mongo_client
 
         mongo = self.bench.mongo
-        ops = mongo_client().admin.command("serverStatus").get("opcounters", {})
+        admin = mongo_client().admin
+        ops = admin.command("serverStatus").get("opcounters", {})
+        try:  # the store's own time per collection (mongod's ``top``)
+            top = {f"top_{ns}": v["total"]["time"] for ns, v in admin.command("top")["totals"].items()
+                   if isinstance(v, dict) and not ns.startswith(("admin.", "config.", "local."))}
+        except Exception:  # a store without ``top``: the figure is left out
+            top = {}
         return {"cpu": cpu_tree(mongo.proc.pid), "bytes_in": bytes_received(mongo.port),
-                **{f"op_{k}": int(v) for k, v in ops.items()}}
+                **{f"op_{k}": int(v) for k, v in ops.items()}, **top}
 
     def data_size(self, dbs: list[str]) -> int:
         from common.store.connection import mongo_client
@@ -188,7 +194,10 @@ class Compare:
                 "store_commands_per_page": round(sum(v for k, v in d.items() if k.startswith("op_")) / n, 3),
                 "store_bytes_in_per_page": round(d["bytes_in"] / n),
                 "store_bytes_held_per_page": round(held / n) if held else None,
-                "store_ops": {k[3:]: v for k, v in d.items() if k.startswith("op_")}}
+                "store_ops": {k[3:]: v for k, v in d.items() if k.startswith("op_")},
+                # the store's time in each collection's commands, ms per page (``top``)
+                "store_ms_per_page_by_collection": {k[4:]: round(v / 1000 / n, 3) for k, v in d.items()
+                                                    if k.startswith("top_") and v}}
 
     def wait(self, progress, pages: int, timeout: float, procs: list) -> tuple[int, bool]:
         """Poll ``progress()`` (a Redis read) until it reaches ``pages``, stalls or times out."""
