@@ -819,6 +819,8 @@ def parse_args(argv=None):
                         f"{PEER_PROCS} processes; ours per host is {PEER_PROCS} x this (default 64)")
     p.add_argument("--peer-batch", type=int, default=0,
                    help="the peer's REDIS_START_URLS_BATCH_SIZE (default: its concurrency)")
+    p.add_argument("--peer-broad", action="store_true",
+                   help="the peer with Scrapy's DownloaderAwarePriorityQueue (its 'Broad Crawls' advice)")
     p.add_argument("--peer-scheduler", choices=("local", "redis"), default="local",
                    help="local: Scrapy's own scheduler (the stronger; default), redis: scrapy-redis's")
     p.add_argument("--with-baseline", action="store_true", help="also run the naive baseline")
@@ -890,7 +892,8 @@ class Run:
         args, bench = self.args, self.bench
         cmp = bench_compare.Compare(bench, peer_procs=0 if args.skip_peer else PEER_PROCS,
                                     peer_concurrency=args.peer_concurrency, peer_batch=args.peer_batch,
-                                    scheduler=args.peer_scheduler, workers=args.workers)
+                                    scheduler=args.peer_scheduler, workers=args.workers,
+                                    peer_broad=args.peer_broad)
 
         def timeout() -> float:  # taken when each run starts, from the budget left then
             return max(30.0, min(max(120.0, len(urls) / 20), bench.remaining() - 30))

@@ -151,11 +151,11 @@ class Compare:
     """Symmetric runs of ours and the peer on one Bench's services (scripts/bench.py's ``Bench``)."""
 
     def __init__(self, bench, peer_procs: int = 2, peer_concurrency: int = 64, peer_batch: int = 0,
-                 scheduler: str = "local", workers: int = 1) -> None:
+                 scheduler: str = "local", workers: int = 1, peer_broad: bool = False) -> None:
         self.bench = bench
         self.peer_procs, self.peer_concurrency = peer_procs, peer_concurrency
         self.peer_batch = peer_batch or peer_concurrency
-        self.scheduler, self.workers = scheduler, workers
+        self.scheduler, self.workers, self.peer_broad = scheduler, workers, peer_broad
         self.host_limit = peer_procs * peer_concurrency  # ours per host = the peer's total in flight
 
     # the store's counters
@@ -272,7 +272,8 @@ class Compare:
         uri = bench.mongo.uri("peer")
         env = {**bench.env, "PEER_REDIS_URL": bench.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key,
                "PEER_SCHEDULER": self.scheduler, "PEER_CONCURRENCY": str(self.peer_concurrency),
-               "PEER_BATCH": str(self.peer_batch), "PEER_PROGRESS": prog}
+               "PEER_BATCH": str(self.peer_batch), "PEER_PROGRESS": prog,
+               "PEER_BROAD": "1" if self.peer_broad else "0"}
 
         def progress() -> int:
             return sum(int(v) for v in redis.hgetall(prog).values())
@@ -298,6 +299,7 @@ class Compare:
         return {"side": "peer", "pages": pages, "done": len(stamps), "complete": len(stamps) >= pages,
                 "scheduler": self.scheduler, "processes": self.peer_procs,
                 "concurrent_requests": self.peer_concurrency, "batch": self.peer_batch,
+                "broad": self.peer_broad,
                 **steady(stamps, t0), **self.costs(s0, s1, len(stamps), held),
                 "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3)}
 

@@ -83,6 +83,10 @@ class PeerSpider(RedisSpider):
         # URLs taken from the list each time the spider runs dry (scrapy-redis's default: the
         # concurrency); more keeps Scrapy's own scheduler fed between refills
         "REDIS_START_URLS_BATCH_SIZE": int(os.environ.get("PEER_BATCH", str(CONCURRENCY))),
+        # PEER_BROAD=1 (Scrapy's scheduler only): the priority queue Scrapy's "Broad Crawls" page
+        # recommends for many domains at once, which hands out requests by the domains' free slots
+        **({"SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue"}
+           if os.environ.get("PEER_BROAD") == "1" and os.environ.get("PEER_SCHEDULER") == "local" else {}),
         "ROBOTSTXT_OBEY": False,
         "RETRY_ENABLED": True,
         "COOKIES_ENABLED": False,
