@@ -844,11 +844,12 @@ def parse_args(argv=None):
                         "0: no scale phase)")
     p.add_argument("--scale-only", action="store_true", help="only the scale phase")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds the whole run may take; e2e waits shrink to fit (default 2400; smoke 420)")
+                   help="seconds the whole run may take; e2e waits shrink to fit (default 4200: the "
+                        "comparisons are 30 runs; smoke 420)")
     a = p.parse_args(argv)
     a.pages = a.pages or (300 if a.smoke else 10000)
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
-    a.budget = a.budget or (420.0 if a.smoke else 2400.0)
+    a.budget = a.budget or (420.0 if a.smoke else 4200.0)
     a.compare = a.smoke or not a.skip_peer
     if a.smoke:
         import importlib.util
