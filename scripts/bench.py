@@ -471,9 +471,9 @@ class Bench:
                 if loop.poll() is not None:
                     raise RuntimeError(f"dispatch --loop exited {loop.returncode}: "
                                        f"{self.procs.tail(loop.bench_name)}")
-                # all sent and no entry left: an _id lookup and a collection count, every POLL s as
-                # for the peer (a find on crawler_lease would decode lease documents: ~10 ms of
-                # store CPU each time with 200 leases, taken from what is measured)
+                # all sent and no entry left: an _id lookup and a collection count, every POLL s
+                # (ours alone: the comparison with the peer reads no store while it runs, see
+                # bench_compare.py; a find on crawler_lease would decode lease documents)
                 if jobs.find_one({"_id": job.id}, {"seq_sent": 1})["seq_sent"] >= pages \
                         and leases.estimated_document_count() == 0:
                     t_done = time.monotonic()
