@@ -15,9 +15,14 @@ and two loopback sample sites (no delay and 100 ms delay, each in its own proces
    plus ``downcluster dispatch --loop --interval 0.2``, at 0 ms and 100 ms site latency; peak
    RSS per worker, CPU per page, peak downloads in flight, and how many cores each component
    (store, workers, dispatcher, site, Redis) kept busy;
-4. the peer, on the same store and site with the same pages: scrapy-redis, 2 processes of a
-   ``RedisSpider`` with CONCURRENT_REQUESTS 64 and Scrapy's documented MongoDB pipeline (one
-   ``insert_one`` per page: url, status, headers, raw body), scripts/bench_peer.py;
+4. the peer, measured as we are (scripts/bench_compare.py): scrapy-redis, 2 processes of a
+   ``RedisSpider`` with Scrapy's own scheduler and CONCURRENT_REQUESTS 64, Scrapy's documented
+   MongoDB pipeline (one ``insert_one`` per page: url, status, headers, raw body, its stamp),
+   scripts/bench_peer.py; ours with HOST_CONCURRENCY 128 (the peer's total in flight); no read of
+   the store during a run, rates from the stored pages' stamps afterwards (5th-95th percentile page;
+   time to the last page), runs alternated A B B A, ``--runs`` each (default 3), median and spread,
+   the store's CPU, write commands and bytes per page for each side; on one and 32 hosts at 0 ms
+   (nginx, static pages) and 100 ms (scripts/bench_site.py), and real pages (nginx, gzip);
 5. (``--with-baseline``) the naive design: one rq job per URL, 4 forking ``rq worker``
    processes, ``requests.get`` + one ``insert_one`` (``baseline_fetch_and_store`` below).
 
@@ -40,13 +45,20 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-for _p in (str(ROOT / "scripts"), str(ROOT)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent),) if p not in sys.path]
+from bench_common import (  # noqa: E402  (scripts/ on the path first)
+    BIN,
+    CAP,
+    ROOT,
+    SITE_HOSTS,
+    Procs,
+    RssSampler,
+    cpu_tree,
+    nginx_binary,
+    run_bounded,
+    spread,
+)
 
-BIN = Path(sys.executable).parent
-TICKS = os.sysconf("SC_CLK_TCK")
 # Exports measured: every field flat in each format, and an Excel report (a
 # title, summary and header/footer pairs, a three-level column tree, number formats; rows in
 # task order, which costs the store a sort).
@@ -69,12 +81,10 @@ ETIQUETTE_ORDER = ("e2e_0ms", "e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_b", "
 ETIQUETTE_ON = ("e2e_0ms", "e2e_0ms_b", "e2e_0ms_c")
 ETIQUETTE_OFF = ("e2e_0ms_plain", "e2e_0ms_plain_b", "e2e_0ms_plain_c")
 E2E_DISPATCH_NUM = 1000   # the e2e job's dispatch_num: tasks per dispatcher run
-PEER_PER_DOMAIN = 64      # the peer's CONCURRENT_REQUESTS_PER_DOMAIN: our HOST_CONCURRENCY when compared
-PEER_SCHEDULERS = ("redis", "local")  # scrapy-redis's scheduler, Scrapy's own (scripts/bench_peer.py)
+PEER_PROCS = 2            # the peer's spider processes; ours per host = PEER_PROCS x its CONCURRENT_REQUESTS
 Row = tuple[str, str, str, str]  # a line of the bench table: what, measured, target, verdict
 COMPARISONS = ("one_0ms", "many_0ms", "one_100ms", "many_100ms", "real")
-POLL = 0.1                # seconds between the bench's "done yet?" reads of the store, both systems
-CAP = 100_000              # queue caps (entries) during the bench: never the limit
+POLL = 0.1                # seconds between our own e2e runs' "done yet?" reads (the comparison reads none)
 
 
 # --- the naive baseline's job function (imported by `rq worker` work-horses) ----------
@@ -94,138 +104,6 @@ def baseline_fetch_and_store(url: str) -> int:
     finally:
         client.close()
     return resp.status_code
-
-
-# --- processes -----------------------------------------------------------------------------
-
-class Procs:
-    """Every process the bench starts, so all of them (and their children) can be stopped."""
-
-    def __init__(self, logdir: Path) -> None:
-        self.logdir = logdir
-        self.procs: list[subprocess.Popen] = []
-
-    def spawn(self, args: list[str], env: dict, name: str) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "ab")
-        try:
-            proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        finally:
-            log.close()
-        proc.bench_name = name  # type: ignore[attr-defined]
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL whatever of each process tree is left after ``grace`` seconds."""
-        trees = {p.pid: proc_tree(p.pid) for p in procs}
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    p.terminate()
-                except OSError:
-                    pass
-        end = time.monotonic() + grace
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in procs:
-            for pid in set(trees[p.pid]) | set(proc_tree(p.pid)):
-                if pid == p.pid and p.poll() is not None:
-                    continue
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            if p in self.procs:
-                self.procs.remove(p)
-
-    def stop_all(self) -> None:
-        self.stop(list(self.procs), grace=3.0)
-
-    def tail(self, name: str, chars: int = 1500) -> str:
-        try:
-            return (self.logdir / f"{name}.log").read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-
-def proc_tree(pid: int) -> list[int]:
-    """``pid`` and its living descendants."""
-    try:
-        kids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-    out = [pid]
-    for kid in kids:
-        out.extend(proc_tree(kid))
-    return out
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def cpu_tree(pid: int) -> float:
-    """CPU seconds (user + sys) of ``pid``, its reaped children and its living descendants."""
-    total = 0.0
-    for q in proc_tree(pid):
-        f = _stat(q)
-        if f:
-            total += sum(int(f[i]) for i in (11, 12, 13, 14)) / TICKS  # utime stime cutime cstime
-    return total
-
-
-def hwm_mb(pid: int) -> float:
-    """Peak resident set (VmHWM) of one process, MB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return 0.0
-
-
-class RssSampler(threading.Thread):
-    """Samples VmHWM of each worker's process tree (the worker and its work-horses)."""
-
-    def __init__(self, roots: list[int], interval: float = 0.25) -> None:
-        super().__init__(daemon=True, name="rss-sampler")
-        self.roots, self.interval, self.peak = roots, interval, {r: 0.0 for r in roots}
-        self.halt = threading.Event()
-
-    def sample(self) -> None:
-        for root in self.roots:
-            for pid in proc_tree(root):
-                self.peak[root] = max(self.peak[root], hwm_mb(pid))
-
-    def run(self) -> None:
-        while not self.halt.wait(self.interval):
-            self.sample()
-
-    def stop(self) -> dict[int, float]:
-        self.halt.set()
-        self.join(timeout=5)
-        self.sample()
-        return self.peak
-
-
-SITE_HOSTS = 32  # the site listens on 127.0.0.1 .. 127.0.0.32: end-to-end pages spread over 32 hosts
-
-
-def spread(base: str, i: int, hosts: int) -> str:
-    """``base`` (http://127.0.0.1:PORT) on loopback address 1 + i % hosts."""
-    return base.replace("127.0.0.1", f"127.0.0.{1 + i % hosts}", 1) if hosts > 1 else base
 
 
 def start_site(procs: Procs, env: dict, delay_ms: int) -> str:
@@ -270,12 +148,6 @@ def real_page_set(root: str, copies: int) -> dict | None:
             "bytes": copies * sum(f.stat().st_size for f in files)}
 
 
-def nginx_binary() -> str | None:
-    import shutil
-
-    return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-
-
 def start_nginx(procs: Procs, root: str) -> str:
     """nginx (one worker process, gzip on as sites run it) serving ``root`` on a free loopback port."""
     import socket
@@ -314,26 +186,6 @@ http {{
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nginx did not start within 30 s: {procs.tail('nginx')}")
-
-
-def run_bounded(fn, timeout: float, what: str):
-    """Run ``fn`` in a thread; raise TimeoutError if it takes longer than ``timeout``."""
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True, name=what)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise TimeoutError(f"{what} did not finish within {timeout:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 # --- MongoDB time per command (pymongo command monitoring, client side) -----------------------
@@ -619,9 +471,9 @@ class Bench:
                 if loop.poll() is not None:
                     raise RuntimeError(f"dispatch --loop exited {loop.returncode}: "
                                        f"{self.procs.tail(loop.bench_name)}")
-                # all sent and no entry left: an _id lookup and a collection count, every POLL s as
-                # for the peer (a find on crawler_lease would decode lease documents: ~10 ms of
-                # store CPU each time with 200 leases, taken from what is measured)
+                # all sent and no entry left: an _id lookup and a collection count, every POLL s
+                # (ours alone: the comparison with the peer reads no store while it runs, see
+                # bench_compare.py; a find on crawler_lease would decode lease documents)
                 if jobs.find_one({"_id": job.id}, {"seq_sent": 1})["seq_sent"] >= pages \
                         and leases.estimated_document_count() == 0:
                     t_done = time.monotonic()
@@ -715,59 +567,6 @@ class Bench:
                         "worker_peak_rss_mb": round(max(peaks.values(), default=0), 1)}
             print(f"  {key}: {out[key]}", flush=True)
         return out
-
-    # 4. the peer: scrapy-redis + Scrapy's MongoDB pipeline, same store, same site, same pages
-    def bench_peer(self, label: str, base: str, pages: int, timeout: float, hosts: int = 1,
-                   scheduler: str = "redis", urls: list[str] | None = None, page_bytes: int = 0) -> dict:
-        """``scheduler``: "redis" (scrapy-redis's scheduler and dupefilter) or "local" (Scrapy's own)."""
-        import pymongo
-
-        self.fresh_store()
-        redis = self.redis()
-        uri = self.mongo.uri("peer")
-        key = f"peer:{label}:start_urls"
-        urls = urls or [f"{spread(base, n, hosts)}/page/{n}" for n in range(pages)]
-        pages = len(urls)
-        env = {**self.env, "PEER_REDIS_URL": self.redis_srv.url, "PEER_MONGO_URI": uri, "PEER_KEY": key,
-               "PEER_SCHEDULER": scheduler}
-        names = [f"peer-{label}-{i}" for i in range(2)]
-        spider = [str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")]
-        spiders = [self.procs.spawn(spider, env, n) for n in names]
-        client = pymongo.MongoClient(uri)
-        coll = client.get_default_database()["peer_pages"]
-        parts = {"store": [self.mongo.proc.pid], "peer": [p.pid for p in spiders],
-                 "site": self.site_pids(label)}
-        try:
-            end = time.monotonic() + 60  # both spiders polling Redis: their engine is up
-            while len(redis.client_list()) < 3:
-                if time.monotonic() > end or any(p.poll() is not None for p in spiders):
-                    raise RuntimeError(f"scrapy did not start: {self.procs.tail(names[0])}")
-                time.sleep(0.2)
-            time.sleep(1.0)
-            timeout = max(30.0, min(timeout, self.deadline - time.monotonic() - 10))
-            cpu0 = self.cpu_snapshot(parts)
-            t0 = time.monotonic()
-            for i in range(0, pages, 1000):
-                redis.lpush(key, *[json.dumps({"url": u}) for u in urls[i:i + 1000]])
-            stored = 0
-            while time.monotonic() - t0 < timeout:
-                stored = coll.estimated_document_count()
-                if stored >= pages:
-                    break
-                time.sleep(POLL)
-            elapsed = time.monotonic() - t0
-            cpu1 = self.cpu_snapshot(parts)
-        finally:
-            self.procs.stop(spiders)
-            client.close()
-        cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
-        return {"pages": pages, "done": stored, "complete": stored >= pages, "seconds": round(elapsed, 2),
-                "pages_per_s": round(stored / elapsed, 1), "processes": 2, "concurrent_requests": 64,
-                "scheduler": scheduler, "hosts": hosts,
-                "peer_cpu_ms_per_page": round(1000 * cpu["peer"] / max(1, stored), 3),
-                "store_cpu_ms_per_page": round(1000 * cpu["store"] / max(1, stored), 3),
-                "cores_busy": {k: round(v / elapsed, 2) for k, v in sorted(cpu.items())},
-                **({"mb_per_s": round(page_bytes * stored / pages / elapsed / 1e6, 1)} if page_bytes else {})}
 
     # 5. the naive baseline
     def bench_baseline(self, label: str, base: str, pages: int, timeout: float) -> dict:
@@ -873,7 +672,7 @@ def build_rows(r: dict) -> list[Row]:
 def _e2e_rows(r: dict) -> list[Row]:
     rows: list[Row] = []
     for label in ("0ms", "100ms"):
-        e, p = r.get(f"e2e_{label}"), r.get(f"peer_redis_many_{label}")
+        e = r.get(f"e2e_{label}")
         if e:
             done = f"{e['done']:,}" if e["complete"] else f"PARTIAL {e['done']:,}/{e['pages']:,}"
             rows.append((f"downcluster e2e {label}, defaults, 32 hosts, {e['workers']} worker process(es)",
@@ -881,10 +680,7 @@ def _e2e_rows(r: dict) -> list[Row]:
             rows.append(("  worker CPU per page stored", f"{e['worker_cpu_ms_per_page']} ms",
                          f"<= {TARGETS['worker_cpu_ms']} ms",
                          verdict(e["worker_cpu_ms_per_page"] <= TARGETS["worker_cpu_ms"])))
-            store = f"{e['store_cpu_ms_per_page']} ms"
-            if p:
-                store += f" (peer {p['store_cpu_ms_per_page']} ms)"
-            rows.append(("  store CPU per page", store, "", ""))
+            rows.append(("  store CPU per page", f"{e['store_cpu_ms_per_page']} ms", "", ""))
             target, judged = "", ""
             if label == "100ms":
                 target = f">= {TARGETS['inflight_100ms']}"
@@ -897,29 +693,31 @@ def _e2e_rows(r: dict) -> list[Row]:
 
 
 def _comparison_rows(r: dict) -> list[Row]:
+    """Per comparison: each side's median steady rate with its runs, the ratio with each pair's, and
+    each side's store cost per page (CPU, write commands, bytes received) and client CPU."""
     rows: list[Row] = []
     names = {"one_0ms": "one host, 0 ms", "many_0ms": "32 hosts, 0 ms", "one_100ms": "one host, 100 ms",
              "many_100ms": "32 hosts, 100 ms", "real": "real pages (nginx, gzip)"}
     for key in COMPARISONS:
-        ours = r.get(f"ours_{key}")
-        if not ours:
+        c = r.get(f"cmp_{key}")
+        if not c:
             continue
-        mb = lambda x: f", {x['mb_per_s']} MB/s" if "mb_per_s" in x else ""  # noqa: E731
-        part = lambda x: "" if x["complete"] else f" PARTIAL {x['done']:,}/{x['pages']:,}"  # noqa: E731
-        rows.append((f"{names[key]}: downcluster (HOST_CONCURRENCY {PEER_PER_DOMAIN})",
-                     f"{ours['pages_per_s']:,} pages/s{mb(ours)}{part(ours)}", "",
-                     f"CPU/page: worker {ours['worker_cpu_ms_per_page']} ms, "
-                     f"store {ours['store_cpu_ms_per_page']} ms"))
-        for sched in PEER_SCHEDULERS:
-            peer = r.get(f"peer_{sched}_{key}")
-            if not peer:
+        for side in ("ours", "peer"):
+            s = c[f"{side}_summary"]
+            if s["steady_median"] is None:
                 continue
-            ratio = r.get(f"ratio_{sched}_{key}")
-            met = ratio is not None and ratio >= TARGETS["peer_ratio"] and ours["complete"]
-            rows.append((f"  peer, {sched} scheduler: {peer['pages_per_s']:,} pages/s{mb(peer)}{part(peer)}",
-                         f"x{ratio}", f">= x{TARGETS['peer_ratio']}",
-                         f"{verdict(met)} CPU/page: scrapy {peer['peer_cpu_ms_per_page']} ms, "
-                         f"store {peer['store_cpu_ms_per_page']} ms"))
+            runs = " / ".join(str(x) for x in s["steady_runs"])
+            who = "downcluster" if side == "ours" else "  peer"
+            rows.append((f"{names[key] if side == 'ours' else ''}{': ' if side == 'ours' else ''}{who}",
+                         f"{s['steady_median']:,} pages/s steady ({runs}); last page {s['to_last_median']} s"
+                         + ("" if s["complete"] else " PARTIAL"), "",
+                         f"store/page: {s['store_cpu_ms_per_page']} ms CPU, {s['store_write_ops_per_page']} "
+                         f"writes, {s['store_bytes_in_per_page']} B in; client CPU "
+                         f"{s['client_cpu_ms_per_page']} ms"))
+        if c.get("ratio"):
+            met = c["ratio"] >= TARGETS["peer_ratio"] and c["ours_summary"]["complete"]
+            rows.append(("  ours / peer, steady (each pair)", f"x{c['ratio']} ({c['ratio_pairs']})",
+                         f">= x{TARGETS['peer_ratio']}", verdict(met)))
     return rows
 
 
@@ -1006,11 +804,25 @@ def parse_args(argv=None):
     p.add_argument("--pages", type=int, default=None,
                    help="end-to-end pages, ours and the peer's (default 10000; --smoke 300)")
     p.add_argument("--smoke", action="store_true",
-                   help="a few hundred pages, no peer, quick (the test suite runs it)")
+                   help="a few hundred pages, quick (the test suite runs it): one comparison run a side "
+                        "on one host at 0 ms, the peer's only when scrapy-redis is installed")
     p.add_argument("--json", default=str(ROOT / "var" / "bench.json"), help="where to write the figures")
     p.add_argument("--workers", type=int, default=1,
                    help="downcluster worker processes (default 1: what a 2-core host should run)")
-    p.add_argument("--skip-peer", action="store_true", help="do not run scrapy-redis (default in --smoke)")
+    p.add_argument("--skip-peer", action="store_true", help="no comparison with scrapy-redis")
+    p.add_argument("--runs", type=int, default=None,
+                   help="runs of each side per comparison, alternated A B B A (default 3; smoke 1)")
+    p.add_argument("--comparisons", default=",".join(COMPARISONS),
+                   help=f"which comparisons, comma-separated (default all: {','.join(COMPARISONS)})")
+    p.add_argument("--peer-concurrency", type=int, default=64,
+                   help="the peer's CONCURRENT_REQUESTS (and per domain) in each of its "
+                        f"{PEER_PROCS} processes; ours per host is {PEER_PROCS} x this (default 64)")
+    p.add_argument("--peer-batch", type=int, default=0,
+                   help="the peer's REDIS_START_URLS_BATCH_SIZE (default: its concurrency)")
+    p.add_argument("--peer-broad", action="store_true",
+                   help="the peer with Scrapy's DownloaderAwarePriorityQueue (its 'Broad Crawls' advice)")
+    p.add_argument("--peer-scheduler", choices=("local", "redis"), default="local",
+                   help="local: Scrapy's own scheduler (the stronger; default), redis: scrapy-redis's")
     p.add_argument("--with-baseline", action="store_true", help="also run the naive baseline")
     p.add_argument("--skip-exports", action="store_true", help="do not measure the 200,000-row exports")
     p.add_argument("--exports-only", action="store_true", help="only measure the exports")
@@ -1032,18 +844,26 @@ def parse_args(argv=None):
                         "0: no scale phase)")
     p.add_argument("--scale-only", action="store_true", help="only the scale phase")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds the whole run may take; e2e waits shrink to fit (default 2400; smoke 420)")
+                   help="seconds the whole run may take; e2e waits shrink to fit (default 4200: the "
+                        "comparisons are 30 runs; smoke 420)")
     a = p.parse_args(argv)
     a.pages = a.pages or (300 if a.smoke else 10000)
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
-    a.budget = a.budget or (420.0 if a.smoke else 2400.0)
-    a.skip_peer = a.skip_peer or a.smoke
+    a.budget = a.budget or (420.0 if a.smoke else 4200.0)
+    a.compare = a.smoke or not a.skip_peer
+    if a.smoke:
+        import importlib.util
+
+        a.skip_peer = a.skip_peer or importlib.util.find_spec("scrapy_redis") is None
+    a.runs = a.runs or (1 if a.smoke else 3)
+    a.comparisons = ("one_0ms",) if a.smoke else tuple(a.comparisons.split(","))
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)
     a.export_rows = 2000 if a.smoke else 200_000
     a.scale = (20_000 if a.smoke else 1_000_000) if a.scale is None else a.scale
     if a.scale_only:
         a.exports_only = False
         a.compare_only = a.skip_exports = a.skip_browser = a.skip_peer = True
+        a.compare = False
     return a
 
 
@@ -1052,6 +872,7 @@ class Run:
 
     def __init__(self, args, bench: Bench, results: dict) -> None:
         self.args, self.bench, self.results = args, bench, results
+        self.sites: dict[str, str] = {}
 
     def phase(self, key: str, title: str, fn):
         print(f"{title} ...", flush=True)
@@ -1065,16 +886,42 @@ class Run:
         print(f"  ({time.monotonic() - t0:.0f} s)", flush=True)
         return self.results[key]
 
-    def compare(self, key: str, title: str, ours, peer) -> None:
-        """Ours (HOST_CONCURRENCY = the peer's per-domain 64) between the two peer configurations."""
-        self.phase(f"ours_{key}", f"downcluster: {title}", ours)
-        for sched in PEER_SCHEDULERS:
-            self.phase(f"peer_{sched}_{key}", f"peer scrapy-redis ({sched} scheduler, 2 x 64): {title}",
-                       lambda sched=sched: peer(sched))
-        row = [self.results.get(k) for k in (f"ours_{key}", *(f"peer_{s}_{key}" for s in PEER_SCHEDULERS))]
-        names = ("ours", *PEER_SCHEDULERS)
-        print("  " + " | ".join(f"{n} {r['pages_per_s']} pages/s" for n, r in zip(names, row) if r),
-              flush=True)
+    def compare(self, key: str, title: str, urls: list[str], page_bytes: int = 0) -> None:
+        """Ours and the peer, measured alike (scripts/bench_compare.py), ``args.runs`` runs each."""
+        import bench_compare
+
+        args, bench = self.args, self.bench
+        cmp = bench_compare.Compare(bench, peer_procs=0 if args.skip_peer else PEER_PROCS,
+                                    peer_concurrency=args.peer_concurrency, peer_batch=args.peer_batch,
+                                    scheduler=args.peer_scheduler, workers=args.workers,
+                                    peer_broad=args.peer_broad)
+
+        def timeout() -> float:  # taken when each run starts, from the budget left then
+            return max(30.0, min(max(120.0, len(urls) / 20), bench.remaining() - 30))
+
+        who = "downcluster" + ("" if args.skip_peer else
+                               f" and scrapy-redis ({args.peer_scheduler} scheduler, "
+                               f"{PEER_PROCS} x {args.peer_concurrency})")
+        got = self.phase(f"cmp_{key}", f"{who}, alternated, {args.runs} run(s) each: {title}",
+                         lambda: cmp.pair(key, urls, args.runs, timeout, page_bytes))
+        if got and got.get("ratio"):
+            print(f"  steady pages/s, medians: ours {got['ours_summary']['steady_median']} | peer "
+                  f"{got['peer_summary']['steady_median']}: x{got['ratio']} (pairs {got['ratio_pairs']})",
+                  flush=True)
+
+    def compare_site(self, label: str) -> str:
+        """The comparison's site at ``label`` (started once): nginx's static pages at 0 ms (the
+        smoke run, which may lack nginx, uses bench_site.py), bench_site.py at 100 ms."""
+        import bench_compare
+
+        if label not in self.sites:
+            bench = self.bench
+            if label == "0ms" and not self.args.smoke:
+                self.sites[label] = bench_compare.start_page_nginx(bench.procs, bench.env, self.args.pages)
+            else:
+                self.sites[label] = bench_compare.start_delay_site(bench.procs, bench.env,
+                                                                   0 if label == "0ms" else 100)
+        return self.sites[label]
 
     def all(self) -> None:
         """Every phase ``args`` asks for."""
@@ -1082,8 +929,10 @@ class Run:
         bench.start_services()
         base: dict[str, str] = {}
         if not args.exports_only:  # everything but the exports
-            base = {"0ms": start_site(bench.procs, bench.env, 0),
-                    "100ms": start_site(bench.procs, bench.env, 100)}
+            base = {"0ms": "", "100ms": ""}  # the comparison starts its own sites
+            if not args.compare_only:
+                base = {"0ms": start_site(bench.procs, bench.env, 0),
+                        "100ms": start_site(bench.procs, bench.env, 100)}
             if not args.compare_only:
                 self.phase("store", "store ceiling (SecantusDB)", bench.bench_store)
                 self.phase("dispatch", f"dispatch: {args.dispatch_tasks:,} LIVE, then "
@@ -1091,7 +940,7 @@ class Run:
                            lambda: bench.bench_dispatch(base["0ms"]))
             for label in ("0ms", "100ms"):
                 self.latency(label, base[label])
-            if not args.skip_peer:
+            if args.compare and not args.smoke and "real" in args.comparisons:
                 self.real_pages()
         if args.scale and not args.exports_only:
             import bench_scale
@@ -1129,15 +978,14 @@ class Run:
                   f"cores busy {e['cores_busy']}", flush=True)
         if label == "0ms" and not args.compare_only:
             self.etiquette_runs(label, site, 1 / (left + 1))
-        if not args.skip_peer:
+        if args.compare:
+            import bench_compare
+
             for name, hosts in (("one", 1), ("many", SITE_HOSTS)):
-                self.compare(f"{name}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
-                             lambda hosts=hosts: bench.bench_e2e(
-                                 label, site, args.pages, e2e_timeout(bench, args.pages, 1 / 12), hosts=hosts,
-                                 host_limit=PEER_PER_DOMAIN, at_once=True),
-                             lambda sched, hosts=hosts: bench.bench_peer(
-                                 label, site, args.pages, e2e_timeout(bench, args.pages, 1 / 12), hosts=hosts,
-                                 scheduler=sched))
+                if f"{name}_{label}" in args.comparisons:
+                    urls = bench_compare.page_urls(self.compare_site(label), args.pages, hosts)
+                    self.compare(f"{name}_{label}", f"{args.pages:,} pages at {label} on {hosts} host(s)",
+                                 urls)
         if args.with_baseline:
             self.phase(f"baseline_{label}",
                        f"naive baseline at {label} ({args.baseline_pages} pages, 4 rq workers)",
@@ -1170,16 +1018,8 @@ class Run:
         site = start_nginx(bench.procs, docs["root"])
         urls = [f"{site}/{rel}" for rel in docs["paths"]]
         self.results["real_pages"] = {k: v for k, v in docs.items() if k != "paths"}
-
-        def timeout() -> float:  # taken when each run starts, from the budget left then
-            return e2e_timeout(bench, len(urls), 1 / 4)
-
         self.compare("real", f"real pages: {len(urls):,} files of {docs['root']} "
-                     f"({docs['bytes'] / 1e6:.0f} MB) from nginx with gzip",
-                     lambda: bench.bench_e2e("nginx", site, 0, timeout(), urls=urls, page_bytes=docs["bytes"],
-                                             host_limit=PEER_PER_DOMAIN, at_once=True),
-                     lambda sched: bench.bench_peer("nginx", site, 0, timeout(), urls=urls, scheduler=sched,
-                                                    page_bytes=docs["bytes"]))
+                     f"({docs['bytes'] / 1e6:.0f} MB) from nginx with gzip", urls, docs["bytes"])
 
 
 def add_ratios(results: dict) -> None:
@@ -1189,12 +1029,6 @@ def add_ratios(results: dict) -> None:
     off = [results[k]["pages_per_s"] for k in ETIQUETTE_OFF if results.get(k)]
     if on and off and len(on) == len(off) and sum(off) > 0:
         results["etiquette_ratio"] = round(sum(on) / sum(off), 3)
-    for key in COMPARISONS:
-        ours = results.get(f"ours_{key}")
-        for sched in PEER_SCHEDULERS:
-            peer = results.get(f"peer_{sched}_{key}")
-            if ours and peer and peer["pages_per_s"] > 0:
-                results[f"ratio_{sched}_{key}"] = round(ours["pages_per_s"] / peer["pages_per_s"], 2)
     for label in ("0ms", "100ms"):
         e, b = results.get(f"e2e_{label}"), results.get(f"baseline_{label}")
         if e and b and b["pages_per_s"] > 0:

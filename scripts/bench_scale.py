@@ -90,7 +90,7 @@ def run(bench, tasks: int) -> dict:
     import shutil
     import tempfile
 
-    from bench import ROOT
+    from bench_common import ROOT
     from common.store.connection import connect_mongo, disconnect_mongo
 
     (ROOT / "var").mkdir(exist_ok=True)
@@ -112,7 +112,7 @@ def run(bench, tasks: int) -> dict:
 
 
 def _run(bench, tasks: int) -> dict:
-    from bench import CAP, hwm_mb  # the bench's own (scripts/ is on the path)
+    from bench_common import CAP, hwm_mb  # scripts/ is on the path
     from common.config import load, settings
     from common.exports.templates import parse_template
     from common.queue.rqbridge import queue_key

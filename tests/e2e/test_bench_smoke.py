@@ -46,7 +46,26 @@ def test_bench_smoke_measures_every_figure(tmp_path):
                     "store_cpu_ms_per_page", "all_cpu_ms_per_page", "peak_inflight"):
             assert _positive(e[fig]), (label, fig)
         assert _positive(e["cores_busy"]["store"]) and _positive(e["cores_busy"]["workers"]), (label, e)
-        assert f"peer_{label}" not in r  # the smoke run skips the peer (scrapy is a bench extra)
+
+    # the comparison, measured alike for both sides: one run a side on one host at 0 ms (the peer's
+    # only when scrapy-redis, a bench extra, is installed); rates from the stored pages' stamps
+    c = r["cmp_one_0ms"]
+    sides = ["ours", "peer"] if c["peer"] else ["ours"]
+    assert c["order"] == sides and len(c["ours"]) == 1, c
+    for side in sides:
+        run = c[side][0]
+        assert run["complete"] and run["done"] == run["pages"] == 300, (side, run)
+        for fig in ("steady_pages_per_s", "to_last_s", "store_cpu_ms_per_page", "store_write_ops_per_page",
+                    "store_bytes_in_per_page", "client_cpu_ms_per_page"):
+            assert _positive(run[fig]), (side, fig, run)
+        assert run["to_first_s"] <= run["to_last_s"], run
+    ours = c["ours"][0]
+    assert ours["data_docs"] == ours["log_docs"] == 300, ours
+    # our writes are batched (an entry of 50 pages: data, logs, settle, lease): far below one a page
+    assert ours["store_write_ops_per_page"] < 0.5, ours
+    if c["peer"]:
+        assert c["peer"][0]["store_write_ops_per_page"] >= 1.0  # Scrapy's pipeline: one insert_one a page
+        assert _positive(c["ratio"]) and len(c["ratio_pairs"]) == 1, c
 
     assert _positive(r["etiquette_ratio"]) and r["e2e_0ms_plain_b"]["complete"]
     assert r["exports"]["rows"] == 2000

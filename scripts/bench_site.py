@@ -1,0 +1,59 @@
+"""The comparison's site for pages that answer after a delay: ``/page/<n>`` (scripts/sample_site.py's
+~2 KB ``page_body(n)``, ``text/html; charset=utf-8``, each body built once) after ``--delay-ms``,
+on an asyncio event loop (aiohttp), listening on 127.0.0.1 .. 127.0.0.<hosts>.
+
+scripts/sample_site.py answers from one thread per connection and rebuilds each page: with 128
+connections open at once, its own CPU competes with both crawlers on a 2-core host. Here a
+waiting request costs a timer, not a thread, so the site takes the same small share of the
+machine whichever crawler asks it. (Pages at 0 ms come from nginx: scripts/bench_compare.py.)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sample_site import page_body  # noqa: E402
+
+
+@functools.lru_cache(maxsize=200_000)
+def _page(n: int) -> bytes:
+    return page_body(n)
+
+
+def app(delay_ms: int) -> web.Application:
+    async def page(request: web.Request) -> web.Response:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        return web.Response(body=_page(int(request.match_info["n"])), content_type="text/html",
+                            charset="utf-8")
+
+    a = web.Application()
+    a.router.add_get("/page/{n:[0-9]+}", page)
+    return a
+
+
+async def serve(port: int, delay_ms: int, hosts: int) -> None:
+    runner = web.AppRunner(app(delay_ms), access_log=None)
+    await runner.setup()
+    for i in range(1, hosts + 1):
+        await web.TCPSite(runner, f"127.0.0.{i}", port, backlog=1024).start()
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--delay-ms", type=int, default=0)
+    p.add_argument("--hosts", type=int, default=32)
+    a = p.parse_args()
+    asyncio.run(serve(a.port, a.delay_ms, a.hosts))
+
+
+if __name__ == "__main__":
+    main()
