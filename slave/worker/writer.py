@@ -184,9 +184,10 @@ def _counted(parts: list[Part], ok: list, kept: list, bad: list, later: list, se
 
 def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     """Store outcomes of one or more entries, in bulk: one insert of data (then GridFS files of
-    large bodies), one insert of logs, one bulk of settles (an UpdateMany of the successes of
-    each entry, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count
-    says exactly whether every guarded settle matched. Returns each part's settled counts."""
+    large bodies), one insert of logs, one bulk of settles (UpdateManys of the successes of
+    each entry, ``leases.SETTLE_GROUP`` tasks each, an UpdateOne per failure) and, apart, one
+    of hand-backs, so the settles' count says exactly whether every guarded settle matched.
+    Returns each part's settled counts."""
     done = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
     same = [(p, o) for p, o in done if _not_modified(p, o)]  # a revisit with nothing new: a log only
     ok = _store_data([(p, o) for p, o in done if not o.not_modified], now)
@@ -293,7 +294,7 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
     for p, ids in ok_by_part.values():
-        settles.append(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
+        settles.extend(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
         if o.kept:

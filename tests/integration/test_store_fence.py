@@ -187,3 +187,26 @@ def test_an_entry_missing_on_two_looks_is_given_back(cluster, tmp_path):
     assert defender.recover(cluster.redis).requeued == 3
     assert leases.claim(lease_id, "late") is None
     assert dispatch_once(cluster.redis).total == 3
+
+
+def test_an_entry_settled_in_several_groups_with_refused_settles_in_two_of_them(cluster, tmp_path):
+    """The successes of an entry go in UpdateManys of ``leases.SETTLE_GROUP`` tasks: a task
+    cancelled in the second group and one in the last refuse their settles alone, the counts
+    say so, their data is dropped, and the kept counts match the tasks."""
+    from common.store import counts
+
+    n = 2 * leases.SETTLE_GROUP + 8
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "groups", n=n)
+    assert len(outcomes) == n and len(leases.settle_success([o.task["_id"] for o in outcomes], lease["_id"],
+                                                            FRESH, utcnow())) == 3
+    cancelled = [outcomes[leases.SETTLE_GROUP + 1].task["_id"], outcomes[-1].task["_id"]]
+    for task_id in cancelled:
+        CrawlerTask._get_collection().update_one({"_id": task_id}, {"$set": {"status": "CANCEL"}})
+    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    assert got == {"success": n - 2, "fail": 0, "handed_back": 0}
+    assert CrawlerDownloadData._get_collection().count_documents({"task": {"$in": cancelled}}) == 0
+    assert statuses("groups") == {"SUCCESS": n - 2, "CANCEL": 2}
+    _one_named_document_per_success("groups")
+    job = Job.objects.get(name="groups")
+    kept = counts.of_jobs([job.id])[job.id]
+    assert kept["SUCCESS"] == n - 2 and kept["LIVE"] == 2  # the cancels were written behind the counts' back
