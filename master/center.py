@@ -19,7 +19,6 @@ import json
 import re
 import secrets
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, cast
@@ -56,7 +55,7 @@ from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import EXPORT_RUNNING, PENDING, SUCCESS, iso, utcnow
 from master import access
-from master.exports.service import check_exec_time, push
+from master.exports.service import check_exec_time, push, sync_slots
 
 STATUS = {"PENDING": 1, "RUNNING": 2, "SUCCESS": 3, "FAIL": 4, "CANCEL": 5, "EXPIRED": 6}
 STATUS_TEXT = {1: "waiting", 2: "processing", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -210,18 +209,6 @@ def _store(redis: Redis, task: Task, token: Token | None) -> exports.Export:
 
 # --- synchronous download ----------------------------------------------------------------
 
-_sync_slots: list[threading.BoundedSemaphore] = []
-_slots_lock = threading.Lock()
-
-
-def _slots() -> threading.BoundedSemaphore:
-    """The synchronous downloads this process writes at once (EXPORT_SYNC_SLOTS)."""
-    with _slots_lock:
-        if not _sync_slots:
-            _sync_slots.append(threading.BoundedSemaphore(settings.EXPORT_SYNC_SLOTS))
-        return _sync_slots[0]
-
-
 @dataclass
 class Written:
     """A file written at once: rewound, ``size`` bytes, ``rows`` rows; the caller closes ``out``."""
@@ -246,7 +233,7 @@ def sync(redis: Redis, params: dict, token: Token | None = None) -> Written | Qu
     breaks its word raises SourceFailed (nothing is answered but the one line)."""
     task = check(params, token)
     limit = settings.EXPORT_SYNC_MAX_ROWS
-    slots = _slots()
+    slots = sync_slots()
     if not slots.acquire(blocking=False):
         return Queued(_store(redis, task, token),
                       f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this process are busy")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -137,6 +138,19 @@ def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None,
     parsed = parse_template(template)
     check_fits(parsed, fmt)
     return Checked(job, fmt, parsed, check_filter(flt))
+
+
+_sync_slots: list[threading.BoundedSemaphore] = []
+_slots_lock = threading.Lock()
+
+
+def sync_slots() -> threading.BoundedSemaphore:
+    """The synchronous downloads this process writes at once (EXPORT_SYNC_SLOTS), shared by the
+    export center's and the download center's synchronous routes."""
+    with _slots_lock:
+        if not _sync_slots:
+            _sync_slots.append(threading.BoundedSemaphore(settings.EXPORT_SYNC_SLOTS))
+        return _sync_slots[0]
 
 
 def check_exec_time(value: Any) -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import threading
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -157,18 +156,6 @@ def download_export(export_id: ObjectIdPath, token: Reader) -> StreamingResponse
 
 # --- synchronous download ----------------------------------------------------------------
 
-_sync_slots: list[threading.BoundedSemaphore] = []
-_slots_lock = threading.Lock()
-
-
-def _slots() -> threading.BoundedSemaphore:
-    """The synchronous downloads this web process writes at once (EXPORT_SYNC_SLOTS)."""
-    with _slots_lock:
-        if not _sync_slots:
-            _sync_slots.append(threading.BoundedSemaphore(settings.EXPORT_SYNC_SLOTS))
-        return _sync_slots[0]
-
-
 class SyncIn(Strict):
     format: FORMATS = "csv"
     template: str | None = Field(None, description=TEMPLATE_DOC)
@@ -200,7 +187,7 @@ def _download(name: str, body: SyncIn, token) -> Response:
     checked = exports.check(name, body.format, body.template or "", flt, token)
     fits = export_fits(checked.job.id, checked.filter, checked.template, settings.EXPORT_SYNC_MAX_ROWS)
     reason = None if fits else f"more than EXPORT_SYNC_MAX_ROWS ({settings.EXPORT_SYNC_MAX_ROWS}) rows"
-    slots = _slots()
+    slots = exports.sync_slots()
     if reason is None and not slots.acquire(blocking=False):
         reason = f"all {settings.EXPORT_SYNC_SLOTS} synchronous slots of this web process are busy"
     if reason:
