@@ -146,6 +146,10 @@ class Browser:
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL, env=env, preexec_fn=child, pass_fds=handed,
                 cwd=self.dir or "/")
+        except BaseException:  # not started: our ends of the pipe go too
+            os.close(commands_w)
+            os.close(replies_r)
+            raise
         finally:
             for fd in set(handed) | {commands_r, replies_w}:
                 os.close(fd)
