@@ -55,7 +55,7 @@ from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import EXPORT_RUNNING, PENDING, SUCCESS, iso, utcnow
 from master import access
-from master.exports.service import check_exec_time, push, sync_slots
+from master.exports.service import check_exec_time, may_see, push, sync_slots
 
 STATUS = {"PENDING": 1, "RUNNING": 2, "SUCCESS": 3, "FAIL": 4, "CANCEL": 5, "EXPIRED": 6}
 STATUS_TEXT = {1: "waiting", 2: "processing", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -272,7 +272,7 @@ def get(task_id: Any, token: Token | None = None, project_ids: list[int] | None 
         export = exports.get(ObjectId(str(task_id)))
     except Exception:
         export = None
-    if (export is None or not export.center or not access.holds(token, export.project)
+    if (export is None or not export.center or not may_see(token, export)
             or (project_ids is not None and export.project not in project_ids)):
         raise NotFound(f"no task {str(task_id)[:40]!r}")
     return export

@@ -232,12 +232,14 @@ def owns(token: Token, export: exports.Export) -> bool:
 
 def may_see(token: Token | None, export: exports.Export) -> bool:
     """None is the operator at the command line, who sees everything; a user or analyst sees the
-    exports of its projects that it requested or whose job it was granted."""
-    return (
-        token is None
-        or token.role == ADMIN
-        or (access.holds(token, export.project) and (owns(token, export) or export.job_name in token.jobs))
-    )
+    exports of its projects that it requested or whose job it was granted, and every download task
+    of the general center (seed 000) of a project it holds: the systems sharing a project share its
+    tasks, on every door (/v1, the task's file and link, its WebSocket)."""
+    if token is None or token.role == ADMIN:
+        return True
+    if not access.holds(token, export.project):
+        return False
+    return bool(export.center) or owns(token, export) or export.job_name in token.jobs
 
 
 def get(export_id: Any, token: Token | None = None) -> exports.Export:

@@ -500,6 +500,8 @@ def test_every_center_route_answers_404_across_projects(fast, source):
         for (p, role), token in tokens.items():
             mine, theirs = made[p], [made[q] for q in (7, 8, 9) if q != p]
             assert web.call("GET", f"/v1/task/{mine}", token).json()["status"] == 3
+            # the task's own doors too, for every token of its project (not only its requester)
+            assert web.call("GET", f"/api/v1/exports/{mine}/file", token).status_code == 200
             assert web.call("GET", f"/v1/tasks?project_ids={p}", token).json()["total"] == 1
             for other in theirs:
                 q = next(k for k, v in made.items() if v == other)
