@@ -11,7 +11,7 @@ from bson import ObjectId
 
 from common.config import settings
 from common.jobsettings import SETTING_NAMES
-from common.secrets import remember
+from common.secrets import remember, secret_header_values
 from common.store import jobs
 from common.store.models import ENGINES
 from slave.download.engines.base import Limits
@@ -46,7 +46,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     ctx = None
     if job is not None:
         conf = {k: job["settings"][k] for k in SETTING_NAMES if k in job["settings"]}
-        remember(conf.get("proxy"), conf.get("cookie"))
+        remember(conf.get("proxy"), conf.get("cookie"), *secret_header_values(conf.get("headers")))
         ctx = JobContext(
             job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
             language=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],

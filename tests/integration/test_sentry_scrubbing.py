@@ -93,3 +93,21 @@ def test_a_failing_entry_reaches_sentry_once(cluster, tmp_path, monkeypatch):
         assert len(hits) == 1
     finally:
         sentry_sdk.init(dsn=None)
+
+
+def test_a_jobs_custom_headers_are_remembered_as_secrets_by_the_worker(cluster, tmp_path):
+    """An X-Api-Key of a job's settings is masked wherever it may show once a worker has read the
+    job (logs, reasons, Sentry events all go through ``redact``); a standard header is not."""
+    from common.secrets import redact
+    from slave.worker.context import load_context
+
+    manifest = tmp_path / "hdrs.toml"
+    manifest.write_text('name = "hdrs"\ntype = "none"\n[settings.headers]\n'
+                        '"X-Api-Key" = "k3y-only-in-settings"\n"Accept-Language" = "zh-CN"\n')
+    from common.store.models import Job
+    from master.registry import register as register_manifest
+
+    register_manifest(manifest)
+    job = Job.objects.get(name="hdrs")
+    assert load_context(job.id) is not None
+    assert redact("failed: k3y-only-in-settings; lang zh-CN") == "failed: ***; lang zh-CN"
