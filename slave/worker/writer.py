@@ -54,7 +54,7 @@ class Outcome:
     error: DownloadError | None
     spend_us: int
     request_size: int = 0
-    deferred: float | None = None  # handed back (busy or closed host): due again in this many s, no attempt
+    deferred: float | None = None  # handed back (busy or closed site): due again in this many s, no attempt
     coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
     coalesced_from: object = None        # the task whose stored download this one copied
     data_id: object = None               # set by store_many: the data document written
@@ -404,7 +404,7 @@ class Writer(threading.Thread):
             leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
                        if o.coalesce_key and o.error is None and o.data_id is not None]
             if leaders and entry.etiquette is not None:
-                entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
+                entry.loop.call_soon_threadsafe(entry.etiquette.coalescing.publish_all, leaders)
 
     def _write(self, batch: list) -> None:
         groups: dict[RunningEntry, list[Outcome]] = {}
