@@ -60,7 +60,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         0,
         10_000,
-        doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)",
+        doc="downloads in flight per site (0: the cluster's HOST_CONCURRENCY)",
     ),
     Setting(
         "host_delay",
@@ -68,7 +68,7 @@ SETTINGS: tuple[Setting, ...] = (
         0.0,
         0,
         3600,
-        doc="seconds between requests to one host (the stricter of this and HOST_DELAY)",
+        doc="seconds between requests to one site (the stricter of this and HOST_DELAY)",
     ),
     Setting("obey_robots", bool, None, doc="built-in engine: obey robots.txt (unset: true)"),
     Setting(
