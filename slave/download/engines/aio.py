@@ -116,48 +116,58 @@ class Client:
 
 def classify_aio(exc: BaseException) -> DownloadError:
     """The DownloadError for an exception raised by aiohttp or the socket layer."""
-    def fail(reason: str, retryable: bool) -> DownloadError:
-        return DownloadError(redact(one_line(reason)), retryable=retryable)
-
     if isinstance(exc, DownloadError):
         return exc
     if isinstance(exc, (aiohttp.InvalidURL, ValidationError)):
-        return fail(f"invalid URL: {exc}", False)
+        found: tuple[str, bool] | None = (f"invalid URL: {exc}", False)
+    else:
+        found = _connect_failure(exc) or _transfer_failure(exc)
+    reason, retryable = found or (f"{type(exc).__name__}: {exc}", True)
+    return DownloadError(redact(one_line(reason)), retryable=retryable)
+
+
+def _connect_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """What went wrong reaching the server (TLS, proxy, DNS, connect), or None."""
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         cert = exc.certificate_error
-        detail = getattr(cert, "verify_message", "") or "verification failed"
-        return fail(f"TLS certificate error: {detail}", False)
+        return f"TLS certificate error: {getattr(cert, 'verify_message', '') or 'verification failed'}", False
     if isinstance(exc, aiohttp.ClientSSLError):
-        return fail(f"TLS error: {exc}", True)
+        return f"TLS error: {exc}", True
     if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in PROXY_ERROR_NAMES:
-        return fail("proxy error", True)
+        return "proxy error", True
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return fail(f"DNS lookup failed: {exc.os_error}", True)
+        return f"DNS lookup failed: {exc.os_error}", True
     if isinstance(exc, aiohttp.ClientConnectorError):
         err = exc.os_error
         if isinstance(err, ConnectionRefusedError):
-            return fail("connection refused", True)
+            return "connection refused", True
         if isinstance(err, OSError) and err.errno in (-2, -3, -5):
-            return fail(f"DNS lookup failed: {err}", True)
-        return fail(f"connection error: {type(err).__name__}: {err}", True)
+            return f"DNS lookup failed: {err}", True
+        return f"connection error: {type(err).__name__}: {err}", True
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return fail("connect timeout", True)
+        return "connect timeout", True
+    return None
+
+
+def _transfer_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """What went wrong once connected (timeouts, a broken body, a reset), or a request the
+    client refused to send; None when nothing here names it."""
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return fail("read timeout", True)
+        return "read timeout", True
     if isinstance(exc, aiohttp.ClientPayloadError):
         text = str(exc)
         if "decode" in text.lower() or "compress" in text.lower():
-            return fail("content decoding failed", True)
-        return fail(f"connection error: ClientPayloadError: {text}", True)
+            return "content decoding failed", True
+        return f"connection error: ClientPayloadError: {text}", True
     if isinstance(exc, ConnectionResetError) or (
             isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
-        return fail("connection reset", True)
+        return "connection reset", True
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientResponseError,
                         aiohttp.ClientError, OSError)):
-        return fail(f"connection error: {type(exc).__name__}: {exc}", True)
+        return f"connection error: {type(exc).__name__}: {exc}", True
     if isinstance(exc, (ValueError, UnicodeError)):
-        return fail(f"invalid request: {type(exc).__name__}: {exc}", False)
-    return fail(f"{type(exc).__name__}: {exc}", True)
+        return f"invalid request: {type(exc).__name__}: {exc}", False
+    return None
 
 
 def _header_ok(value: str) -> bool:

@@ -256,15 +256,7 @@ def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
                 if key.data == "exit":
                     exited = True
                 elif key.data == "in":
-                    try:
-                        sent += os.write(in_fd, stdin_data[sent:sent + 65536])
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # the child closed stdin or died: stop feeding it
-                        sent = len(stdin_data)
-                    if sent >= len(stdin_data):
-                        sel.unregister(in_fd)
-                        proc.stdin.close()
+                    sent = _feed(proc, sel, stdin_data, sent)
                 elif _read(key.fd, key.data, sel, outcome, stderr_bytes, stdout_cap) == "overflow":
                     return
             if pidfd is None and proc.poll() is not None:
@@ -276,6 +268,22 @@ def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
                     return
                 if status == "again":
                     break
+
+
+def _feed(proc, sel, stdin_data: bytes, sent: int) -> int:
+    """One write of what is left of ``stdin_data`` (``sent`` bytes of it gone already); stdin
+    closed once it is all sent or the child stops taking it. Returns the bytes sent by now."""
+    in_fd = proc.stdin.fileno()
+    try:
+        sent += os.write(in_fd, stdin_data[sent:sent + 65536])
+    except BlockingIOError:
+        return sent
+    except OSError:  # the child closed stdin or died: stop feeding it
+        sent = len(stdin_data)
+    if sent >= len(stdin_data):
+        sel.unregister(in_fd)
+        proc.stdin.close()
+    return sent
 
 
 def _read(fd: int, kind: str, sel, outcome: _Outcome, stderr_bytes: int, stdout_cap: int) -> str:
