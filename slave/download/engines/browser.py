@@ -334,7 +334,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
         raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
-    except asyncio.CancelledError:  # stopped from outside (its host slot lost): no request of its goes on
+    except asyncio.CancelledError:  # stopped from outside (its site slot lost): no request of its goes on
         browser.kill()
         raise
     except Crashed as exc:
