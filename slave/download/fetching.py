@@ -179,7 +179,7 @@ class Engines:
                     return copied
                 lead = plan[0]  # the leader failed or took too long: this task downloads
             token = await self.etiquette.slots.slot(site, conc, max(delay, crawl_delay),
-                                              long_lease() if ctx.language in SANDBOXED else None)
+                                                    long_lease() if ctx.language in SANDBOXED else None)
             cut = http.Cut()
             return (
                 await self.etiquette.slots.guard(token, site, self._fetch(ctx, task, token, cut), cut),
