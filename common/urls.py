@@ -49,3 +49,31 @@ def strip_credentials(url: str) -> str:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
     return urlunsplit((parts.scheme, "***@" + netloc, parts.path, parts.query, parts.fragment))
+
+
+def host_name(text: str, where: str) -> str:
+    """A host name as written in a manifest (``example.com``, no scheme or port), lower-cased and
+    IDNA-encoded, else a one-line ValidationError naming ``where``."""
+    host = text.strip().lower().rstrip(".")
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        ascii_host = ""
+    if not ascii_host or any(ch in ascii_host for ch in "/:@?#[] \\"):
+        raise ValidationError(f"{where}: {text[:80]!r} is not a host name")
+    return ascii_host
+
+
+def canonical(url: str, max_length: int = 8192) -> str:
+    """``url`` normalised as w3lib's ``canonicalize_url`` does (query sorted, percent-encoding
+    made uniform, fragment dropped), after ``check_url``; ValidationError if it is not one we fetch."""
+    from w3lib.url import canonicalize_url
+
+    check_url(url, max_length)
+    try:
+        out = canonicalize_url(url)
+    except (ValueError, UnicodeError) as exc:
+        raise ValidationError(f"malformed URL: {exc}") from None
+    if len(out) > max_length:  # percent-encoding made it longer
+        raise ValidationError(f"URL longer than {max_length} characters")
+    return out

@@ -25,6 +25,7 @@ from common.secrets import redact
 from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
+from slave.download import links
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, http, sandbox
 from slave.download.engines.base import Download
@@ -150,7 +151,19 @@ class Engines:
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
         return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
-                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
+                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
+                              links=await self._links(ctx, task, result))
+
+    async def _links(self, ctx: JobContext, task: dict, result: Download | None) -> links.Found | None:
+        """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
+        if ctx.follow is None or result is None:
+            return None
+        found = await asyncio.get_running_loop().run_in_executor(
+            None, links.of_download, result, task["uri"], ctx.follow)
+        if found is not None and (found.excess or found.truncated):
+            logger.info("job %s task %s: %d links taken, %d over the cap%s", ctx.name, task["_id"],
+                        len(found.urls), found.excess, ", page read in part" if found.truncated else "")
+        return found
 
     async def _polite(self, ctx: JobContext, task: dict, plan) -> tuple[Download, object, str | None]:
         """(download, task copied from, coalescing key led): robots.txt first (built-in engine,

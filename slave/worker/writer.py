@@ -38,6 +38,7 @@ from slave.download.engines.base import Download
 
 if TYPE_CHECKING:
     from slave.download.etiquette import Etiquette
+    from slave.download.links import Found
     from slave.worker.context import JobContext
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Outcome:
     not_modified: str | None = None      # set by store_many: a revisit that brought nothing new
     retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
     kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
+    links: Found | None = None           # a following job's links found on the page (not stored yet)
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:

@@ -33,7 +33,12 @@ from common.secrets import redact
 from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
-from slave.download.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
+from slave.download.engines.sandbox_main import (
+    FRAME_OVERHEAD,
+    MAX_LINK_LENGTH,
+    MAX_LINKS,
+    decode_frame,
+)
 
 __all__ = ["run_generator", "run_python", "run_shell"]
 
@@ -386,13 +391,14 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
         raise _redacted(DownloadError(error, retryable=kind != "size"), secrets)
     status, headers = header.get("status_code"), header.get("headers")
     remote_ip, request_headers = header.get("remote_ip", ""), header.get("request_headers", {})
+    links, dropped = header.get("links"), header.get("links_dropped", 0)
     if not (type(status) is int and _is_str_dict(headers) and _is_str_dict(request_headers)
-            and isinstance(remote_ip, str) and len(body) <= limits.maxsize):
+            and isinstance(remote_ip, str) and len(body) <= limits.maxsize and _is_links(links, dropped)):
         # sandbox_main validated the result; only code writing its own frame gets here
         raise DownloadError("downloader error: malformed result frame", retryable=False)
     return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
                     remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
-                    encoding=body_encoding(headers, body))
+                    encoding=body_encoding(headers, body), links=links, links_dropped=dropped)
 
 
 def run_generator(kind: str, code: str, limits: Limits, allow_private: bool = False) -> bytes:
@@ -413,6 +419,13 @@ def run_generator(kind: str, code: str, limits: Limits, allow_private: bool = Fa
 def _is_str_dict(value) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in value.items())
+
+
+def _is_links(links, dropped) -> TypeGuard[list[str] | None]:
+    """A frame's links as sandbox_main caps them (a frame the downloader wrote itself may not)."""
+    return type(dropped) is int and dropped >= 0 and (links is None or (
+        isinstance(links, list) and len(links) <= MAX_LINKS
+        and all(isinstance(u, str) and len(u) <= MAX_LINK_LENGTH for u in links)))
 
 
 def _run_safely(mode: str, message: dict, limits: Limits, cap: int, allow_private: bool) -> _Outcome:
