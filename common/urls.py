@@ -66,14 +66,14 @@ def host_name(text: str, where: str) -> str:
 
 def canonical(url: str, max_length: int = 8192) -> str:
     """``url`` normalised as w3lib's ``canonicalize_url`` does (query sorted, percent-encoding
-    made uniform, fragment dropped), after ``check_url``; ValidationError if it is not one we fetch."""
+    made uniform, spaces encoded, fragment dropped), then held to ``check_url``; ValidationError
+    if it is not one we fetch."""
     from w3lib.url import canonicalize_url
 
-    check_url(url, max_length)
+    if len(url) > max_length:  # before any work on it
+        raise ValidationError(f"URL longer than {max_length} characters")
     try:
         out = canonicalize_url(url)
     except (ValueError, UnicodeError) as exc:
         raise ValidationError(f"malformed URL: {exc}") from None
-    if len(out) > max_length:  # percent-encoding made it longer
-        raise ValidationError(f"URL longer than {max_length} characters")
-    return out
+    return check_url(out, max_length)

@@ -50,6 +50,7 @@ class Sitemap:
 
 
 ROOTS = {"urlset": "url", "sitemapindex": "sitemap"}
+NAMESPACES = ("", "http://www.sitemaps.org/schemas/sitemap/0.9")  # none is read as the protocol's too
 
 
 def parse(body: bytes, sitemap_url: str, depth: int = 0) -> Sitemap:
@@ -132,10 +133,12 @@ class _Reader:
         raise SitemapError("sitemap has a document type declaration (refused: entities)")
 
     def start(self, name: str, _attrs) -> None:
-        local = name.rsplit(" ", 1)[-1]
+        space, _, local = name.rpartition(" ")
+        if space not in NAMESPACES:  # an extension's element (image:loc, news:...): not ours
+            local = "?" + local
         if self.result is None:
             if local not in ROOTS:
-                raise SitemapError(f"not a sitemap: root element <{local[:40]}>")
+                raise SitemapError(f"not a sitemap: root element <{local.lstrip('?')[:40]}>")
             self.result = Sitemap(kind=local)
         elif len(self.path) == 1 and local == ROOTS[self.result.kind]:
             self.loc = self.lastmod = None
