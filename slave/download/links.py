@@ -31,7 +31,7 @@ class Found:
     """The links of one page: canonical http(s) URLs, unique, in page order, at most the cap."""
 
     urls: list[str] = field(default_factory=list)
-    excess: int = 0          # links beyond the cap, not taken
+    excess: int = 0          # links past the cap, counted unread (duplicates and other schemes among them)
     skipped: int = 0         # not URLs we fetch: javascript:, mailto:, data: ..., too long, malformed
     truncated: bool = False  # the page was longer than MAX_PARSE_BYTES: links past that were not read
 
@@ -128,25 +128,24 @@ def parse_html(body: bytes, page_url: str, encoding: str | None, cap: int) -> Fo
 
 def resolve(raw: list[str], base: str, cap: int) -> Found:
     """``raw`` link strings resolved against ``base`` and canonicalised; the first ``cap`` unique
-    ones taken (``base`` itself left out), the rest counted."""
+    ones taken (``base`` itself left out), the rest counted unread."""
     found, seen = Found(), set()
     try:
         seen.add(canonical(base, MAX_URL_LENGTH))
     except ValidationError:
         pass
-    for value in raw:
+    for at, value in enumerate(raw):
+        if len(found.urls) >= cap:  # the rest counted unread
+            found.excess += len(raw) - at
+            break
         try:
             url = canonical(urljoin(base, value.strip()), MAX_URL_LENGTH)
         except (ValidationError, ValueError):
             found.skipped += 1
             continue
-        if url in seen:
-            continue
-        if len(found.urls) >= cap:
-            found.excess += 1
-            continue
-        seen.add(url)
-        found.urls.append(url)
+        if url not in seen:
+            seen.add(url)
+            found.urls.append(url)
     return found
 
 
