@@ -140,3 +140,31 @@ def test_a_python_downloaders_links_are_resolved_capped_and_its_drops_counted():
                                 links_dropped=990), PAGE, Follow(links_per_page=3))
     assert got.urls == ["https://example.com/rel", "https://a.org/x", "https://example.com/n0"]
     assert got.skipped == 1 and got.excess == 990 + 9
+
+
+def test_the_sandbox_caps_a_downloaders_links_by_count_length_and_bytes():
+    from slave.download.engines import sandbox_main as box
+
+    kept, dropped = box._links(["https://a.org/%d" % i for i in range(1_000_000)])
+    assert len(kept) == box.MAX_LINKS and dropped == 1_000_000 - box.MAX_LINKS
+    kept, dropped = box._links(["https://a.org/" + "x" * 2000] * box.MAX_LINKS)  # ~2 KB each: bytes cap first
+    assert len(kept) < box.MAX_LINKS and sum(len(u) + 4 for u in kept) <= box.MAX_LINK_BYTES
+    assert dropped == box.MAX_LINKS - len(kept)
+    assert box._links(["ok", 7, None, "y" * (box.MAX_LINK_LENGTH + 1)]) == (["ok"], 3)
+    assert box._links(None) == ([], 0)
+    with pytest.raises(box.DownloaderError, match="links must be a list"):
+        box._links(x for x in "ab")
+    header, _, _ = box.validate_result({"status_code": 200, "body": b"", "links": ["a"] * 3}, 10)
+    assert header["links"] == ["a"] * 3 and header["links_dropped"] == 0
+    assert "links" not in box.validate_result({"status_code": 200, "body": b""}, 10)[0]
+
+
+@pytest.mark.parametrize("links,dropped,ok", [
+    (None, 0, True), (["a"], 0, True), (["a"] * 10_001, 0, False), ([1], 0, False),
+    (["x" * 2049], 0, False), (["a"], -1, False), (["a"], True, False), ("abc", 0, False),
+])
+def test_a_frame_the_downloader_wrote_itself_is_held_to_the_same_caps(links, dropped, ok):
+    from slave.download.engines.sandbox import _is_links
+
+    assert _is_links(links, dropped) is ok
+

@@ -1,6 +1,7 @@
 """A job's manifest, settings and python downloader checked before it is registered (never run)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,11 @@ def test_bad_follow_and_sitemaps_tables_rejected_in_one_line(tmp_path: Path, ext
     with pytest.raises(ValidationError) as caught:
         validate_manifest(data, tmp_path)
     assert why in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_manifest_tables_in_docs_name_every_key():
+    from common.jobsettings import FOLLOW_DOC, SITEMAPS_DOC
+
+    text = (Path(__file__).parents[2] / "docs" / "crawling.md").read_text()
+    documented = set(re.findall(r"^\| `(follow|sitemaps)\.(\w+)` \|", text, re.M))
+    assert documented == {("follow", k) for k in FOLLOW_DOC} | {("sitemaps", k) for k in SITEMAPS_DOC}
