@@ -159,7 +159,7 @@ class Engines:
         if ctx.follow is None or result is None:
             return None
         found = await asyncio.get_running_loop().run_in_executor(
-            None, links.of_download, result, task["uri"], ctx.follow)
+            None, links.of_download, result, task["uri"], ctx.follow, ctx.language == "none")
         if found is not None and (found.excess or found.truncated):
             logger.info("job %s task %s: %d links taken, %d over the cap%s", ctx.name, task["_id"],
                         len(found.urls), found.excess, ", page read in part" if found.truncated else "")

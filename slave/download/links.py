@@ -155,11 +155,13 @@ def media_type(headers: dict[str, str]) -> str:
     return value.split(";", 1)[0].strip().lower()
 
 
-def of_download(download: Download, page_url: str, follow: Follow) -> Found | None:
-    """The links of a successful download for a job that follows links: those its python
-    downloader returned (``download.links``), else those of its page when the content type is one
-    the job parses; None when the page is not one to read links from."""
-    if download.links is not None:
+def of_download(download: Download, page_url: str, follow: Follow, engine: bool = True) -> Found | None:
+    """The links of a download for a job that follows links: of a built-in ``engine``'s page
+    when it succeeded with a content type the job parses; of a python downloader, those it
+    returned (``download.links``; its page is not parsed). None when there is nothing to read."""
+    if not engine:
+        if download.links is None:
+            return None
         found = resolve(download.links, page_url, follow.links_per_page)
         found.excess += download.links_dropped
         return found

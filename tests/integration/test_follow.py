@@ -111,3 +111,10 @@ def test_a_python_downloaders_malformed_links_fail_its_download(cluster, links, 
     code = f"def download(task):\n    return {{'status_code': 200, 'body': 'x', 'links': {links}}}\n"
     outcome = _download(_context(language="python", code=code), "https://example.org/start")
     assert outcome.download is None and why in outcome.error.reason
+
+
+def test_a_python_downloaders_page_is_not_parsed_only_its_links_taken(cluster):
+    code = ("def download(task):\n    return {'status_code': 200, 'headers': {'Content-Type': 'text/html'},"
+            " 'body': '<a href=/in-the-body>'}\n")
+    outcome = _download(_context(language="python", code=code), "https://example.org/start")
+    assert outcome.error is None and outcome.links is None

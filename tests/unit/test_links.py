@@ -136,10 +136,11 @@ def test_links_resolve_against_where_the_page_was_redirected():
 
 def test_a_python_downloaders_links_are_resolved_capped_and_its_drops_counted():
     returned = ["/rel", "https://a.org/x#f", "mailto:x@y", "https://a.org/x", *[f"/n{i}" for i in range(10)]]
-    got = of_download(_download(body=b"<a href=/not-parsed>", ctype="text/plain", links=returned,
-                                links_dropped=990), PAGE, Follow(links_per_page=3))
+    got = of_download(_download(body=b"<a href=/not-parsed>", links=returned, links_dropped=990), PAGE,
+                      Follow(links_per_page=3), engine=False)
     assert got.urls == ["https://example.com/rel", "https://a.org/x", "https://example.com/n0"]
     assert got.skipped == 1 and got.excess == 990 + 9
+    assert of_download(_download(body=b"<a href=/not-parsed>"), PAGE, Follow(), engine=False) is None
 
 
 def test_the_sandbox_caps_a_downloaders_links_by_count_length_and_bytes():
