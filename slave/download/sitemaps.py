@@ -200,7 +200,7 @@ def lastmod(text: str | None) -> datetime | None:
 
 
 def robots_sitemaps(text: str, robots_url: str) -> list[str]:
-    """The ``Sitemap:`` URLs of a robots.txt (read with Protego, as ``slave.download.etiquette``
+    """The ``Sitemap:`` URLs of a robots.txt (read with Protego, as ``slave.download.robots``
     reads it), canonical and http(s) only, the first MAX_ROBOTS_SITEMAPS."""
     from protego import Protego
 
