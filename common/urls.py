@@ -59,7 +59,7 @@ def host_name(text: str, where: str) -> str:
         ascii_host = host.encode("idna").decode("ascii")
     except UnicodeError:
         ascii_host = ""
-    if not ascii_host or any(ch in ascii_host for ch in "/:@?#[] \\"):
+    if not ascii_host or any(ch in ascii_host for ch in "/:@?#[]*,; \\"):
         raise ValidationError(f"{where}: {text[:80]!r} is not a host name")
     return ascii_host
 

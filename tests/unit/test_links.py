@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from w3lib.url import canonicalize_url
 
-from common.jobsettings import MAX_URL_LENGTH, Follow
+from common.jobsettings import MAX_LINKS_PER_PAGE, MAX_URL_LENGTH, Follow
 from slave.download import links
 from slave.download.engines.base import Download
 from slave.download.links import media_type, of_download, parse_html
@@ -146,6 +146,7 @@ def test_a_python_downloaders_links_are_resolved_capped_and_its_drops_counted():
 def test_the_sandbox_caps_a_downloaders_links_by_count_length_and_bytes():
     from slave.download.engines import sandbox_main as box
 
+    assert (box.MAX_LINKS, box.MAX_LINK_LENGTH) == (MAX_LINKS_PER_PAGE, MAX_URL_LENGTH)  # stdlib-only copies
     kept, dropped = box._links(["https://a.org/%d" % i for i in range(1_000_000)])
     assert len(kept) == box.MAX_LINKS and dropped == 1_000_000 - box.MAX_LINKS
     kept, dropped = box._links(["https://a.org/" + "x" * 2000] * box.MAX_LINKS)  # ~2 KB each: bytes cap first

@@ -86,6 +86,8 @@ def test_follow_and_sitemaps_tables_validated_into_typed_sections():
     ({"follow": {"scope": "sites"}}, "follow.sites is needed"),
     ({"follow": {"sites": ["a.org"]}}, "follow.sites is needed"),
     ({"follow": {"scope": "sites", "sites": ["http://a.org/"]}}, "is not a host name"),
+    ({"follow": {"scope": "sites", "sites": ["*.a.org"]}}, "'*.a.org' is not a host name"),
+    ({"follow": {"scope": "sites", "sites": ["a..org"]}}, "is not a host name"),
     ({"follow": {"scope": "sites", "sites": "a.org"}}, "follow.sites must be a list"),
     ({"follow": {"allow": ["(unclosed"]}}, "follow.allow pattern '(unclosed' does not compile"),
     ({"follow": {"deny": ["*bad"]}}, "follow.deny pattern '*bad' does not compile"),
