@@ -3,12 +3,11 @@ typed declaration that registration validates against, the worker reads, and the
 (a test holds ``CrawlerDownloadSetting`` to it)."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ValidationError
-from common.urls import check_url, host_name
+from common.urls import check_url, host_name, url_pattern
 
 ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
 # ``prior``, a job's queueing class (not its ``priority``, the queue level): entries of an urgent
@@ -277,8 +276,8 @@ def check_follow(raw: Any) -> Follow | None:
         patterns[key] = _strings(raw.get(key, []), f"follow.{key}", MAX_PATTERNS)
         for pattern in patterns[key]:
             try:
-                re.compile(pattern)
-            except (re.error, RecursionError, OverflowError) as exc:
+                url_pattern(pattern)
+            except ValueError as exc:
                 raise ValidationError(
                     f"follow.{key} pattern {pattern[:80]!r} does not compile: {exc}") from None
     types = _strings(raw.get("content_types", list(PARSED_TYPES)), "follow.content_types", 10, 100)

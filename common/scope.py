@@ -8,11 +8,11 @@ of scope cannot widen it. The URL is expected canonical (``common.urls.canonical
 from __future__ import annotations
 
 import ipaddress
-import re
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 from common.jobsettings import MAX_URL_LENGTH, Follow
+from common.urls import url_pattern
 
 
 def refusal(follow: Follow, page_url: str, url: str, depth: int, pages: int = 0) -> str | None:
@@ -65,5 +65,5 @@ def _suffixes():
 
 
 @lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern:
-    return re.compile(pattern)  # checked at registration
+def _compiled(pattern: str):
+    return url_pattern(pattern)  # checked at registration

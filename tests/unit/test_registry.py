@@ -91,6 +91,8 @@ def test_follow_and_sitemaps_tables_validated_into_typed_sections():
     ({"follow": {"scope": "sites", "sites": "a.org"}}, "follow.sites must be a list"),
     ({"follow": {"allow": ["(unclosed"]}}, "follow.allow pattern '(unclosed' does not compile"),
     ({"follow": {"deny": ["*bad"]}}, "follow.deny pattern '*bad' does not compile"),
+    ({"follow": {"deny": ["/(?!keep)"]}}, "invalid perl operator: (?!"),  # RE2: no lookahead
+    ({"follow": {"allow": [r"(a)\1"]}}, "does not compile: invalid escape sequence: \\1"),
     ({"follow": {"deny": ["a\nb"]}}, "one-line strings"),
     ({"follow": {"max_depth": -1}}, "follow.max_depth must be an integer in 0..10000, got -1"),
     ({"follow": {"max_depth": True}}, "follow.max_depth"),

@@ -52,6 +52,13 @@ def test_depth_and_pages_caps():
     assert refusal(Follow(max_depth=0), PAGE, url, depth=1) == "deeper than max_depth 0"
 
 
+def test_patterns_match_in_linear_time():
+    """``(a+)+$`` against 2,000 a's and a b: Python's re would backtrack for ages, RE2 answers at once."""
+    base = "https://www.example.co.uk/"
+    url = base + "a" * (MAX_URL_LENGTH - len(base) - 1) + "b"
+    assert refusal(Follow(allow=(r"(a+)+$",)), PAGE, url, 1) == "matches no allow pattern"
+
+
 def test_a_calendar_trap_ends_at_the_depth_cap():
     """Each page of an endless calendar links to the next month: followed until max_depth, then not."""
     follow, page, depth, followed = Follow(max_depth=12), "https://www.example.co.uk/cal/2000/1", 0, 0
