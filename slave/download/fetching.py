@@ -27,7 +27,7 @@ from common.sitelimits import site_of
 from common.store import attempts
 from slave.download import links
 from slave.download.coalescing import Coalescing
-from slave.download.engines import aio, browser, http, sandbox
+from slave.download.engines import aio, browser, chromium, http, sandbox
 from slave.download.engines.base import Download
 from slave.download.engines.rules import too_big
 from slave.download.etiquette import Etiquette
@@ -80,7 +80,7 @@ class Engines:
     def __init__(self) -> None:
         self.client = aio.Client()
         self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
-        self.browsers = browser.Pool(
+        self.browsers = chromium.Pool(
             settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB
         )
         self.blocking = ThreadPoolExecutor(

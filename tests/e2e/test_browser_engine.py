@@ -17,11 +17,11 @@ from common.errors import DownloadError
 from common.store.models import CrawlerDownloadData, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
-from slave.download.engines import browser
+from slave.download.engines import browser, chromium
 from slave.download.engines.base import Limits
 from tests.helpers import add_urls, cli, register, sent, statuses, write_job
 
-pytestmark = pytest.mark.skipif(browser.chromium_path() is None,
+pytestmark = pytest.mark.skipif(chromium.chromium_path() is None,
                                 reason="chromium is not installed (make test installs it as root)")
 BIN = Path(sys.executable).parent
 
@@ -31,7 +31,7 @@ class _Loop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.pool = browser.Pool(size=1, max_pages=50, memory_mb=256)
+        self.pool = chromium.Pool(size=1, max_pages=50, memory_mb=256)
 
     def fetch(self, url: str, timeout: float = 20, **kw):
         kw.setdefault("allow_private", True)  # the sample site is on loopback

@@ -414,9 +414,9 @@ def test_a_page_in_the_browser_engine_reaches_no_cluster_service(walled):
     """The browser engine runs as a sandbox uid too: a page's resources load from an ordinary
     site on this host but not from the web on WEB_BIND. (``download_js`` runs after the load,
     when the engine lets no request out at all.)"""
-    from slave.download.engines import browser
+    from slave.download.engines import chromium
 
-    if browser.chromium_path() is None:
+    if chromium.chromium_path() is None:
         pytest.skip("chromium is not installed (make test installs it as root)")
     from tests.e2e.test_browser_engine import _Loop
 

@@ -26,7 +26,7 @@ from common import netguard
 from common.config import load
 from common.errors import AddressRefused, DownloadError
 from services import RedisServer, free_port
-from slave.download.engines import browser, wall
+from slave.download.engines import chromium, wall
 from slave.download.engines import http as requests_engine
 from slave.download.engines.base import Limits
 from slave.download.engines.sandbox import run_python
@@ -34,7 +34,7 @@ from tests.e2e.test_browser_engine import _Loop
 from tests.integration.test_download_engines import _AioEngine
 
 pytestmark = pytest.mark.skipif(wall.check() is not None, reason=f"no sandbox here: {wall.check()}")
-needs_chromium = pytest.mark.skipif(browser.chromium_path() is None, reason="chromium is not installed")
+needs_chromium = pytest.mark.skipif(chromium.chromium_path() is None, reason="chromium is not installed")
 
 LIMITS = Limits(timeout=30, maxsize=1024 * 1024, max_processes=32)
 COOKIE, API_KEY, BEARER = "sid=c00kie-s3cret", "k3y-s3cret", "Bearer t0ken-s3cret"
@@ -97,7 +97,7 @@ def two_sites():
 
 @pytest.fixture(scope="module")
 def chrome():
-    if browser.chromium_path() is None:
+    if chromium.chromium_path() is None:
         pytest.skip("chromium is not installed")
     c = _Loop()
     yield c
@@ -133,7 +133,7 @@ def test_a_third_party_resource_of_a_rendered_page_sees_no_cookie_or_header(clus
 @pytest.mark.parametrize("engine", ["aiohttp", "requests", "browser"])
 def test_a_cross_site_redirect_carries_no_cookie_or_custom_header(cluster, two_sites, engine, request):
     own, other = two_sites
-    if engine == "browser" and browser.chromium_path() is None:
+    if engine == "browser" and chromium.chromium_path() is None:
         pytest.skip("chromium is not installed")
     kw = dict(cookie=COOKIE, headers={"X-Api-Key": API_KEY, "Authorization": BEARER}, allow_private=True)
     url = f"{own.base}/go?to={other.base}/landed"

@@ -1,0 +1,212 @@
+"""One page of the browser engine in its DevTools session: set up (downloads denied, every request
+paused, the job's cookie host-only), then fed the session's events, each answered.
+
+Requests (``Fetch.requestPaused``): http/https only, so a redirect or a script navigating to
+``file://`` is refused; the job's headers are added to requests to the task's own site alone;
+proxy credentials answered, dialogs dismissed.
+
+Addresses (``common/netguard.py``): every paused request's host is resolved and judged before it
+may go (an address in the URL as it is; through a proxy only that), and the main document is
+refused when the address Chromium reports it came from is. Chromium resolves names itself, so
+this is not pinned as the other engines are: a name that changes its answer between the two
+lookups can still reach a subresource, never the stored main document.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from common import netguard
+from common.errors import AddressRefused, DownloadError
+from common.secrets import keeps_credentials
+
+if TYPE_CHECKING:
+    from slave.download.engines.base import Limits
+    from slave.download.engines.chromium import Browser
+
+IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
+# Chromium's net errors (after those named in ``_net_error``) that another try cannot mend
+NET_ERRORS_FINAL = ("ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME", "ERR_CERT_",
+                    "ERR_BLOCKED_BY_CLIENT")
+
+
+def _net_error(text: str) -> DownloadError:
+    if "ERR_CONNECTION_REFUSED" in text:
+        return DownloadError("connection refused", retryable=True)
+    if "ERR_NAME_NOT_RESOLVED" in text:
+        return DownloadError(f"DNS lookup failed: {text}", retryable=True)
+    if "ERR_TOO_MANY_REDIRECTS" in text:
+        return DownloadError("too many redirects", retryable=False)
+    if "ERR_UNSAFE_REDIRECT" in text:
+        return DownloadError("redirect to unsupported scheme", retryable=False)
+    return DownloadError(f"connection error: {text}", retryable=not any(c in text for c in NET_ERRORS_FINAL))
+
+
+class Page:
+    """The state of one page load, fed with the DevTools events of its session."""
+
+    def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str,
+                 allow_private: bool = False, proxied: bool = False, site: str = "",
+                 headers: dict | None = None) -> None:
+        self.b, self.session, self.limits = b, session, limits
+        self.user, self.password = user, password
+        self.site, self.headers = site, headers or {}  # the job's headers go to the task's site only
+        self.allow_private, self.proxied = allow_private, proxied
+        self.judged: dict[tuple[str, int], str | None] = {}  # (host, port): why refused, or None
+        self.main_frame = self.loader = None
+        self.response: dict = {}
+        self.refused: list[str] = []
+        self.inflight: set[str] = set()
+        self.redirects = 0
+        self.loaded_at: float | None = None
+        self.idle_since: float | None = None
+
+    def failed_navigation(self, text: str) -> DownloadError:
+        refused = next((why for why in self.judged.values() if why), None)
+        if refused and "ERR_ADDRESS_UNREACHABLE" in text:
+            return AddressRefused(refused)
+        if self.refused:
+            return DownloadError(f"redirect to unsupported scheme {self.refused[0]!r}", retryable=False)
+        return _net_error(text)
+
+    async def on(self, ev: dict) -> None:  # noqa: C901 - one branch per event
+        b, session = self.b, self.session
+        method, p = ev.get("method"), ev.get("params", {})
+        if method == "Inspector.targetCrashed":
+            raise DownloadError("page crashed (out of memory?)", retryable=True)
+        if method == "Fetch.requestPaused":
+            scheme = urlsplit(p["request"]["url"]).scheme.lower()
+            if scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
+                await b.call("Fetch.failRequest",
+                             {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
+            elif scheme in ("http", "https", "data", "blob"):
+                await b.call("Fetch.continueRequest", self.continued(p), session)
+            else:  # file:, chrome:, ftp: ... never
+                self.refused.append(scheme)
+                await b.call("Fetch.failRequest",
+                             {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
+        elif method == "Fetch.authRequired":
+            if p.get("authChallenge", {}).get("source") == "Proxy" and self.user:
+                answer = {"response": "ProvideCredentials", "username": self.user, "password": self.password}
+            else:
+                answer = {"response": "CancelAuth"}
+            await b.call("Fetch.continueWithAuth",
+                         {"requestId": p["requestId"], "authChallengeResponse": answer}, session)
+        elif method == "Page.javascriptDialogOpening":
+            await b.call("Page.handleJavaScriptDialog", {"accept": False}, session)
+        elif method == "Network.requestWillBeSent":
+            self.inflight.add(p["requestId"])
+            if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
+                if p.get("redirectResponse"):
+                    self.redirects += 1
+                    if self.redirects > self.limits.max_redirects:
+                        raise DownloadError(f"too many redirects (more than {self.limits.max_redirects})",
+                                            retryable=False)
+                self.loader = p["requestId"]
+        elif method == "Network.responseReceived":
+            if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
+                self.response = p["response"]
+                ip = netguard.parse_ip(str(self.response.get("remoteIPAddress") or ""))
+                if ip is not None and not self.proxied:  # where the stored page really came from
+                    why = netguard.refusal(ip, int(self.response.get("remotePort") or 0), self.allow_private)
+                    if why:
+                        raise AddressRefused(why)
+        elif method in ("Network.loadingFinished", "Network.loadingFailed"):
+            self.inflight.discard(p["requestId"])
+            if method == "Network.loadingFailed" and p["requestId"] == self.loader and not self.response:
+                raise self.failed_navigation(p.get("errorText", "failed"))
+        elif method == "Page.loadEventFired":
+            self.loaded_at = time.monotonic()
+
+    def continued(self, paused: dict) -> dict:
+        """Fetch.continueRequest's parameters for a paused request: the job's headers added when
+        it goes to the task's own site (each redirect hop is paused and judged anew)."""
+        request = paused["request"]
+        if not self.headers or not keeps_credentials(self.site, request["url"]):
+            return {"requestId": paused["requestId"]}
+        merged = {str(k): str(v) for k, v in (request.get("headers") or {}).items()
+                  if str(k).lower() not in {h.lower() for h in self.headers}}
+        merged.update(self.headers)
+        return {"requestId": paused["requestId"],
+                "headers": [{"name": k, "value": v} for k, v in merged.items()]}
+
+    async def refusal(self, url: str) -> str | None:
+        """Why a request to ``url`` may not go (its host judged once per page), or None."""
+        parts = urlsplit(url)
+        try:
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme.lower() == "https" else 80)
+        except ValueError:
+            return None  # Chromium refuses it itself
+        if (host, port) not in self.judged:
+            why = None
+            try:
+                netguard.judge_literal(host, port, self.allow_private)
+                if not self.proxied and netguard.parse_ip(host) is None:
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, netguard.resolve, host, port, self.allow_private)
+            except AddressRefused as exc:
+                why = exc.reason
+            except OSError:  # does not resolve: Chromium says so
+                pass
+            self.judged[(host, port)] = why
+        return self.judged[(host, port)]
+
+    def settled(self, idle_max: float) -> bool:
+        """Loaded, and the network idle for IDLE_QUIET seconds (or idle_max passed since load)."""
+        if self.loaded_at is None:
+            return False
+        now = time.monotonic()
+        self.idle_since = (self.idle_since or now) if not self.inflight else None
+        quiet = self.idle_since is not None and now - self.idle_since >= IDLE_QUIET
+        return quiet or now - self.loaded_at >= idle_max
+
+
+async def prepare(b: Browser, ctx: str, session: str, user_agent: str, url: str, cookie: str) -> None:
+    """A new page's set-up: downloads refused, the domains it reports, every request paused in
+    Fetch (to be judged, and given the job's headers when it goes to the task's site), the user
+    agent, and the job's cookie as host-only cookies of the task's URL (the browser sends them
+    to that host alone)."""
+    await b.call("Browser.setDownloadBehavior", {"behavior": "deny", "browserContextId": ctx})
+    for method in ("Page.enable", "Network.enable", "Runtime.enable"):
+        await b.call(method, session=session)
+    await b.call("Fetch.enable", {"handleAuthRequests": True, "patterns": [{"urlPattern": "*"}]}, session)
+    await b.call("Network.setUserAgentOverride", {"userAgent": user_agent}, session)
+    cookies = _cookies(cookie, url)
+    if cookies:
+        await b.call("Network.setCookies", {"cookies": cookies}, session)
+
+
+def _cookies(cookie: str, url: str) -> list[dict]:
+    """A raw Cookie header (``a=1; b=2``) as DevTools cookies bound to ``url``'s host and path
+    ``/`` (no Domain attribute: host-only)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}/"
+    found = []
+    for pair in cookie.split(";"):
+        name, eq, value = pair.strip().partition("=")
+        if not eq:  # a bare value is a cookie with an empty name, as browsers read "Cookie: x"
+            name, value = "", name
+        if name or value:
+            found.append({"name": name.strip(), "value": value.strip(), "url": origin, "path": "/"})
+    return found
+
+
+async def answering(page: Page, events: asyncio.Queue, work):
+    """``work``'s result, the page's events answered meanwhile: a request the script makes waits
+    paused in Fetch until it is continued or refused."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                await page.on(getter.result())
+            else:
+                getter.cancel()
+            if task.done():
+                return task.result()
+    finally:
+        task.cancel()
+
