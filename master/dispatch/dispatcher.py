@@ -35,7 +35,7 @@ from datetime import datetime
 from redis import Redis
 
 from common.config import settings
-from common.errors import ConfigError, DispatchLocked, ValidationError
+from common.errors import ConfigError, DispatchLocked, http_status
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
 from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import (
@@ -433,11 +433,10 @@ def _child_run(flags: dict) -> tuple[int, dict | str]:
     try:
         connect_mongo()
         return 200, dispatch_once().as_dict()
-    except DispatchLocked as exc:
-        return 409, str(exc)
-    except (ConfigError, ValidationError) as exc:
-        return 422, redact(str(exc))
     except Exception as exc:
+        status = http_status(exc)
+        if status is not None:
+            return status, redact(str(exc))
         line = unreachable(exc)
         if line is None:
             capture(exc)
