@@ -129,6 +129,13 @@ def defaults(cluster) -> dict[str, Any]:
     return out
 
 
+def resolved(stored: dict[str, Any], cluster) -> dict[str, Any]:
+    """A job's settings as stored (or given), each one missing or unset (an older document, an
+    empty ``download_engine``) at its default; keys that are no setting are left out."""
+    given = {k: v for k, v in stored.items() if k in BY_NAME and v is not None and v != ""}
+    return {**defaults(cluster), **given}
+
+
 def field_args(name: str) -> dict[str, Any]:
     """The model field's arguments for setting ``name``, from its declaration: bounds, length and
     default (a cluster setting's default is read when a document is made)."""

@@ -34,6 +34,7 @@ from datetime import datetime
 
 from redis import Redis
 
+from common import jobsettings
 from common.config import settings
 from common.errors import ConfigError, DispatchLocked, http_status
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
@@ -229,13 +230,12 @@ def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
     conf = dispatch_settings([j["_id"] for j in jobs])
 
     def load(job: dict) -> JobWork:
-        c = conf.get(job["_id"], {})
-        work = JobWork(job=job, dispatch_num=c.get("dispatch_num", settings.DEFAULT_DISPATCH_NUM),
-                       max_retry_times=c.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES),
-                       prior=c.get("prior", 0))
+        c = jobsettings.resolved(conf.get(job["_id"], {}), settings)
+        work = JobWork(job=job, dispatch_num=c["dispatch_num"], max_retry_times=c["max_retry_times"],
+                       prior=c["prior"])
         work.again = due_again(job["_id"], work.max_retry_times, work.dispatch_num, now)
         work.fresh, work.read_to = due_fresh(job, work.dispatch_num - len(work.again), now)
-        if c.get("revisit"):  # visits again take what retries and fresh tasks left
+        if c["revisit"]:  # visits again take what retries and fresh tasks left
             need = work.dispatch_num - len(work.again) - len(work.fresh)
             work.revisits, work.revisit_floor = due_revisits(job, need, now)
         return work
