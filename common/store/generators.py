@@ -180,9 +180,3 @@ def runs(job_id, limit: int = 20, before: str | None = None) -> list[dict]:
         match["_id"] = {"$lt": ObjectId(before)}
     return list(_logs().find(match, LOG_FIELDS).sort("_id", -1).limit(limit))
 
-
-def run_log(run_id: str) -> dict | None:
-    try:
-        return _logs().find_one({"_id": ObjectId(run_id)})
-    except Exception:
-        return None
