@@ -347,7 +347,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
         list(pool.map(run.send, works))
     if alerts:
-        store_logs.add_alerts([(w.job["_id"], kind, reason) for w, kind, reason in alerts], now)
+        store_logs.add_alerts([(w.job["_id"], alert, reason) for w, alert, reason in alerts], now)
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")
