@@ -18,7 +18,7 @@ from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import ADMIN, iso
 from master import access, audit, generators, projects, registry, tokens, views
-from master.dispatch.dispatcher import dispatch_in_child
+from master.dispatch.runs import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
 from master.web.contract import (
