@@ -265,9 +265,9 @@ def fetch_entry(redis: Redis, entry: str) -> Entry | None:
         return None
     except Exception as exc:  # pickle, bad JSON, a hash of another shape
         raise ForeignEntry(f"{entry[:80]!r} is not JSON of rq's form ({type(exc).__name__})") from None
-    form = FORMS[kind] if kind is not None else None
-    if form is None or not entry.startswith(form.prefix):
+    if kind is None or not entry.startswith(FORMS[kind].prefix):
         raise ForeignEntry(f"{entry[:80]!r} is of no kind its id allows ({str(call[0])[:80]!r})")
+    form = FORMS[kind]
     ref = entry[len(form.prefix):]
     if call != (form.function, [ref], {}):
         raise ForeignEntry(f"{entry[:80]!r} calls {str(call[0])[:80]!r}, not {form.function}")
