@@ -43,7 +43,6 @@ GENERATOR_COMMANDS = {
 }
 
 
-
 def import_attribute(path: str):
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
