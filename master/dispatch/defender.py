@@ -11,8 +11,9 @@ verdicts are ``common.store.leases.lease_verdict``):
     does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
     attempt died. Its tasks get ``recoveries`` + 1; at MAX_RECOVERIES they end DEAD (poison).
 A judged lease is first marked LOST by compare-and-set on what was judged (a worker claiming
-or beating at that moment makes it fail: ``common.store.claims.judged``), then released (``common.store.leases.release``). Then the sweep removes data
-documents that no task names, once their lease is gone (``common.store.leases.sweep_orphans``).
+or beating at that moment makes it fail: ``common.store.claims.judged``), then released
+(``common.store.leases.release``). Then the sweep removes data documents that no task names,
+once their lease is gone (``common.store.leases.sweep_orphans``).
 
 Runs at the start of every dispatch (under the dispatcher lock, which the "absent from Redis"
 judgement needs) and as ``downcluster defender``.
