@@ -83,7 +83,7 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
 
 def _judge(redis: Redis, lease: dict, here: bool, now: datetime, report: RecoveryReport) -> None:
     """Give the lease's tasks back if its verdict says so (and it is still what was judged)."""
-    verdict = leases.lease_verdict(lease, here, now, settings.HEARTBEAT_TTL, settings.LEASE_TIMEOUT,
+    verdict = leases.lease_verdict(lease, here, now, leases.LEASE.ttl(), settings.LEASE_TIMEOUT,
                                    settings.ABSENCE_GRACE)
     if verdict is None:
         return
