@@ -319,7 +319,8 @@ def _print_report(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One run; print its report as JSON.")
 def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: bool) -> None:
     """One dispatcher run (cron it every 5 minutes), or --loop to run continuously."""
-    from master.dispatch.dispatcher import dispatch_loop, dispatch_once
+    from master.dispatch.dispatcher import dispatch_once
+    from master.dispatch.runs import dispatch_loop
 
     _connect()
     if not loop:
@@ -372,7 +373,8 @@ def migrate() -> None:
                f"moved {report.secrets_moved} secrets, tokens and sessions to the control database; "
                f"named the owning token of {report.owners_filled} exports; put "
                f"{report.projects_filled[0]} jobs, {report.projects_filled[1]} exports and "
-               f"{report.projects_filled[2]} tokens into project default")
+               f"{report.projects_filled[2]} tokens into project default; "
+               f"moved {report.claims_moved} notification claims to the one claim protocol")
     for left in report.secrets_kept or []:
         click.echo(
             f"  left in the source database (the control database has another of that name): {left}", err=True

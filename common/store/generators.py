@@ -10,15 +10,22 @@ Invariant: a run is started only by a compare-and-set that moves ``next_at`` fro
 to the next time after now and sets ``running_run`` while it was empty, so however many
 dispatchers see a generator due, one run starts per due time, and after an outage the missed
 times collapse into one run; a run's log is taken by its worker by compare-and-set on
-``started_at``, so an entry delivered twice runs once. ``running_run`` is cleared only by the run
-it names (its end, or the sweep of a run whose worker vanished).
+``started_at``, so an entry delivered twice runs once. A run is claimed work
+(``common.store.claims``, as ``RUN``): the dispatcher's ``claim_run`` only reserves it (like a
+lease made QUEUED); the worker that takes it claims it (``beat_at``, from nothing) and beats it
+while the generator runs; a run whose worker stops beating for HEARTBEAT_TTL, or that no worker
+took within the wait its caller gives (``lost_runs``), is given up (``give_up``): FAIL, with a
+``generator_fail`` alert — never run again, the next due time runs. ``running_run`` is cleared
+only by the run it names (its end, or its recovery).
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from bson import ObjectId
 
+from common.config import settings
+from common.store import claims
 from common.store.models import (
     FAIL,
     GEN_ON,
@@ -40,6 +47,10 @@ def _coll():
 
 def _logs():
     return CrawlerGeneratorLog._get_collection()
+
+
+RUN = claims.Claimed("generator run", _coll, owner="running_run", ttl=lambda: float(settings.HEARTBEAT_TTL),
+                     max_recoveries=lambda: 1, held={"running_run": {"$ne": None}}, alert="generator_fail")
 
 
 # --- registration and state ------------------------------------------------------------------
@@ -101,7 +112,7 @@ def claim_run(gen_id, seen_next: datetime | None, new_next: datetime | None, run
     under way, if no run is and nobody moved ``next_at`` first (``state`` None: any state, for a
     run asked by hand; ``seen_next`` is then left as it is)."""
     match: dict = {"_id": gen_id, "running_run": None}
-    change: dict = {"running_run": run_id, "running_since": now}
+    change: dict = {"running_run": run_id, "running_since": now, claims.BEAT: None}
     if state is not None:
         match.update(state=state, next_at=seen_next)
         change["next_at"] = new_next
@@ -115,10 +126,30 @@ def skip_due(gen_id, seen_next: datetime, new_next: datetime) -> bool:
                                    {"$set": {"next_at": new_next}}).modified_count)
 
 
-def stale_runs(before: datetime) -> list[dict]:
-    """Generators whose run has been under way since before ``before`` (its worker vanished)."""
-    return list(_coll().find({"running_run": {"$ne": None}, "running_since": {"$lt": before}},
-                             {"job": 1, "running_run": 1, "running_since": 1}).limit(100))
+def lost_runs(now: datetime, wait: float) -> list[tuple[dict, str]]:
+    """Runs to give up, each with why: claimed and silent for HEARTBEAT_TTL (``claims.expired``),
+    or reserved since before ``wait`` seconds ago and taken by no worker."""
+    fields = {"job": 1, "running_since": 1}
+    silent = [(g, f"no heartbeat for {RUN.ttl():g} s (its worker died)")
+              for g in claims.expired(RUN, now, fields, limit=100)]
+    waiting = _coll().find({"running_run": {"$ne": None}, claims.BEAT: None,
+                            "running_since": {"$lt": now - timedelta(seconds=wait)}},
+                           {**fields, "running_run": 1, claims.BEAT: 1, claims.COUNTER: 1}).limit(100)
+    return silent + [(g, f"still under way after {wait:g} s (its worker vanished?)")
+                     for g in waiting]
+
+
+def give_up(gen: dict, reason: str, what: str, now: datetime) -> bool:
+    """End a lost run FAIL (``claims.recover``: by compare-and-set on the run as judged, with the
+    one alert); whether this did."""
+    run_id = gen["running_run"]
+    ended = {"$set": {"running_since": None, claims.BEAT: None, "last_run_at": now, "last_status": FAIL}}
+    if claims.recover(RUN, gen, reason, ended, ended, job=gen["job"], what=what) is None:
+        return False
+    _logs().update_one({"_id": ObjectId(run_id), "status": RUN_RUNNING},
+                       {"$set": {"status": FAIL, "failed_reason": f"run given up: {reason}",
+                                 "finished_at": now}})
+    return True
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -145,8 +176,9 @@ def skipped(run_id: str, job_id, now: datetime, hostname: str, reason: str) -> N
 
 
 def start_run(run_id: str, hostname: str, now: datetime) -> dict | None:
-    """Take run ``run_id`` for this worker: its log and generator, or None if it is not RUNNING,
-    already started, or its generator is gone."""
+    """Take run ``run_id`` for this worker: its log, then the run's claim on its generator
+    (``claims.claim``: ``beat_at`` from nothing); the log and generator, or None if it is not
+    RUNNING, already started, given up, or its generator is gone."""
     try:
         oid = ObjectId(run_id)
     except Exception:
@@ -155,8 +187,8 @@ def start_run(run_id: str, hostname: str, now: datetime) -> dict | None:
                                       {"$set": {"started_at": now, "hostname": hostname}})
     if log is None:
         return None
-    gen = _coll().find_one({"job": log["job"]})
-    if gen is None or gen.get("running_run") != run_id:
+    gen = claims.claim(RUN, {"job": log["job"], "running_run": run_id, claims.BEAT: None}, run_id)
+    if gen is None:
         end_run(run_id, log["job"], {"status": FAIL, "failed_reason": "generator removed or run given up"},
                 now)
         return None
@@ -168,9 +200,9 @@ def end_run(run_id: str, job_id, fields: dict, now: datetime) -> None:
     its generator for the next one."""
     _logs().update_one({"_id": ObjectId(run_id), "status": RUN_RUNNING},
                        {"$set": {**fields, "finished_at": now}})
-    _coll().update_one({"job": job_id, "running_run": run_id},
-                       {"$set": {"running_run": None, "running_since": None, "last_run_at": now,
-                                 "last_status": fields.get("status")}})
+    _coll().update_one({"job": job_id, **claims.holding(RUN, run_id)},
+                       {"$set": {"running_run": None, "running_since": None, claims.BEAT: None,
+                                 "last_run_at": now, "last_status": fields.get("status")}})
 
 
 def runs(job_id, limit: int = 20, before: str | None = None) -> list[dict]:
@@ -180,9 +212,3 @@ def runs(job_id, limit: int = 20, before: str | None = None) -> list[dict]:
         match["_id"] = {"$lt": ObjectId(before)}
     return list(_logs().find(match, LOG_FIELDS).sort("_id", -1).limit(limit))
 
-
-def run_log(run_id: str) -> dict | None:
-    try:
-        return _logs().find_one({"_id": ObjectId(run_id)})
-    except Exception:
-        return None

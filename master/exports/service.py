@@ -33,7 +33,7 @@ from common.exports.tabular import check_fits
 from common.exports.templates import parse_template
 from common.notify import check_callback, check_mail, deliver_due
 from common.queue.names import EXPORT_QUEUE
-from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
+from common.queue.rqbridge import entry_exists, export_entry_id, push_export, rq_queue
 from common.signing import export_url
 from common.store import exports, projects
 from common.store.control import Token
@@ -215,9 +215,8 @@ def _join(export: exports.Export, callbacks: list[str], mails: list[str]) -> Non
 
 def push(redis: Redis, export: exports.Export) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
-    rq_queue(EXPORT_QUEUE, redis).enqueue_call(
-        EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
-        failure_ttl=7 * 24 * 3600, timeout=(export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
+    push_export(redis, EXPORT_QUEUE, str(export.id),
+                (export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
     exports.mark_queued(export.id, utcnow())
 
 
@@ -353,13 +352,12 @@ def tend(redis: Redis) -> TendReport:
     dispatcher runs this as a chore (master/maintenance.py), which logs it and goes on."""
     report = TendReport()
     now = store_now()  # the clock the exporter stamps beat_at with
-    dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
-    for doc, final in exports.recover_dead(now, dead_before, settings.MAX_RECOVERIES):
+    for doc, final in exports.recover_dead(now):
         report.recovered += 1
         _stopped(doc, final)
     # over its time limit: stopped and retried even if its worker still beats (it finds the
-    # export no longer its own at its next progress write and stops)
-    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME, settings.EXPORT_MAX_RETRIES):
+    # export no longer its own at its next progress write and stops); a recovery, as a death
+    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME):
         report.overran += 1
         _stopped(doc, final)
     for doc in exports.due(now):

@@ -9,11 +9,11 @@ from typing import Any
 
 from bson import ObjectId
 
+from common import jobsettings
 from common.config import settings
-from common.jobsettings import SETTING_NAMES, Follow
+from common.jobsettings import Follow
 from common.secrets import remember, secret_header_values
 from common.store import jobs
-from common.store.models import ENGINES
 from slave.download.engines.base import Limits
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
@@ -46,12 +46,12 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     job = jobs.context(job_id)
     ctx = None
     if job is not None:
-        conf = {k: job["settings"][k] for k in SETTING_NAMES if k in job["settings"]}
+        conf = jobsettings.resolved(job["settings"], settings)
         remember(conf.get("proxy"), conf.get("cookie"), *secret_header_values(conf.get("headers")))
         ctx = JobContext(
             job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
-            language=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
-            max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
+            language=job["language"], code=job["code"], engine=conf["download_engine"],
+            max_retry_times=conf["max_retry_times"], settings=conf,
             supported=job["supported"])
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
