@@ -122,18 +122,34 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     assert not [ix for ix in NotificationLog._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
 
 
+def _stored_again(job) -> None:
+    """Each page of ``job`` stored again, as a revisit does: its first version becomes an earlier
+    one (in the task's ``history``, superseded) and a new document is its latest."""
+    from common.store.models import CrawlerDownloadData, CrawlerTask
+
+    data, tasks = CrawlerDownloadData._get_collection(), CrawlerTask._get_collection()
+    for task in tasks.find({"job": job.id}):
+        first = data.find_one({"task": task["_id"], "lease": task["data_lease"]})
+        again = {k: v for k, v in first.items() if k not in ("_id", "response_body_gridfs")}
+        data.insert_one({**again, "lease": f"again-{task['_id']}", "response_body": b"v2", "version": 2})
+        tasks.update_one({"_id": task["_id"]}, {"$set": {"data_lease": f"again-{task['_id']}",
+                                                         "history": [first["lease"]]}})
+        data.update_one({"_id": first["_id"]}, {"$set": {"superseded": True}})
+
+
 def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp_path, monkeypatch):
     import base64
     import gzip
     from datetime import timedelta
 
-    from common.store.models import Job, utcnow
+    from common.store.models import CrawlerDownloadData, CrawlerTask, Job, utcnow
     from sample_site import page_body
     from tests.integration.test_exports import _job_with_pages
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")
     _job_with_pages(cluster, tmp_path, n=3, name="old")
     job = Job.objects.get(name="old")
+    _stored_again(job)
     before = _counts(job)
     later = (utcnow() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     nowhere = cli("archive", "old", "--before", later, "-o", str(tmp_path / "no" / "such" / "dir.jsonl.gz"))
@@ -146,10 +162,13 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     lines = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
     data = [r for r in lines if r["kind"] == "data"]
     assert len(data) == 3 and len([r for r in lines if r["kind"] == "download_log"]) == 3
-    for record in data:  # the record of `data export --format jsonl`, byte-exact
+    for record in data:  # the earlier versions, as `data export --format jsonl` writes them, byte-exact
         n = int(record["url"].rsplit("/", 1)[1])
         assert base64.b64decode(record["body_base64"]) == page_body(n) and record["task_id"]
-    assert _counts(job) == {"data": 0, "tasks": 3, "logs": 0, "gridfs": 0}
+    # each page's latest version stays, however old: the archive never removes a page
+    assert _counts(job) == {"data": 3, "tasks": 3, "logs": 0, "gridfs": 0}
+    for task in CrawlerTask.objects(job=job):
+        assert task.history == [] and CrawlerDownloadData.objects(task=task.id, lease=task.data_lease).count() == 1
     again = cli("archive", "old", "--before", later, "-o", str(out))
     assert again.exit_code == 2 and "exists" in again.output  # never overwritten
 
@@ -370,7 +389,7 @@ def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, mon
 
 
 def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster, tmp_path):
-    from common.store.models import CrawlerDownloadData
+    from common.store.models import CrawlerDownloadData, Job
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
@@ -383,8 +402,9 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
         and report.data == report.download_logs == 0
         and CrawlerDownloadData.objects.count() == 2
     )
+    _stored_again(Job.objects.get(name="century"))
     result = cli(
         "archive", "century", "--before", "9999-12-31T23:59:59Z", "-o", str(tmp_path / "all.jsonl.gz")
     )
     assert result.exit_code == 0, result.output
-    assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 0
+    assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 2
