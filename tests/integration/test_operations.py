@@ -408,3 +408,31 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
     )
     assert result.exit_code == 0, result.output
     assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 2
+
+
+def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnight_utc(cluster, tmp_path):
+    from datetime import timedelta
+
+    from common.store.models import CrawlerDownloadLog, utcnow
+    from tests.integration.test_exports import _job_with_pages
+
+    _job_with_pages(cluster, tmp_path, n=2, name="dated")
+    today = utcnow().date()
+    tomorrow = today + timedelta(days=1)
+
+    def exported(*options: str) -> int:
+        result = cli("data", "export", "dated", "--format", "jsonl", *options)
+        assert result.exit_code == 0, result.output
+        return len(result.output.splitlines())
+
+    assert exported("--since", today.isoformat()) == 2  # stored after today's midnight
+    assert exported("--until", today.isoformat()) == 0
+    assert exported("--since", f"{today.isoformat()}T00:00:00Z", "--until", tomorrow.isoformat()) == 2
+    for bad, why in (("2026-13-01", "is not a date-time"), ("23.11.2026", "or 2026-11-01"), ("yesterday", "RFC 3339")):
+        refused = cli("data", "export", "dated", "--since", bad)
+        assert refused.exit_code == 2 and why in refused.output, refused.output
+    archived = cli("archive", "dated", "--before", tomorrow.isoformat(), "-o", str(tmp_path / "a.jsonl.gz"))
+    assert archived.exit_code == 0, archived.output
+    assert "2 download logs" in archived.output and CrawlerDownloadLog.objects.count() == 0
+    assert (tmp_path / "a.jsonl.gz").exists()
+    assert cli("archive", "dated", "--before", "2026-11-23", "-o", str(tmp_path / "b.jsonl.gz")).exit_code == 0
