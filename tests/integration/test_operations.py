@@ -436,3 +436,24 @@ def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnigh
     assert "2 download logs" in archived.output and CrawlerDownloadLog.objects.count() == 0
     assert (tmp_path / "a.jsonl.gz").exists()
     assert cli("archive", "dated", "--before", "2026-11-23", "-o", str(tmp_path / "b.jsonl.gz")).exit_code == 0
+
+
+def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
+    from common.store import counts
+    from common.store.models import CrawlerLease, CrawlerTask, utcnow
+    from master.dispatch.dispatcher import dispatch_once
+    from master.ops import stats
+    from tests.helpers import add_urls, register
+
+    job = register(tmp_path, "again", revisit=3600.0, obey_robots=False)
+    due = utcnow()
+    CrawlerTask._get_collection().insert_many([
+        {"job": job.id, "uri": f"{cluster.site}/page/{i}", "seq": i + 1, "status": "SUCCESS", "data_lease": f"l{i}",
+         "retry_at": due, "download_times": 1, "add_datetime": due, "last_update_datetime": due} for i in range(3)])
+    counts.recount()
+    add_urls("again", [f"{cluster.site}/page/new"])  # a fresh one too: LIVE, and out once sent
+    dispatch_once(cluster.redis)
+    kinds = sorted(d["kind"] for d in CrawlerLease._get_collection().find({"job": job.id}))
+    assert kinds == ["FRESH", "REVISIT"]
+    row = {r["job"]: r for r in stats.task_counts()}["again"]
+    assert (row["SUCCESS"], row["LIVE"], row["queued"], row["running"]) == (3, 1, 1, 0), row
