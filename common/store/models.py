@@ -98,6 +98,9 @@ class Job(Document):
     # revisits: every SUCCESS task due up to (revisit_from, revisit_from_id) was sent (``due_revisits``)
     revisit_from = DateTimeField()
     revisit_from_id = ObjectIdField()
+    # revisits turned on: its SUCCESS tasks stored before are made due by the "revisits" chore, in
+    # ``_id`` order; every one up to this id was (unset once all were)
+    revisit_backlog = ObjectIdField()
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     report_at = DateTimeField()       # report_mails: when the last drain summary went out

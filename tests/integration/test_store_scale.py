@@ -422,3 +422,31 @@ def test_the_logs_and_data_pages_read_a_page_not_the_store(cluster, tmp_path):
     }
     print(f"\ndocuments examined of {2 * n + 6:,} tasks, data and logs: {reads}")
     assert all(k <= 800 for k in reads.values()), reads
+
+
+def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_path):
+    """Registering ``revisit`` for a job with stored pages returns at once (a million pages took
+    about 12 minutes inside the request); the "revisits" chore makes them due, batch by batch,
+    resuming where its time ran out."""
+    import time
+
+    from common.store import tasks
+
+    job = register(tmp_path, "late")
+    made = utcnow()
+    CrawlerTask._get_collection().insert_many([
+        {"job": job.id, "uri": f"http://example.org/{i}", "seq": i + 1, "status": "SUCCESS" if i < 5 else "FAIL",
+         "retry_at": None, "data_lease": f"l{i}", "add_datetime": made, "last_update_datetime": made}
+        for i in range(7)])
+    counts.recount()
+    register(tmp_path, "late", revisit=3600.0)
+    assert all(t.retry_at is None for t in CrawlerTask.objects(job=job.id))  # nothing done in the request
+    assert Job.objects.get(id=job.id).revisit_backlog is not None
+    assert tasks.make_due(time.monotonic() - 1) == 0  # no time left: nothing, the backlog kept
+    assert "revisits" in {c.name for c in chores.table()}
+    assert tasks.make_due(time.monotonic() + 60, batch=2) == 5
+    due = {t.status: t.retry_at for t in CrawlerTask.objects(job=job.id)}
+    assert due["SUCCESS"] is not None and due["FAIL"] is None
+    assert Job.objects.get(id=job.id).revisit_backlog is None and tasks.make_due(time.monotonic() + 60) == 0
+    register(tmp_path, "late", revisit=3600.0)  # registering again starts nothing
+    assert Job.objects.get(id=job.id).revisit_backlog is None
