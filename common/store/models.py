@@ -73,8 +73,9 @@ def id_at(when: datetime):
 
 
 def iso(value):
-    """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
-    return value.isoformat() + "Z" if isinstance(value, datetime) else value
+    """A stored (naive UTC) time as RFC 3339 in one shape, to the millisecond BSON keeps
+    (``2026-11-25T09:40:35.120Z``, ``.000Z`` on a whole second); anything else unchanged."""
+    return value.isoformat(timespec="milliseconds") + "Z" if isinstance(value, datetime) else value
 
 
 ON, OFF = "ON", "OFF"

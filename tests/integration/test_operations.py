@@ -168,7 +168,8 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     # each page's latest version stays, however old: the archive never removes a page
     assert _counts(job) == {"data": 3, "tasks": 3, "logs": 0, "gridfs": 0}
     for task in CrawlerTask.objects(job=job):
-        assert task.history == [] and CrawlerDownloadData.objects(task=task.id, lease=task.data_lease).count() == 1
+        kept = CrawlerDownloadData.objects(task=task.id, lease=task.data_lease).count()
+        assert task.history == [] and kept == 1
     again = cli("archive", "old", "--before", later, "-o", str(out))
     assert again.exit_code == 2 and "exists" in again.output  # never overwritten
 
@@ -428,14 +429,17 @@ def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnigh
     assert exported("--since", today.isoformat()) == 2  # stored after today's midnight
     assert exported("--until", today.isoformat()) == 0
     assert exported("--since", f"{today.isoformat()}T00:00:00Z", "--until", tomorrow.isoformat()) == 2
-    for bad, why in (("2026-13-01", "is not a date-time"), ("23.11.2026", "or 2026-11-01"), ("yesterday", "RFC 3339")):
+    refusals = (("2026-13-01", "is not a date-time"), ("23.11.2026", "or 2026-11-01"),
+                ("yesterday", "RFC 3339"))
+    for bad, why in refusals:
         refused = cli("data", "export", "dated", "--since", bad)
         assert refused.exit_code == 2 and why in refused.output, refused.output
     archived = cli("archive", "dated", "--before", tomorrow.isoformat(), "-o", str(tmp_path / "a.jsonl.gz"))
     assert archived.exit_code == 0, archived.output
     assert "2 download logs" in archived.output and CrawlerDownloadLog.objects.count() == 0
     assert (tmp_path / "a.jsonl.gz").exists()
-    assert cli("archive", "dated", "--before", "2026-11-23", "-o", str(tmp_path / "b.jsonl.gz")).exit_code == 0
+    plain = cli("archive", "dated", "--before", "2026-11-23", "-o", str(tmp_path / "b.jsonl.gz"))
+    assert plain.exit_code == 0, plain.output
 
 
 def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
@@ -448,8 +452,9 @@ def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
     job = register(tmp_path, "again", revisit=3600.0, obey_robots=False)
     due = utcnow()
     CrawlerTask._get_collection().insert_many([
-        {"job": job.id, "uri": f"{cluster.site}/page/{i}", "seq": i + 1, "status": "SUCCESS", "data_lease": f"l{i}",
-         "retry_at": due, "download_times": 1, "add_datetime": due, "last_update_datetime": due} for i in range(3)])
+        {"job": job.id, "uri": f"{cluster.site}/page/{i}", "seq": i + 1, "status": "SUCCESS",
+         "data_lease": f"l{i}", "retry_at": due, "download_times": 1, "add_datetime": due,
+         "last_update_datetime": due} for i in range(3)])
     counts.recount()
     add_urls("again", [f"{cluster.site}/page/new"])  # a fresh one too: LIVE, and out once sent
     dispatch_once(cluster.redis)
@@ -457,3 +462,35 @@ def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
     assert kinds == ["FRESH", "REVISIT"]
     row = {r["job"]: r for r in stats.task_counts()}["again"]
     assert (row["SUCCESS"], row["LIVE"], row["queued"], row["running"]) == (3, 1, 1, 0), row
+
+
+def test_data_export_and_the_archive_write_a_document_alike_times_in_one_shape(cluster, tmp_path):
+    import gzip
+    import re
+    from datetime import datetime
+
+    from common.store.models import CrawlerDownloadData, Job
+    from tests.integration.test_exports import _job_with_pages
+
+    _job_with_pages(cluster, tmp_path, n=2, name="alike")
+    job = Job.objects.get(name="alike")
+    _stored_again(job)
+    data = CrawlerDownloadData._get_collection()
+    firsts = sorted(d["_id"] for d in data.find({"job": job.id, "superseded": True}))
+    data.update_one({"_id": firsts[0]}, {"$set": {"add_datetime": datetime(2026, 11, 23, 8, 0, 5)}})
+    data.update_one({"_id": firsts[1]}, {"$set": {"add_datetime": datetime(2026, 11, 23, 8, 0, 5, 120000)}})
+    exported = cli("data", "export", "alike", "--format", "jsonl", "--versions", "all")
+    assert exported.exit_code == 0, exported.output
+    by_url = {}
+    for line in exported.output.splitlines():
+        record = json.loads(line)
+        by_url.setdefault(record["url"], []).append(record)
+    assert cli("archive", "alike", "--before", "2100-01-01", "-o", str(tmp_path / "a.gz")).exit_code == 0
+    archived = [json.loads(line) for line in gzip.open(tmp_path / "a.gz", "rt", encoding="utf-8")]
+    times = []
+    for record in archived:
+        times.append(record["add_datetime"])
+        if record.pop("kind") == "data":  # the earlier version, as `data export` wrote it
+            assert record == by_url[record["url"]][0]
+    assert {"2026-11-23T08:00:05.000Z", "2026-11-23T08:00:05.120Z"} <= set(times)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", t) for t in times), times
