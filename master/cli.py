@@ -449,10 +449,12 @@ SINCE_OPTION = click.option(
     "--since",
     type=DATE_TIME,
     default=None,
-    help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z) or date (its midnight UTC).",
+    help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z) or date "
+         "(its midnight UTC).",
 )
-UNTIL_OPTION = click.option("--until", type=DATE_TIME, default=None,
-                            help="Only data stored before this RFC 3339 date-time or date (its midnight UTC).")
+UNTIL_OPTION = click.option(
+    "--until", type=DATE_TIME, default=None,
+    help="Only data stored before this RFC 3339 date-time or date (its midnight UTC).")
 VERSIONS_OPTION = click.option(
     "--versions", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
     help="Revisited pages: each page's latest version, or every stored version.")

@@ -54,8 +54,8 @@ def run(run_id: str) -> dict:
     name = jobs.name_of(job_id)
     context = jobs.context(job_id)
     if context is None or context["status"] == OFF:  # queued before the job was turned off
-        generators.end_run(run_id, job_id, {"status": RUN_SKIPPED, "failed_reason": f"job {name} is OFF: not run"},
-                           store_time())
+        skipped = {"status": RUN_SKIPPED, "failed_reason": f"job {name} is OFF: not run"}
+        generators.end_run(run_id, job_id, skipped, store_time())
         logger.info("generator run %s of %s skipped: the job is OFF", run_id, name)
         return {"skipped": 1}
     fields: dict = {}

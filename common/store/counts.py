@@ -22,7 +22,13 @@ from typing import Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
-from common.store.models import TASK_STATUSES, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, CrawlerTaskCount
+from common.store.models import (
+    TASK_STATUSES,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerTask,
+    CrawlerTaskCount,
+)
 from common.store.paging import Span
 
 Move = tuple  # (job id, status before or None, status after or None, how many tasks)
@@ -114,11 +120,13 @@ def recount(job_id=None) -> dict:
         data, log = extents["data"].get(job), extents["log"].get(job)
         coll.replace_one({"_id": job}, {
             "_id": job, **c, "first": firsts[job], "last": lasts[job],
-            **({"data_first": data[0]} if data else {}), **({"log_last": log[1]} if log else {})}, upsert=True)
+            **({"data_first": data[0]} if data else {}),
+            **({"log_last": log[1]} if log else {})}, upsert=True)
     return dict(counted)
 
 
 def _extents(model, match: list) -> dict:
     """{job id: (lowest ``_id``, highest ``_id``)} of ``model``'s documents (one scan)."""
     group = {"$group": {"_id": "$job", "first": {"$min": "$_id"}, "last": {"$max": "$_id"}}}
-    return {row["_id"]: (row["first"], row["last"]) for row in model._get_collection().aggregate([*match, group])}
+    rows = model._get_collection().aggregate([*match, group])
+    return {row["_id"]: (row["first"], row["last"]) for row in rows}

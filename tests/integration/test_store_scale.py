@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pymongo import monitoring
 from bson import ObjectId
+from pymongo import monitoring
 
 from common.config import load, settings
 from common.store import counts
@@ -369,7 +369,8 @@ def _examined(fn) -> int:
     for db, command in READS.sent:
         command = {k: v for k, v in command.items() if not k.startswith("$") and k != "lsid"}
         plan = client[db].command("explain", command, verbosity="executionStats")
-        total += (plan.get("executionStats") or plan["stages"][0]["$cursor"]["executionStats"])["totalDocsExamined"]
+        stats = plan.get("executionStats") or plan["stages"][0]["$cursor"]["executionStats"]
+        total += stats["totalDocsExamined"]
     return total
 
 
@@ -389,10 +390,13 @@ def test_the_logs_and_data_pages_read_a_page_not_the_store(cluster, tmp_path):
     for i in range(n):
         tid, at = _oid(made + timedelta(seconds=i // 10), i), stored + timedelta(seconds=i // 10)
         tasks.append({"_id": tid, "job": big.id, "uri": f"http://example.org/{i}", "seq": i + 1,
-                      "status": "SUCCESS", "data_lease": f"l{i}", "add_datetime": made, "last_update_datetime": made})
+                      "status": "SUCCESS", "data_lease": f"l{i}", "add_datetime": made,
+                      "last_update_datetime": made})
         data.append({"_id": _oid(at, n + i), "job": big.id, "task": tid, "lease": f"l{i}",
-                     "url": f"http://example.org/{i}", "status_code": 200, "response_body": b"x", "add_datetime": at})
-        logs.append({"_id": _oid(at, 2 * n + i), "job": big.id, "task": tid, "status": "SUCCESS", "add_datetime": at})
+                     "url": f"http://example.org/{i}", "status_code": 200, "response_body": b"x",
+                     "add_datetime": at})
+        logs.append({"_id": _oid(at, 2 * n + i), "job": big.id, "task": tid, "status": "SUCCESS",
+                     "add_datetime": at})
     CrawlerTask._get_collection().insert_many(tasks)
     CrawlerDownloadData._get_collection().insert_many(data)
     CrawlerDownloadLog._get_collection().insert_many(logs)
@@ -402,7 +406,8 @@ def test_the_logs_and_data_pages_read_a_page_not_the_store(cluster, tmp_path):
                                               "status": "FAIL", "last_update_datetime": now})
     counts.recount()
 
-    newest = sorted((d["_id"] for d in CrawlerDownloadLog._get_collection().find({}, {"_id": 1})), reverse=True)
+    newest = sorted((d["_id"] for d in CrawlerDownloadLog._get_collection().find({}, {"_id": 1})),
+                    reverse=True)
     every = views.log_page("download", limit=100)
     assert [ObjectId(d["id"]) for d in every["logs"]] == newest[:100] and every["next"]
     second = views.log_page("download", limit=100, after=every["next"])
@@ -435,7 +440,8 @@ def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_pat
     job = register(tmp_path, "late")
     made = utcnow()
     CrawlerTask._get_collection().insert_many([
-        {"job": job.id, "uri": f"http://example.org/{i}", "seq": i + 1, "status": "SUCCESS" if i < 5 else "FAIL",
+        {"job": job.id, "uri": f"http://example.org/{i}", "seq": i + 1,
+         "status": "SUCCESS" if i < 5 else "FAIL",
          "retry_at": None, "data_lease": f"l{i}", "add_datetime": made, "last_update_datetime": made}
         for i in range(7)])
     counts.recount()

@@ -75,15 +75,16 @@ def test_every_departure_from_seed_003s_models_is_stated_with_its_reason():
     head = "## Where this departs from seed 003"
     assert head in text
     section = text.split(head, 1)[1].split("\n## ", 1)[0].split("**source**", 1)[0]
+    data, statused = CrawlerDownloadData._fields, (CrawlerDownload, CrawlerDownloadLog, CrawlerTask, Job)
     departures = {
-        "**Statuses are words, not integers.**": all(
-            isinstance(m._fields["status"], StringField) for m in (CrawlerDownload, CrawlerDownloadLog, CrawlerTask, Job)),
-        "**`task`, not `crawler_generator`.**": "task" in CrawlerDownloadData._fields
-        and "crawler_generator" not in CrawlerDownloadData._fields,
-        "**Headers are objects, bodies bytes.**": isinstance(CrawlerDownloadData._fields["response_headers"], DictField)
-        and isinstance(CrawlerDownloadData._fields["response_body"], BinaryField),
+        "**Statuses are words, not integers.**":
+            all(isinstance(m._fields["status"], StringField) for m in statused),
+        "**`task`, not `crawler_generator`.**": "task" in data and "crawler_generator" not in data,
+        "**Headers are objects, bodies bytes.**": isinstance(data["response_headers"], DictField)
+        and isinstance(data["response_body"], BinaryField),
         "**`host`, not `hostname`, on a job.**": "host" in Job._fields and "hostname" not in Job._fields,
-        "**The dispatcher uses threads, not a process pool.**": "ThreadPoolExecutor" in inspect.getsource(dispatcher),
+        "**The dispatcher uses threads, not a process pool.**":
+            "ThreadPoolExecutor" in inspect.getsource(dispatcher),
     }
     for statement, departs in departures.items():
         assert departs, f"the code no longer departs: drop {statement} from {head}"
