@@ -5,7 +5,9 @@ the few counts that report mails give. Writes live with each collection's own mo
 Indexes these reads use: ``crawler_task`` ``(job, _id)`` and ``(job, status, _id)`` (a job's tasks,
 of one status or all, in ``_id`` order), ``(job, uri)`` (a task by its URL);
 ``crawler_download_data`` ``(job, _id)`` (a job's data) and ``(task, lease)`` (the data of a
-task's settled lease); the logs' ``(job, _id)``; ``crawler_lease`` ``(state, beat_at)``.
+task's settled lease); the logs' ``(job, _id)`` (the download log of several jobs: job by job,
+merged); ``crawler_lease`` ``(state, beat_at)``. The embedded store serves a range only behind an
+equality on an index's first field: ``_id`` alone or ``job`` ``$in`` reads the whole collection.
 Invariant: data pages and bodies show only documents their task names (``common.store.data.shown``);
 every filter value comes from the caller already checked, never as an operator.
 """
