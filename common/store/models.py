@@ -211,8 +211,9 @@ class CrawlerTask(Document):
             ("job", "status", "retry_at", "seq"),
             # a job's tasks of one status in _id order (pages, reports, cancel/requeue, and
             # retention: a task changed before T was made before T)
+            # (a job's tasks of every status: one read of this index per status, merged; on the
+            # embedded store every index of a task is rewritten at each settle)
             ("job", "status", "_id"),
-            ("job", "_id"),  # a job's tasks in _id order (pages)
         ],
     }
 
@@ -305,9 +306,10 @@ class CrawlerDownloadData(Document):
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",
-        # not unique: each document gets its _id from the writer, so a retried insert is refused
-        # by _id; (task, lease) finds an attempt's data
-        "indexes": [("task", "lease"), ("job", "_id")],
+        # one document per page version (a task's, or a revisited page's ``version``): a lost
+        # attempt's late insert is refused (``common.store.attempts``); also finds an attempt's
+        # data by task, then lease
+        "indexes": [{"fields": ("task", "version"), "unique": True}, ("job", "_id")],
     }
 
 

@@ -14,6 +14,8 @@ their ``requested_by`` name, unless they are older than that token (a revoked to
 name requested them: they stay without an owner, seen by admins and by the job's grants only).
 Jobs and exports stored before projects go to the ``default`` project, and every token but the
 admins' stored before projects is given ``default`` (an analyst read every job before).
+Indexes an earlier version made and this one no longer keeps are dropped, and a page version
+stored twice (before one document per version was kept) keeps the document its task names.
 
 Idempotent: a second run finds nothing to do.
 """
@@ -24,7 +26,7 @@ from datetime import timedelta
 
 from common.store import control, counts, exports, jobs, leases, projects, tasks
 from common.store.models import utcnow
-from common.store.upgrade import move_secrets
+from common.store.upgrade import move_secrets, retire_indexes
 
 CHUNK = 5000
 
@@ -36,6 +38,7 @@ class MigrationReport:
     secrets_moved: int = 0
     owners_filled: int = 0
     projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
+    indexes_retired: int = 0
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -60,5 +63,6 @@ def migrate() -> MigrationReport:
     report.secrets_moved, report.secrets_kept = move_secrets()
     report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
     report.projects_filled = projects.upgrade()
+    report.indexes_retired = retire_indexes()
     return report
 
