@@ -130,7 +130,8 @@ QUERIES = [
         "_id",
         "a job's tasks of one status (views.task_page)",
     ),
-    (CrawlerTask, {"job": JOB, "_id": {"$gt": MARK}}, "_id", "a job's tasks (views.task_page)"),
+    (CrawlerTask, {"job": JOB, "status": "FAIL", "_id": {"$gt": MARK}}, "_id",
+     "a job's tasks (views.task_page: each status's, merged)"),
     (CrawlerTask, {"job": JOB, "uri": "http://x/"}, None, "a task by URL (task show, intake's duplicates)"),
     (
         CrawlerTask,
@@ -175,7 +176,9 @@ QUERIES = [
         "_id",
         "a job's data (views.data_page, exports)",
     ),
-    (CrawlerDownloadData, {"task": MARK, "lease": "l"}, None, "a task's data (the fence, task show)"),
+    # (task, lease): by task, then lease among its documents (one per version of its page)
+    (CrawlerDownloadData, {"task": MARK}, None, "a task's data (the fence, task show)"),
+    (CrawlerDownloadData, {"task": MARK, "version": 2}, None, "a page version's document (the writer)"),
     (
         CrawlerDownloadLog,
         {"job": JOB, "_id": {"$lt": MARK}},
