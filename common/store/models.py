@@ -211,9 +211,8 @@ class CrawlerTask(Document):
             ("job", "status", "retry_at", "seq"),
             # a job's tasks of one status in _id order (pages, reports, cancel/requeue, and
             # retention: a task changed before T was made before T)
-            # (a job's tasks of every status: one read of this index per status, merged; on the
-            # embedded store every index of a task is rewritten at each settle)
             ("job", "status", "_id"),
+            ("job", "_id"),  # a job's tasks in _id order (pages)
         ],
     }
 

@@ -25,7 +25,6 @@ from common.store.models import (
     LIVE,
     QUEUED,
     RUNNING,
-    TASK_STATUSES,
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownloadData,
@@ -53,14 +52,12 @@ DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime"
 # --- tasks -------------------------------------------------------------------------------
 
 def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest: bool) -> list[dict]:
-    """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order. Every
-    status: the first ``limit`` of each status (by the (job, status, _id) index; no (job, _id)
-    index is kept, each index costs every settle), merged."""
-    coll, span = CrawlerTask._get_collection(), counts.span(job_id)
-    found = [d for s in ((status,) if status is not None else TASK_STATUSES)
-             for d in by_id(coll, {"job": job_id, "status": s}, limit, span=span, after=after, newest=newest,
-                            projection=TASK_FIELDS)]
-    return sorted(found, key=lambda d: d["_id"], reverse=newest)[:limit]
+    """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order."""
+    flt: dict[str, Any] = {"job": job_id}
+    if status is not None:
+        flt["status"] = status
+    return by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after,
+                 newest=newest, projection=TASK_FIELDS)
 
 
 def task(job_id, task_id: ObjectId | None, uri: str | None) -> dict | None:

@@ -6,9 +6,7 @@ Indexes (``models.CrawlerTask``), each serving the queries named:
   (job, status, retry_at, seq)   fresh tasks above the cursor; tasks due again by status and time
   (job, status, _id)             a job's tasks of one status in ``_id`` order: cancel, requeue,
                                  retention (a task changed before T was made before T), pages
-                                 (a job's tasks of every status: each status's, merged)
-No other: the embedded store rewrites every index entry of a task at each change, so each index
-costs every settle (docs/benchmarks.md).
+  (job, _id)                     a job's tasks in ``_id`` order (pages)
 
 The fresh cursor: intake numbers a job's tasks ``seq`` = 1, 2, ... from ``seq_next``, listing
 each chunk's numbers in ``intake`` while its insert runs; ``seq_sent`` says every fresh task

@@ -41,7 +41,6 @@ def move_secrets() -> tuple[int, list[str]]:
 
 # indexes of earlier versions, dropped by ``migrate``: each costs every write of its collection
 RETIRED_INDEXES = (
-    (CrawlerTask, [("job", 1), ("_id", 1)]),           # pages merge each status's (job, status, _id)
     (CrawlerDownloadData, [("task", 1), ("lease", 1)]),  # the unique (task, version) finds them
 )
 

@@ -240,22 +240,20 @@ def test_an_entry_settled_in_several_groups_with_refused_settles_in_two_of_them(
 
 
 def test_migrate_keeps_one_document_per_version_of_an_earlier_store(cluster, tmp_path):
-    """A store of an earlier version: (task, lease) and (job, _id) indexes, a lost attempt's
-    document beside a task's. ``migrate`` drops the retired indexes and that document, and makes
-    the unique (task, version)."""
+    """A store of an earlier version: a (task, lease) index, a lost attempt's document beside a
+    task's. ``migrate`` drops the retired index and that document, and makes the unique (task,
+    version)."""
     from master.ops.migrate import migrate
 
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "old")
     assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
-    data, tasks_ = CrawlerDownloadData._get_collection(), CrawlerTask._get_collection()
+    data = CrawlerDownloadData._get_collection()
     data.drop_index("task_1_version_1")
     data.create_index([("task", 1), ("lease", 1)])
-    tasks_.create_index([("job", 1), ("_id", 1)])
     stale = writer._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
     data.insert_one(stale)
-    assert migrate().indexes_retired == 2
+    assert migrate().indexes_retired == 1
     _one_named_document_per_success("old")
     keys = {ix["name"]: ix.get("unique", False) for ix in data.list_indexes()}
     assert keys == {"_id_": False, "task_1_version_1": True, "job_1__id_1": False}
-    assert "job_1__id_1" not in {ix["name"] for ix in tasks_.list_indexes()}
     assert migrate().indexes_retired == 0  # idempotent
