@@ -22,7 +22,7 @@ from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
 from common.store import claims, generators, jobs, logs
-from common.store.models import FAIL, SUCCESS, store_now, store_time, utcnow
+from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
 from slave.download.engines import sandbox
 from slave.worker.context import limits_from_settings
 
@@ -34,14 +34,13 @@ def _lines(output: bytes) -> list[str]:
     return output.decode("utf-8", "replace").splitlines()
 
 
-def _allow_private(job_id) -> bool:
-    found = jobs.context(job_id)
-    return bool(found and (found["settings"] or {}).get("allow_private"))
+def _allow_private(context: dict | None) -> bool:
+    return bool(context and (context["settings"] or {}).get("allow_private"))
 
 
-def _sandboxed(gen: dict, job_id) -> bytes:
+def _sandboxed(gen: dict, context: dict | None) -> bytes:
     """The generator's whole output, run in the sandbox with the downloaders' limits."""
-    return sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(job_id))
+    return sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(context))
 
 
 def run(run_id: str) -> dict:
@@ -53,10 +52,16 @@ def run(run_id: str) -> dict:
     gen = taken["generator"]
     job_id, started = gen["job"], time.monotonic()
     name = jobs.name_of(job_id)
+    context = jobs.context(job_id)
+    if context is None or context["status"] == OFF:  # queued before the job was turned off
+        skipped = {"status": RUN_SKIPPED, "failed_reason": f"job {name} is OFF: not run"}
+        generators.end_run(run_id, job_id, skipped, store_time())
+        logger.info("generator run %s of %s skipped: the job is OFF", run_id, name)
+        return {"skipped": 1}
     fields: dict = {}
     try:
         with claims.Beating(generators.RUN, gen["_id"], run_id, settings.HEARTBEAT_INTERVAL):
-            output = _sandboxed(gen, job_id)
+            output = _sandboxed(gen, context)
             fields["bytes"] = len(output)
             if not claims.beat(generators.RUN, [gen["_id"]], run_id):  # given up meanwhile: not ours
                 logger.warning("generator run %s was given up while it ran: its URLs not added", run_id)
@@ -99,7 +104,7 @@ def dry_run(name: str, first: int = 20) -> dict:
     started = time.monotonic()
     out: dict = {"job": name, "type": gen["type"], "schedule": gen["schedule"], "state_before": gen["state"]}
     try:
-        output = _sandboxed(gen, job.id)
+        output = _sandboxed(gen, jobs.context(job.id))
     except DownloadError as exc:
         return {**out, "passed": False, "failed_reason": exc.reason, "state": gen["state"],
                 "spend_time": int((time.monotonic() - started) * 1e6)}

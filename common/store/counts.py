@@ -3,7 +3,10 @@ reading the tasks (at ten million tasks a count over them takes seconds to minut
 
 One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ..., first, last}``
 (no task, data or log of the job was made before ``first`` or after ``last``, give or take a host's
-clock: where its pages begin, ``common.store.paging``). Every
+clock: where its pages begin, ``common.store.paging``) and, once counted by ``recount``,
+``data_first`` and ``log_last`` (where its data begins and its download logs end: a store filled
+from outside may hold them a long way from its tasks, and a page's windows would cross that
+stretch in one window holding the job's whole data). Every
 change of tasks' status is followed at once by its move here, with the number of tasks that
 change's own result says it moved — the modified count of a guarded update, the writer's
 read-back when a guard refused some: intake, dispatch, a worker's settles and hand-backs, the
@@ -19,7 +22,13 @@ from typing import Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
-from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount
+from common.store.models import (
+    TASK_STATUSES,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerTask,
+    CrawlerTaskCount,
+)
 from common.store.paging import Span
 
 Move = tuple  # (job id, status before or None, status after or None, how many tasks)
@@ -51,20 +60,39 @@ def of_jobs(job_ids: Iterable | None = None) -> dict:
             for d in CrawlerTaskCount._get_collection().find(flt)}
 
 
-def span(job_id=None) -> Span:
+def span(job_id=None, of: str = "") -> Span:
     """Where the ``_id``s of the job's tasks, data and logs lie (of every job when None); the
-    job's own ``_id`` (made when it was registered) when its counts were never rebuilt since."""
-    flt = {} if job_id is None else {"_id": job_id}
-    docs = list(CrawlerTaskCount._get_collection().find(flt, {"first": 1, "last": 1}))
-    firsts = [d["first"] for d in docs if d.get("first")]
-    lasts = [d["last"] for d in docs if d.get("last")]
-    first = min(firsts) if firsts else (job_id if isinstance(job_id, ObjectId) else None)
-    return Span(first, max(lasts) if lasts and len(lasts) == len(docs) else None)
+    job's own ``_id`` (made when it was registered) when its counts were never rebuilt since.
+    ``of`` "data": where its data begins, when counted; "log": where its download logs end."""
+    return spans(None if job_id is None else [job_id], of)[job_id]
+
+
+def spans(job_ids: list | None, of: str = "") -> dict:
+    """{job id: ``span`` of the job} for each of ``job_ids`` (None: of every job with counts, and
+    under the key None, of them all)."""
+    flt = {} if job_ids is None else {"_id": {"$in": job_ids}}
+    docs = list(CrawlerTaskCount._get_collection().find(flt, {"first": 1, "last": 1, "data_first": 1,
+                                                             "log_last": 1}))
+    out = {}
+    for d in docs:
+        first = d.get("data_first") if of == "data" and d.get("data_first") else d.get("first")
+        last = max(d["last"], d["log_last"]) if of == "log" and d.get("last") and d.get("log_last") \
+            else d.get("last")
+        out[d["_id"]] = Span(first or (d["_id"] if isinstance(d["_id"], ObjectId) else None), last)
+    firsts = [s.first for s in out.values() if s.first]
+    lasts = [s.last for s in out.values() if s.last]
+    for job_id in job_ids or ():
+        out.setdefault(job_id, Span(job_id if isinstance(job_id, ObjectId) else None))
+    if job_ids is None:
+        out[None] = Span(min(firsts) if firsts else None,
+                         max(lasts) if lasts and len(lasts) == len(out) else None)
+    return out
 
 
 def raise_floor(job_id, first: ObjectId) -> None:
-    """Retention removed every task of the job below ``first``: its pages begin there."""
-    CrawlerTaskCount._get_collection().update_one({"_id": job_id}, {"$max": {"first": first}})
+    """Retention removed every task of the job below ``first``, and their data: its pages begin there."""
+    CrawlerTaskCount._get_collection().update_one({"_id": job_id},
+                                                  {"$max": {"first": first, "data_first": first}})
 
 
 def recount(job_id=None) -> dict:
@@ -86,8 +114,19 @@ def recount(job_id=None) -> dict:
         coll.delete_many({"_id": {"$nin": list(counted)}})
     elif job_id not in counted:
         coll.delete_one({"_id": job_id})
+    extents = {name: _extents(model, match) for name, model in (("data", CrawlerDownloadData),
+                                                                 ("log", CrawlerDownloadLog))}
     for job, c in counted.items():
-        coll.replace_one(
-            {"_id": job}, {"_id": job, **c, "first": firsts[job], "last": lasts[job]}, upsert=True
-        )
+        data, log = extents["data"].get(job), extents["log"].get(job)
+        coll.replace_one({"_id": job}, {
+            "_id": job, **c, "first": firsts[job], "last": lasts[job],
+            **({"data_first": data[0]} if data else {}),
+            **({"log_last": log[1]} if log else {})}, upsert=True)
     return dict(counted)
+
+
+def _extents(model, match: list) -> dict:
+    """{job id: (lowest ``_id``, highest ``_id``)} of ``model``'s documents (one scan)."""
+    group = {"$group": {"_id": "$job", "first": {"$min": "$_id"}, "last": {"$max": "$_id"}}}
+    rows = model._get_collection().aggregate([*match, group])
+    return {row["_id"]: (row["first"], row["last"]) for row in rows}

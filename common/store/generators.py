@@ -99,9 +99,9 @@ def mark_tested(job_id, digest: str, next_at: datetime, now: datetime) -> dict |
 
 # --- scheduling -------------------------------------------------------------------------------
 
-def due(now: datetime, limit: int = 200) -> list[dict]:
-    """On generators whose next time has come (by ``(state, next_at)``)."""
-    return list(_coll().find({"state": GEN_ON, "next_at": {"$lte": now}},
+def due(now: datetime, off_jobs: list, limit: int = 200) -> list[dict]:
+    """On generators whose next time has come (by ``(state, next_at)``), but those of ``off_jobs``."""
+    return list(_coll().find({"state": GEN_ON, "next_at": {"$lte": now}, "job": {"$nin": off_jobs}},
                              {"job": 1, "next_at": 1, "schedule": 1, "running_run": 1, "running_since": 1})
                 .limit(limit))
 

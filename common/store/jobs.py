@@ -175,6 +175,11 @@ def on_jobs() -> list[dict]:
     return list(Job._get_collection().find({"status": ON}, fields))
 
 
+def off_ids() -> list:
+    """The ids of the jobs that are OFF."""
+    return [j["_id"] for j in Job._get_collection().find({"status": OFF}, {"_id": 1})]
+
+
 def dispatch_settings(job_ids: list) -> dict:
     """{job id: its settings document's ``dispatch_num``, ``max_retry_times``, ``prior`` and ``revisit``}."""
     return {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
