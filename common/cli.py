@@ -13,21 +13,21 @@ import click
 from common.errors import EXIT_LOCKED, exit_code
 
 COMMANDS = {
-    "job": "master.cli:job",
-    "task": "master.cli:task",
-    "dispatch": "master.cli:dispatch",
-    "defender": "master.cli:defender",
-    "migrate": "master.cli:migrate",
-    "scheduler": "master.cli:scheduler",
-    "stats": "master.cli:stats",
-    "data": "master.cli:data",
-    "export": "master.cli:export",
+    "job": "master.cli_jobs:job",
+    "task": "master.cli_tasks:task",
+    "dispatch": "master.cli_ops:dispatch",
+    "defender": "master.cli_ops:defender",
+    "migrate": "master.cli_ops:migrate",
+    "scheduler": "master.cli_ops:scheduler",
+    "stats": "master.cli_ops:stats",
+    "data": "master.cli_data:data",
+    "export": "master.cli_data:export",
     "center": "master.center_cli:center",
     "worker": "slave.cli:worker",
-    "web": "master.cli:web",
-    "token": "master.cli:token",
-    "archive": "master.cli:archive",
-    "type": "master.cli:types",
+    "web": "master.cli_web:web",
+    "token": "master.cli_web:token",
+    "archive": "master.cli_data:archive",
+    "type": "master.cli_jobs:types",
     "project": "master.cli_access:project",
     "audit": "master.cli_access:audit",
     "generator": "common.cli:generator",
@@ -36,10 +36,10 @@ COMMANDS = {
 # rest are the master's
 GENERATOR_COMMANDS = {
     "test": "slave.cli:generator_test",
-    "on": "master.cli:generator_on",
-    "off": "master.cli:generator_off",
-    "show": "master.cli:generator_show",
-    "run": "master.cli:generator_run",
+    "on": "master.cli_jobs:generator_on",
+    "off": "master.cli_jobs:generator_off",
+    "show": "master.cli_jobs:generator_show",
+    "run": "master.cli_jobs:generator_run",
 }
 
 
