@@ -166,6 +166,8 @@ def _task(doc: dict, job_name: str) -> dict:
         "failed_reason": doc.get("failed_reason"),
         "retry_at": iso(doc.get("retry_at")),
         "host": doc.get("host_name") or "",
+        "depth": doc.get("depth") or 0,
+        "parent": str(doc["parent"]) if doc.get("parent") else None,
         "queue": doc.get("queue"),
         "data_id": str(data) if data else None,
         "visits": doc.get("visits", 0),
