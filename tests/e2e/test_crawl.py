@@ -2,7 +2,7 @@
 worker` processes round after round until nothing is left, against sites started here (the
 sample site's endless binary tree ``/links/<n>``, and a site of this module's own: a page with
 links out of scope, a redirect off the site, an endless calendar, a page of 100,000 links, a
-page that changes)."""
+page that changes) and a python downloader returning a million links."""
 from __future__ import annotations
 
 import os
@@ -161,6 +161,25 @@ def test_a_page_of_100000_links_adds_the_cap_and_logs_the_excess_once(cluster, t
     tasks = {d["uri"] for d in CrawlerTask._get_collection().find({})}
     assert tasks == {own_site + "/many"} | {f"{own_site}/item/{i}" for i in range(50)}
     assert done.stderr.count("50 links taken, 99950 over the cap") == 1, done.stderr[-2000:]
+
+
+MILLION = """
+import urllib.request
+
+def download(task):
+    with urllib.request.urlopen(task["url"], timeout=10) as resp:
+        page = {"status_code": resp.status, "headers": dict(resp.headers.items()), "body": resp.read()}
+    if task["url"].endswith("/a"):
+        page["links"] = ["/item/%d" % i for i in range(1_000_000)]
+    return page
+"""
+
+
+def test_a_python_downloader_returning_a_million_links_adds_the_cap(cluster, tmp_path, own_site):
+    following(tmp_path, "million", "links_per_page = 30\nmax_depth = 1\n", kind="python", code=MILLION)
+    tasks = crawl(cluster, "million", own_site + "/a")
+    assert sorted(tasks) == sorted([own_site + "/a"] + [f"{own_site}/item/{i}" for i in range(30)])
+    assert all(t["status"] == "SUCCESS" for t in tasks.values())
 
 
 def test_a_revisited_pages_new_links_are_followed(cluster, tmp_path, own_site):

@@ -153,6 +153,9 @@ def test_follow_is_stored_with_the_job_and_read_by_its_workers(cluster, tmp_path
     job = _following(tmp_path, "crawl", 'scope = "domain"\ndeny = ["/calendar/"]\nmax_depth = 2\n')
     ctx = context.load_context(job.id)
     assert ctx.follow == Follow(scope="domain", deny=("/calendar/",), max_depth=2)
+    shown = cli("job", "show", "crawl").output
+    assert "follow: scope domain, max_depth 2, max_pages 10000, links_per_page 1000, 0 allow and 1 deny" \
+        in shown
     manifest = write_job(tmp_path, "crawl")  # registered again without [follow]: it follows nothing
     assert cli("job", "register", str(manifest)).exit_code == 0
     assert Job._get_collection().find_one({"_id": job.id}).get("follow") is None
