@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from bson import BSON
 from bson.errors import InvalidDocument
-from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
+from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure, PyMongoError
 
 from common import intake, revisit
 from common.config import settings
@@ -230,7 +230,8 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     """Add the links found on the pages just stored to their jobs' tasks, of the pages whose
     task names their data (every one when all settles matched): a page whose lease was lost
     adds nothing. A page "not modified" is not among them: its links are those of its stored
-    version, followed when it was stored. A job removed meanwhile takes none."""
+    version, followed when it was stored. A job removed meanwhile, or MongoDB away past the
+    retries, takes none (logged; the pages stay stored)."""
     found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None]
     if found and not all_settled:
         held = {i for p in {id(p): p for p, _ in found}.values()
@@ -243,8 +244,8 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     for job_id, (ctx, pages) in by_job.items():
         try:
             report = with_retries(partial(intake.add_found, job_id, ctx.follow, pages), "found links")
-        except ValidationError as exc:  # the job was removed while its pages were stored
-            logger.info("job %s: found links not added: %s", ctx.name, exc)
+        except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past the retries
+            logger.warning("job %s: found links not added: %s", ctx.name, exc)  # the pages stay stored
             continue
         logger.debug("job %s: %d found links added, %d known, %d refused", ctx.name, report.added,
                      report.duplicate, report.refused + report.rejected)

@@ -81,10 +81,10 @@ def crawl(cluster, name: str, seed: str) -> dict[str, dict]:
     add_urls(name, [seed])
     job = Job.objects.get(name=name)
     for _ in range(200):
-        if dispatch_once(cluster.redis).total:
-            burst_worker(cluster)
-        elif not CrawlerTask.objects(job=job, status__in=["LIVE", "DISPATCH"]).count():
+        if not CrawlerTask.objects(job=job, status__in=["LIVE", "DISPATCH"]).count():
             break
+        wait_for(lambda: dispatch_once(cluster.redis).total, what="tasks to send")  # (a handed-back one: due)
+        burst_worker(cluster)
     else:
         raise AssertionError("the crawl did not end")
     return {d["uri"]: d for d in CrawlerTask._get_collection().find({"job": job.id})}
