@@ -7,7 +7,9 @@ are skipped; bad lines are reported with their line number and skipped.
 
 The one intake of the cluster: ``downcluster task add``, the API and generator runs on workers
 (``slave/generate.py``) all come through ``add_tasks``; a generator's dry run asks ``preview``,
-which says what ``add_tasks`` would do and stores nothing. ``master/intake.py`` re-exports it.
+which says what ``add_tasks`` would do and stores nothing; the URLs a following job's worker
+found on its pages come through ``add_found``, judged by ``common.scope``. ``master/intake.py``
+re-exports it.
 """
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ from urllib.parse import urlsplit
 
 from common.config import settings
 from common.errors import ValidationError
+from common.jobsettings import Follow
+from common.scope import refusal
+from common.store import counts
 from common.store.models import job_named, utcnow
-from common.store.tasks import commit, insert_numbered, known_uris, new_task, reserve
+from common.store.tasks import commit, depths, insert_numbered, known_uris, new_task, reserve
 from common.urls import check_url
 
 CHUNK = 1000
@@ -33,6 +38,7 @@ class IntakeReport:
     duplicate: int = 0
     rejected: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)
+    refused: int = 0  # found URLs out of the job's scope or past its caps (``add_found``)
 
 
 def _reject(report: IntakeReport, number: int, reason: str) -> None:
@@ -89,17 +95,7 @@ def add_tasks(
     def flush() -> None:
         if not chunk:
             return
-        known = known_uris(job.id, [d["uri"] for d in chunk])
-        fresh = [d for d in chunk if d["uri"] not in known]
-        report.duplicate += len(chunk) - len(fresh)
-        if fresh:
-            first = reserve(job.id, len(fresh))
-            try:
-                added, dupes = insert_numbered(job.id, fresh, first)
-            finally:
-                commit(job.id, first, len(fresh))
-            report.added += added
-            report.duplicate += dupes
+        _insert(job.id, chunk, report)
         if progress:
             progress(len(chunk))
         chunk.clear()
@@ -116,6 +112,67 @@ def add_tasks(
     flush()
     return report
 
+
+def _insert(job_id, chunk: list[dict], report: IntakeReport, room: int | None = None) -> int:
+    """Store the tasks of ``chunk`` the job has no task for yet (the first ``room`` of them, if
+    given; the rest refused), numbered; returns how many were added."""
+    known = known_uris(job_id, [d["uri"] for d in chunk])
+    fresh = [d for d in chunk if d["uri"] not in known]
+    report.duplicate += len(chunk) - len(fresh)
+    if room is not None and len(fresh) > room:
+        report.refused += len(fresh) - room
+        fresh = fresh[:max(room, 0)]
+    if not fresh:
+        return 0
+    first = reserve(job_id, len(fresh))
+    try:
+        added, dupes = insert_numbered(job_id, fresh, first)
+    finally:
+        commit(job_id, first, len(fresh))
+    report.added += added
+    report.duplicate += dupes
+    return added
+
+
+def add_found(job_id, follow: Follow, pages: list[tuple[object, str, list[str]]]) -> IntakeReport:
+    """Add the URLs found on stored pages of a following job: ``pages`` are (task id, task URL,
+    URLs found on its page). Each URL is checked as any line (``check_url``), judged against its
+    page's task URL (``common.scope.refusal``) at the page's depth + 1, and added with that
+    ``depth`` and its page as ``parent`` (the first page that found it, when several did),
+    unless the job has it; past ``max_pages`` (the job's tasks, from its kept counts) the rest is
+    refused. Several writers adding at once may each take the room they read: the job may pass
+    ``max_pages`` by at most what they add together in one call."""
+    report = IntakeReport()
+    deep = depths([task_id for task_id, _, urls in pages if urls])
+    room = follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
+    seen: set[str] = set()
+    chunk: list[dict] = []
+    now = utcnow()
+    for task_id, page_url, urls in pages:
+        depth = deep.get(task_id, 0) + 1
+        for url in urls:
+            if room <= 0:
+                report.refused += 1
+                continue
+            try:
+                url = check_url(url, settings.MAX_URL_LENGTH)
+            except ValidationError:
+                report.rejected += 1
+                continue
+            if url in seen:
+                report.duplicate += 1
+                continue
+            seen.add(url)
+            if refusal(follow, page_url, url, depth):
+                report.refused += 1
+                continue
+            chunk.append(new_task(job_id, url, "", now, depth, task_id))
+            if len(chunk) >= CHUNK:
+                room -= _insert(job_id, chunk, report, room)
+                chunk.clear()
+    if chunk and room > 0:
+        _insert(job_id, chunk, report, room)
+    return report
 
 
 def preview(job_name: str, lines: Iterable[str], schemes: Iterable[str] | None = None, hosts: bool = False,

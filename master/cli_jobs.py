@@ -83,6 +83,13 @@ def job_show(name: str, as_json: bool) -> None:
         last = f"{g['last_run_at'] or '-'} {g['last_status'] or ''}".rstrip()
         click.echo(f"generator: {g['type']}, schedule {g['schedule']!r}, state {g['state']}, next run "
                    f"{g['next_at'] or '-'}, last run {last}")
+    f = j.get("follow")
+    if f:
+        sites = f" {', '.join(f['sites'])}" if f["sites"] else ""
+        click.echo(f"follow: scope {f['scope']}{sites}, max_depth {f['max_depth']}, "
+                   f"max_pages {f['max_pages']}, links_per_page {f['links_per_page']}, "
+                   f"{len(f['allow'])} allow and {len(f['deny'])} deny "
+                   f"patterns, parses {', '.join(f['content_types'])}")
 
 
 def _job_exists(manifest: str) -> bool:

@@ -59,6 +59,8 @@ def task_show(name: str, key: str, as_json: bool) -> None:
         "failed_reason",
         "retry_at",
         "host",
+        "depth",
+        "parent",
         "data_id",
         "add_datetime",
         "last_update_datetime",

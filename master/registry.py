@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -295,14 +295,16 @@ def ensure_download_types() -> None:
 
 def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
-    if spec.follow is not None or spec.sitemaps is not None:  # checked, not yet kept (invariant 6)
-        raise ValidationError("[follow] and [sitemaps] are checked but not yet in effect on this cluster")
+    if spec.sitemaps is not None:  # checked, not yet kept (invariant 6)
+        raise ValidationError("[sitemaps] is checked but not yet in effect on this cluster")
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     fields = jobsettings.resolved(spec.settings, settings)
-    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project)
+    follow = None if spec.follow is None else {k: list(v) if isinstance(v, tuple) else v
+                                               for k, v in asdict(spec.follow).items()}
+    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project, follow)
     if fields.get("revisit"):  # its stored pages come due again: the "revisits" chore's work
         tasks.start_revisits(job.id, utcnow())
     g = spec.generator

@@ -115,6 +115,7 @@ def job_detail(name: Any) -> dict:
         }
     row["code_chars"] = jobs.code_chars(job)
     row["generator"] = generators.summary(job.id)
+    row["follow"] = dict(job.follow) if job.follow else None  # its [follow] table (None: follows no links)
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
     return row
 
@@ -166,6 +167,8 @@ def _task(doc: dict, job_name: str) -> dict:
         "failed_reason": doc.get("failed_reason"),
         "retry_at": iso(doc.get("retry_at")),
         "host": doc.get("host_name") or "",
+        "depth": doc.get("depth") or 0,
+        "parent": str(doc["parent"]) if doc.get("parent") else None,
         "queue": doc.get("queue"),
         "data_id": str(data) if data else None,
         "visits": doc.get("visits", 0),

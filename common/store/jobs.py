@@ -79,14 +79,15 @@ def download_type(language: str) -> CrawlerDownloadType:
 
 
 def store(name: str, priority: int, host: str, code: str, dtype, fields: dict,
-          project: int | None = None) -> tuple[Job, bool]:
+          project: int | None = None, follow: dict | None = None) -> tuple[Job, bool]:
     """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
-    ``dtype``) and its settings (``fields``); (job, created)."""
+    ``dtype``), its settings (``fields``) and what it follows (``follow``, the checked
+    ``[follow]`` table; None: nothing); (job, created)."""
     now = utcnow()
     job = Job.objects(name=name).first()
     created = job is None
     job = job or Job(name=name, add_datetime=now)
-    job.priority, job.host, job.last_update_datetime = priority, host, now
+    job.priority, job.host, job.follow, job.last_update_datetime = priority, host, follow, now
     if project is not None:
         job.project = project
     job.save()
@@ -191,8 +192,8 @@ def context(job_id) -> dict | None:
     """What a worker needs of a job (None if it is gone): ``name``; ``status`` (OFF when its
     downloader is); ``download_id`` and ``code`` of its downloader; ``language`` of its type
     ("none": the built-in engine) and whether that type is ``supported``; ``settings``, its
-    settings document (``{}`` if none)."""
-    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1})
+    settings document (``{}`` if none); ``follow``, its ``[follow]`` table (None if none)."""
+    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1, "follow": 1})
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})
@@ -206,4 +207,4 @@ def context(job_id) -> dict | None:
     off = download is not None and download.get("status") == OFF
     return {"name": job["name"], "status": OFF if off else job.get("status", OFF),
             "download_id": download["_id"] if download else None, "code": (download or {}).get("code", ""),
-            "language": language, "supported": supported, "settings": conf}
+            "language": language, "supported": supported, "settings": conf, "follow": job.get("follow")}

@@ -107,6 +107,7 @@ class Job(Document):
     report_at = DateTimeField()       # report_mails: when the last drain summary went out
     report_counts = DictField()       # report_mails: task counts the last summary reported
     alert_mail_at = DateTimeField()   # report_mails: when the last alert mail went out
+    follow = DictField(default=None)  # the [follow] table registration checked (None: follows nothing)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
@@ -205,6 +206,10 @@ class CrawlerTask(Document):
     etag = StringField()           # validators of the latest version, sent on the next visit
     last_modified = StringField()
     digest = StringField()         # SHA-256 of the latest version's body
+    # following links (a job with [follow]): a found URL's depth (a seed has none: 0) and the task
+    # whose page it was found on
+    depth = IntField()
+    parent = ObjectIdField()
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {

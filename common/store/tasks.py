@@ -51,10 +51,19 @@ def _tasks():
 
 # --- intake ---------------------------------------------------------------------------------
 
-def new_task(job_id, uri: str, host: str, now: datetime) -> dict:
-    """The document of a task intake adds (LIVE, never sent); ``seq`` and ``_id`` come at insert."""
-    return {"job": job_id, "uri": uri, "status": LIVE, "download_times": 0, "recoveries": 0,
-            "host_name": host, "add_datetime": now, "last_update_datetime": now}
+def new_task(job_id, uri: str, host: str, now: datetime, depth: int = 0, parent=None) -> dict:
+    """The document of a task intake adds (LIVE, never sent); ``seq`` and ``_id`` come at insert.
+    A URL found on a page carries its ``depth`` and the ``parent`` task it was found on."""
+    doc = {"job": job_id, "uri": uri, "status": LIVE, "download_times": 0, "recoveries": 0,
+           "host_name": host, "add_datetime": now, "last_update_datetime": now}
+    if parent is not None:
+        doc["depth"], doc["parent"] = depth, parent
+    return doc
+
+
+def depths(ids: list) -> dict:
+    """{task id: its depth} of ``ids`` (0 for a seed: it has none), by ``_id``."""
+    return {d["_id"]: d.get("depth") or 0 for d in _tasks().find({"_id": {"$in": ids}}, {"depth": 1})}
 
 
 def known_uris(job_id, uris: list[str]) -> set[str]:

@@ -31,7 +31,7 @@ class JobContext:
     max_retry_times: int
     settings: dict[str, Any]
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
-    follow: Follow | None = None  # the job's [follow]: its pages are read for links (set once it is stored)
+    follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
@@ -52,7 +52,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
             job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
             language=job["language"], code=job["code"], engine=conf["download_engine"],
             max_retry_times=conf["max_retry_times"], settings=conf,
-            supported=job["supported"])
+            supported=job["supported"], follow=jobsettings.check_follow(job["follow"]))
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB

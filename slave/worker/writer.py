@@ -5,7 +5,9 @@ then the settle of the tasks — on the happy path one insert of data, one of lo
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
 stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
 the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
-(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep. A result
+(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
+The links found on a following job's pages go to intake last (``common.intake.add_found``), of
+the pages settled alone: a lost lease's page adds no task. A result
 MongoDB cannot store fails that task alone. MongoDB hiccups are retried with backoff; if it stays
 away the entry raises and the defender recovers it. The counts returned are what was settled.
 """
@@ -22,11 +24,11 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from bson import BSON
 from bson.errors import InvalidDocument
-from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure
+from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure, PyMongoError
 
-from common import revisit
+from common import intake, revisit
 from common.config import settings
-from common.errors import DownloadError
+from common.errors import DownloadError, ValidationError
 from common.metrics import count_pages, reason_class
 from common.queue.retry import backoff, next_retry_at
 from common.revisit import Revisit
@@ -62,7 +64,7 @@ class Outcome:
     not_modified: str | None = None      # set by store_many: a revisit that brought nothing new
     retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
     kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
-    links: Found | None = None           # a following job's links found on the page (not stored yet)
+    links: Found | None = None           # a following job's links found on the page (store_many adds them)
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
@@ -240,7 +242,33 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
+    _follow(ok, settled == len(settles))
     return counted
+
+
+def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
+    """Add the links found on the pages just stored to their jobs' tasks, of the pages whose
+    task names their data (every one when all settles matched): a page whose lease was lost
+    adds nothing. A page "not modified" is not among them: its links are those of its stored
+    version, followed when it was stored. A job removed meanwhile, or MongoDB away past the
+    retries, takes none (logged; the pages stay stored)."""
+    found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None]
+    if found and not all_settled:
+        held = {i for p in {id(p): p for p, _ in found}.values()
+                for i in leases.settled_of(p.lease, [o.task["_id"] for q, o in found if q is p])}
+        found = [(p, o) for p, o in found if o.task["_id"] in held]
+    by_job: dict = {}
+    for p, o in found:
+        assert o.links is not None
+        by_job.setdefault(p.ctx.job_id, (p.ctx, []))[1].append((o.task["_id"], o.task["uri"], o.links.urls))
+    for job_id, (ctx, pages) in by_job.items():
+        try:
+            report = with_retries(partial(intake.add_found, job_id, ctx.follow, pages), "found links")
+        except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past the retries
+            logger.warning("job %s: found links not added: %s", ctx.name, exc)  # the pages stay stored
+            continue
+        logger.debug("job %s: %d found links added, %d known, %d refused", ctx.name, report.added,
+                     report.duplicate, report.refused + report.rejected)
 
 
 def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:

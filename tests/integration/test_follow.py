@@ -1,6 +1,8 @@
-"""Following links, up to the worker's outcome: [follow] and [sitemaps] checked at registration
-(bad input: one line, nothing stored), pages of each built-in engine read for links, and a python
-downloader's links capped at the sandbox's boundary. (Storing found links and intake come later.)"""
+"""Following links: [follow] and [sitemaps] checked at registration (bad input: one line, nothing
+stored), [follow] stored with the job and read by its workers, pages of each built-in engine read
+for links, a python downloader's links capped at the sandbox's boundary, and the links of stored
+pages added by intake in scope and within the caps, behind the fence (a lost lease adds nothing).
+Whole crawls are in tests/e2e/test_crawl.py."""
 from __future__ import annotations
 
 import asyncio
@@ -8,11 +10,28 @@ import asyncio
 import pytest
 from bson import ObjectId
 
+from common.intake import add_found
 from common.jobsettings import Follow
-from common.store.models import CrawlerDownload, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, Job
+from common.store import counts, leases
+from common.store.models import (
+    FRESH,
+    CrawlerDownload,
+    CrawlerDownloadSetting,
+    CrawlerLease,
+    CrawlerRegistrationErrorLog,
+    CrawlerTask,
+    Job,
+    utcnow,
+)
+from master.dispatch import defender
+from master.dispatch.dispatcher import dispatch_once
+from slave.download.engines.base import Download
 from slave.download.fetching import Engines
+from slave.download.links import Found
+from slave.worker import context, writer
 from slave.worker.context import JobContext
-from tests.helpers import cli
+from tests.helpers import add_urls, cli, store_outcomes, write_job
+from tests.integration.test_races import _stale
 
 
 def _nothing_stored() -> bool:
@@ -28,7 +47,7 @@ def _nothing_stored() -> bool:
     ('[sitemaps]\nurls = ["file:///etc/passwd"]\n', "scheme must be http or https"),
     ('[sitemaps]\nrobots = true\nlastmod = true\n', "needs settings.revisit"),
     # valid, but nothing keeps it yet: refused rather than stored and ignored (invariant 6)
-    ('[follow]\nscope = "domain"\n[sitemaps]\nrobots = true\n', "not yet in effect"),
+    ('[follow]\nscope = "domain"\n[sitemaps]\nrobots = true\n', "[sitemaps] is checked but not yet"),
 ])
 def test_follow_and_sitemaps_checked_at_registration(cluster, tmp_path, tables, why):
     manifest = tmp_path / "job.toml"
@@ -118,3 +137,89 @@ def test_a_python_downloaders_page_is_not_parsed_only_its_links_taken(cluster):
             " 'body': '<a href=/in-the-body>'}\n")
     outcome = _download(_context(language="python", code=code), "https://example.org/start")
     assert outcome.error is None and outcome.links is None
+
+
+# --- [follow] stored, found links added -----------------------------------------------------
+
+def _following(tmp_path, name: str, follow: str = "") -> Job:
+    manifest = write_job(tmp_path, name)
+    manifest.write_text(manifest.read_text() + "[follow]\n" + follow)
+    result = cli("job", "register", str(manifest))
+    assert result.exit_code == 0, result.output
+    return Job.objects.get(name=name)
+
+
+def test_follow_is_stored_with_the_job_and_read_by_its_workers(cluster, tmp_path):
+    job = _following(tmp_path, "crawl", 'scope = "domain"\ndeny = ["/calendar/"]\nmax_depth = 2\n')
+    ctx = context.load_context(job.id)
+    assert ctx.follow == Follow(scope="domain", deny=("/calendar/",), max_depth=2)
+    shown = cli("job", "show", "crawl").output
+    assert "follow: scope domain, max_depth 2, max_pages 10000, links_per_page 1000, 0 allow and 1 deny" \
+        in shown
+    manifest = write_job(tmp_path, "crawl")  # registered again without [follow]: it follows nothing
+    assert cli("job", "register", str(manifest)).exit_code == 0
+    assert Job._get_collection().find_one({"_id": job.id}).get("follow") is None
+    context._contexts.clear()
+    assert context.load_context(job.id).follow is None
+
+
+def _claimed(cluster, name: str, seeds: list[str]) -> tuple[dict, JobContext, list[writer.Outcome]]:
+    add_urls(name, seeds)
+    dispatch_once(cluster.redis)
+    lease = leases.claim(CrawlerLease._get_collection().find_one({"state": "QUEUED"})["_id"], "w1")
+    ctx = context.load_context(lease["job"])
+    return lease, ctx, [writer.Outcome(task=t, download=Download(200, {}, b"<html>", t["uri"]), error=None,
+                                       spend_us=5) for t in leases.lease_tasks(lease)]
+
+
+def _tasks(name: str) -> dict[str, dict]:
+    job = Job.objects.get(name=name)
+    return {d["uri"]: d for d in CrawlerTask._get_collection().find({"job": job.id})}
+
+
+def test_links_of_a_stored_page_become_tasks_with_depth_and_parent(cluster, tmp_path):
+    _following(tmp_path, "crawl", 'deny = ["/private/"]\nmax_depth = 2\n')
+    seed = "http://a.test/start"
+    lease, ctx, (outcome,) = _claimed(cluster, "crawl", [seed])
+    outcome.links = Found(urls=["http://a.test/one", "http://a.test/private/x", "http://b.test/other",
+                                "https://a.test:8443/two", seed])
+    assert store_outcomes(ctx, lease["_id"], FRESH, [outcome], utcnow())["success"] == 1
+    tasks = _tasks("crawl")
+    assert sorted(tasks) == ["http://a.test/one", seed, "https://a.test:8443/two"]  # the seed is known
+    seed_id = tasks[seed]["_id"]
+    for url in ("http://a.test/one", "https://a.test:8443/two"):
+        assert tasks[url]["depth"] == 1 and tasks[url]["parent"] == seed_id and tasks[url]["status"] == "LIVE"
+    assert counts.of_jobs([tasks[seed]["job"]])[tasks[seed]["job"]]["LIVE"] == 2
+    shown = cli("task", "show", "crawl", "http://a.test/one").output
+    assert "depth: 1\n" in shown and f"parent: {seed_id}\n" in shown
+    assert "depth: 0\n" in cli("task", "show", "crawl", seed).output
+
+
+def test_depth_and_pages_caps_hold_in_intake(cluster, tmp_path):
+    job = _following(tmp_path, "crawl", "max_depth = 2\nmax_pages = 4\n")
+    add_urls("crawl", ["http://a.test/0"])
+    seed = _tasks("crawl")["http://a.test/0"]["_id"]
+    report = add_found(job.id, context.load_context(job.id).follow,
+                       [(seed, "http://a.test/0", [f"http://a.test/1/{i}" for i in range(10)])])
+    assert (report.added, report.refused) == (3, 7)  # the seed and 3 found: max_pages 4
+    one = _tasks("crawl")["http://a.test/1/0"]["_id"]
+    Job._get_collection().update_one({"_id": job.id}, {"$set": {"follow.max_pages": 100}})
+    context._contexts.clear()
+    follow = context.load_context(job.id).follow
+    report = add_found(job.id, follow, [(one, "http://a.test/1/0", ["http://a.test/2/0", "http://a.test/1/1"])])
+    assert (report.added, report.duplicate) == (1, 1) and _tasks("crawl")["http://a.test/2/0"]["depth"] == 2
+    two = _tasks("crawl")["http://a.test/2/0"]["_id"]
+    report = add_found(job.id, follow, [(two, "http://a.test/2/0", ["http://a.test/3/0"])])
+    assert report.added == 0 and report.refused == 1  # deeper than max_depth 2
+    assert len(_tasks("crawl")) == 5
+
+
+def test_a_lost_leases_page_adds_no_links(cluster, tmp_path):
+    _following(tmp_path, "crawl")
+    lease, ctx, outcomes = _claimed(cluster, "crawl", ["http://a.test/0", "http://a.test/1"])
+    for n, o in enumerate(outcomes):
+        o.links = Found(urls=[f"http://a.test/found/{n}"])
+    _stale(lease["_id"])
+    assert defender.recover(cluster.redis).recovered == 2  # the worker has lost its lease
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0
+    assert sorted(_tasks("crawl")) == ["http://a.test/0", "http://a.test/1"]

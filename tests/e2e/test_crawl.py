@@ -1,0 +1,198 @@
+"""Crawls end to end: a following job fed one seed, run by the dispatcher and real `downcluster
+worker` processes round after round until nothing is left, against sites started here (the
+sample site's endless binary tree ``/links/<n>``, and a site of this module's own: a page with
+links out of scope, a redirect off the site, an endless calendar, a page of 100,000 links, a
+page that changes) and a python downloader returning a million links."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from common.store.models import CrawlerTask, Job
+from master.dispatch.dispatcher import dispatch_once
+from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
+
+pytestmark = pytest.mark.slow
+CHANGING = {"version": 1}  # what /changing links to (a page that changes between visits)
+
+
+class Site(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def _html(self, body: str, status: int = 200, location: str = "") -> None:
+        data = f"<html><body>{body}</body></html>".encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        if location:
+            self.send_header("Location", location)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        port = self.server.server_address[1]
+        path = self.path
+        if path == "/start":
+            self._html(f"<a href='/a'>a</a> <a href='http://localhost:{port}/other'>other site</a> "
+                       "<a href='/private/secret'>denied</a> <a href='/redirect'>off the site</a> "
+                       "<a href='javascript:alert(1)'>js</a> <a href='mailto:x@y.z'>mail</a> "
+                       "<a href='file:///etc/passwd'>file</a> <a href='/" + "x" * 3000 + "'>long</a>")
+        elif path == "/redirect":
+            self._html("", 302, f"http://localhost:{port}/landing")
+        elif path == "/landing":  # reached through the redirect: its relative links lead off the site
+            self._html("<a href='/after-redirect'>after</a>")
+        elif path.startswith("/calendar/"):  # an endless calendar: each month links to its neighbours
+            month = int(path.rsplit("/", 1)[1])
+            self._html(f"<a href='/calendar/{month - 1}'>prev</a> <a href='/calendar/{month + 1}'>next</a>")
+        elif path == "/many":
+            self._html("".join(f"<a href='/item/{i}'>{i}</a>" for i in range(100_000)))
+        elif path == "/changing":
+            self._html(f"<a href='/version/{CHANGING['version']}'>now</a>")
+        else:
+            self._html("no links")
+
+
+@pytest.fixture(scope="module")
+def own_site():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def following(tmp_path, name: str, follow: str, **settings) -> Job:
+    manifest = write_job(tmp_path, name, **settings)
+    manifest.write_text(manifest.read_text() + "[follow]\n" + follow)
+    result = cli("job", "register", str(manifest))
+    assert result.exit_code == 0, result.output
+    return Job.objects.get(name=name)
+
+
+def crawl(cluster, name: str, seed: str) -> dict[str, dict]:
+    """Add ``seed`` and run dispatcher and worker rounds until the job has nothing left to do;
+    its tasks by URL."""
+    add_urls(name, [seed])
+    job = Job.objects.get(name=name)
+    for _ in range(200):
+        if not CrawlerTask.objects(job=job, status__in=["LIVE", "DISPATCH"]).count():
+            break
+        wait_for(lambda: dispatch_once(cluster.redis).total, what="tasks to send")  # (a handed-back one: due)
+        burst_worker(cluster)
+    else:
+        raise AssertionError("the crawl did not end")
+    return {d["uri"]: d for d in CrawlerTask._get_collection().find({"job": job.id})}
+
+
+def tree_links(n: int) -> set[int]:
+    """The pages /links/<n> links to (``sample_site.linked_page``)."""
+    return {2 * n + 1, 2 * n + 2, n + 1}
+
+
+def check_lineage(tasks: dict[str, dict], max_depth: int) -> None:
+    """Every found task was found on a page of the crawl that links to it, one level deeper."""
+    by_id = {t["_id"]: t for t in tasks.values()}
+    for t in tasks.values():
+        assert t["status"] == "SUCCESS", t
+        if t.get("parent") is None:
+            assert t.get("depth") is None  # the seed
+            continue
+        parent = by_id[t["parent"]]
+        assert t["depth"] == (parent.get("depth") or 0) + 1 <= max_depth
+        assert int(t["uri"].rsplit("/", 1)[1]) in tree_links(int(parent["uri"].rsplit("/", 1)[1]))
+
+
+def test_a_crawl_within_max_depth_reaches_exactly_the_pages_that_deep(cluster, tmp_path):
+    following(tmp_path, "tree", "max_depth = 2\n")
+    tasks = crawl(cluster, "tree", cluster.site + "/links/0")
+    # depth 1: 1 and 2; depth 2: their links 3, 4, 5, 6 (fragments dropped; mailto: and javascript: not)
+    assert sorted(tasks) == sorted(f"{cluster.site}/links/{n}" for n in range(7))
+    check_lineage(tasks, 2)
+    assert {t.get("depth") or 0 for t in tasks.values()} == {0, 1, 2}
+    shown = cli("task", "show", "tree", cluster.site + "/links/5").output
+    assert "depth: 2\n" in shown and f"parent: {tasks[cluster.site + '/links/2']['_id']}\n" in shown
+    api = cli("task", "show", "tree", cluster.site + "/links/0", "--json").output
+    assert '"depth": 0' in api and '"parent": null' in api
+
+
+def test_an_endless_tree_stops_at_max_pages(cluster, tmp_path):
+    following(tmp_path, "pages", "max_depth = 10000\nmax_pages = 20\n")
+    tasks = crawl(cluster, "pages", cluster.site + "/links/0")
+    assert len(tasks) == 20  # one worker process: one writer, the cap exact
+    check_lineage(tasks, 10000)
+
+
+def test_out_of_scope_denied_and_other_schemes_are_never_tasks(cluster, tmp_path, own_site):
+    following(tmp_path, "scope", "deny = ['/private/']\n")
+    tasks = crawl(cluster, "scope", own_site + "/start")
+    # not: another host name, a denied path, javascript:, mailto:, file:, a URL over 2048
+    # characters, nor the links of a page that redirected off the site (judged against its task URL)
+    assert sorted(tasks) == [own_site + p for p in ("/a", "/redirect", "/start")]
+    assert all(t["status"] == "SUCCESS" for t in tasks.values())
+
+
+@pytest.mark.parametrize("follow,months", [
+    ("max_depth = 5\n", range(-5, 6)),  # the seed's month and 5 each way
+    ("max_depth = 10000\nmax_pages = 8\n", None),
+])
+def test_an_endless_calendar_stops_at_the_caps(cluster, tmp_path, own_site, follow, months):
+    following(tmp_path, "calendar", follow)
+    tasks = crawl(cluster, "calendar", own_site + "/calendar/0")
+    if months is not None:
+        assert sorted(tasks) == sorted(f"{own_site}/calendar/{m}" for m in months)
+        assert max(t.get("depth") or 0 for t in tasks.values()) == 5
+    else:
+        assert len(tasks) == 8
+
+
+def test_a_page_of_100000_links_adds_the_cap_and_logs_the_excess_once(cluster, tmp_path, own_site):
+    following(tmp_path, "many", "links_per_page = 50\nmax_depth = 1\n")
+    add_urls("many", [own_site + "/many"])
+    assert dispatch_once(cluster.redis).total == 1
+    done = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "worker", "--burst"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **cluster.env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    tasks = {d["uri"] for d in CrawlerTask._get_collection().find({})}
+    assert tasks == {own_site + "/many"} | {f"{own_site}/item/{i}" for i in range(50)}
+    assert done.stderr.count("50 links taken, 99950 over the cap") == 1, done.stderr[-2000:]
+
+
+MILLION = """
+import urllib.request
+
+def download(task):
+    with urllib.request.urlopen(task["url"], timeout=10) as resp:
+        page = {"status_code": resp.status, "headers": dict(resp.headers.items()), "body": resp.read()}
+    if task["url"].endswith("/a"):
+        page["links"] = ["/item/%d" % i for i in range(1_000_000)]
+    return page
+"""
+
+
+def test_a_python_downloader_returning_a_million_links_adds_the_cap(cluster, tmp_path, own_site):
+    following(tmp_path, "million", "links_per_page = 30\nmax_depth = 1\n", kind="python", code=MILLION)
+    tasks = crawl(cluster, "million", own_site + "/a")
+    assert sorted(tasks) == sorted([own_site + "/a"] + [f"{own_site}/item/{i}" for i in range(30)])
+    assert all(t["status"] == "SUCCESS" for t in tasks.values())
+
+
+def test_a_revisited_pages_new_links_are_followed(cluster, tmp_path, own_site):
+    following(tmp_path, "changes", "max_depth = 1\n", revisit=1.0)
+    CHANGING["version"] = 1
+    add_urls("changes", [own_site + "/changing"])
+    dispatch_once(cluster.redis)
+    burst_worker(cluster)
+    job = Job.objects.get(name="changes")
+    assert CrawlerTask.objects(job=job, uri=own_site + "/version/1").count() == 1
+    CHANGING["version"] = 2
+    wait_for(lambda: CrawlerTask.objects(job=job, uri=own_site + "/version/2").count()
+             or (dispatch_once(cluster.redis).total and burst_worker(cluster)),
+             what="the revisit's new link")
+    found, page = (CrawlerTask.objects.get(job=job, uri=own_site + p) for p in ("/version/2", "/changing"))
+    assert found.depth == 1 and found.parent == page.id
