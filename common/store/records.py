@@ -1,0 +1,388 @@
+"""The store's records: each stored thing as a typed, frozen value, converted to and from its
+MongoDB document here and nowhere else (``from_doc`` / ``to_doc``), as rq keeps a job's hash in
+``Job.to_dict`` / ``Job.restore``. Store functions take and return these; no module outside
+``common/store/`` names a field of a document (``tests/unit/test_store_fields.py``).
+
+An attribute is its document's field of the same name (``id`` is ``_id``); a field a document
+lacks (an older document, or a read that projects it out) takes the attribute's default, the
+model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
+attributes hold what the driver read (not copied: a record is built thousands of times a second
+on the worker's hot path, see ``docs/layout.md``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, ClassVar, TypeVar
+
+from bson import ObjectId
+
+from common.queue.names import DEFAULT_PRIORITY
+
+
+class _Empty(Mapping[str, Any]):
+    """The empty mapping a missing mapping field reads as: immutable, so one may be shared
+    (hashable, so a dataclass takes it as a default)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+EMPTY: Mapping[str, Any] = _Empty()
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """The conversions every record shares; ``_spec`` is (document key, default) per attribute,
+    in the order of the dataclass's fields (set once below)."""
+
+    __slots__ = ()
+    _spec: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    _attrs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_doc(cls: type[R], doc: Mapping[str, Any]) -> R:
+        """The record of a document read from MongoDB (a projection: the rest takes defaults)."""
+        get = doc.get
+        return cls(*[get(key, default) for key, default in cls._spec])
+
+    @classmethod
+    def maybe(cls: type[R], doc: Mapping[str, Any] | None) -> R | None:
+        """``from_doc``, or None for no document."""
+        return None if doc is None else cls.from_doc(doc)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document to store: every attribute that is not None (None: the field is absent)."""
+        return {key: value for (key, _), attr in zip(self._spec, self._attrs)
+                if (value := getattr(self, attr)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Record):
+    """A downloader job (``job``): its queue level, worker host, project, the fresh-task cursor (``seq_next``,
+    ``seq_sent``, ``intake``), the revisit cursor and its report marks."""
+
+    id: ObjectId
+    name: str = ""
+    status: str = "ON"
+    priority: int = DEFAULT_PRIORITY
+    host: str = ""
+    project: int | None = None
+    seq_next: int = 0
+    seq_sent: int = 0
+    intake: Sequence[Mapping[str, Any]] = ()
+    revisit_from: datetime | None = None
+    revisit_from_id: ObjectId | None = None
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+    report_at: datetime | None = None
+    report_counts: Mapping[str, Any] | None = None  # None: no summary sent yet (compared as stored)
+    alert_mail_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(Record):
+    """A job's settings (``crawler_download_setting``): each field of ``common.jobsettings.SETTINGS``; None
+    where the document does not set it (the cluster's default applies)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    dispatch_num: int | None = None
+    max_retry_times: int | None = None
+    proxy: str | None = None
+    cookie: str | None = None
+    headers: Mapping[str, Any] = EMPTY
+    download_engine: str | None = None
+    download_js: str | None = None
+    prior: int | None = None
+    report_mails: str | None = None
+    host_concurrency: int | None = None
+    host_delay: float | None = None
+    obey_robots: bool | None = None
+    allow_private: bool | None = None
+    data_retention_days: int | None = None
+    log_retention_days: int | None = None
+    revisit: float | None = None
+    revisit_max: float | None = None
+    last_update_datetime: datetime | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Task(Record):
+    """One URL of one job (``crawler_task``): its status, attempts, lease and, for revisits, its latest
+    version."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    uri: str | None = None
+    seq: int | None = None
+    status: str = "LIVE"
+    download_times: int = 0
+    recoveries: int = 0
+    host_name: str = ""
+    lease: str | None = None
+    queue: str | None = None
+    dispatched_at: datetime | None = None
+    retry_at: datetime | None = None
+    failed_reason: str | None = None
+    data_lease: str | None = None
+    history: Sequence[str] = ()
+    versions: int | None = None
+    visits: int | None = None
+    not_modified: int | None = None
+    revisit_every: float | None = None
+    changed_at: datetime | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: str | None = None
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease(Record):
+    """A queue entry's hold on its tasks (``crawler_lease``), from enqueue to settle."""
+
+    id: str
+    job: ObjectId | None = None
+    queue: str | None = None
+    kind: str | None = None
+    ids: Sequence[ObjectId] = ()
+    uris: Sequence[str] = ()
+    attempts: Sequence[int] = ()
+    prev: Sequence[Mapping[str, Any]] = ()
+    state: str = "QUEUED"
+    worker: str | None = None
+    hostname: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    beat_at: datetime | None = None
+    lost_reason: str | None = None
+    missing_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataDoc(Record):
+    """A successful attempt's response (``crawler_download_data``)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    downloader: ObjectId | None = None
+    task: ObjectId | None = None
+    lease: str | None = None
+    url: str | None = None
+    status_code: int | None = None
+    requests_headers: Mapping[str, Any] = EMPTY
+    response_headers: Mapping[str, Any] = EMPTY
+    requests_body: bytes | None = None
+    response_body: bytes | None = None
+    response_body_gridfs: ObjectId | None = None
+    encoding: str | None = None
+    hostname: str | None = None
+    remote_ip: str | None = None
+    version: int | None = None
+    superseded: bool | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadLog(Record):
+    """One download attempt (``crawler_download_log``, log database)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    task: ObjectId | None = None
+    lease: str | None = None
+    status: str | None = None
+    requests_size: int = 0
+    response_size: int = 0
+    failed_reason: str | None = None
+    downloads_hostname: str | None = None
+    spend_time: int = 0
+    coalesced_from: ObjectId | None = None
+    not_modified: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRecord(Record):
+    """An export of a job's data, or a download task of the general center (``export``)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    job_name: str = ""
+    format: str | None = None
+    center: Mapping[str, Any] = EMPTY
+    template: str = ""
+    filter: Mapping[str, Any] = EMPTY
+    digest: str | None = None
+    callback_urls: Sequence[str] = ()
+    mails: Sequence[str] = ()
+    requested_by: str = ""
+    owner: ObjectId | None = None
+    project: int | None = None
+    state: str = "PENDING"
+    rows_done: int = 0
+    rows_total: int | None = None
+    bytes: int = 0
+    attempts: int = 0
+    recoveries: int = 0
+    error: str | None = None
+    retry_at: datetime | None = None
+    queued_at: datetime | None = None
+    file_id: ObjectId | None = None
+    worker: str | None = None
+    beat_at: datetime | None = None
+    max_exec_time: int | None = None
+    deadline_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generator(Record):
+    """A job's generator (``crawler_generator``): its code, schedule, state and the run under way."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    type: str | None = None
+    code: str | None = None
+    schedule: str | None = None
+    schemes: Sequence[str] = ()
+    state: str = "test"
+    digest: str | None = None
+    tested_digest: str | None = None
+    next_at: datetime | None = None
+    running_run: str | None = None
+    running_since: datetime | None = None
+    last_run_at: datetime | None = None
+    last_status: str | None = None
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorRun(Record):
+    """One generator run (``crawler_generator_log``, log database)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    run: str | None = None
+    trigger: str | None = None
+    status: str | None = None
+    added: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    lines: int = 0
+    errors: Sequence[Mapping[str, Any]] = ()
+    bytes: int = 0
+    spend_time: int = 0
+    hostname: str | None = None
+    failed_reason: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationRecord(Record):
+    """A webhook or mail of the outbox (``notification``)."""
+
+    id: ObjectId
+    kind: str | None = None
+    target: str | None = None
+    event: str | None = None
+    subject: str = ""
+    body: str = ""
+    state: str = "PENDING"
+    attempts: int = 0
+    next_at: datetime | None = None
+    claimed_until: datetime | None = None
+    last_error: str | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token(Record):
+    """An API token (``api_token``, control database): only its SHA-256 is stored."""
+
+    id: ObjectId
+    name: str | None = None
+    role: str | None = None
+    digest: str | None = None
+    jobs: Sequence[str] = ()
+    projects: Sequence[int] = ()
+    add_datetime: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Project(Record):
+    """A project (``project``, control database)."""
+
+    id: int
+    name: str | None = None
+    allow_private: bool = False
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry(Record):
+    """One change in the audit log (``audit_log``, control database)."""
+
+    id: ObjectId
+    at: datetime | None = None
+    actor: str | None = None
+    actor_id: ObjectId | None = None
+    role: str | None = None
+    action: str | None = None
+    target: str = ""
+    project: int | None = None
+    detail: Mapping[str, Any] = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadType(Record):
+    """A downloader language (``crawler_download_type``) and whether it is supported."""
+
+    id: ObjectId
+    language: str = ""
+    is_support: str = "support"
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFilter(Record):
+    """Which data an export takes (an export's ``filter``): HTTP statuses (none: all), stored
+    from ``since`` until ``until`` (naive UTC), and every stored version or only each page's
+    latest (``versions``: "latest" or "all"). Checked once where it is built
+    (``master.exports.service.check_filter``)."""
+
+    status: Sequence[int] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    versions: str | None = None
+
+
+ALL_RECORDS: tuple[type[Record], ...] = (
+    Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, ExportFilter, Generator, GeneratorRun,
+    NotificationRecord, Token, Project, AuditEntry, DownloadType)
+for _cls in ALL_RECORDS:
+    _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
+    _cls._spec = tuple(("_id", None) if f.name == "id" else (f.name, f.default)
+                       for f in fields(_cls))  # type: ignore[arg-type]
