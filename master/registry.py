@@ -24,6 +24,7 @@ from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import generators, jobs, tasks
 from common.store.models import OFF, ON, utcnow
+from common.store.records import DownloadType
 
 if TYPE_CHECKING:
     from common.store.control import Token
@@ -357,17 +358,17 @@ def set_status(name: str, status: str) -> jobs.Job:
 
 # --- downloader types (administrators deploy which languages the platform supports) ---
 
-def type_rows() -> list[dict]:
-    """Every downloader type, whether it is supported, and how many jobs use it."""
+def type_rows() -> list[tuple[DownloadType, int]]:
+    """Every downloader type (whether it is supported) and how many jobs use it."""
     ensure_download_types()
     return jobs.type_rows()
 
 
-def set_type_support(language: str, supported: bool) -> dict:
+def set_type_support(language: str, supported: bool) -> tuple[DownloadType, int]:
     """Allow or refuse a downloader language: registration refuses jobs of an unsupported one and
     workers fail their tasks with that reason (within CONTEXT_TTL seconds)."""
     ensure_download_types()
     if language not in DOWNLOADER_TYPES:
         raise NotFound(f"no downloader type {str(language)[:40]!r} (one of {', '.join(DOWNLOADER_TYPES)})")
     jobs.set_support(language, supported)
-    return next(r for r in type_rows() if r["language"] == language)
+    return next(r for r in type_rows() if r[0].language == language)

@@ -102,7 +102,7 @@ def job_detail(name: Any) -> dict:
             "max_retry_times": s.max_retry_times,
             "download_engine": s.download_engine,
             "prior": s.prior,
-            "prior_meaning": MEANING_OF_PRIOR.get(s.prior, "?"),
+            "prior_meaning": MEANING_OF_PRIOR.get(s.prior or 0, "?"),
             "report_mails": s.report_mails,
             "headers": sorted(s.headers or {}),  # header names only
             "proxy": "***" if s.proxy else "",

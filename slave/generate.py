@@ -34,7 +34,7 @@ def _lines(output: bytes) -> list[str]:
 
 def _allow_private(job_id) -> bool:
     found = jobs.context(job_id)
-    return bool(found and (found["settings"] or {}).get("allow_private"))
+    return bool(found and found.settings.allow_private)
 
 
 def _sandboxed(gen: dict, job_id) -> bytes:

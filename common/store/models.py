@@ -26,6 +26,7 @@ from mongoengine import (
 )
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
+from common.store.records import Job as JobRecord
 
 
 def utcnow() -> datetime:
@@ -106,16 +107,16 @@ class Job(Document):
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
-def job_named(name) -> "Job":
+def job_named(name: object) -> JobRecord:
     """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
     from common.errors import NotFound, ValidationError
 
     if not isinstance(name, str):
         raise ValidationError("job must be a string")
-    job = Job.objects(name=name).first()
+    job = Job._get_collection().find_one({"name": name})
     if job is None:
         raise NotFound(f"no job named {name!r}")
-    return job
+    return JobRecord.from_doc(job)
 
 
 class CrawlerDownloadType(Document):

@@ -36,6 +36,7 @@ from common.errors import ValidationError
 from common.store import counts
 from common.store.leases import UNSET_LEASE
 from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, utcnow
+from common.store.records import Job as JobRecord
 
 DUPLICATE_KEY = 11000
 EPOCH = datetime(1970, 1, 1)
@@ -135,24 +136,24 @@ def prev_of(doc: dict) -> dict | None:
     return {k: doc.get(k) for k in PREV_FIELDS if doc.get(k) is not None}
 
 
-def fresh_limit(job_doc: dict, now: datetime) -> int:
+def fresh_limit(job: JobRecord, now: datetime) -> int:
     """The highest seq whose task is surely inserted: below every live intake reservation."""
-    top = job_doc.get("seq_next", 0)
-    for r in job_doc.get("intake") or ():
+    top = job.seq_next
+    for r in job.intake:
         if r.get("at") and now - r["at"] < INTAKE_STALE:
             top = min(top, r["seq"] - 1)
     return top
 
 
-def due_fresh(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], int]:
+def due_fresh(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], int]:
     """Up to ``need`` fresh LIVE tasks above the cursor, in seq order, and the seq up to which
     the job was read (the cursor's new place if all of them go out)."""
-    lo, top = job_doc.get("seq_sent", 0), fresh_limit(job_doc, now)
+    lo, top = job.seq_sent, fresh_limit(job, now)
     picked: list[Picked] = []
     window = max(need, WINDOW_MIN)
     while lo < top and len(picked) < need:
         hi = min(lo + window, top)
-        flt = {"job": job_doc["_id"], "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
+        flt = {"job": job.id, "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
         docs = sorted(_tasks().find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1}),
                       key=lambda d: d["seq"])
         picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"])
@@ -161,7 +162,7 @@ def due_fresh(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], in
             return picked, picked[-1].seq
         lo = hi
         window *= 2  # gaps (duplicates, cancelled tasks): widen
-    return picked, max(lo, job_doc.get("seq_sent", 0))
+    return picked, max(lo, job.seq_sent)
 
 
 def fresh_cursor(picked: list[Picked], read_to: int, sent: int) -> int:
@@ -207,7 +208,7 @@ REVISIT_WINDOW = timedelta(minutes=1)      # the first window of due times read
 REVISIT_WINDOW_MAX = timedelta(minutes=15)  # an empty window doubles the next, up to this
 
 
-def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
+def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
     """Up to ``need`` SUCCESS tasks whose revisit is due, in (due time, ``_id``) order, and the
     job's new revisit floor once they are sent: (due time, ``_id``) of the last one, every task
     up to which has gone out (``_id`` None: every task due up to that time).
@@ -223,8 +224,8 @@ def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked],
     time this run began."""
     if need <= 0:
         return [], None
-    lo, lo_id = job_doc.get("revisit_from") or EPOCH, job_doc.get("revisit_from_id")
-    fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job_doc["_id"]
+    lo, lo_id = job.revisit_from or EPOCH, job.revisit_from_id
+    fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job.id
     picked: list[dict] = []
     if lo_id is not None and lo <= now:  # the rest of the floor's own due time
         same = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": lo}, fields)

@@ -45,13 +45,13 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     job = jobs.context(job_id)
     ctx = None
     if job is not None:
-        conf = {k: job["settings"][k] for k in SETTING_NAMES if k in job["settings"]}
+        conf = {k: v for k in SETTING_NAMES if (v := getattr(job.settings, k)) is not None}
         remember(conf.get("proxy"), conf.get("cookie"), *secret_header_values(conf.get("headers")))
         ctx = JobContext(
-            job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
-            language=job["language"], code=job["code"], engine=conf.get("download_engine") or ENGINES[0],
+            job_id=job_id, name=job.name, status=job.status, download_id=job.download_id,
+            language=job.language, code=job.code, engine=conf.get("download_engine") or ENGINES[0],
             max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
-            supported=job["supported"])
+            supported=job.supported)
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB
