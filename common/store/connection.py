@@ -130,7 +130,7 @@ SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_SOCKET_TIMEOUT = 30.0
 
 
-def redis_client(url: str | None = None, asynchronous: bool = False, **options):
+def redis_client(url: str | None = None, asynchronous: bool = False, **options: Any) -> Any:
     """A Redis client (redis.asyncio's with ``asynchronous``) for ``url``, by default REDIS_URL:
     ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]
     /SERVICE[/DB]`` — the master that the Sentinels name SERVICE, found again after a failover

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from bson import ObjectId
 from mongoengine import (
     BinaryField,
     BooleanField,
@@ -65,15 +66,13 @@ OBJECT_ID_TIMES = (
 )  # what an ObjectId's 4-byte time holds
 
 
-def id_at(when: datetime):
+def id_at(when: datetime) -> ObjectId:
     """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
     outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
-    from bson import ObjectId
-
     return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
 
 
-def iso(value):
+def iso(value: object) -> object:
     """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
     return value.isoformat() + "Z" if isinstance(value, datetime) else value
 
