@@ -10,6 +10,7 @@ and the indexes.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from bson import ObjectId
 from mongoengine import (
@@ -25,9 +26,16 @@ from mongoengine import (
     ReferenceField,
     StringField,
 )
+from pymongo.collection import Collection
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store.records import Job as JobRecord
+
+
+def collection(model: Any) -> Collection[dict[str, Any]]:
+    """The pymongo collection of a document class (typed: mongoengine's own calls are not)."""
+    found: Collection[dict[str, Any]] = model._get_collection()
+    return found
 
 
 def utcnow() -> datetime:

@@ -11,6 +11,7 @@ every filter value comes from the caller already checked, never as an operator.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Iterator
 
 from bson import ObjectId
@@ -169,19 +170,20 @@ def drained(job_id) -> bool:
             and coll.find_one({"job": job_id, "status": FAIL, "retry_at": {"$ne": None}}, {"_id": 1}) is None)
 
 
-def failure_reasons(job_id, n: int = 5) -> list[dict]:
-    """The job's ``n`` most frequent failure reasons: [{"_id": reason, "n": tasks}]."""
-    return list(CrawlerTask._get_collection().aggregate([
+def failure_reasons(job_id: ObjectId, n: int = 5) -> list[tuple[str | None, int]]:
+    """The job's ``n`` most frequent failure reasons: (reason, tasks), most frequent first."""
+    return [(r["_id"], r["n"]) for r in CrawlerTask._get_collection().aggregate([
         {"$match": {"job": job_id, "status": {"$in": [FAIL, DEAD]}}},
-        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": n}]))
+        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": n}])]
 
 
-def time_span(job_id) -> dict:
-    """{"first": the first task's add time, "last": the last change}, or {} for a job without tasks."""
-    return next(CrawlerTask._get_collection().aggregate([
+def time_span(job_id: ObjectId) -> tuple[datetime, datetime] | None:
+    """(the first task's add time, the last change), or None for a job without tasks."""
+    span = next(CrawlerTask._get_collection().aggregate([
         {"$match": {"job": job_id}},
         {"$group": {"_id": None, "first": {"$min": "$add_datetime"},
-                    "last": {"$max": "$last_update_datetime"}}}]), {})
+                    "last": {"$max": "$last_update_datetime"}}}]), None)
+    return (span["first"], span["last"]) if span and span.get("first") else None
 
 
 def dead_since(job_id, since) -> int:

@@ -322,9 +322,9 @@ class Token(Record):
     """An API token (``api_token``, control database): only its SHA-256 is stored."""
 
     id: ObjectId
-    name: str | None = None
-    role: str | None = None
-    digest: str | None = None
+    name: str = ""
+    role: str = ""
+    digest: str = ""
     jobs: Sequence[str] = ()
     projects: Sequence[int] = ()
     add_datetime: datetime | None = None
@@ -336,7 +336,7 @@ class Project(Record):
     """A project (``project``, control database)."""
 
     id: int
-    name: str | None = None
+    name: str = ""
     allow_private: bool = False
     add_datetime: datetime | None = None
 
@@ -347,10 +347,10 @@ class AuditEntry(Record):
 
     id: ObjectId
     at: datetime | None = None
-    actor: str | None = None
+    actor: str = ""
     actor_id: ObjectId | None = None
     role: str | None = None
-    action: str | None = None
+    action: str = ""
     target: str = ""
     project: int | None = None
     detail: Mapping[str, Any] = EMPTY
@@ -364,6 +364,17 @@ class DownloadType(Record):
     language: str = ""
     is_support: str = "support"
     add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Session(Record):
+    """A console sign-in (``web_session``, control database): ``id`` is the SHA-256 of the
+    cookie's secret, ``token`` the digest of the token it signed in with."""
+
+    id: str
+    token: str = ""
+    csrf: str = ""
+    expires_at: datetime = datetime.min  # none stored: expired
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +392,7 @@ class ExportFilter(Record):
 
 ALL_RECORDS: tuple[type[Record], ...] = (
     Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, ExportFilter, Generator, GeneratorRun,
-    NotificationRecord, Token, Project, AuditEntry, DownloadType)
+    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType)
 for _cls in ALL_RECORDS:
     _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
     _cls._spec = tuple(("_id", None) if f.name == "id" else (f.name, f.default)

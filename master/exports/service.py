@@ -194,8 +194,9 @@ def request(
         if earlier is not None:
             _join(earlier, callbacks, mails)
             return Requested(earlier, True)
-        export = exports.add(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned,
-                             digest=key, callback_urls=callbacks, mails=mails, requested_by=requested_by,
+        export = exports.add(job=job.id, job_name=job.name, format=fmt, template=template or "",
+                             filter=cleaned, digest=key, callback_urls=callbacks, mails=mails,
+                             requested_by=requested_by,
                              owner=owner, project=access.project_of(job),
                              created_at=now, retry_at=now, max_exec_time=max_exec_time)
     push(redis, export)

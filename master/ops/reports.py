@@ -49,10 +49,10 @@ def _summary(job: Job, mails: list[str], now: datetime) -> int:
     lines += [f"  {status:<9}{n}" for status, n in sorted(counts.items())]
     lines += ["", f"Success rate: {rate} ({counts.get(SUCCESS, 0)} of {done} finished tasks)", ""]
     lines += ["Most frequent failure reasons:"] + (
-        [f"  {r['n']:>6}  {r['_id'] or '-'}" for r in reasons] or ["  none"]
+        [f"  {n:>6}  {reason or '-'}" for reason, n in reasons] or ["  none"]
     )
-    if span.get("first"):
-        lines += ["", f"Time span: {span['first']:%Y-%m-%d %H:%M:%S} to {span['last']:%Y-%m-%d %H:%M:%S} UTC"]
+    if span is not None:
+        lines += ["", f"Time span: {span[0]:%Y-%m-%d %H:%M:%S} to {span[1]:%Y-%m-%d %H:%M:%S} UTC"]
     for to in mails:
         queue_mail(
             to,

@@ -33,15 +33,14 @@ READS = ("get", "pop", "setdefault")
 
 # Store modules not converted yet: each still returns documents (the list only shrinks).
 NOT_YET_RETURNS: set[str] = {
-    "attempts.py", "audit.py", "center.py", "control.py", "counts.py", "data.py", "exports.py",
-    "generators.py", "leases.py", "logs.py", "notifications.py", "pages.py", "paging.py", "projects.py",
-    "retention.py", "tasks.py",
+    "attempts.py", "center.py", "counts.py", "data.py", "exports.py", "generators.py", "leases.py",
+    "logs.py", "notifications.py", "pages.py", "paging.py", "retention.py", "tasks.py",
 }
 # Modules outside the store that still read documents by key (the list only shrinks).
 NOT_YET_READS: set[str] = {
-    "common/exports/events.py", "common/exports/warc.py", "common/notify.py", "master/audit.py",
+    "common/exports/events.py", "common/exports/warc.py", "common/notify.py",
     "master/dispatch/defender.py", "master/exports/service.py", "master/generators.py",
-    "master/ops/archive.py", "master/ops/reports.py", "master/views.py", "slave/download/fetching.py",
+    "master/ops/archive.py", "master/views.py", "slave/download/fetching.py",
     "slave/exporter.py", "slave/generate.py", "slave/worker/runner.py", "slave/worker/writer.py",
 }
 
@@ -49,6 +48,8 @@ NOT_YET_READS: set[str] = {
 # --- the store's results ----------------------------------------------------------------------
 
 def _document_like(annotation: ast.expr, records: set[str]) -> bool:
+    if isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value) == "Collection":
+        return False  # models.collection: the store's own way to a collection (test_store_only)
     for node in ast.walk(annotation):
         if isinstance(node, ast.Name) and node.id in (DOCUMENT_CLASSES - records) | {"dict"}:
             if node.id != "dict":
