@@ -12,7 +12,7 @@ on the worker's hot path, see ``docs/layout.md``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
@@ -75,7 +75,7 @@ class Job(Record):
     ``seq_sent``, ``intake``), the revisit cursor and its report marks."""
 
     id: ObjectId
-    name: str = ""
+    name: str
     status: str = "ON"
     priority: int = DEFAULT_PRIORITY
     host: str = ""
@@ -98,7 +98,7 @@ class JobSettings(Record):
     where the document does not set it (the cluster's default applies)."""
 
     id: ObjectId
-    job: ObjectId | None = None
+    job: ObjectId
     dispatch_num: int | None = None
     max_retry_times: int | None = None
     proxy: str | None = None
@@ -126,8 +126,8 @@ class Task(Record):
     version."""
 
     id: ObjectId
-    job: ObjectId | None = None
-    uri: str | None = None
+    job: ObjectId
+    uri: str
     seq: int | None = None
     status: str = "LIVE"
     download_times: int = 0
@@ -157,9 +157,9 @@ class Lease(Record):
     """A queue entry's hold on its tasks (``crawler_lease``), from enqueue to settle."""
 
     id: str
-    job: ObjectId | None = None
-    queue: str | None = None
-    kind: str | None = None
+    job: ObjectId
+    queue: str
+    kind: str
     ids: Sequence[ObjectId] = ()
     uris: Sequence[str] = ()
     attempts: Sequence[int] = ()
@@ -179,10 +179,10 @@ class DataDoc(Record):
     """A successful attempt's response (``crawler_download_data``)."""
 
     id: ObjectId
-    job: ObjectId | None = None
+    job: ObjectId
+    task: ObjectId
+    lease: str
     downloader: ObjectId | None = None
-    task: ObjectId | None = None
-    lease: str | None = None
     url: str | None = None
     status_code: int | None = None
     requests_headers: Mapping[str, Any] = EMPTY
@@ -222,13 +222,13 @@ class ExportRecord(Record):
     """An export of a job's data, or a download task of the general center (``export``)."""
 
     id: ObjectId
+    format: str
+    digest: str
     job: ObjectId | None = None
     job_name: str = ""
-    format: str | None = None
     center: Mapping[str, Any] = EMPTY
     template: str = ""
     filter: Mapping[str, Any] = EMPTY
-    digest: str | None = None
     callback_urls: Sequence[str] = ()
     mails: Sequence[str] = ()
     requested_by: str = ""
@@ -259,13 +259,13 @@ class Generator(Record):
     """A job's generator (``crawler_generator``): its code, schedule, state and the run under way."""
 
     id: ObjectId
-    job: ObjectId | None = None
-    type: str | None = None
-    code: str | None = None
-    schedule: str | None = None
+    job: ObjectId
+    type: str
+    code: str
+    schedule: str
+    digest: str
     schemes: Sequence[str] = ()
     state: str = "test"
-    digest: str | None = None
     tested_digest: str | None = None
     next_at: datetime | None = None
     running_run: str | None = None
@@ -298,15 +298,19 @@ class GeneratorRun(Record):
     finished_at: datetime | None = None
     add_datetime: datetime | None = None
 
+    def rejected_lines(self) -> list[tuple[int, str]]:
+        """``errors`` as (line number, reason)."""
+        return [(int(e.get("line", 0)), str(e.get("reason", ""))) for e in self.errors]
+
 
 @dataclass(frozen=True, slots=True)
 class NotificationRecord(Record):
     """A webhook or mail of the outbox (``notification``)."""
 
     id: ObjectId
-    kind: str | None = None
-    target: str | None = None
-    event: str | None = None
+    kind: str
+    target: str
+    event: str
     subject: str = ""
     body: str = ""
     state: str = "PENDING"
@@ -322,9 +326,9 @@ class Token(Record):
     """An API token (``api_token``, control database): only its SHA-256 is stored."""
 
     id: ObjectId
-    name: str = ""
-    role: str = ""
-    digest: str = ""
+    name: str
+    role: str
+    digest: str
     jobs: Sequence[str] = ()
     projects: Sequence[int] = ()
     add_datetime: datetime | None = None
@@ -336,7 +340,7 @@ class Project(Record):
     """A project (``project``, control database)."""
 
     id: int
-    name: str = ""
+    name: str
     allow_private: bool = False
     add_datetime: datetime | None = None
 
@@ -346,11 +350,11 @@ class AuditEntry(Record):
     """One change in the audit log (``audit_log``, control database)."""
 
     id: ObjectId
+    actor: str
+    action: str
     at: datetime | None = None
-    actor: str = ""
     actor_id: ObjectId | None = None
     role: str | None = None
-    action: str = ""
     target: str = ""
     project: int | None = None
     detail: Mapping[str, Any] = EMPTY
@@ -361,7 +365,7 @@ class DownloadType(Record):
     """A downloader language (``crawler_download_type``) and whether it is supported."""
 
     id: ObjectId
-    language: str = ""
+    language: str
     is_support: str = "support"
     add_datetime: datetime | None = None
 
@@ -395,5 +399,5 @@ ALL_RECORDS: tuple[type[Record], ...] = (
     NotificationRecord, Token, Session, Project, AuditEntry, DownloadType)
 for _cls in ALL_RECORDS:
     _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
-    _cls._spec = tuple(("_id", None) if f.name == "id" else (f.name, f.default)
+    _cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
                        for f in fields(_cls))  # type: ignore[arg-type]

@@ -62,10 +62,10 @@ def test_retries_go_first_and_fresh_tasks_stop_at_the_first_that_does_not_fit():
 
 def test_fresh_limit_stops_below_intake_in_progress():
     now = NOW
-    job = Job(id=ObjectId(), seq_next=500,
+    job = Job(id=ObjectId(), name="a", seq_next=500,
               intake=[{"seq": 301, "at": now}, {"seq": 101, "at": now - timedelta(hours=1)}])
     assert fresh_limit(job, now) == 300  # the stale reservation (a dead intake) no longer holds it
-    assert fresh_limit(Job(id=ObjectId(), seq_next=7), now) == 7
+    assert fresh_limit(Job(id=ObjectId(), name="a", seq_next=7), now) == 7
 
 
 def test_order_by_priority_host_or_both():
