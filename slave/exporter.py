@@ -30,6 +30,7 @@ from common.sentry import capture
 from common.store import exports, jobs
 from common.store.data import drop_export_file, export_source, export_total, export_upload
 from common.store.models import store_now, utcnow
+from common.store.records import ExportFilter
 
 logger = logging.getLogger(__name__)
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0
@@ -120,7 +121,7 @@ def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) ->
         raise RuntimeError(f"job {doc['job_name']} no longer exists")
     template = parse_template(doc.get("template"))
     check_fits(template, doc["format"])
-    flt = doc.get("filter") or {}
+    flt = ExportFilter.from_doc(doc.get("filter"))
     exports.set_total(doc["_id"], worker_id, export_total(doc["job"], flt, template))
     publish(doc["_id"])
     name = file_name(f"{doc['job_name']}-{doc['_id']}", doc["format"])

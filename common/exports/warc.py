@@ -21,13 +21,14 @@ import gzip
 import hashlib
 import heapq
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from http import HTTPStatus
 from typing import IO, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from common.store import data, logs
+from common.store.records import ExportFilter
 
 __all__ = ["Capture", "Revisit", "WarcWriter", "CONTENT_TYPE"]
 
@@ -160,11 +161,11 @@ def capture_of(doc: dict, body: bytes) -> Capture:
                    request_headers=dict(doc.get("requests_headers") or {}), ip=doc.get("remote_ip") or "")
 
 
-def _revisits(job_id, flt: dict) -> Iterator[Revisit]:
+def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     """The job's visits that stored nothing, each with the version it matched (the latest a page
     had then); one whose version is no longer kept is left out (nothing to refer to)."""
     last: tuple[object, Capture] | None = None  # a page revisited again and again: read once
-    for log in logs.not_modified(job_id, flt.get("since"), flt.get("until")):
+    for log in logs.not_modified(job_id, flt.since, flt.until):
         at = log.get("add_datetime") or log["_id"].generation_time.replace(tzinfo=None)
         ref = last[1] if last is not None and last[0] == log["task"] and last[1].date <= at else None
         if ref is None:
@@ -177,7 +178,7 @@ def _revisits(job_id, flt: dict) -> Iterator[Revisit]:
                       refers_to=ref)
 
 
-def write_job(job_id, job_name: str, flt: dict, out: IO[bytes], wrap=lambda items: items) -> int:
+def write_job(job_id, job_name: str, flt: ExportFilter, out: IO[bytes], wrap=lambda items: items) -> int:
     """The job's stored downloads matching ``flt`` (every version stored; the
     revisits within its time window; a status filter keeps responses of those codes and drops the
     revisits unless 304 is among them) as WARC records to ``out``, in the order they happened.
@@ -185,9 +186,9 @@ def write_job(job_id, job_name: str, flt: dict, out: IO[bytes], wrap=lambda item
     writer = WarcWriter(out)
     writer.warcinfo(datetime.now(timezone.utc), f"{job_name}.warc.gz",
                     {"description": f"downcluster job {job_name}", "isPartOf": job_name})
-    every = {**flt, "versions": "all"}
+    every = replace(flt, all_versions=True)
     captures = (capture_of(doc, body) for doc, body in data.documents(job_id, every, request_headers=True))
-    wanted = flt.get("status")
+    wanted = flt.status
     revisits: Iterable[Revisit] = _revisits(job_id, flt) if not wanted or 304 in wanted else ()
     n = 0
     items: Iterator[Capture | Revisit] = heapq.merge(captures, revisits, key=_when)

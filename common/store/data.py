@@ -17,6 +17,7 @@ import gridfs
 
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
 from common.store.paging import OutOfTime, scan
+from common.store.records import ExportFilter
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
@@ -75,7 +76,7 @@ def export_upload(file_id, filename: str, metadata: dict) -> Upload:
     return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
 
 
-def documents(job_id, flt: dict, request_headers: bool = False) -> Iterator[tuple[dict, bytes]]:
+def documents(job_id, flt: ExportFilter, request_headers: bool = False) -> Iterator[tuple[dict, bytes]]:
     """(document without its request — but its headers with ``request_headers`` —, body) of each
     of the job's shown data documents matching ``flt`` (see ``data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
@@ -87,9 +88,9 @@ def documents(job_id, flt: dict, request_headers: bool = False) -> Iterator[tupl
         yield doc, body_of(doc, fs)
 
 
-def versions_kept(docs: Iterable[dict], flt: dict) -> Iterable[dict]:
-    """``docs`` as an export's ``versions`` asks: every version ("all"), else each page's latest."""
-    return docs if flt.get("versions") == "all" else latest_only(docs)
+def versions_kept(docs: Iterable[dict], flt: ExportFilter) -> Iterable[dict]:
+    """``docs`` as an export's filter asks: every version, else each page's latest."""
+    return docs if flt.all_versions else latest_only(docs)
 
 
 def versions_of(task_id) -> list[dict]:
@@ -182,15 +183,15 @@ def visible(cursor: Iterable[dict], batch: int = 1000, max_bytes: int = 8 * 1024
     yield from (d for d in chunk if d["_id"] in keep)
 
 
-def data_filter(job_id, flt: dict) -> dict:
+def data_filter(job_id, flt: ExportFilter) -> dict:
     """The MongoDB filter of an export's rows: the job's data documents, by HTTP status code
     and stored time (``flt`` was checked when the export was requested)."""
     query: dict[str, Any] = {"job": job_id}
-    if flt.get("status"):
-        query["status_code"] = {"$in": [int(s) for s in flt["status"]]}
-    if flt.get("since") or flt.get("until"):
-        query["add_datetime"] = {**({"$gte": flt["since"]} if flt.get("since") else {}),
-                                 **({"$lt": flt["until"]} if flt.get("until") else {})}
+    if flt.status:
+        query["status_code"] = {"$in": list(flt.status)}
+    if flt.since or flt.until:
+        query["add_datetime"] = {**({"$gte": flt.since} if flt.since else {}),
+                                 **({"$lt": flt.until} if flt.until else {})}
     return query
 
 
@@ -249,7 +250,7 @@ def data_rows(
         yield row
 
 
-def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
+def export_total(job_id, flt: ExportFilter, template, upto: int | None = None) -> int:
     """Rows an export of ``template`` will read: each table's matching documents (a row-headed
     table at most the rows its headers hold). Counts documents an unfinished fence may still hide.
     ``upto``: stop counting there (a decision against a threshold costs no more than it, whatever
@@ -272,7 +273,7 @@ def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
 DECIDE_WITHIN = 0.4  # seconds a filtered export's rows may take to count; beyond, a worker runs it
 
 
-def export_fits(job_id, flt: dict, template, limit: int) -> bool:
+def export_fits(job_id, flt: ExportFilter, template, limit: int) -> bool:
     """Whether an export surely has at most ``limit`` rows, decided in well under a second
     whatever the job's size: its SUCCESS tasks (kept as tasks change, ``common.store.counts``) bound
     each table's rows; an unfiltered table holds all of them; only a filtered export of a large
@@ -283,7 +284,7 @@ def export_fits(job_id, flt: dict, template, limit: int) -> bool:
     succeeded = counts.of_jobs([job_id]).get(job_id, {}).get("SUCCESS", 0)
     if succeeded * len(template.tables) <= limit:
         return True
-    if not (flt.get("status") or flt.get("since") or flt.get("until")) and not any(
+    if not flt.narrows and not any(
             t.status or t.row for t in template.tables):
         return False
     try:
@@ -292,14 +293,13 @@ def export_fits(job_id, flt: dict, template, limit: int) -> bool:
         return False
 
 
-def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
+def _rows_upto(job_id, flt: ExportFilter, template, upto: int) -> int:
     """The export's rows, counted up to ``upto``: the job's data read window by window by its
     (job, _id) index, each document checked here against the filter and each table's status codes
     (another predicate in the query would make the embedded store read every document of the job)."""
     from common.store import counts
 
-    codes = set(flt.get("status") or ())
-    since, until = flt.get("since"), flt.get("until")
+    codes, since, until = set(flt.status), flt.since, flt.until
     caps = [sum(leaf.row_count for leaf in t.row_leaves) if t.row else None for t in template.tables]
     rows = [0] * len(template.tables)
     docs = scan(CrawlerDownloadData._get_collection(), {"job": job_id}, span=counts.span(job_id),
@@ -325,11 +325,11 @@ class WholeDocuments:
     """An export's source that is not rows: the job's stored documents whole, read by the writer
     itself (a WARC file: ``common.exports.warc``), with the export's filter and progress hook."""
     job_id: Any
-    filter: dict
+    filter: ExportFilter
     wrap: Callable
 
 
-def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):
+def export_source(job_id, flt: ExportFilter, template, fmt: str, wrap=lambda rows: rows):
     """The rows of each table of an export (what the writers call): the job's data kept by the
     export's filter and the table's own status codes, in task order for a spreadsheet; for a
     WARC file, the documents whole (``WholeDocuments``)."""
@@ -339,6 +339,6 @@ def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows)
 
     def rows_for(table) -> Iterator[dict]:
         return wrap(data_rows(restrict(base, table.status), template.needs_body, template.needs_headers,
-                              task_order=fmt == "xlsx", all_versions=flt.get("versions") == "all"))
+                              task_order=fmt == "xlsx", all_versions=flt.all_versions))
 
     return rows_for

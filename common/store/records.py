@@ -253,6 +253,10 @@ class ExportRecord(Record):
     finished_at: datetime | None = None
     expires_at: datetime | None = None
 
+    def rows_filter(self) -> ExportFilter:
+        """Its ``filter`` as a record."""
+        return ExportFilter.from_doc(self.filter)
+
 
 @dataclass(frozen=True, slots=True)
 class Generator(Record):
@@ -382,20 +386,45 @@ class Session(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class ExportFilter(Record):
-    """Which data an export takes (an export's ``filter``): HTTP statuses (none: all), stored
-    from ``since`` until ``until`` (naive UTC), and every stored version or only each page's
-    latest (``versions``: "latest" or "all"). Checked once where it is built
-    (``master.exports.service.check_filter``)."""
+class ExportFilter:
+    """Which data an export takes (an export's ``filter``): the HTTP status codes (none: all),
+    stored from ``since`` until ``until`` (naive UTC), every stored version of a page or only its
+    latest. Built from a request by ``master.exports.service.check_filter`` alone."""
 
-    status: Sequence[int] = ()
+    status: tuple[int, ...] = ()
     since: datetime | None = None
     until: datetime | None = None
-    versions: str | None = None
+    all_versions: bool = False
 
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> ExportFilter:
+        doc = doc or {}
+        return cls(tuple(doc.get("status") or ()), doc.get("since"), doc.get("until"),
+                   doc.get("versions") == "all")
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored form: only what narrows (``versions`` only when "all")."""
+        doc: dict[str, Any] = {}
+        if self.status:
+            doc["status"] = list(self.status)
+        if self.since:
+            doc["since"] = self.since
+        if self.until:
+            doc["until"] = self.until
+        if self.all_versions:
+            doc["versions"] = "all"
+        return doc
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it keeps fewer documents than the job holds (by code or by time)."""
+        return bool(self.status or self.since or self.until)
+
+
+NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
 
 ALL_RECORDS: tuple[type[Record], ...] = (
-    Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, ExportFilter, Generator, GeneratorRun,
+    Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
     NotificationRecord, Token, Session, Project, AuditEntry, DownloadType)
 for _cls in ALL_RECORDS:
     _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from common.exports.tabular import WRITERS, csv_row
 from common.store import jobs
 from common.store.data import documents, export_source, text_of
 from common.store.models import iso
+from common.store.records import NO_FILTER, ExportFilter
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime", "version")
 
@@ -49,14 +50,14 @@ def data_record(doc: dict, body: bytes) -> dict:
             "body_text": text_of(body, doc.get("encoding"))}
 
 
-def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
+def rows(job_name: str, flt: ExportFilter = NO_FILTER) -> Iterator[tuple[dict, bytes]]:
     """(``data_meta``, body) of each of the job's data documents the filter keeps, oldest first."""
     for doc, body in _documents(job_name, flt):
         yield data_meta(doc), body
 
 
-def _documents(job_name: str, flt: dict | None) -> Iterator[tuple[dict, bytes]]:
-    yield from documents(jobs.named(job_name).id, flt or {})
+def _documents(job_name: str, flt: ExportFilter) -> Iterator[tuple[dict, bytes]]:
+    yield from documents(jobs.named(job_name).id, flt)
 
 
 def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dict | None = None) -> int:
@@ -74,7 +75,7 @@ def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dic
         text.detach()
 
 
-def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
+def _whole_documents(job_name: str, fmt: str, flt: ExportFilter, out: IO[str]) -> int:
     count = 0
     if fmt == "csv":
         writer = csv.writer(out)

@@ -39,6 +39,7 @@ from common.store import exports, projects
 from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
+from common.store.records import ExportFilter
 from master import access
 from master.views import object_id
 
@@ -71,9 +72,9 @@ def parse_time(value: Any, what: str) -> datetime | None:
     return stamp
 
 
-def check_filter(raw: Any) -> dict:
-    """{"status": [HTTP status codes], "since", "until", "versions"} -> the stored form (codes as
-    ints, naive UTC; ``versions`` "all" kept, "latest" — the default — left out)."""
+def check_filter(raw: Any) -> ExportFilter:
+    """{"status": [HTTP status codes], "since", "until", "versions"} (a request's, checked) -> the
+    filter (codes as ints, naive UTC; ``versions`` "latest" by default): the one place one is made."""
     raw = raw or {}
     if not isinstance(raw, dict) or set(raw) - {"status", "since", "until", "versions"}:
         raise ValidationError("filter takes only status, since, until and versions")
@@ -85,27 +86,19 @@ def check_filter(raw: Any) -> dict:
         if not text.isdigit() or not 100 <= int(text) <= 599:
             raise ValidationError(f"filter.status: {str(code)[:20]!r} is not an HTTP status code")
         codes.append(int(text))
-    out: dict[str, Any] = {}
-    if codes:
-        out["status"] = sorted(set(codes))
-    for key in ("since", "until"):
-        stamp = parse_time(raw.get(key), f"filter.{key}")
-        if stamp:
-            out[key] = stamp
-    if raw.get("versions") == "all":
-        out["versions"] = "all"
-    if out.get("since") and out.get("until") and out["since"] >= out["until"]:
+    since, until = (parse_time(raw.get(key), f"filter.{key}") or None for key in ("since", "until"))
+    if since and until and since >= until:
         raise ValidationError("filter: since must be before until")
-    return out
+    return ExportFilter(tuple(sorted(set(codes))), since, until, raw.get("versions") == "all")
 
 
-def digest(job: str, fmt: str, template_canonical: dict, flt: dict) -> str:
+def digest(job: str, fmt: str, template_canonical: dict, flt: ExportFilter) -> str:
     canonical = json.dumps(
         {
             "job": job,
             "format": fmt,
             "template": template_canonical,
-            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()},
+            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.to_doc().items()},
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -119,7 +112,7 @@ class Checked:
     job: Any
     format: str
     template: Any
-    filter: dict
+    filter: ExportFilter
 
 
 def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None,
@@ -195,7 +188,7 @@ def request(
             _join(earlier, callbacks, mails)
             return Requested(earlier, True)
         export = exports.add(job=job.id, job_name=job.name, format=fmt, template=template or "",
-                             filter=cleaned, digest=key, callback_urls=callbacks, mails=mails,
+                             filter=cleaned.to_doc(), digest=key, callback_urls=callbacks, mails=mails,
                              requested_by=requested_by,
                              owner=owner, project=access.project_of(job),
                              created_at=now, retry_at=now, max_exec_time=max_exec_time)

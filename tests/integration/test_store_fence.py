@@ -13,6 +13,7 @@ from common.queue import rqbridge
 from common.store import leases
 from common.store.data import data_filter, data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from common.store.records import ExportFilter
 from master import views
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
@@ -40,7 +41,7 @@ def _visible_everywhere(name: str) -> dict:
     """What every reader shows of job ``name``: task id -> the data's lease (one per task)."""
     job = Job.objects.get(name=name)
     by_export = [str(m["task_id"]) for m, _ in export_rows(name)]
-    by_rows = [r["task"] for r in data_rows(data_filter(job.id, {}), needs_body=True)]
+    by_rows = [r["task"] for r in data_rows(data_filter(job.id, ExportFilter()), needs_body=True)]
     page = views.data_page(name, limit=1000)["data"]
     assert sorted(by_export) == sorted(by_rows) == sorted(d["task"] for d in page)
     assert len(set(by_rows)) == len(by_rows)  # never two for one task
