@@ -166,15 +166,15 @@ def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     had then); one whose version is no longer kept is left out (nothing to refer to)."""
     last: tuple[object, Capture] | None = None  # a page revisited again and again: read once
     for log in logs.not_modified(job_id, flt.since, flt.until):
-        at = log.get("add_datetime") or log["_id"].generation_time.replace(tzinfo=None)
-        ref = last[1] if last is not None and last[0] == log["task"] and last[1].date <= at else None
+        at = log.add_datetime or log.id.generation_time.replace(tzinfo=None)
+        ref = last[1] if last is not None and last[0] == log.task and last[1].date <= at else None
         if ref is None:
-            found = data.version_at(log["task"], at)
+            found = data.version_at(log.task, at)
             if found is None:
                 continue
             ref = capture_of(*found)
-            last = (log["task"], ref)
-        yield Revisit(key=str(log["_id"]), date=at, not_modified=log["not_modified"].startswith("HTTP 304"),
+            last = (log.task, ref)
+        yield Revisit(key=str(log.id), date=at, not_modified=(log.not_modified or "").startswith("HTTP 304"),
                       refers_to=ref)
 
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import gridfs
+from bson import ObjectId
 
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
 from common.store.paging import OutOfTime, scan
-from common.store.records import ExportFilter
+from common.store.records import DataDoc, ExportFilter
 
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
@@ -93,26 +94,28 @@ def versions_kept(docs: Iterable[dict], flt: ExportFilter) -> Iterable[dict]:
     return docs if flt.all_versions else latest_only(docs)
 
 
-def versions_of(task_id) -> list[dict]:
-    """A task's stored versions, oldest first (without bodies): the documents it names as its
-    latest (``data_lease``) or an earlier version (``history``); [] if it has none."""
+def versions_of(task_id: ObjectId) -> list[tuple[DataDoc, bool]]:
+    """A task's stored versions, oldest first (without bodies), each with whether it is the
+    latest: the documents it names as its latest (``data_lease``) or an earlier version
+    (``history``); [] if it has none."""
     task = CrawlerTask._get_collection().find_one({"_id": task_id}, {"data_lease": 1, "history": 1})
     if not task or not task.get("data_lease"):
         return []
     leases = [*(task.get("history") or ()), task["data_lease"]]
     found = CrawlerDownloadData._get_collection().find(
         {"task": task_id, "lease": {"$in": leases}}, {"response_body": 0, "requests_body": 0})
-    return [{**d, "latest": d["lease"] == task["data_lease"]} for d in sorted(found, key=lambda d: d["_id"])]
+    return [(DataDoc.from_doc(d), d["lease"] == task["data_lease"])
+            for d in sorted(found, key=lambda d: d["_id"])]
 
 
 def version_at(task_id, at) -> tuple[dict, bytes] | None:
     """The version of a task's page that was its latest at time ``at`` (the newest stored no later
     than ``at``), with its body; None if it has none (or none is kept)."""
-    before = [d for d in versions_of(task_id) if d.get("add_datetime") and d["add_datetime"] <= at]
+    before = [d for d, _ in versions_of(task_id) if d.add_datetime and d.add_datetime <= at]
     if not before:
         return None
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": before[-1]["_id"]}, {"requests_body": 0})
+    doc = coll.find_one({"_id": before[-1].id}, {"requests_body": 0})
     return (doc, body_of(doc, gridfs_of(coll.database))) if doc else None
 
 

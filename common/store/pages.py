@@ -35,6 +35,7 @@ from common.store.models import (
     CrawlerTask,
 )
 from common.store.paging import Span, by_id
+from common.store.records import Task
 
 LOGS: dict[str, type[Document]] = {
     "download": CrawlerDownloadLog,
@@ -61,22 +62,22 @@ def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest
                  newest=newest, projection=TASK_FIELDS)
 
 
-def task(job_id, task_id: ObjectId | None, uri: str | None) -> dict | None:
+def task(job_id: ObjectId, task_id: ObjectId | None, uri: str | None) -> Task | None:
     """The job's task with id ``task_id``, else the one whose URL is ``uri``, or None."""
     coll = CrawlerTask._get_collection()
     found = coll.find_one({"_id": task_id, "job": job_id}) if task_id is not None else None
-    return found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None)
+    return Task.maybe(found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None))
 
 
-def task_by_id(task_id: ObjectId) -> dict | None:
-    return CrawlerTask._get_collection().find_one({"_id": task_id})
+def task_by_id(task_id: ObjectId) -> Task | None:
+    return Task.maybe(CrawlerTask._get_collection().find_one({"_id": task_id}))
 
 
-def data_of(task: dict) -> ObjectId | None:
+def data_of(task: Task) -> ObjectId | None:
     """The id of the data document of the task's settled lease, or None."""
-    if not task.get("data_lease"):
+    if not task.data_lease:
         return None
-    doc = CrawlerDownloadData._get_collection().find_one({"task": task["_id"], "lease": task["data_lease"]},
+    doc = CrawlerDownloadData._get_collection().find_one({"task": task.id, "lease": task.data_lease},
                                                          {"_id": 1})
     return doc["_id"] if doc else None
 

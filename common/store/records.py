@@ -375,6 +375,22 @@ class DownloadType(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class DispatchLog(Record):
+    """One queue entry a dispatcher run wrote, or failed to write (``crawler_dispatch_log``, log
+    database): SUCCESS, or FAIL with ``reason``."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    status: str | None = None
+    queue: str | None = None
+    lease: str | None = None
+    count: int = 0
+    reason: str | None = None
+    hostname: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Session(Record):
     """A console sign-in (``web_session``, control database): ``id`` is the SHA-256 of the
     cookie's secret, ``token`` the digest of the token it signed in with."""
@@ -425,7 +441,7 @@ NO_FILTER = ExportFilter()  # every document of the job, each page's latest vers
 
 ALL_RECORDS: tuple[type[Record], ...] = (
     Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
-    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType)
+    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog)
 for _cls in ALL_RECORDS:
     _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
     _cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
