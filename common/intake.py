@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from common.config import settings
 from common.errors import ValidationError
 from common.store.models import job_named, utcnow
-from common.store.tasks import commit, insert_numbered, known_uris, new_task, reserve
+from common.store.tasks import commit, insert_numbered, known_uris, reserve
 from common.urls import check_url
 
 CHUNK = 1000
@@ -90,18 +90,18 @@ def add_tasks(
     job = job_named(job_name)
     report = IntakeReport()
     seen: set[str] = set()
-    chunk: list[dict] = []
+    chunk: list[tuple[str, str]] = []  # (URL, its host or "")
 
     def flush() -> None:
         if not chunk:
             return
-        known = known_uris(job.id, [d["uri"] for d in chunk])
-        fresh = [d for d in chunk if d["uri"] not in known]
+        known = known_uris(job.id, [url for url, _ in chunk])
+        fresh = [(url, host) for url, host in chunk if url not in known]
         report.duplicate += len(chunk) - len(fresh)
         if fresh:
             first = reserve(job.id, len(fresh))
             try:
-                added, dupes = insert_numbered(job.id, fresh, first)
+                added, dupes = insert_numbered(job.id, fresh, first, now)
             finally:
                 commit(job.id, first, len(fresh))
             report.added += added
@@ -116,7 +116,7 @@ def add_tasks(
             report.duplicate += 1
             continue
         seen.add(url)
-        chunk.append(new_task(job.id, url, own or host, now))
+        chunk.append((url, own or host))
         if len(chunk) >= CHUNK:
             flush()
     flush()

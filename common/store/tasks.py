@@ -50,23 +50,21 @@ def _tasks():
 
 # --- intake ---------------------------------------------------------------------------------
 
-def new_task(job_id, uri: str, host: str, now: datetime) -> dict:
-    """The document of a task intake adds (LIVE, never sent); ``seq`` and ``_id`` come at insert."""
-    return {"job": job_id, "uri": uri, "status": LIVE, "download_times": 0, "recoveries": 0,
-            "host_name": host, "add_datetime": now, "last_update_datetime": now}
-
-
-def known_uris(job_id, uris: list[str]) -> set[str]:
+def known_uris(job_id: ObjectId, uris: list[str]) -> set[str]:
     """The URLs among ``uris`` the job already has a task for."""
     return {d["uri"] for d in _tasks().find({"job": job_id, "uri": {"$in": uris}}, {"uri": 1})}
 
 
-def insert_numbered(job_id, docs: list[dict], first: int) -> tuple[int, int]:
-    """Insert ``docs`` numbered ``first``, ``first + 1``, ... (a reservation of this intake);
-    a URL stored meanwhile is skipped by the unique index. Returns (added, duplicates)."""
-    for i, doc in enumerate(docs):
-        doc["seq"], doc["_id"] = first + i, ObjectId()
-    lowest = {job_id: min(d["_id"] for d in docs)}
+def insert_numbered(job_id: ObjectId, urls: list[tuple[str, str]], first: int,
+                    now: datetime) -> tuple[int, int]:
+    """Insert the tasks of ``urls``, each (URL, its host or ""), LIVE and never sent, numbered
+    ``first``, ``first + 1``, ... (a reservation of this intake); a URL stored meanwhile is
+    skipped by the unique index. Returns (added, duplicates)."""
+    ids = [ObjectId() for _ in urls]
+    docs = [{"_id": ids[i], "job": job_id, "uri": uri, "seq": first + i, "status": LIVE, "download_times": 0,
+             "recoveries": 0, "host_name": host, "add_datetime": now, "last_update_datetime": now}
+            for i, (uri, host) in enumerate(urls)]
+    lowest = {job_id: min(ids)}
     try:
         added, dupes = len(_tasks().insert_many(docs, ordered=False).inserted_ids), 0
     except BulkWriteError as exc:
