@@ -25,17 +25,20 @@ leaves the move to its caller (the writer, which knows each entry's statuses).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from bson import ObjectId
 from pymongo import UpdateOne
+from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
 from common.errors import ValidationError
 from common.store import counts
 from common.store.leases import UNSET_LEASE
-from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, utcnow
+from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, collection, utcnow
 from common.store.records import Job as JobRecord
 
 DUPLICATE_KEY = 11000
@@ -44,8 +47,8 @@ INTAKE_STALE = timedelta(minutes=10)  # a reservation older than this belongs to
 WINDOW_MIN = 64
 
 
-def _tasks():
-    return CrawlerTask._get_collection()
+def _tasks() -> Collection[dict[str, Any]]:
+    return collection(CrawlerTask)
 
 
 # --- intake ---------------------------------------------------------------------------------
@@ -79,24 +82,24 @@ def insert_numbered(job_id: ObjectId, urls: list[tuple[str, str]], first: int,
     return added, dupes
 
 
-def reserve(job_id, count: int) -> int:
+def reserve(job_id: ObjectId, count: int) -> int:
     """Reserve ``count`` seq numbers of a job (compare-and-set on its counter); returns the first."""
-    coll = Job._get_collection()
+    coll = collection(Job)
     while True:
         doc = coll.find_one({"_id": job_id}, {"seq_next": 1})
         if doc is None:
             raise ValidationError("the job was removed while its tasks were being added")
-        top = doc.get("seq_next", 0)
+        top: int = doc.get("seq_next", 0)
         first = top + 1
         change = {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}
         if coll.update_one({"_id": job_id, "seq_next": top}, change).modified_count:
             return first
 
 
-def commit(job_id, first: int, count: int) -> None:
+def commit(job_id: ObjectId, first: int, count: int) -> None:
     """Drop the reservation. One that grew old (a stalled intake; the dispatcher stops honouring
     reservations at INTAKE_STALE) may lie below the cursor: its tasks are sent as retries."""
-    before = Job._get_collection().find_one_and_update(
+    before = collection(Job).find_one_and_update(
         {"_id": job_id, "intake.seq": first}, {"$pull": {"intake": {"seq": first}}}, projection={"intake": 1})
     mine = next((r for r in (before or {}).get("intake") or () if r.get("seq") == first), None)
     if mine is not None and utcnow() - mine["at"] < INTAKE_STALE / 2:
@@ -113,20 +116,20 @@ def commit(job_id, first: int, count: int) -> None:
 class Picked:
     """One due task: its id, target host and (fresh tasks) seq."""
 
-    id: object
+    id: ObjectId
     host: str
     seq: int = 0
     uri: str = ""
     attempts: int = 0
     status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
-    prev: dict | None = None  # a stored page visited again: its latest version (``prev_of``)
+    prev: dict[str, Any] | None = None  # a stored page visited again: its latest version (``prev_of``)
     due: datetime | None = None  # a revisit: when it came due
 
 
 PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
 
 
-def prev_of(doc: dict) -> dict | None:
+def prev_of(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a visit of a task with a stored version needs of it (validators, digest, version
     count, interval), copied into its entry's lease; None for a task never stored."""
     if not doc.get("data_lease"):
@@ -169,21 +172,22 @@ def fresh_cursor(picked: list[Picked], read_to: int, sent: int) -> int:
     return picked[sent].seq - 1 if sent < len(picked) else read_to
 
 
-def advance_cursor(job_id, was: int, to: int) -> bool:
+def advance_cursor(job_id: ObjectId, was: int, to: int) -> bool:
     """Move the job's cursor from ``was`` to ``to``; False if another dispatcher moved it first."""
-    return Job._get_collection().update_one({"_id": job_id, "seq_sent": was}, {"$set": {"seq_sent": to}}
-                                            ).matched_count == 1
+    return collection(Job).update_one({"_id": job_id, "seq_sent": was},
+                                      {"$set": {"seq_sent": to}}).matched_count == 1
 
 
+Floor = tuple[datetime, ObjectId | None]  # a job's revisit floor: (due time, _id); None: all of that time
 PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, **dict.fromkeys(PREV_FIELDS, 1)}
 
 
-def _picked(d: dict, status: str, due: datetime | None = None) -> Picked:
+def _picked(d: Mapping[str, Any], status: str, due: datetime | None = None) -> Picked:
     attempts = 0 if status == SUCCESS else d.get("download_times", 0)  # a revisit counts afresh
     return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d), due)
 
 
-def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
+def due_again(job_id: ObjectId, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
     """Up to ``need`` tasks that go again: retryable FAIL, then LIVE recovered or requeued.
     Queries name only the fields of the task index (job, status, retry_at): another predicate
     makes some servers scan the collection, so ``download_times`` is checked here."""
@@ -206,7 +210,7 @@ REVISIT_WINDOW = timedelta(minutes=1)      # the first window of due times read
 REVISIT_WINDOW_MAX = timedelta(minutes=15)  # an empty window doubles the next, up to this
 
 
-def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
+def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], Floor | None]:
     """Up to ``need`` SUCCESS tasks whose revisit is due, in (due time, ``_id``) order, and the
     job's new revisit floor once they are sent: (due time, ``_id``) of the last one, every task
     up to which has gone out (``_id`` None: every task due up to that time).
@@ -224,7 +228,7 @@ def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked]
         return [], None
     lo, lo_id = job.revisit_from or EPOCH, job.revisit_from_id
     fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job.id
-    picked: list[dict] = []
+    picked: list[dict[str, Any]] = []
     if lo_id is not None and lo <= now:  # the rest of the floor's own due time
         same = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": lo}, fields)
         picked = sorted((d for d in same if d["_id"] > lo_id), key=lambda d: d["_id"])[:need]
@@ -248,36 +252,35 @@ def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked]
     return tasks, (now, None)
 
 
-def start_revisits(job_id, now: datetime) -> int:
+def start_revisits(job_id: ObjectId, now: datetime) -> int:
     """The job has revisits. The first time: its pages already stored come due now, and its
     floor starts just before (a success sets a due time after the time it settles, so none
     is due earlier). Returns how many pages came due (one update of each: a store's worth, once)."""
     floor = {"revisit_from": now - timedelta(milliseconds=1), "revisit_from_id": None}
-    first = Job._get_collection().update_one({"_id": job_id, "revisit_from": None}, {"$set": floor})
+    first = collection(Job).update_one({"_id": job_id, "revisit_from": None}, {"$set": floor})
     if not first.modified_count:
         return 0
     return _tasks().update_many({"job": job_id, "status": SUCCESS, "retry_at": None},
                                 {"$set": {"retry_at": now}}).modified_count
 
 
-def raise_revisit_floor(job_id, at: datetime, last_id) -> None:
+def raise_revisit_floor(job_id: ObjectId, at: datetime, last_id: ObjectId | None) -> None:
     """Every SUCCESS task of the job due up to (``at``, ``last_id``) was sent (``due_revisits``):
     later runs read from there."""
-    Job._get_collection().update_one({"_id": job_id},
-                                     {"$set": {"revisit_from": at, "revisit_from_id": last_id}})
+    collection(Job).update_one({"_id": job_id}, {"$set": {"revisit_from": at, "revisit_from_id": last_id}})
 
 
-def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
+def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
     """Tasks that go again, sent in entries (lease, queue, tasks): DISPATCH, if still due
     (``due_again`` checked the rest). By ``_id`` and one status at a time, as an ``$or`` makes
     some servers scan every task; the counts move by what each update changed, in one write."""
-    moves = []
+    moves: list[tuple[ObjectId | None, str | None, str, int]] = []
     for lease, queue, picked in entries:
         for status in (FAIL, LIVE, SUCCESS):
             ids = [t.id for t in picked if t.status == status]
             if not ids:
                 continue
-            sent = {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
+            sent: dict[str, Any] = {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
                     "last_update_datetime": now}
             if status == SUCCESS:  # a revisit: its attempts are counted afresh
                 sent["download_times"] = 0
@@ -290,14 +293,14 @@ def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetim
 
 # --- settle (the worker's writer) -----------------------------------------------------------
 
-def settle(ops: list) -> int:
+def settle(ops: list[UpdateOne]) -> int:
     """Apply guarded settles or hand-backs (``common.store.leases.settle_success``,
     ``settle_failure``, ``hand_back``) in one bulk write; returns how many tasks changed.
     The caller moves the counts (it knows each part's statuses)."""
     return _tasks().bulk_write(ops, ordered=False).modified_count if ops else 0
 
 
-def changed_to(ids: list, status: str, at: datetime) -> int:
+def changed_to(ids: list[ObjectId], status: str, at: datetime) -> int:
     """How many of ``ids`` are in ``status`` and were changed at ``at``: a settle's read-back
     when some guarded updates were refused."""
     return _tasks().count_documents({"_id": {"$in": ids}, "status": status, "last_update_datetime": at})
@@ -305,7 +308,7 @@ def changed_to(ids: list, status: str, at: datetime) -> int:
 
 # --- an administrator's changes: cancel, requeue --------------------------------------------
 
-def cancel(job_id, statuses) -> int:
+def cancel(job_id: ObjectId, statuses: Sequence[str]) -> int:
     """The job's tasks in ``statuses`` become CANCEL, their lease fields cleared; a worker
     holding one then settles nothing for it. One status at a time, so each change's count is
     its move. Returns how many changed."""
@@ -317,7 +320,7 @@ def cancel(job_id, statuses) -> int:
     return sum(n for *_, n in moves)
 
 
-def requeue(job_id, statuses, now: datetime) -> int:
+def requeue(job_id: ObjectId, statuses: Sequence[str], now: datetime) -> int:
     """The job's tasks in ``statuses`` go back to LIVE with fresh counters, due at ``now``; one
     status at a time, as ``cancel``. Returns how many changed."""
     moves = [(job_id, status, LIVE, _tasks().update_many({"job": job_id, "status": status}, {
@@ -329,19 +332,19 @@ def requeue(job_id, statuses, now: datetime) -> int:
 
 # --- migrate: tasks written by an earlier version -------------------------------------------
 
-def unnumbered(job_id, limit: int) -> list:
+def unnumbered(job_id: ObjectId, limit: int) -> list[ObjectId]:
     """Ids of up to ``limit`` of the job's tasks without a ``seq``, in ``_id`` order."""
     found = _tasks().find({"job": job_id, "seq": None}, {"_id": 1}).sort("_id", 1).limit(limit)
     return [d["_id"] for d in found]
 
 
-def number(ids: list, first: int) -> None:
+def number(ids: list[ObjectId], first: int) -> None:
     """Give ``ids`` the seq numbers ``first``, ``first + 1``, ... (those still without one)."""
     _tasks().bulk_write([UpdateOne({"_id": i, "seq": None}, {"$set": {"seq": first + n}})
                          for n, i in enumerate(ids)], ordered=False)
 
 
-def dispatched_leases(before: datetime) -> set:
+def dispatched_leases(before: datetime) -> set[str]:
     """Leases named by DISPATCH tasks sent before ``before``."""
     return {d["_id"] for d in _tasks().aggregate([
         {"$match": {"status": DISPATCH, "dispatched_at": {"$lt": before}}}, {"$group": {"_id": "$lease"}}])}
@@ -361,4 +364,4 @@ def send_again(lease: str, reason: str, now: datetime) -> int:
 
 def forget_watermarks() -> None:
     """Remove the per-job ``_id`` watermark earlier versions kept instead of the cursor."""
-    Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
+    collection(Job).update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
