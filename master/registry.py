@@ -24,7 +24,7 @@ from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import generators, jobs, tasks
 from common.store.models import OFF, ON, utcnow
-from common.store.records import DownloadType
+from common.store.records import DownloadType, Job
 
 if TYPE_CHECKING:
     from common.store.control import Token
@@ -270,7 +270,7 @@ def ensure_download_types() -> None:
     jobs.ensure_types(DOWNLOADER_TYPES)
 
 
-def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
+def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
@@ -288,7 +288,7 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
     return job, created
 
 
-def register(path: str | Path, token: Token | None = None, project: int | None = None) -> jobs.Job:
+def register(path: str | Path, token: Token | None = None, project: int | None = None) -> Job:
     """Validate and store the manifest at ``path``; on rejection log it and re-raise. The job goes
     to ``project`` (see ``master.access.project_for_new_job``); a job that exists keeps its own."""
     def guess() -> str:
@@ -300,7 +300,7 @@ def register(path: str | Path, token: Token | None = None, project: int | None =
 
 
 def register_text(manifest: str, code: str | None = None, token: Token | None = None,
-                  project: int | None = None) -> tuple[jobs.Job, bool]:
+                  project: int | None = None) -> tuple[Job, bool]:
     """Validate and store a manifest given as text, with its code (the API's door); (job, created)."""
     def load() -> JobSpec:
         if not isinstance(manifest, str) or "\0" in manifest or len(manifest) > MAX_CODE_BYTES:
@@ -309,7 +309,7 @@ def register_text(manifest: str, code: str | None = None, token: Token | None = 
     return _logged(load, "(api)", lambda: guess_name(manifest), token, project)
 
 
-def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[jobs.Job, bool]:
+def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[Job, bool]:
     try:
         spec = load()
     except ValidationError as exc:
@@ -350,7 +350,7 @@ def guess_name(text: str) -> str:
         return ""
 
 
-def set_status(name: str, status: str) -> jobs.Job:
+def set_status(name: str, status: str) -> Job:
     if status not in (ON, OFF):
         raise ValidationError(f"status must be ON or OFF, got {status!r}")
     return jobs.set_status(jobs.named(name), status)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bson import ObjectId
+
 from common.store.models import Export
 
 
@@ -18,6 +20,6 @@ def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[Export], in
     return list(found.order_by("-created_at").skip(skip).limit(limit)), found.count()
 
 
-def remove(export_id) -> None:
+def remove(export_id: ObjectId) -> None:
     """Delete a task's document (its file is dropped by the caller)."""
     Export.objects(id=export_id).delete()

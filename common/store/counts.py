@@ -19,16 +19,16 @@ from typing import Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
-from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount
+from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount, collection
 from common.store.paging import Span
 
-Move = tuple  # (job id, status before or None, status after or None, how many tasks)
+Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)
 
 
-def move(moves: Iterable[Move], first: dict | None = None) -> None:
+def move(moves: Iterable[Move], first: dict[ObjectId, ObjectId] | None = None) -> None:
     """Apply tasks' moves between statuses (None: added or removed), in one bulk write;
     ``first``: {job id: the lowest ``_id`` among tasks it adds}."""
-    by_job: dict = defaultdict(Counter)
+    by_job: dict[ObjectId | None, Counter[str]] = defaultdict(Counter)
     for job, before, after, n in moves:
         if n and before != after:
             if before:
@@ -41,41 +41,41 @@ def move(moves: Iterable[Move], first: dict | None = None) -> None:
                                     **({"$min": {"first": first[job]}} if job in first else {})}, upsert=True)
            for job, c in by_job.items() if any(c.values())]
     if ops:
-        CrawlerTaskCount._get_collection().bulk_write(ops, ordered=False)
+        collection(CrawlerTaskCount).bulk_write(ops, ordered=False)
 
 
-def of_jobs(job_ids: Iterable | None = None) -> dict:
+def of_jobs(job_ids: Iterable[ObjectId] | None = None) -> dict[ObjectId, dict[str, int]]:
     """{job id: {status: n}} (every status present, 0 where none)."""
     flt = {} if job_ids is None else {"_id": {"$in": list(job_ids)}}
     return {d["_id"]: {s: int(d.get(s) or 0) for s in TASK_STATUSES}
-            for d in CrawlerTaskCount._get_collection().find(flt)}
+            for d in collection(CrawlerTaskCount).find(flt)}
 
 
-def span(job_id=None) -> Span:
+def span(job_id: ObjectId | None = None) -> Span:
     """Where the ``_id``s of the job's tasks, data and logs lie (of every job when None); the
     job's own ``_id`` (made when it was registered) when its counts were never rebuilt since."""
     flt = {} if job_id is None else {"_id": job_id}
-    docs = list(CrawlerTaskCount._get_collection().find(flt, {"first": 1, "last": 1}))
+    docs = list(collection(CrawlerTaskCount).find(flt, {"first": 1, "last": 1}))
     firsts = [d["first"] for d in docs if d.get("first")]
     lasts = [d["last"] for d in docs if d.get("last")]
     first = min(firsts) if firsts else (job_id if isinstance(job_id, ObjectId) else None)
     return Span(first, max(lasts) if lasts and len(lasts) == len(docs) else None)
 
 
-def raise_floor(job_id, first: ObjectId) -> None:
+def raise_floor(job_id: ObjectId, first: ObjectId) -> None:
     """Retention removed every task of the job below ``first``: its pages begin there."""
-    CrawlerTaskCount._get_collection().update_one({"_id": job_id}, {"$max": {"first": first}})
+    collection(CrawlerTaskCount).update_one({"_id": job_id}, {"$max": {"first": first}})
 
 
-def recount(job_id=None) -> dict:
+def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
     """Rebuild the counts from the tasks (of one job, or all) and return them."""
     match = [] if job_id is None else [{"$match": {"job": job_id}}]
-    counted: dict = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
-    firsts: dict = {}
-    lasts: dict = {}
+    counted: dict[ObjectId, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
+    firsts: dict[ObjectId, ObjectId] = {}
+    lasts: dict[ObjectId, ObjectId] = {}
     group = {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}, "first": {"$min": "$_id"},
              "last": {"$max": "$_id"}, "changed": {"$max": "$last_update_datetime"}}
-    for row in CrawlerTask._get_collection().aggregate([*match, {"$group": group}]):
+    for row in collection(CrawlerTask).aggregate([*match, {"$group": group}]):
         job = row["_id"]["job"]
         counted[job][row["_id"]["status"]] = row["n"]
         firsts[job] = min(firsts.get(job, row["first"]), row["first"])

@@ -46,7 +46,8 @@ def utcnow() -> datetime:
 def store_now() -> datetime:
     """The source store's clock (naive UTC): the one clock leases and exports are stamped with
     (``$currentDate`` by workers) and judged by (the defender), whatever each machine's clock says."""
-    return CrawlerLease._get_collection().database.command("hello")["localTime"]
+    now: datetime = collection(CrawlerLease).database.command("hello")["localTime"]
+    return now
 
 
 _store_offset = timedelta(0)  # the store's clock minus this machine's, as last measured
@@ -143,7 +144,7 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-from common.jobsettings import ENGINES, field_args  # noqa: E402, F401  (ENGINES: re-exported)
+from common.jobsettings import field_args  # noqa: E402
 
 
 class CrawlerDownloadSetting(Document):

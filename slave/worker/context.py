@@ -10,10 +10,9 @@ from typing import Any
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import SETTING_NAMES
+from common.jobsettings import ENGINES, SETTING_NAMES
 from common.secrets import remember, secret_header_values
 from common.store import jobs
-from common.store.models import ENGINES
 from slave.download.engines.base import Limits
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
