@@ -322,27 +322,28 @@ ALERT_MAIL_INTERVAL = 3600
 """Least seconds between two alert mails of one job (DEAD tasks, queue_full)."""
 
 # --- crawl etiquette (cluster-wide, in Redis) ---------------------------------------------
+# A site is a URL's host (name:port). HOST_* keep the names operators already set: their host is the site.
 HOST_CONCURRENCY = 8
-"""Downloads in flight to one host (name:port) from the whole cluster; 0 turns the limit off.
+"""Downloads in flight to one site (name:port) from the whole cluster; 0 turns the limit off.
 A job's ``host_concurrency`` setting may lower it for its own requests."""
 
 HOST_DELAY = 0.0
-"""Least seconds between two request starts to one host, cluster-wide (a job's ``host_delay``
+"""Least seconds between two request starts to one site, cluster-wide (a job's ``host_delay``
 and a robots.txt Crawl-delay may raise it)."""
 
 HOST_SLOT_TTL = 30
-"""Seconds a worker's hold on a host slot lasts unless renewed (it renews while downloading): a
+"""Seconds a worker's hold on a site slot lasts unless renewed (it renews while downloading): a
 dead worker's slots free themselves within this."""
 
 HOST_WAIT_MAX = 10.0
-"""Seconds a page waits for its host before it is handed back (due again after the wait; no
-attempt counted), so a busy host never idles a worker."""
+"""Seconds a page waits for its site before it is handed back (due again after the wait; no
+attempt counted), so a busy site never idles a worker."""
 
 ROBOTS_TTL = 24 * 3600
-"""Seconds a host's robots.txt is kept in Redis before it is fetched again."""
+"""Seconds a site's robots.txt is kept in Redis before it is fetched again."""
 
 ROBOTS_RETRY = 600
-"""Seconds a host whose robots.txt answered 5xx or could not be fetched stays closed before
+"""Seconds a site whose robots.txt answered 5xx or could not be fetched stays closed before
 robots.txt is asked for again."""
 
 COALESCE_WINDOW = 60

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ValidationError
+from common.urls import check_url, host_name, url_pattern
 
 ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
 # ``prior``, a job's queueing class (not its ``priority``, the queue level): entries of an urgent
@@ -60,7 +61,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         0,
         10_000,
-        doc="downloads in flight per host (0: the cluster's HOST_CONCURRENCY)",
+        doc="downloads in flight per site (0: the cluster's HOST_CONCURRENCY)",
     ),
     Setting(
         "host_delay",
@@ -68,7 +69,7 @@ SETTINGS: tuple[Setting, ...] = (
         0.0,
         0,
         3600,
-        doc="seconds between requests to one host (the stricter of this and HOST_DELAY)",
+        doc="seconds between requests to one site (the stricter of this and HOST_DELAY)",
     ),
     Setting("obey_robots", bool, None, doc="built-in engine: obey robots.txt (unset: true)"),
     Setting(
@@ -187,3 +188,131 @@ def check(raw: Any) -> dict[str, Any]:
             ):
                 raise ValidationError(f"settings.{name} must be a table of one-line strings")
     return dict(raw)
+
+
+# --- [follow] and [sitemaps]: what a job crawls beyond the URLs it is given ---------------------
+
+SCOPES = ("site", "domain", "sites")  # the page's host; its registrable domain; the hosts of ``sites``
+PARSED_TYPES = ("text/html", "application/xhtml+xml")  # the content types the link parser reads
+MAX_LINKS_PER_PAGE = 10_000  # the most ``links_per_page`` may be (and a python downloader may return)
+MAX_URL_LENGTH = 2048        # longer found URLs are skipped (browsers and sitemaps stop near here)
+MAX_PATTERNS, MAX_SITES = 100, 1000
+
+
+@dataclass(frozen=True)
+class Follow:
+    """A validated ``[follow]`` table: which found links a job follows (``common.scope`` decides)."""
+
+    scope: str = "site"
+    sites: tuple[str, ...] = ()     # lower-case host names; a subdomain of one is in scope too
+    allow: tuple[str, ...] = ()     # regular expressions: when given, a URL must match one
+    deny: tuple[str, ...] = ()      # a URL matching one is never followed
+    max_depth: int = 3              # links from the seeds are at depth 1
+    max_pages: int = 10_000         # pages of the job that following may reach, seeds included
+    content_types: tuple[str, ...] = PARSED_TYPES
+    links_per_page: int = 1000
+
+
+@dataclass(frozen=True)
+class Sitemaps:
+    """A validated ``[sitemaps]`` table: where a job is seeded from."""
+
+    urls: tuple[str, ...] = ()      # sitemap or sitemap index URLs
+    robots: bool = False            # also the ``Sitemap:`` lines of the seeds' robots.txt
+    lastmod: bool = False           # a page whose lastmod is newer than its last fetch is revisited
+
+
+FOLLOW_DOC = {
+    "scope": f"which hosts: {', '.join(SCOPES)} "
+             "(the page's host, its registrable domain, the hosts in sites)",
+    "sites": "host names for scope = \"sites\"; their subdomains are in scope too",
+    "allow": "regular expressions; when given, a URL must match one (searched anywhere in the URL)",
+    "deny": "regular expressions; a URL matching one is never followed",
+    "max_depth": "links of the seeds are at depth 1; deeper ones are not followed (0: follow nothing)",
+    "max_pages": "pages the job's following may reach, seeds included",
+    "content_types": f"content types parsed for links: {', '.join(PARSED_TYPES)}",
+    "links_per_page": "links taken from one page, the rest counted and logged "
+                      f"(at most {MAX_LINKS_PER_PAGE})",
+}
+SITEMAPS_DOC = {
+    "urls": "sitemap (urlset, index, .xml.gz) URLs the job is seeded from",
+    "robots": "also the Sitemap: lines of the seeds' robots.txt",
+    "lastmod": "revisit a page when its lastmod is newer than its last fetch (needs settings.revisit)",
+}
+
+
+def _strings(raw: Any, where: str, most: int, max_len: int = 1024) -> tuple[str, ...]:
+    if not isinstance(raw, list) or len(raw) > most or not all(
+            isinstance(s, str) and s and len(s) <= max_len and "\n" not in s for s in raw):
+        raise ValidationError(f"{where} must be a list of at most {most} one-line strings")
+    return tuple(raw)
+
+
+def _int(raw: dict, key: str, where: str, low: int, high: int, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError(f"{where}.{key} must be an integer in {low}..{high}, got {value!r}")
+    return value
+
+
+def check_follow(raw: Any) -> Follow | None:
+    """The ``[follow]`` table as a Follow (None if absent), or a one-line ValidationError."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("follow must be a table")
+    unknown = sorted(set(raw) - set(FOLLOW_DOC))
+    if unknown:
+        raise ValidationError(f"unknown follow key {unknown[0]!r}")
+    scope = raw.get("scope", "site")
+    if scope not in SCOPES:
+        raise ValidationError(f"follow.scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    sites = tuple(host_name(s, "follow.sites") for s in _strings(raw.get("sites", []), "follow.sites",
+                                                                  MAX_SITES, 253))
+    if (scope == "sites") != bool(sites):
+        raise ValidationError('follow.sites is needed with scope = "sites", and only then')
+    patterns = {}
+    for key in ("allow", "deny"):
+        patterns[key] = _strings(raw.get(key, []), f"follow.{key}", MAX_PATTERNS)
+        for pattern in patterns[key]:
+            try:
+                url_pattern(pattern)
+            except ValueError as exc:
+                raise ValidationError(
+                    f"follow.{key} pattern {pattern[:80]!r} does not compile: {exc}") from None
+    types = _strings(raw.get("content_types", list(PARSED_TYPES)), "follow.content_types", 10, 100)
+    for kind in types:
+        if kind not in PARSED_TYPES:
+            raise ValidationError(f"follow.content_types: {kind[:80]!r} is not parsed for links "
+                                  f"(one of {', '.join(PARSED_TYPES)})")
+    return Follow(scope=scope, sites=sites, allow=patterns["allow"], deny=patterns["deny"],
+                  max_depth=_int(raw, "max_depth", "follow", 0, 10_000, Follow.max_depth),
+                  max_pages=_int(raw, "max_pages", "follow", 1, 100_000_000, Follow.max_pages),
+                  content_types=tuple(dict.fromkeys(types)),
+                  links_per_page=_int(raw, "links_per_page", "follow", 1, MAX_LINKS_PER_PAGE,
+                                      Follow.links_per_page))
+
+
+def check_sitemaps(raw: Any) -> Sitemaps | None:
+    """The ``[sitemaps]`` table as a Sitemaps (None if absent), or a one-line ValidationError."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError("sitemaps must be a table")
+    unknown = sorted(set(raw) - set(SITEMAPS_DOC))
+    if unknown:
+        raise ValidationError(f"unknown sitemaps key {unknown[0]!r}")
+    urls = _strings(raw.get("urls", []), "sitemaps.urls", 1000, MAX_URL_LENGTH)
+    for url in urls:
+        try:
+            check_url(url, MAX_URL_LENGTH)
+        except ValidationError as exc:
+            raise ValidationError(f"sitemaps.urls: {url[:80]!r}: {exc}") from None
+    flags = {}
+    for key in ("robots", "lastmod"):
+        flags[key] = raw.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise ValidationError(f"sitemaps.{key} must be true or false, got {flags[key]!r}")
+    if not urls and not flags["robots"]:
+        raise ValidationError("sitemaps needs urls or robots = true")
+    return Sitemaps(urls=tuple(dict.fromkeys(urls)), robots=flags["robots"], lastmod=flags["lastmod"])

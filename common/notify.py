@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import smtplib
 import ssl
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from email.message import EmailMessage
@@ -33,11 +35,10 @@ from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
 from common.store import notifications
-from common.store.models import utcnow
+from common.store.models import store_now, utcnow
 
 logger = logging.getLogger(__name__)
 MAIL_RE = re.compile(r"^[^@\s,<>]+@[^@\s,<>]+\.[^@\s,<>]+$")
-CLAIM = timedelta(seconds=120)
 # http(s)://host[:port][/path][?query][#fragment]: a host name or an IP (v6 in brackets), nothing
 # between "//" and the host, and only printable ASCII without a backslash anywhere
 CALLBACK_RE = re.compile(r"(?P<scheme>https?)://(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+))"
@@ -111,12 +112,18 @@ def queue_mail(to: str, event: str, subject: str, text: str) -> None:
 
 
 def deliver_due(limit: int = 50) -> int:
-    """Attempt the deliveries that are due (each claimed by one process at a time); how many were
-    delivered. Never raises."""
-    delivered = 0
+    """Attempt the deliveries that are due (each claimed by one process at a time, the claims of
+    dead deliverers taken back first: ``common.store.notifications``); how many were delivered.
+    Never raises."""
+    delivered, owner = 0, f"{settings.HOSTNAME}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    try:
+        notifications.recover(store_now())
+    except Exception as exc:  # MongoDB away: try again on the next pass
+        logger.warning("notifications not recovered: %s", type(exc).__name__)
+        return delivered
     for _ in range(limit):
         try:
-            doc = notifications.claim(utcnow(), CLAIM)
+            doc = notifications.claim(utcnow(), owner)
         except Exception as exc:  # MongoDB away: try again on the next pass
             logger.warning("notifications not read: %s", type(exc).__name__)
             return delivered

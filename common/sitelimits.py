@@ -1,9 +1,15 @@
-"""Cluster-wide per-host limits in Redis: concurrency, least delay between request starts, and
+"""Cluster-wide per-site limits in Redis: concurrency, least delay between request starts, and
 pauses a server asked for (429/503 with Retry-After). Shared by the worker, which takes and
-gives back slots, and by ``stats``, which shows the hosts throttled now.
+gives back slots, and by ``stats``, which shows the sites throttled now.
 
-A slot is an expiring lease: a member of the host's sorted set scored with its expiry (Redis
-server time, so every host of the cluster agrees); the worker holding it renews it while the
+A site is a URL's host and port (``site_of``); a worker host is a machine running workers. The
+names that are interfaces keep "host" for a site: the settings HOST_CONCURRENCY, HOST_DELAY,
+HOST_SLOT_TTL, HOST_WAIT_MAX, a job's stored ``host_concurrency`` and ``host_delay``, the Redis
+keys (``PREFIX``: workers of two versions share them during an upgrade), the ``host`` of a
+``throttled`` row and ``throttled_hosts`` in ``stats``, the API and the metrics.
+
+A slot is an expiring lease: a member of the site's sorted set scored with its expiry (Redis
+server time, so every worker host of the cluster agrees); the worker holding it renews it while the
 download runs, so a worker that dies frees its slots within HOST_SLOT_TTL. One Lua call decides
 and takes a slot atomically. A lease is never shortened (a download that cannot be stopped from
 the worker's loop holds a longer one), nor is the set's own expiry.
@@ -14,7 +20,7 @@ from urllib.parse import urlsplit
 
 PREFIX = "downcluster:host:"
 SLOTS, NEXT, PAUSE, WAITED = ":slots", ":next", ":pause", ":waited"
-WAITED_MS = 5000  # a host shows as throttled for this long after a request had to wait for it
+WAITED_MS = 5000  # a site shows as throttled for this long after a request had to wait for it
 
 # KEYS: slots, next, pause, waited. ARGV: token, concurrency (0 = no limit), delay ms, slot ttl ms.
 # Returns 0 (taken), -1 (all slots busy), or the ms to wait (delay not yet over, or paused).
@@ -44,9 +50,9 @@ if redis.call('PTTL', KEYS[1]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[1], 
 return 0
 """ % (WAITED_MS, WAITED_MS)
 
-# KEYS: per host its slots and pause keys. ARGV: concurrency, slot ttl ms, a token prefix, then per
-# host the slots wanted. Takes what is free of each host (none while paused) as tokens
-# "<prefix>:<host's position>:<1..n>"; returns the number taken per host.
+# KEYS: per site its slots and pause keys. ARGV: concurrency, slot ttl ms, a token prefix, then per
+# site the slots wanted. Takes what is free of each site (none while paused) as tokens
+# "<prefix>:<site's position>:<1..n>"; returns the number taken per site.
 ACQUIRE_MANY = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -90,8 +96,8 @@ end
 return out
 """
 
-# KEYS: pause. ARGV: seconds. Pause a host until now + seconds (never shortening a longer pause).
-PAUSE_HOST = """
+# KEYS: pause. ARGV: seconds. Pause a site until now + seconds (never shortening a longer pause).
+PAUSE_SITE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local untill = now + math.floor(tonumber(ARGV[1]) * 1000)
@@ -101,34 +107,35 @@ return untill
 """
 
 
-def host_of(url: str, parts=None) -> str:
-    """The host a limit applies to: lower-case name and port (``example.com:443``, ``[::1]:80``);
+def site_of(url: str, parts=None) -> str:
+    """The site a limit applies to: lower-case name and port (``example.com:443``, ``[::1]:80``);
     ``parts``: ``urlsplit(url)`` when the caller has it."""
     parts = parts or urlsplit(url)
-    host = parts.netloc.rpartition("@")[2].lower().rstrip(":")
-    if host.endswith("]") or ":" not in host:
-        return f"{host}:{443 if parts.scheme.lower() == 'https' else 80}"
-    return host
+    site = parts.netloc.rpartition("@")[2].lower().rstrip(":")
+    if site.endswith("]") or ":" not in site:
+        return f"{site}:{443 if parts.scheme.lower() == 'https' else 80}"
+    return site
 
 
-def keys(host: str) -> list[str]:
-    return [PREFIX + host + SLOTS, PREFIX + host + NEXT, PREFIX + host + PAUSE, PREFIX + host + WAITED]
+def keys(site: str) -> list[str]:
+    return [PREFIX + site + SLOTS, PREFIX + site + NEXT, PREFIX + site + PAUSE, PREFIX + site + WAITED]
 
 
 def throttled(redis) -> list[dict]:
-    """Hosts throttled now: paused by a server (for how long), or where a request had to wait
-    for a slot or the delay within the last few seconds; with their downloads in flight."""
+    """Sites throttled now (each row's ``host``: the site): paused by a server (for how long), or
+    where a request had to wait for a slot or the delay within the last few seconds; with their
+    downloads in flight."""
     import time
 
     now_ms = int(time.time() * 1000)
     out: dict[str, dict] = {}
     for kind in (PAUSE, WAITED):
         for key in redis.scan_iter(PREFIX + "*" + kind, count=1000):
-            host = key.decode()[len(PREFIX):-len(kind)]
-            row = out.setdefault(host, {"host": host, "paused_s": None})
+            site = key.decode()[len(PREFIX):-len(kind)]
+            row = out.setdefault(site, {"host": site, "paused_s": None})
             if kind == PAUSE:
                 until = int(redis.get(key) or 0)
                 row["paused_s"] = round((until - now_ms) / 1000, 1) if until > now_ms else None
-    for host, row in out.items():
-        row["in_flight"] = redis.zcount(PREFIX + host + SLOTS, now_ms, "+inf")
-    return [out[h] for h in sorted(out)]
+    for site, row in out.items():
+        row["in_flight"] = redis.zcount(PREFIX + site + SLOTS, now_ms, "+inf")
+    return [out[s] for s in sorted(out)]

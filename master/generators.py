@@ -12,12 +12,11 @@ Scheduling (``tend``, the "generators" chore of every dispatcher run): each ``on
 whose ``next_at`` has come is claimed by compare-and-set, moving ``next_at`` to the schedule's
 next time after now, so two dispatchers never start the same run and the runs an outage missed
 collapse into one. One still under way when the next comes due is not started again: that due
-time is logged SKIPPED. A run whose worker vanished is given up (FAIL) after
-``stale_after()`` seconds, freeing the generator.
+time is logged SKIPPED. A run is claimed work (``common.store.claims``): its worker beats it; one
+whose worker stops beating for HEARTBEAT_TTL, or that no worker took within ``stale_after()``
+seconds, is given up (FAIL, a ``generator_fail`` alert), freeing the generator.
 """
 from __future__ import annotations
-
-from datetime import timedelta
 
 from bson import ObjectId
 from redis import Redis
@@ -28,7 +27,7 @@ from common.errors import Conflict, NotFound, ValidationError
 from common.queue.names import GENERATE_QUEUE
 from common.queue.rqbridge import push_generate
 from common.secrets import redact
-from common.store import generators, jobs, logs
+from common.store import generators, jobs
 from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, iso, store_now, utcnow
 from common.store.records import Generator, GeneratorRun, Job
 
@@ -36,8 +35,8 @@ RUNS_SHOWN = 10
 
 
 def stale_after() -> float:
-    """Seconds after which a run still under way is taken as lost: its deadline twice, plus time
-    to wait in the queue and to store its URLs."""
+    """Seconds after which a run that no worker took is taken as lost: its deadline twice, plus
+    time to wait in the queue and to store its URLs."""
     return 2 * float(settings.DOWNLOAD_TIMEOUT) + 600
 
 
@@ -55,7 +54,7 @@ def _generator_of(name: str) -> tuple[Job, Generator]:
 
 
 def _start(redis: Redis, gen: Generator, run_id: str, trigger: str) -> None:
-    """The run is claimed: log it RUNNING and queue its entry (a push that fails ends it FAIL)."""
+    """The run is reserved: log it RUNNING and queue its entry (a push that fails ends it FAIL)."""
     now = store_now()
     generators.open_log(run_id, gen.job, trigger, now, settings.HOSTNAME)
     try:
@@ -70,12 +69,8 @@ def tend(redis: Redis) -> dict[str, int]:
     """Start the runs that are due (see the module docstring); what was done."""
     now = store_now()
     done = {"started": 0, "skipped": 0, "lost": 0}
-    for gen in generators.stale_runs(now - timedelta(seconds=stale_after())):
-        reason = f"run given up: still under way after {stale_after():g} s (its worker vanished?)"
-        generators.end_run(gen.running_run or "", gen.job, now, status=FAIL, failed_reason=reason)
-        logs.add_alerts([(gen.job, "generator_fail", f"generator of job {jobs.name_of(gen.job)}: {reason}")],
-                        utcnow())
-        done["lost"] += 1
+    for gen, reason in generators.lost_runs(now, stale_after()):
+        done["lost"] += generators.give_up(gen, reason, f"generator of job {jobs.name_of(gen.job)}", now)
     for gen in generators.due(now):
         following = next_after(gen.schedule, now)
         run_id = generators.new_run_id()

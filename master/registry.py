@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-TOP_KEYS = {"name", "priority", "host", "type", "code", "settings", "generator"}
+TOP_KEYS = {"name", "priority", "host", "type", "code", "settings", "generator", "follow", "sitemaps"}
 GENERATOR_KEYS = {"type", "code", "source", "schedule", "schemes"}
 SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
 
@@ -48,6 +48,8 @@ class JobSpec:
     code: str
     settings: dict[str, Any] = field(default_factory=dict)
     generator: GeneratorSpec | None = None
+    follow: jobsettings.Follow | None = None
+    sitemaps: jobsettings.Sitemaps | None = None
 
 
 @dataclass
@@ -241,8 +243,14 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     elif data.get("code") or inline_code:
         raise ValidationError("type none uses the built-in engine and takes no code")
     generator = validate_generator(data.get("generator"), base_dir)
+    follow = jobsettings.check_follow(data.get("follow"))
+    if follow is not None and language == "shell":  # a shell downloader's body comes with no content type
+        raise ValidationError("follow needs type none (built-in engines) or python (it returns its links)")
+    sitemaps = jobsettings.check_sitemaps(data.get("sitemaps"))
+    if sitemaps is not None and sitemaps.lastmod and not cleaned.get("revisit"):
+        raise ValidationError("sitemaps.lastmod feeds revisits: it needs settings.revisit")
     return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned,
-                   generator=generator)
+                   generator=generator, follow=follow, sitemaps=sitemaps)
 
 
 def parse_manifest(text: str, label: str) -> Any:
@@ -272,6 +280,8 @@ def ensure_download_types() -> None:
 
 def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
+    if spec.follow is not None or spec.sitemaps is not None:  # checked, not yet kept (invariant 6)
+        raise ValidationError("[follow] and [sitemaps] are checked but not yet in effect on this cluster")
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":

@@ -63,6 +63,15 @@ def page_body(n: int) -> bytes:
     return f"<html><head><title>page {n}</title></head><body>\n{filler}</body></html>\n".encode()
 
 
+def linked_page(n: int) -> bytes:
+    """The page at /links/<n>: an endless binary tree (page n links to 2n+1 and 2n+2, only a crawl's
+    caps end it), with a base href, a fragment and links no crawler follows."""
+    return (f"<html><head><base href='/links/'><link rel=next href='{n + 1}'></head><body>"
+            f"<a href='{2 * n + 1}#top'>left</a> <a href=\"{2 * n + 2}\">right</a> <a href='#x'>here</a> "
+            "<a href='mailto:x@example.com'>mail</a> <a href='javascript:void(0)'>js</a>"
+            "</body></html>").encode()
+
+
 # Pages built by JavaScript, for the browser engine (/js/<kind>[/<n>]).
 JS_PAGES = {
     # the text exists only after a script ran
@@ -217,6 +226,8 @@ class Handler(BaseHTTPRequestHandler):
                     with TRAFFIC.lock:
                         host = self.headers.get("Host", "")
                         TRAFFIC.hung_up[host] = TRAFFIC.hung_up.get(host, 0) + 1
+            elif head == "links":
+                self._send(200, linked_page(int(arg)), "text/html; charset=utf-8")
             elif head == "js":
                 page = js_page(arg, int(parts[2]) if len(parts) > 2 else 0)
                 self._send(200, page, "text/html; charset=utf-8")

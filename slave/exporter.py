@@ -1,8 +1,9 @@
 """Running an export on a worker: claim it, stream its rows into a GridFS file in ``export_fs``
 (bounded memory: one row at a time; Excel through a constant-memory temp file), and settle it.
 
-Like a download entry, an export attempt is held by one worker: its id and a heartbeat
-(``beat_at``, refreshed by a thread while it runs) are in the export document; progress writes
+Like a download entry, an export attempt is claimed work (``common.store.claims``): its
+worker's id and a heartbeat (``beat_at``, refreshed by a ``claims.Beating`` thread while it
+runs) are in the export document; progress writes
 check the export is still RUNNING and still ours, so a cancel or a recovery stops it and its
 partial file is removed. The file id is written before the upload starts, so whatever a dead
 worker left (chunks without a files document) is found and removed by the defender.
@@ -13,7 +14,6 @@ worker left (chunks without a files document) is found and removed by the defend
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import timedelta
 from typing import IO, cast
@@ -27,7 +27,7 @@ from common.exports.tabular import CONTENT_TYPES, WRITERS, check_fits, file_name
 from common.exports.templates import parse_template
 from common.secrets import redact
 from common.sentry import capture
-from common.store import exports, jobs
+from common.store import claims, exports, jobs
 from common.store.data import drop_export_file, export_source, export_total, export_upload
 from common.store.models import store_now, utcnow
 from common.store.records import ExportFilter
@@ -59,21 +59,6 @@ class _Progress:
                 self.write()
 
 
-class _Beat(threading.Thread):
-    """Refreshes the export's ``beat_at`` every HEARTBEAT_INTERVAL while it runs."""
-
-    def __init__(self, oid: ObjectId, worker_id: str) -> None:
-        super().__init__(daemon=True, name="export-beat")
-        self.oid, self.worker_id, self.halt = oid, worker_id, threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(settings.HEARTBEAT_INTERVAL):
-            try:
-                exports.beat(self.oid, self.worker_id)
-            except Exception as exc:  # MongoDB away: the defender may recover it; the export then stops
-                logger.warning("export heartbeat failed: %s", type(exc).__name__)
-
-
 def run_export(export_id: str, worker_id: str) -> str:
     """Run one attempt of an export; "success", "failed", "retry", "stopped" or "skipped"."""
     try:
@@ -85,11 +70,10 @@ def run_export(export_id: str, worker_id: str) -> str:
     if doc is None:
         return "skipped"  # cancelled, already taken or finished
     publish(oid)
-    beat = _Beat(oid, worker_id)
-    beat.start()
     progress = _Progress(oid, worker_id)
     try:
-        rows, size = _write(doc, file_id, progress, worker_id)
+        with claims.Beating(exports.EXPORT, oid, worker_id, settings.HEARTBEAT_INTERVAL):
+            rows, size = _write(doc, file_id, progress, worker_id)
     except Stopped:
         drop_export_file(file_id)
         logger.info("export %s was cancelled or taken over: stopped", export_id)
@@ -97,8 +81,6 @@ def run_export(export_id: str, worker_id: str) -> str:
     except Exception as exc:
         drop_export_file(file_id)
         return _failed(doc, worker_id, exc)
-    finally:
-        beat.halt.set()
     done = store_now()
     if not exports.settle(oid, worker_id, rows, size, done, timedelta(seconds=settings.EXPORT_TTL)):
         # cancelled or recovered at the last moment: the file is not ours to keep

@@ -5,7 +5,9 @@ Either way the generator runs in the downloaders' sandbox (``slave/download/engi
 the same box, limits, deadline and network wall), never in this process. Its whole output is
 collected first; only a run that ended well hands its lines to the one intake
 (``common/intake.py``: validation, the generator's schemes, dedup, line numbers of rejects), so a
-failing or hanging generator adds nothing. Each run ends its log (``common/store/generators.py``);
+failing or hanging generator adds nothing. A run is claimed work (``common.store.claims``):
+its claim is beaten while it runs, so a worker that dies is found within HEARTBEAT_TTL. Each run
+ends its log (``common/store/generators.py``);
 a failed one also writes a ``generator_fail`` alert, which the job's ``report_mails`` hear of
 (``master/ops/reports.py``).
 """
@@ -16,12 +18,12 @@ import time
 
 from bson import ObjectId
 
-from common.config import host_name
+from common.config import host_name, settings
 from common.cron import next_after
 from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
-from common.store import generators, jobs, logs
+from common.store import claims, generators, jobs, logs
 from common.store.models import FAIL, SUCCESS, store_now, store_time, utcnow
 from common.store.records import Generator
 from slave.download.engines import sandbox
@@ -55,9 +57,13 @@ def run(run_id: str) -> dict:
     job_id, started, size = gen.job, time.monotonic(), 0
     name = jobs.name_of(job_id)
     try:
-        output = _sandboxed(gen)
-        size = len(output)
-        report = add_tasks(name, _lines(output), schemes=gen.schemes or None, hosts=True)
+        with claims.Beating(generators.RUN, gen.id, run_id, settings.HEARTBEAT_INTERVAL):
+            output = _sandboxed(gen)
+            size = len(output)
+            if not claims.beat(generators.RUN, [gen.id], run_id):  # given up meanwhile: not ours
+                logger.warning("generator run %s was given up while it ran: its URLs not added", run_id)
+                return {"skipped": 1}
+            report = add_tasks(name, _lines(output), schemes=gen.schemes or None, hosts=True)
     except DownloadError as exc:
         return _failed(run_id, job_id, name, size, started, exc.reason)
     except Exception as exc:  # MongoDB away mid-intake: what was added stays; the run says why it stopped

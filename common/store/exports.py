@@ -6,7 +6,9 @@ Indexes: ``(digest, created_at)`` finds an identical export underway or fresh (d
 -created_at)`` and ``(requested_by, -created_at)`` the listings, newest first.
 Invariant: every change of state is a compare-and-set on the state it leaves (and, for a
 RUNNING export, on the worker that holds it), so a cancelled or recovered attempt can never
-settle; times a worker writes and the defender judges are by the store's clock.
+settle; times a worker writes and the defender judges are by the store's clock. An attempt is
+claimed work (``common.store.claims``, as ``EXPORT``): held while RUNNING by its worker, taken
+back after HEARTBEAT_TTL without a beat or past its ``deadline_at``, FAIL at MAX_RECOVERIES.
 """
 from __future__ import annotations
 
@@ -14,14 +16,20 @@ from datetime import datetime, timedelta
 from typing import Iterator
 
 from gridfs import GridFSBucket
-from pymongo import ReturnDocument
 
+from common.config import settings
+from common.store import claims
 from common.store.data import EXPORT_BUCKET
 from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export
 
 
 def _coll():
     return Export._get_collection()
+
+
+EXPORT = claims.Claimed("export", _coll, owner="worker", ttl=lambda: float(settings.HEARTBEAT_TTL),
+                        max_recoveries=lambda: int(settings.MAX_RECOVERIES),
+                        held={"state": EXPORT_RUNNING}, alert="export_fail")
 
 
 # --- requests (the master) ---------------------------------------------------------------
@@ -133,35 +141,36 @@ def event_doc(export_id, fields) -> dict | None:
 
 # --- tending (every dispatcher run) ------------------------------------------------------
 
-def recover_dead(now: datetime, dead_before: datetime, max_recoveries: int) -> Iterator[tuple[dict, bool]]:
-    """Give RUNNING exports whose worker stopped beating before ``dead_before`` back to PENDING
-    (FAIL after ``max_recoveries``); yields (doc with its ``file_id``, final) for each."""
-    coll = _coll()
-    dead = {"state": EXPORT_RUNNING, "beat_at": {"$lt": dead_before}}
-    for doc in coll.find(dead, {"file_id": 1, "recoveries": 1}):
-        final = doc.get("recoveries", 0) + 1 >= max_recoveries
-        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
-                           "error": "its worker died" + (f" {max_recoveries} times" if final else ""),
-                           **({"finished_at": now} if final else {})},
-                  "$inc": {"recoveries": 1}, "$unset": {"queued_at": 1}}
-        if coll.update_one({"_id": doc["_id"], **dead}, update).modified_count:
+def recover_dead(now: datetime) -> Iterator[tuple[dict, bool]]:
+    """Give RUNNING exports whose worker stopped beating back to PENDING (FAIL when given up,
+    ``claims.gives_up``); yields (doc with its ``file_id``, final) for each."""
+    for doc in claims.expired(EXPORT, now, {"file_id": 1, "job": 1}):
+        final = claims.recover(EXPORT, doc, "its worker died", _again(now, "its worker died"),
+                               _given_up(now, f"its worker died {EXPORT.max_recoveries()} times"),
+                               job=doc.get("job"))
+        if final is not None:
             yield doc, final
 
 
-def stop_overrun(now: datetime, default_limit: int, max_retries: int) -> Iterator[tuple[dict, bool]]:
-    """Stop RUNNING exports past their deadline, PENDING again (FAIL after ``max_retries``
-    attempts); yields (doc with its ``file_id``, final) for each."""
-    coll = _coll()
-    for doc in coll.find({"state": EXPORT_RUNNING, "deadline_at": {"$lt": now}},
-                         {"file_id": 1, "attempts": 1, "max_exec_time": 1}):
-        limit = doc.get("max_exec_time") or default_limit
-        final = doc.get("attempts", 0) >= max_retries
-        update = {"$set": {"state": FAIL if final else PENDING, "retry_at": now, "worker": None,
-                           "error": f"ran over its time limit of {limit} s (max_exec_time)",
-                           **({"finished_at": now} if final else {})}, "$unset": {"queued_at": 1}}
-        if coll.update_one({"_id": doc["_id"], "state": EXPORT_RUNNING, "deadline_at": {"$lt": now}},
-                           update).modified_count:
+def stop_overrun(now: datetime, default_limit: int) -> Iterator[tuple[dict, bool]]:
+    """Stop RUNNING exports past their deadline: PENDING again, a recovery as a dead worker's
+    (FAIL when given up); yields (doc with its ``file_id``, final) for each."""
+    over = {**EXPORT.held, "deadline_at": {"$lt": now}}
+    for doc in _coll().find(over, {"file_id": 1, "job": 1, "max_exec_time": 1, claims.COUNTER: 1}):
+        error = f"ran over its time limit of {doc.get('max_exec_time') or default_limit} s (max_exec_time)"
+        final = claims.recover(EXPORT, doc, error, _again(now, error), _given_up(now, error),
+                               guard={"_id": doc["_id"], **over}, job=doc.get("job"))
+        if final is not None:
             yield doc, final
+
+
+def _again(now: datetime, error: str) -> dict:
+    return {"$set": {"state": PENDING, "retry_at": now, "error": error}, "$unset": {"queued_at": 1}}
+
+
+def _given_up(now: datetime, error: str) -> dict:
+    return {"$set": {"state": FAIL, "retry_at": now, "error": error, "finished_at": now},
+            "$unset": {"queued_at": 1}}
 
 
 def due(now: datetime) -> Iterator[dict]:
@@ -193,38 +202,29 @@ def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[dict]:
 def claim(export_id, worker_id: str, now: datetime, default_limit: int, file_id) -> dict | None:
     """PENDING -> RUNNING for ``worker_id`` (counting the attempt); the export after, or None if
     it was not PENDING."""
-    coll = _coll()
-    limit = (coll.find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time")
+    limit = (_coll().find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time")
     limit = limit or default_limit
-    return coll.find_one_and_update(
-        {"_id": export_id, "state": PENDING},
-        {"$set": {"state": EXPORT_RUNNING, "worker": worker_id, "started_at": now, "beat_at": now,
-                  "deadline_at": now + timedelta(seconds=limit), "file_id": file_id, "rows_done": 0,
-                  "error": None},
-         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}},
-        return_document=ReturnDocument.AFTER)
+    return claims.claim(EXPORT, {"_id": export_id, "state": PENDING}, worker_id,
+                        {"$set": {"started_at": now, "deadline_at": now + timedelta(seconds=limit),
+                                  "file_id": file_id, "rows_done": 0, "error": None},
+                         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}})
 
 
 def progress(export_id, worker_id: str, rows: int) -> bool:
     """Record rows done; whether the export is still RUNNING by ``worker_id``."""
-    return bool(_coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+    return bool(_coll().update_one({"_id": export_id, **claims.holding(EXPORT, worker_id)},
                                    {"$set": {"rows_done": rows}}).matched_count)
 
 
-def beat(export_id, worker_id: str) -> None:
-    """Stamp ``beat_at`` with the store's clock while ``worker_id`` holds the export."""
-    _coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
-                       {"$currentDate": {"beat_at": True}})
-
-
 def set_total(export_id, worker_id: str, total: int) -> None:
-    _coll().update_one({"_id": export_id, "worker": worker_id}, {"$set": {"rows_total": total}})
+    _coll().update_one({"_id": export_id, **claims.holding(EXPORT, worker_id)},
+                       {"$set": {"rows_total": total}})
 
 
 def settle(export_id, worker_id: str, rows: int, size: int, done: datetime, ttl: timedelta) -> bool:
     """RUNNING by ``worker_id`` -> SUCCESS; whether it still was."""
     return bool(_coll().update_one(
-        {"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+        {"_id": export_id, **claims.holding(EXPORT, worker_id)},
         {"$set": {"state": SUCCESS, "rows_done": rows, "rows_total": rows, "bytes": size, "finished_at": done,
                   "expires_at": done + ttl, "beat_at": done}}).modified_count)
 
@@ -233,5 +233,5 @@ def fail(export_id, worker_id: str, reason: str, now: datetime, final: bool, ret
     """RUNNING by ``worker_id`` -> FAIL (``final``) or PENDING again from ``retry_at``; whether it
     still was."""
     update = {"state": FAIL, "finished_at": now} if final else {"state": PENDING, "retry_at": retry_at}
-    return bool(_coll().update_one({"_id": export_id, "state": EXPORT_RUNNING, "worker": worker_id},
+    return bool(_coll().update_one({"_id": export_id, **claims.holding(EXPORT, worker_id)},
                                    {"$set": {**update, "error": reason, "worker": None}}).modified_count)

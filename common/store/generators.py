@@ -10,18 +10,25 @@ Invariant: a run is started only by a compare-and-set that moves ``next_at`` fro
 to the next time after now and sets ``running_run`` while it was empty, so however many
 dispatchers see a generator due, one run starts per due time, and after an outage the missed
 times collapse into one run; a run's log is taken by its worker by compare-and-set on
-``started_at``, so an entry delivered twice runs once. ``running_run`` is cleared only by the run
-it names (its end, or the sweep of a run whose worker vanished).
+``started_at``, so an entry delivered twice runs once. A run is claimed work
+(``common.store.claims``, as ``RUN``): the dispatcher's ``claim_run`` only reserves it (like a
+lease made QUEUED); the worker that takes it claims it (``beat_at``, from nothing) and beats it
+while the generator runs; a run whose worker stops beating for HEARTBEAT_TTL, or that no worker
+took within the wait its caller gives (``lost_runs``), is given up (``give_up``): FAIL, with a
+``generator_fail`` alert — never run again, the next due time runs. ``running_run`` is cleared
+only by the run it names (its end, or its recovery).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bson import ObjectId
 from pymongo.collection import Collection
 
+from common.config import settings
+from common.store import claims
 from common.store.models import (
     FAIL,
     GEN_ON,
@@ -45,6 +52,10 @@ def _coll() -> Collection[dict[str, Any]]:
 
 def _logs() -> Collection[dict[str, Any]]:
     return collection(CrawlerGeneratorLog)
+
+
+RUN = claims.Claimed("generator run", _coll, owner="running_run", ttl=lambda: float(settings.HEARTBEAT_TTL),
+                     max_recoveries=lambda: 1, held={"running_run": {"$ne": None}}, alert="generator_fail")
 
 
 # --- registration and state ------------------------------------------------------------------
@@ -107,7 +118,7 @@ def claim_run(gen_id: ObjectId, seen_next: datetime | None, new_next: datetime |
     under way, if no run is and nobody moved ``next_at`` first (``state`` None: any state, for a
     run asked by hand; ``seen_next`` is then left as it is)."""
     match: dict[str, Any] = {"_id": gen_id, "running_run": None}
-    change: dict[str, Any] = {"running_run": run_id, "running_since": now}
+    change: dict[str, Any] = {"running_run": run_id, "running_since": now, claims.BEAT: None}
     if state is not None:
         match.update(state=state, next_at=seen_next)
         change["next_at"] = new_next
@@ -121,11 +132,31 @@ def skip_due(gen_id: ObjectId, seen_next: datetime | None, new_next: datetime) -
                                    {"$set": {"next_at": new_next}}).modified_count)
 
 
-def stale_runs(before: datetime) -> list[Generator]:
-    """Generators whose run has been under way since before ``before`` (its worker vanished)."""
-    found = _coll().find({"running_run": {"$ne": None}, "running_since": {"$lt": before}},
-                         {"job": 1, "running_run": 1, "running_since": 1})
-    return [Generator.from_doc(d) for d in found.limit(100)]
+def lost_runs(now: datetime, wait: float) -> list[tuple[Generator, str]]:
+    """Runs to give up, each with why: claimed and silent for HEARTBEAT_TTL (``claims.expired``),
+    or reserved since before ``wait`` seconds ago and taken by no worker."""
+    fields = {"job": 1, "running_since": 1}
+    silent = [(Generator.from_doc(g), f"no heartbeat for {RUN.ttl():g} s (its worker died)")
+              for g in claims.expired(RUN, now, fields, limit=100)]
+    waiting = _coll().find({"running_run": {"$ne": None}, claims.BEAT: None,
+                            "running_since": {"$lt": now - timedelta(seconds=wait)}},
+                           {**fields, "running_run": 1, claims.BEAT: 1, claims.COUNTER: 1}).limit(100)
+    return silent + [(Generator.from_doc(g), f"still under way after {wait:g} s (its worker vanished?)")
+                     for g in waiting]
+
+
+def give_up(gen: Generator, reason: str, what: str, now: datetime) -> bool:
+    """End a lost run FAIL (``claims.recover``: by compare-and-set on the run as judged, with the
+    one alert); whether this did."""
+    ended = {"$set": {"running_since": None, claims.BEAT: None, "last_run_at": now, "last_status": FAIL}}
+    judged = {"_id": gen.id, "running_run": gen.running_run, claims.BEAT: gen.beat_at,
+              claims.COUNTER: gen.recoveries}
+    if claims.recover(RUN, judged, reason, ended, ended, job=gen.job, what=what) is None:
+        return False
+    _logs().update_one({"_id": ObjectId(gen.running_run), "status": RUN_RUNNING},
+                       {"$set": {"status": FAIL, "failed_reason": f"run given up: {reason}",
+                                 "finished_at": now}})
+    return True
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -148,8 +179,9 @@ def skipped(run_id: str, job_id: ObjectId, now: datetime, hostname: str, reason:
 
 
 def start_run(run_id: str, hostname: str, now: datetime) -> tuple[GeneratorRun, Generator] | None:
-    """Take run ``run_id`` for this worker: its log and generator, or None if it is not RUNNING,
-    already started, or its generator is gone."""
+    """Take run ``run_id`` for this worker: its log, then the run's claim on its generator
+    (``claims.claim``: ``beat_at`` from nothing); the log and generator, or None if it is not
+    RUNNING, already started, given up, or its generator is gone."""
     try:
         oid = ObjectId(run_id)
     except Exception:
@@ -159,8 +191,9 @@ def start_run(run_id: str, hostname: str, now: datetime) -> tuple[GeneratorRun, 
     if found is None:
         return None
     log = GeneratorRun.from_doc(found)
-    gen = Generator.maybe(_coll().find_one({"job": log.job}))
-    if gen is None or gen.running_run != run_id:
+    free = {"job": log.job, "running_run": run_id, claims.BEAT: None}
+    gen = Generator.maybe(claims.claim(RUN, free, run_id))
+    if gen is None:
         end_run(run_id, log.job, now, status=FAIL, failed_reason="generator removed or run given up")
         return None
     return log, gen
@@ -178,9 +211,9 @@ def end_run(run_id: str, job_id: ObjectId | None, now: datetime, *, status: str,
     if failed_reason is not None:
         ended["failed_reason"] = failed_reason
     _logs().update_one({"_id": ObjectId(run_id), "status": RUN_RUNNING}, {"$set": ended})
-    _coll().update_one({"job": job_id, "running_run": run_id},
-                       {"$set": {"running_run": None, "running_since": None, "last_run_at": now,
-                                 "last_status": status}})
+    _coll().update_one({"job": job_id, **claims.holding(RUN, run_id)},
+                       {"$set": {"running_run": None, "running_since": None, claims.BEAT: None,
+                                 "last_run_at": now, "last_status": status}})
 
 
 def runs(job_id: ObjectId, limit: int = 20, before: str | None = None) -> list[GeneratorRun]:

@@ -6,6 +6,7 @@ One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
     create  (dispatcher)  QUEUED; fresh tasks stay LIVE, tasks sent again become DISPATCH
     claim   (worker)      QUEUED -> RUNNING, compare-and-set: at most one worker runs an entry
     beat    (worker)      RUNNING: ``beat_at`` refreshed every HEARTBEAT_INTERVAL
+                          (claim, beat and the verdict's CAS are ``common.store.claims``, as ``LEASE``)
     settle  (worker)      each task SUCCESS (naming its data), FAIL, or handed back, under ``held_by``
     finish  (worker)      the lease is deleted once every outcome is stored
     verdict (defender)    QUEUED and in no queue (seen so twice, ABSENCE_GRACE apart), or
@@ -35,10 +36,10 @@ import time
 from datetime import datetime, timedelta
 from typing import Iterable
 
-from pymongo import ReturnDocument, UpdateMany, UpdateOne
+from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
-from common.store import counts
+from common.store import claims, counts
 from common.store.data import gridfs_of, named
 from common.store.models import (
     DEAD,
@@ -62,6 +63,13 @@ from common.store.models import (
 logger = logging.getLogger(__name__)
 
 UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields while it is DISPATCH
+
+# A lease in the one protocol of claimed work: held while RUNNING by its worker, dead after
+# HEARTBEAT_TTL without a beat; its tasks count their own recoveries and end DEAD at MAX_RECOVERIES.
+LEASE = claims.Claimed("download lease", CrawlerLease._get_collection, owner="worker",
+                       ttl=lambda: float(settings.HEARTBEAT_TTL),
+                       max_recoveries=lambda: int(settings.MAX_RECOVERIES),
+                       held={"state": RUNNING}, alert="task_dead")
 
 
 # --- the guard --------------------------------------------------------------------------
@@ -106,11 +114,9 @@ def drop(lease_id: str) -> None:
 
 def claim(lease_id: str, worker_id: str) -> dict | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
-    return CrawlerLease._get_collection().find_one_and_update(
-        {"_id": lease_id, "state": QUEUED},
-        {"$set": {"state": RUNNING, "worker": worker_id, "hostname": settings.HOSTNAME},
-         "$currentDate": {"started_at": True, "beat_at": True}, "$unset": {"missing_at": ""}},
-        return_document=ReturnDocument.AFTER)
+    return claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
+                        {"$set": {"hostname": settings.HOSTNAME}, "$currentDate": {"started_at": True},
+                         "$unset": {"missing_at": ""}})
 
 
 def lease_tasks(lease: dict) -> list[dict]:
@@ -124,10 +130,7 @@ def lease_tasks(lease: dict) -> list[dict]:
 
 
 def beat(lease_ids: Iterable[str], worker_id: str) -> None:
-    ids = list(lease_ids)
-    if ids:
-        CrawlerLease._get_collection().update_many(
-            {"_id": {"$in": ids}, "worker": worker_id, "state": RUNNING}, {"$currentDate": {"beat_at": True}})
+    claims.beat(LEASE, lease_ids, worker_id)
 
 
 def finish(lease_ids: list[str], worker_id: str) -> None:
@@ -314,9 +317,8 @@ def unmark_missing(lease_ids: list[str]) -> None:
 
 def mark_lost(lease: dict, reason: str) -> bool:
     """Compare-and-set to LOST; False if the lease was claimed, beat or ended meanwhile."""
-    guard = {"_id": lease["_id"], "state": lease["state"]}
-    if lease["state"] == RUNNING:
-        guard["beat_at"] = lease.get("beat_at")
+    guard = claims.judged(LEASE, lease) if lease["state"] == RUNNING else {"_id": lease["_id"],
+                                                                          "state": lease["state"]}
     return (
         CrawlerLease._get_collection()
         .update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}})
@@ -337,7 +339,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     recovered = dead = again = 0
     if attempt:
         dead = tasks.update_many(
-            {**flt, "recoveries": {"$gte": settings.MAX_RECOVERIES - 1}},
+            {**flt, **claims.spent(LEASE)},
             {
                 "$set": {
                     "status": DEAD,
@@ -364,6 +366,9 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
         ).modified_count
         held = held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
         counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
+        if dead:
+            claims.give_up_alert(LEASE, lease.get("job"), f"{dead} task(s) of entry {lease_id} DEAD after "
+                                                          f"{settings.MAX_RECOVERIES} recoveries: {reason}")
     else:
         again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now,
                           lease.get("created_at"))

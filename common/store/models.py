@@ -506,7 +506,9 @@ class Notification(Document):
     state = StringField(choices=(PENDING, SUCCESS, FAIL), default=PENDING)
     attempts = IntField(default=0)
     next_at = DateTimeField(default=utcnow)
-    claimed_until = DateTimeField()
+    worker = StringField()                       # the claim (common/store/claims.py): its holder
+    beat_at = DateTimeField()                    # ... and its last beat
+    recoveries = IntField(default=0)             # claims taken back from a dead deliverer
     last_error = StringField()
     created_at = DateTimeField(default=utcnow)
     meta = {"db_alias": "source", "indexes": [("state", "next_at")]}
@@ -548,7 +550,8 @@ class CrawlerGenerator(Document):
     """A job's generator: code that produces its URLs on a schedule (``common/store/generators.py``).
     ``state`` is test until a dry run of the current ``digest`` passed (``tested_digest``), then on
     or off; ``next_at`` is when it is next due (store's clock), moved by compare-and-set when a
-    dispatcher claims a run; ``running_run`` is the run under way (its log's ``_id``), if any."""
+    dispatcher reserves a run; ``running_run`` is the run under way (its log's ``_id``), if any,
+claimed by its worker (``beat_at``) once it starts."""
 
     job = ReferenceField(Job, required=True, unique=True)
     type = StringField(choices=GENERATOR_TYPES, required=True)
@@ -561,6 +564,8 @@ class CrawlerGenerator(Document):
     next_at = DateTimeField()
     running_run = StringField()
     running_since = DateTimeField()
+    beat_at = DateTimeField()                   # the run's claim (common/store/claims.py): last beat
+    recoveries = IntField(default=0)            # runs given up after their worker died
     last_run_at = DateTimeField()
     last_status = StringField()
     add_datetime = DateTimeField(default=utcnow)

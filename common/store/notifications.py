@@ -2,15 +2,30 @@
 attempt (``notification_log``, on the log alias).
 
 Index ``(state, next_at)``: the due PENDING notifications, which ``claim`` reads oldest-due first.
-Invariant: a notification is attempted by one process at a time, the one whose claim
-(``claimed_until``) is current; every attempt bumps ``attempts`` before it is made, and each
-ends PENDING again (with a later ``next_at``), SUCCESS or FAIL with its claim cleared.
+Invariant: a notification is attempted by one process at a time, the one that holds its claim
+(``common.store.claims``, as ``OUTBOX``: ``worker`` and ``beat_at``, HOLD seconds); every
+attempt bumps ``attempts`` before it is made, and each ends PENDING again (with a later
+``next_at``), SUCCESS or FAIL, its claim cleared, written only while its claim is still held. A
+claim whose deliverer died is taken back by ``recover`` (FAIL at MAX_RECOVERIES).
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from common.config import settings
+from common.store import claims
 from common.store.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog
+
+HOLD = 120  # seconds a delivery may take (connect and read timeouts included) before its claim lapses
+
+
+def _coll():
+    return Notification._get_collection()
+
+
+OUTBOX = claims.Claimed("notification", _coll, owner="worker", ttl=lambda: float(HOLD),
+                        max_recoveries=lambda: int(settings.MAX_RECOVERIES), held={"state": PENDING})
+RELEASE = {"worker": None, claims.BEAT: None}  # a claim cleared
 
 
 def add(kind: str, target: str, event: str, body: str, subject: str = "") -> None:
@@ -18,25 +33,47 @@ def add(kind: str, target: str, event: str, body: str, subject: str = "") -> Non
     Notification(kind=kind, target=target, event=event, subject=subject, body=body).save()
 
 
-def claim(now: datetime, hold: timedelta) -> dict | None:
-    """Claim one due notification for ``hold`` (counting the attempt); its document, or None."""
-    return Notification._get_collection().find_one_and_update(
-        {"state": PENDING, "next_at": {"$lte": now},
-         "$or": [{"claimed_until": None}, {"claimed_until": {"$lt": now}}]},
-        {"$set": {"claimed_until": now + hold}, "$inc": {"attempts": 1}}, return_document=True)
+def claim(now: datetime, owner: str) -> dict | None:
+    """Claim one due notification for ``owner`` (counting the attempt); its document, or None."""
+    return claims.claim(OUTBOX, {"state": PENDING, "next_at": {"$lte": now}, "worker": None}, owner,
+                        {"$inc": {"attempts": 1}})
+
+
+def recover(now: datetime) -> int:
+    """Take back the claims whose deliverer died (``now``: the store's clock); how many."""
+    taken = 0
+    for doc in claims.expired(OUTBOX, now, limit=50):
+        error = "its deliverer died"
+        again = {"$set": {"last_error": error, "next_at": now, claims.BEAT: None}}
+        given_up = {"$set": {"state": FAIL, "last_error": f"{error} {OUTBOX.max_recoveries()} times",
+                             claims.BEAT: None}}
+        taken += claims.recover(OUTBOX, doc, error, again, given_up) is not None
+    return taken
 
 
 def delivered(doc: dict) -> None:
-    Notification._get_collection().update_one(
-        {"_id": doc["_id"]}, {"$set": {"state": SUCCESS, "last_error": None}, "$unset": {"claimed_until": 1}})
+    _coll().update_one({"_id": doc["_id"], **claims.holding(OUTBOX, doc["worker"])},
+                       {"$set": {"state": SUCCESS, "last_error": None, **RELEASE}})
 
 
 def failed(doc: dict, error: str, final: bool, next_at: datetime) -> None:
     """An attempt failed: FAIL for good if ``final``, else PENDING again from ``next_at``."""
-    Notification._get_collection().update_one(
-        {"_id": doc["_id"]},
-        {"$set": {"state": FAIL if final else PENDING, "last_error": error, "next_at": next_at},
-         "$unset": {"claimed_until": 1}})
+    _coll().update_one({"_id": doc["_id"], **claims.holding(OUTBOX, doc["worker"])},
+                       {"$set": {"state": FAIL if final else PENDING, "last_error": error, "next_at": next_at,
+                                 **RELEASE}})
+
+
+def upgrade_claims() -> int:
+    """The upgrade to the one claim protocol: a claim an earlier version held (``claimed_until``)
+    becomes one held by ``earlier version``, lapsing when it did; how many moved."""
+    moved = 0
+    for doc in _coll().find({"claimed_until": {"$exists": True}}, {"claimed_until": 1}):
+        until = doc.get("claimed_until")
+        change: dict = {"$unset": {"claimed_until": 1}}
+        if until is not None:
+            change["$set"] = {"worker": "earlier version", claims.BEAT: until - timedelta(seconds=HOLD)}
+        moved += _coll().update_one({"_id": doc["_id"], "claimed_until": until}, change).modified_count
+    return moved
 
 
 def log_attempt(target: str, kind: str, event: str, status: str, attempt: int, error: str | None) -> None:

@@ -274,6 +274,8 @@ class Generator(Record):
     next_at: datetime | None = None
     running_run: str | None = None
     running_since: datetime | None = None
+    beat_at: datetime | None = None  # the run's claim (common/store/claims.py): its last beat
+    recoveries: int = 0
     last_run_at: datetime | None = None
     last_status: str | None = None
     add_datetime: datetime | None = None
@@ -320,7 +322,9 @@ class NotificationRecord(Record):
     state: str = "PENDING"
     attempts: int = 0
     next_at: datetime | None = None
-    claimed_until: datetime | None = None
+    worker: str | None = None
+    beat_at: datetime | None = None
+    recoveries: int = 0
     last_error: str | None = None
     created_at: datetime | None = None
 

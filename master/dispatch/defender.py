@@ -10,9 +10,10 @@ verdicts are ``common.store.leases.lease_verdict``):
   * RUNNING with no heartbeat (``beat_at``, written to MongoDB by the worker, so a Redis restart
     does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
     attempt died. Its tasks get ``recoveries`` + 1; at MAX_RECOVERIES they end DEAD (poison).
-A judged lease is first marked LOST by compare-and-set (a worker claiming or beating at that
-moment makes it fail), then released (``common.store.leases.release``). Then the sweep removes data
-documents that no task names, once their lease is gone (``common.store.leases.sweep_orphans``).
+A judged lease is first marked LOST by compare-and-set on what was judged (a worker claiming
+or beating at that moment makes it fail: ``common.store.claims.judged``), then released
+(``common.store.leases.release``). Then the sweep removes data documents that no task names,
+once their lease is gone (``common.store.leases.sweep_orphans``).
 
 Runs at the start of every dispatch (under the dispatcher lock, which the "absent from Redis"
 judgement needs) and as ``downcluster defender``.
@@ -82,7 +83,7 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
 
 def _judge(redis: Redis, lease: dict, here: bool, now: datetime, report: RecoveryReport) -> None:
     """Give the lease's tasks back if its verdict says so (and it is still what was judged)."""
-    verdict = leases.lease_verdict(lease, here, now, settings.HEARTBEAT_TTL, settings.LEASE_TIMEOUT,
+    verdict = leases.lease_verdict(lease, here, now, leases.LEASE.ttl(), settings.LEASE_TIMEOUT,
                                    settings.ABSENCE_GRACE)
     if verdict is None:
         return

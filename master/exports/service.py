@@ -347,13 +347,12 @@ def tend(redis: Redis) -> TendReport:
     dispatcher runs this as a chore (master/maintenance.py), which logs it and goes on."""
     report = TendReport()
     now = store_now()  # the clock the exporter stamps beat_at with
-    dead_before = now - timedelta(seconds=settings.HEARTBEAT_TTL)
-    for doc, final in exports.recover_dead(now, dead_before, settings.MAX_RECOVERIES):
+    for doc, final in exports.recover_dead(now):
         report.recovered += 1
         _stopped(doc, final)
     # over its time limit: stopped and retried even if its worker still beats (it finds the
-    # export no longer its own at its next progress write and stops)
-    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME, settings.EXPORT_MAX_RETRIES):
+    # export no longer its own at its next progress write and stops); a recovery, as a death
+    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME):
         report.overran += 1
         _stopped(doc, final)
     for doc in exports.due(now):

@@ -14,6 +14,8 @@ their ``requested_by`` name, unless they are older than that token (a revoked to
 name requested them: they stay without an owner, seen by admins and by the job's grants only).
 Jobs and exports stored before projects go to the ``default`` project, and every token but the
 admins' stored before projects is given ``default`` (an analyst read every job before).
+A notification an earlier version held by ``claimed_until`` is held, as the one claim protocol
+holds it (``common.store.claims``), until the same moment.
 
 Idempotent: a second run finds nothing to do.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from common.store import control, counts, exports, jobs, leases, projects, tasks
+from common.store import control, counts, exports, jobs, leases, notifications, projects, tasks
 from common.store.models import utcnow
 from common.store.upgrade import move_secrets
 
@@ -35,6 +37,7 @@ class MigrationReport:
     sent_again: int = 0
     secrets_moved: int = 0
     owners_filled: int = 0
+    claims_moved: int = 0  # notifications an earlier version held (``claimed_until``)
     projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
@@ -60,5 +63,6 @@ def migrate() -> MigrationReport:
     report.secrets_moved, report.secrets_kept = move_secrets()
     report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
     report.projects_filled = projects.upgrade()
+    report.claims_moved = notifications.upgrade_claims()
     return report
 

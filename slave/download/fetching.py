@@ -2,8 +2,8 @@
 
 ``Engines`` holds what one event loop downloads with (the aiohttp client, a browser pool, a
 thread pool for the requests engine and the python/shell sandboxes) and the etiquette (robots.txt,
-per-host slots, coalescing of identical requests, in ``slave/download/etiquette.py``). Every failure of a
-download becomes an ``Outcome``; nothing it does can crash the worker.
+per-site slots, coalescing of identical requests: ``slave/download/etiquette.py`` and its rooms).
+Every failure of a download becomes an ``Outcome``; nothing it does can crash the worker.
 """
 from __future__ import annotations
 
@@ -23,11 +23,15 @@ from common.config import settings
 from common.errors import DownloadError
 from common.secrets import redact
 from common.sentry import capture
-from common.sitelimits import host_of
+from common.sitelimits import site_of
 from common.store import attempts
+from slave.download import links
+from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, http, sandbox
 from slave.download.engines.base import Download
-from slave.download.etiquette import SANDBOXED, Etiquette, Handback, long_lease
+from slave.download.engines.rules import too_big
+from slave.download.etiquette import Etiquette
+from slave.download.siteslots import SANDBOXED, Handback, SiteSlots, long_lease
 from slave.worker.context import JobContext, limits_from_settings
 from slave.worker.writer import Outcome
 
@@ -95,31 +99,32 @@ class Engines:
     def _sandboxed(self, token: str, run) -> Download:
         """In a download thread: ``run(limits)``, a python or shell downloader, its time limit cut
         to what is left of its slot (it is killed then: the loop cannot stop it earlier)."""
-        left = self.etiquette.left(token)
+        left = self.etiquette.slots.left(token)
         return run(replace(self.limits, timeout=max(0.0, min(self.limits.timeout, left))))
 
     def coalescing(self, ctx: JobContext) -> bool:
         return ctx.language == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
 
     async def prepare(self, ctx: JobContext, tasks: list[dict]) -> dict:
-        """What an entry asks of Redis once, before its pages start: the host slots its pages
-        will take (pooled limits, see Etiquette.pooled) and whether each task leads its request
+        """What an entry asks of Redis once, before its pages start: the site slots its pages
+        will take (pooled limits, see SiteSlots.pooled) and whether each task leads its request
         (coalescing). Returns task id -> (coalescing key, True when it leads else the value
         found); {} when the job does not coalesce; Redis failing: every task maps to the error
         and is handed back."""
         if not tasks:
             return {}
         wanted: dict[str, int] = {}
-        if ctx.language not in SANDBOXED and Etiquette.pooled(*Etiquette.limits(ctx)):
+        if ctx.language not in SANDBOXED and SiteSlots.pooled(*SiteSlots.limits(ctx)):
             for t in tasks:
-                host = host_of(t["uri"])
-                wanted[host] = wanted.get(host, 0) + 1
+                site = site_of(t["uri"])
+                wanted[site] = wanted.get(site, 0) + 1
         keys_: list = []
         shared = [t for t in tasks if not t.get("prev")]  # a revisit asks with its own validators
         if self.coalescing(ctx) and shared:
-            keys_ = Etiquette.coalesce_keys([t["uri"] for t in shared], ctx, _request_shape(ctx))
-        reserved, led = await asyncio.gather(self.etiquette.reserve(wanted),
-                                             self.etiquette.lead_many(keys_, [str(t["_id"]) for t in shared]),
+            keys_ = Coalescing.keys([t["uri"] for t in shared], ctx, _request_shape(ctx))
+        task_ids = [str(t["_id"]) for t in shared]
+        reserved, led = await asyncio.gather(self.etiquette.slots.reserve(wanted),
+                                             self.etiquette.coalescing.lead_many(keys_, task_ids),
                                              return_exceptions=True)
         if isinstance(reserved, Exception):  # each page asks for its own slot
             logger.debug("slots not reserved: %s", type(reserved).__name__)
@@ -129,7 +134,7 @@ class Engines:
 
     async def download(self, ctx: JobContext, task: dict, plan=None) -> Outcome:
         """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
-        per-host slots, coalescing as ``plan`` from ``prepare`` says); every failure becomes an Outcome."""
+        per-site slots, coalescing as ``plan`` from ``prepare`` says); every failure becomes an Outcome."""
         start = time.monotonic()
         url, lead = task["uri"], None
         if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
@@ -146,71 +151,83 @@ class Engines:
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
         return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
-                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size)
+                              spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
+                              links=await self._links(ctx, task, result))
+
+    async def _links(self, ctx: JobContext, task: dict, result: Download | None) -> links.Found | None:
+        """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
+        if ctx.follow is None or result is None:
+            return None
+        found = await asyncio.get_running_loop().run_in_executor(
+            None, links.of_download, result, task["uri"], ctx.follow, ctx.language == "none")
+        if found is not None and (found.excess or found.truncated):
+            logger.info("job %s task %s: %d links taken, %d over the cap%s", ctx.name, task["_id"],
+                        len(found.urls), found.excess, ", page read in part" if found.truncated else "")
+        return found
 
     async def _polite(self, ctx: JobContext, task: dict, plan) -> tuple[Download, object, str | None]:
         """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
         unless the job says obey_robots = false), then an identical request's stored download,
-        else a host slot and the fetch."""
+        else a site slot and the fetch."""
         url, builtin = task["uri"], ctx.language == "none"
         if not ctx.supported:
             raise DownloadError(f"downloader type {ctx.language} is disabled on this cluster "
                                 f"(`downcluster type enable {ctx.language}` allows it again)",
                                 retryable=False)
         parts = urlsplit(url)
-        host, crawl_delay = host_of(url, parts), 0.0
+        site, crawl_delay = site_of(url, parts), 0.0
         lead = plan[0] if plan is not None and plan[1] is True else None
         token = ""
         try:
             if builtin and ctx.settings.get("obey_robots") is not False:
                 try:
                     session = self.client.session("", bool(ctx.settings.get("allow_private")))
-                    crawl_delay = await self.etiquette.robots_delay(url, host, parts.scheme, session)
+                    crawl_delay = await self.etiquette.robots.delay(url, site, parts.scheme, session)
                 except PermissionError:
                     raise DownloadError("robots.txt disallows", retryable=False) from None
-            conc, delay = Etiquette.limits(ctx)
+            conc, delay = SiteSlots.limits(ctx)
             if plan is not None and lead is None:
                 copied = await self._follow(plan[0], plan[1], str(task["_id"]))
                 if copied is not None:
                     return copied
                 lead = plan[0]  # the leader failed or took too long: this task downloads
-            token = await self.etiquette.slot(host, conc, max(delay, crawl_delay),
-                                              long_lease() if ctx.language in SANDBOXED else None)
+            token = await self.etiquette.slots.slot(site, conc, max(delay, crawl_delay),
+                                                    long_lease() if ctx.language in SANDBOXED else None)
             cut = http.Cut()
             return (
-                await self.etiquette.guard(token, host, self._fetch(ctx, task, token, cut), cut),
+                await self.etiquette.slots.guard(token, site, self._fetch(ctx, task, token, cut), cut),
                 None,
                 lead,
             )
         except BaseException as exc:
             if lead:  # failures are not shared: a waiter leads next
-                await self.etiquette.give_up_lead(lead)
+                await self.etiquette.coalescing.give_up_lead(lead)
             if (
                 isinstance(exc, DownloadError)
                 and exc.retry_after
                 and exc.reason.startswith(("HTTP 429", "HTTP 503"))
             ):
-                await self.etiquette.pause(host, exc.retry_after)
+                await self.etiquette.slots.pause(site, exc.retry_after)
             raise
         finally:
             if token:
-                self.etiquette.release(token, host)
+                self.etiquette.slots.release(token, site)
 
     async def _follow(self, key: str, value, task_id: str):
         """Another task leads this request: (its stored download, its task id, None) once it is
         published, or None when this task is to download it (the leader failed, or waited for
         longer than a download may take)."""
         deadline = time.monotonic() + settings.DOWNLOAD_TIMEOUT + 30
-        found = Etiquette.done_of(value)
+        found = Coalescing.done_of(value)
         while True:
             if found is None:
-                found = await self.etiquette.lead_or_wait(key, task_id, deadline)
+                found = await self.etiquette.coalescing.lead_or_wait(key, task_id, deadline)
                 if found is None:
                     return None
             copy = await asyncio.get_running_loop().run_in_executor(None, _stored_download, found[1])
             if copy is not None:
                 return copy, ObjectId(found[0]), None
-            await self.etiquette.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
+            await self.etiquette.coalescing.forget(key, f"done:{found[0]}:{found[1]}")  # its data went away
             found = None
 
     async def _fetch(
@@ -253,7 +270,7 @@ class Engines:
                 result = await aio.fetch(url, limits=limits, client=self.client, **shape,
                                          large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
-                raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
+                raise too_big(limits.maxsize)
             return result
         except DownloadError:
             raise

@@ -10,7 +10,7 @@ from typing import Any
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import ENGINES, SETTING_NAMES
+from common.jobsettings import ENGINES, SETTING_NAMES, Follow
 from common.secrets import remember, secret_header_values
 from common.store import jobs
 from slave.download.engines.base import Limits
@@ -30,6 +30,7 @@ class JobContext:
     max_retry_times: int
     settings: dict[str, Any]
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
+    follow: Follow | None = None  # the job's [follow]: its pages are read for links (set once it is stored)
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}

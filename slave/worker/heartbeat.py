@@ -2,7 +2,7 @@
 leases are alive (``beat_at``, stamped with the store's clock: what the defender judges deaths
 by, so a Redis restart never fakes one), measures this machine's clock against the store's,
 beats rq (the worker, each execution, each job) and refreshes the worker's download figures for
-``stats`` and the console. Host slots are renewed by a thread of their own (``slave/download/etiquette.py``),
+``stats`` and the console. Site slots are renewed by a thread of their own (``slave/download/etiquette.py``),
 never held up by MongoDB."""
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from slave.download.engines.base import Download
 
 if TYPE_CHECKING:
     from slave.download.etiquette import Etiquette
+    from slave.download.links import Found
     from slave.worker.context import JobContext
 
 logger = logging.getLogger(__name__)
@@ -54,13 +55,14 @@ class Outcome:
     error: DownloadError | None
     spend_us: int
     request_size: int = 0
-    deferred: float | None = None  # handed back (busy or closed host): due again in this many s, no attempt
+    deferred: float | None = None  # handed back (busy or closed site): due again in this many s, no attempt
     coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
     coalesced_from: object = None        # the task whose stored download this one copied
     data_id: object = None               # set by store_many: the data document written
     not_modified: str | None = None      # set by store_many: a revisit that brought nothing new
     retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
     kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
+    links: Found | None = None           # a following job's links found on the page (not stored yet)
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
@@ -404,7 +406,7 @@ class Writer(threading.Thread):
             leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
                        if o.coalesce_key and o.error is None and o.data_id is not None]
             if leaders and entry.etiquette is not None:
-                entry.loop.call_soon_threadsafe(entry.etiquette.publish_all, leaders)
+                entry.loop.call_soon_threadsafe(entry.etiquette.coalescing.publish_all, leaders)
 
     def _write(self, batch: list) -> None:
         groups: dict[RunningEntry, list[Outcome]] = {}

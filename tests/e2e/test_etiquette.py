@@ -1,5 +1,5 @@
 """Crawl etiquette across the cluster, with real workers against the loopback site that counts
-what it sees: per-host concurrency and delay, hosts that do not slow each other, slots of a
+what it sees: per-site concurrency and delay, sites that do not slow each other, slots of a
 killed worker, Retry-After pauses, robots.txt, and one download for identical requests."""
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from common.sitelimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, host_of, keys, throttled
+from common.sitelimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, keys, site_of, throttled
 from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, store_now
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import ROBOTS, TRAFFIC, page_body
-from slave.download.etiquette import ROBOTS_PREFIX
+from slave.download.robots import ROBOTS_PREFIX
 from tests.helpers import add_urls, cli, register, statuses, wait_for
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def workers(cluster, n: int = 1, timeout: float = 180, **settings) -> None:
 
 
 def redis_ms(redis) -> int:
-    """Redis's clock in milliseconds: the one host slots are stamped and judged by."""
+    """Redis's clock in milliseconds: the one site slots are stamped and judged by."""
     seconds, micros = redis.time()
     return seconds * 1000 + micros // 1000
 
@@ -61,10 +61,10 @@ def test_host_concurrency_holds_across_four_workers(cluster, tmp_path):
     workers(cluster, 4, HOST_CONCURRENCY=2)
     assert statuses("j") == {"SUCCESS": 16}
     assert TRAFFIC.peak[host_header(cluster.site)] == 2  # four workers, never more than two at once
-    assert cluster.redis.zcard(keys(host_of(cluster.site))[0]) == 0  # every slot given back on exit
+    assert cluster.redis.zcard(keys(site_of(cluster.site))[0]) == 0  # every slot given back on exit
 
 
-def test_an_entry_takes_the_free_slots_of_its_hosts_in_one_call(cluster):
+def test_an_entry_takes_the_free_slots_of_its_sites_in_one_call(cluster):
     a, b, c = "a.example:80", "b.example:80", "c.example:443"
     redis = cluster.redis
     assert redis.register_script(ACQUIRE)(keys=keys(a), args=["elsewhere", 3, 0, 10_000]) == 0
@@ -87,7 +87,7 @@ def test_host_delay_spaces_request_starts(cluster, tmp_path):
     workers(cluster, 2, HOST_DELAY=0.2)
     assert statuses("j") == {"SUCCESS": 6}
     starts = sorted(t for t in TRAFFIC.starts[host_header(cluster.site)])
-    starts = starts[1:]  # the first request of the host is its robots.txt
+    starts = starts[1:]  # the first request of the site is its robots.txt
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     # starts are spaced by 0.2 s when a worker sends them; their arrival at the site jitters (a new
     # connection's set-up, a loaded CI host: one gap of 0.09 s was seen): unthrottled they would arrive
@@ -96,18 +96,18 @@ def test_host_delay_spaces_request_starts(cluster, tmp_path):
     assert len(gaps) == 5 and sorted(gaps)[2] >= 0.1 and sum(gaps) >= 0.75 * 5 * 0.2, gaps
 
 
-def test_a_throttled_host_does_not_slow_another(cluster, tmp_path):
+def test_a_throttled_site_does_not_slow_another(cluster, tmp_path):
     other = cluster.site.replace("127.0.0.1", "localhost")
     register(tmp_path, "j", dispatch_num=100)
     slow = [f"{cluster.site}/hold/500?{i}" for i in range(6)]
     fast = [f"{other}/page/{i}" for i in range(20)]
-    add_urls("j", [u for pair in zip(slow, fast) for u in pair] + fast[6:])  # one entry, hosts mixed
+    add_urls("j", [u for pair in zip(slow, fast) for u in pair] + fast[6:])  # one entry, sites mixed
     dispatch_once(cluster.redis)
     workers(cluster, 1, HOST_CONCURRENCY=1)
     assert statuses("j") == {"SUCCESS": 26}
     slow_starts = sorted(TRAFFIC.starts[host_header(cluster.site)])
     fast_starts = sorted(TRAFFIC.starts[host_header(other)])
-    # the 20 fast pages are all fetched before the slow host's last of six starts (held behind it,
+    # the 20 fast pages are all fetched before the slow site's last of six starts (held behind it,
     # the last fast pages would come after it); 2.5 s for 20 pages leaves a loaded machine room
     assert fast_starts[-1] < slow_starts[-1], (fast_starts[-1] - slow_starts[0], slow_starts)
 
@@ -120,8 +120,8 @@ def test_slots_of_a_killed_worker_free_themselves(cluster, tmp_path):
            "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1"}
     worker = subprocess.Popen([str(BIN / "downcluster"), "worker"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
-    host = host_of(cluster.site)
-    slots = keys(host)[0]
+    site = site_of(cluster.site)
+    slots = keys(site)[0]
     try:
         wait_for(lambda: cluster.redis.zcard(slots) == 2, timeout=30, what="the worker to hold two slots")
         first_ends = max(score for _, score in cluster.redis.zrange(slots, 0, -1, withscores=True))
@@ -129,23 +129,23 @@ def test_slots_of_a_killed_worker_free_themselves(cluster, tmp_path):
                  what="a second past the slots' first expiry")
         # the living worker renews them: both still end in the future (judged by Redis's clock)
         assert cluster.redis.zcount(slots, redis_ms(cluster.redis), "+inf") == 2
-        assert [h["host"] for h in throttled(cluster.redis)] == [host]
+        assert [h["host"] for h in throttled(cluster.redis)] == [site]
         os.killpg(worker.pid, signal.SIGKILL)
     finally:
         worker.wait()
     acquire = cluster.redis.register_script(ACQUIRE)  # held, it would wait out the 60 s downloads
-    wait_for(lambda: acquire(keys=keys(host), args=["probe", 2, 0, 1000]) == 0, timeout=30,
+    wait_for(lambda: acquire(keys=keys(site), args=["probe", 2, 0, 1000]) == 0, timeout=30,
              what="the dead worker's slots to expire (HOST_SLOT_TTL 3 s)")
 
 
-def test_retry_after_pauses_the_host_for_every_job(cluster, tmp_path):
+def test_retry_after_pauses_the_site_for_every_job(cluster, tmp_path):
     register(tmp_path, "first", max_retry_times=0)
     register(tmp_path, "second")
     add_urls("first", [f"{cluster.site}/retry-after/4"])
     dispatch_once(cluster.redis)
     workers(cluster, 1)
     paused = [h for h in throttled(cluster.redis) if h["paused_s"]]
-    assert paused and paused[0]["host"] == host_of(cluster.site) and 0 < paused[0]["paused_s"] <= 4
+    assert paused and paused[0]["host"] == site_of(cluster.site) and 0 < paused[0]["paused_s"] <= 4
     assert "paused" in cli("stats").output
     add_urls("second", [f"{cluster.site}/page/1"])
     dispatch_once(cluster.redis)
@@ -175,7 +175,7 @@ def test_robots_txt_disallow_and_crawl_delay(cluster, tmp_path):
     assert len(gaps) == 3 and sorted(gaps)[1] >= 0.15 and sum(gaps) >= 0.75 * 3 * 0.3, gaps
 
 
-def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
+def test_robots_txt_5xx_closes_the_site_then_recovers(cluster, tmp_path):
     ROBOTS[int(urlsplit(cluster.site).port)] = (500, "oops")
     register(tmp_path, "j")
     add_urls("j", [f"{cluster.site}/page/1"])
@@ -189,7 +189,7 @@ def test_robots_txt_5xx_closes_the_host_then_recovers(cluster, tmp_path):
     closed = list(cluster.redis.scan_iter(ROBOTS_PREFIX + "*"))
     wait_for(lambda: not (closed and cluster.redis.exists(*closed))
              and store_now() >= CrawlerTask.objects.get().retry_at,
-             what="the host to reopen and the task to be due")
+             what="the site to reopen and the task to be due")
     dispatch_once(cluster.redis)
     workers(cluster, 1, ROBOTS_RETRY=2)
     assert statuses("j") == {"SUCCESS": 1} and TRAFFIC.hits["/robots.txt"] == 2

@@ -2,7 +2,8 @@
 
 Same contract and limits as the requests engine (slave/download/engines/http.py): one GET under a total
 deadline, the body counted after decompression while it streams, redirects followed by hand
-so every hop is checked (http/https only, credentials dropped across hosts), and every failure
+so every hop is checked (http/https only, credentials dropped across sites; the path both
+engines share, ``engines/rules.py``), and every failure
 a one-line, secret-free ``DownloadError`` with the same reasons. Many fetches share one event
 loop: a worker process keeps hundreds in flight for a fraction of a millisecond of CPU each.
 
@@ -28,18 +29,16 @@ import settings as declared  # the cluster settings' one declaration: their defa
 from common import netguard
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
-from common.urls import check_url
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
-from slave.download.engines.http import (
+from slave.download.engines.rules import (
     CONNECT_TIMEOUT,
-    REDIRECT_CODES,
-    _masked,
-    _one_line,
-    _secrets_of,
+    Body,
+    Redirects,
     classify_status,
-    drop_credentials,
-    redirect_target,
+    masked,
+    one_line,
+    secrets_of,
 )
 
 __all__ = ["Client", "fetch", "classify_aio"]
@@ -117,48 +116,58 @@ class Client:
 
 def classify_aio(exc: BaseException) -> DownloadError:
     """The DownloadError for an exception raised by aiohttp or the socket layer."""
-    def fail(reason: str, retryable: bool) -> DownloadError:
-        return DownloadError(redact(_one_line(reason)), retryable=retryable)
-
     if isinstance(exc, DownloadError):
         return exc
     if isinstance(exc, (aiohttp.InvalidURL, ValidationError)):
-        return fail(f"invalid URL: {exc}", False)
+        found: tuple[str, bool] | None = (f"invalid URL: {exc}", False)
+    else:
+        found = _connect_failure(exc) or _transfer_failure(exc)
+    reason, retryable = found or (f"{type(exc).__name__}: {exc}", True)
+    return DownloadError(redact(one_line(reason)), retryable=retryable)
+
+
+def _connect_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """What went wrong reaching the server (TLS, proxy, DNS, connect), or None."""
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         cert = exc.certificate_error
-        detail = getattr(cert, "verify_message", "") or "verification failed"
-        return fail(f"TLS certificate error: {detail}", False)
+        return f"TLS certificate error: {getattr(cert, 'verify_message', '') or 'verification failed'}", False
     if isinstance(exc, aiohttp.ClientSSLError):
-        return fail(f"TLS error: {exc}", True)
+        return f"TLS error: {exc}", True
     if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in PROXY_ERROR_NAMES:
-        return fail("proxy error", True)
+        return "proxy error", True
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return fail(f"DNS lookup failed: {exc.os_error}", True)
+        return f"DNS lookup failed: {exc.os_error}", True
     if isinstance(exc, aiohttp.ClientConnectorError):
         err = exc.os_error
         if isinstance(err, ConnectionRefusedError):
-            return fail("connection refused", True)
+            return "connection refused", True
         if isinstance(err, OSError) and err.errno in (-2, -3, -5):
-            return fail(f"DNS lookup failed: {err}", True)
-        return fail(f"connection error: {type(err).__name__}: {err}", True)
+            return f"DNS lookup failed: {err}", True
+        return f"connection error: {type(err).__name__}: {err}", True
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return fail("connect timeout", True)
+        return "connect timeout", True
+    return None
+
+
+def _transfer_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """What went wrong once connected (timeouts, a broken body, a reset), or a request the
+    client refused to send; None when nothing here names it."""
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return fail("read timeout", True)
+        return "read timeout", True
     if isinstance(exc, aiohttp.ClientPayloadError):
         text = str(exc)
         if "decode" in text.lower() or "compress" in text.lower():
-            return fail("content decoding failed", True)
-        return fail(f"connection error: ClientPayloadError: {text}", True)
+            return "content decoding failed", True
+        return f"connection error: ClientPayloadError: {text}", True
     if isinstance(exc, ConnectionResetError) or (
             isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
-        return fail("connection reset", True)
+        return "connection reset", True
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientResponseError,
                         aiohttp.ClientError, OSError)):
-        return fail(f"connection error: {type(exc).__name__}: {exc}", True)
+        return f"connection error: {type(exc).__name__}: {exc}", True
     if isinstance(exc, (ValueError, UnicodeError)):
-        return fail(f"invalid request: {type(exc).__name__}: {exc}", False)
-    return fail(f"{type(exc).__name__}: {exc}", True)
+        return f"invalid request: {type(exc).__name__}: {exc}", False
+    return None
 
 
 def _header_ok(value: str) -> bool:
@@ -180,7 +189,7 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
         sent[str(k)] = str(v)
     if cookie:
         sent["Cookie"] = cookie
-    secrets = _secrets_of(proxy, cookie, sent)
+    secrets = secrets_of(proxy, cookie, sent)
     try:
         async with asyncio.timeout(limits.timeout):
             return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private)
@@ -195,16 +204,13 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
 
 async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
                  large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
-    try:
-        url = check_url(url)
-    except ValidationError as exc:
-        raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+    redirects = Redirects(url, sent, limits.max_redirects, allow_private)
     if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
         raise DownloadError("invalid request: a header name or value has forbidden characters",
                             retryable=False)
     if proxy:
         await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)  # may resolve
-    resp = await _follow(url, limits, sent, proxy, client, allow_private)
+    resp = await _follow(redirects, limits, proxy, client, allow_private)
     try:
         error = classify_status(resp.status, resp.headers.get("Retry-After"))
         if error is not None:
@@ -214,27 +220,21 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         resp.close()
 
 
-async def _follow(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
+async def _follow(redirects: Redirects, limits: Limits, proxy: str, client: Client,
                   allow_private: bool) -> aiohttp.ClientResponse:
     """The response at the end of the redirects (each hop's address judged first; credentials
-    not carried to another host)."""
+    not carried to another site)."""
     session = client.session(proxy, allow_private)
     http_proxy = proxy if proxy and not proxy.lower().startswith("socks") else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_TIMEOUT, limits.timeout))
-    hops, first = 0, url
     while True:
-        # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
-        netguard.judge_url(url, allow_private)
-        resp = await session.get(URL(url, encoded=False), headers=sent, allow_redirects=False,
-                                 proxy=http_proxy, timeout=timeout, ssl=ssl_context())
-        location = resp.headers.get("Location") if resp.status in REDIRECT_CODES else None
+        resp = await session.get(URL(redirects.url(), encoded=False), headers=redirects.sent,
+                                 allow_redirects=False, proxy=http_proxy, timeout=timeout, ssl=ssl_context())
+        location = redirects.location(resp.status, resp.headers)
         if not location:
             return resp
         resp.close()  # the redirect's body is never read
-        hops += 1
-        target = redirect_target(url, location, hops, limits.max_redirects)
-        drop_credentials(sent, first, target)
-        url = target
+        redirects.follow(location)
 
 
 async def _read(resp: aiohttp.ClientResponse, limits: Limits,
@@ -242,28 +242,20 @@ async def _read(resp: aiohttp.ClientResponse, limits: Limits,
     """The body within ``limits.maxsize``; past LARGE_BODY it reads on only holding a slot of
     ``large_gate``, which then travels with the Download (``release``)."""
     peer = _peer(resp)
-    too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
-    length = resp.headers.get("Content-Length", "")
-    if length.strip().isdigit() and int(length) > limits.maxsize:
-        raise too_big
-    chunks, total = [], 0
+    body = Body(limits.maxsize, resp.headers)
     held: asyncio.Semaphore | None = None  # large_gate, once a slot of it is taken
     try:
         async for chunk in resp.content.iter_any():
-            total += len(chunk)
-            if total > limits.maxsize:
-                raise too_big
-            chunks.append(chunk)
-            if large_gate is not None and held is None and total > LARGE_BODY:
+            body.add(chunk)
+            if large_gate is not None and held is None and body.size > LARGE_BODY:
                 await large_gate.acquire()
                 held = large_gate
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        del chunks
+        data = body.take()
         response_headers = {str(k): str(v) for k, v in resp.headers.items()}
-        got = Download(status_code=resp.status, headers=response_headers, body=bytes(body),
+        got = Download(status_code=resp.status, headers=response_headers, body=bytes(data),
                        url=str(resp.url), remote_ip=peer[0] if peer else "",
-                       request_headers=_masked(resp.request_info.headers),
-                       encoding=body_encoding(response_headers, body),
+                       request_headers=masked(resp.request_info.headers),
+                       encoding=body_encoding(response_headers, data),
                        release=held.release if held is not None else None)
         held = None  # the slot now travels with the body
         return got

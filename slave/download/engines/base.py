@@ -35,3 +35,5 @@ class Download:
     request_body: bytes = b""
     encoding: str | None = None
     release: object = None  # a large body holds a slot of the worker's gate until stored: call this then
+    links: list[str] | None = None  # the URLs a python downloader returned (None: it returned none)
+    links_dropped: int = 0          # those it returned beyond the sandbox's caps

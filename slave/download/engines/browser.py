@@ -43,7 +43,7 @@ from common.secrets import keeps_credentials, redact
 from common.urls import check_url
 from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
-from slave.download.engines.http import _masked, _secrets_of, classify_status
+from slave.download.engines.rules import classify_status, masked, secrets_of, too_big
 from slave.download.engines.sandbox import box_argv
 
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
@@ -315,7 +315,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
                 idle_max: float = 5.0, allow_private: bool = False) -> Download:
     """Render ``url`` within ``limits``; the DOM (or ``js``'s string result) as a Download.
     ``allow_private``: loopback, private and link-local addresses may be reached too."""
-    secrets = _secrets_of(proxy, cookie, CaseInsensitiveDict(headers or {}))
+    secrets = secrets_of(proxy, cookie, CaseInsensitiveDict(headers or {}))
     try:
         url = check_url(url)
     except ValidationError as exc:
@@ -334,7 +334,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
         raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
-    except asyncio.CancelledError:  # stopped from outside (its host slot lost): no request of its goes on
+    except asyncio.CancelledError:  # stopped from outside (its site slot lost): no request of its goes on
         browser.kill()
         raise
     except Crashed as exc:
@@ -508,7 +508,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             raise error
         body = await _answering(page, events, _result(b, session, js))
         if len(body) > limits.maxsize:
-            raise DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
+            raise too_big(limits.maxsize)
         sent = {"User-Agent": user_agent, **headers, **({"Cookie": cookie} if cookie else {})}
         return _download(response, status, body, url, sent)
     finally:
@@ -526,7 +526,7 @@ def _download(response: dict, status: int, body: bytes, url: str, sent: dict) ->
     (serialised by us as UTF-8), the request's headers with secrets masked."""
     got = {str(k): str(v) for k, v in (response.get("headers") or {}).items()}
     return Download(status_code=status, headers=got, body=body, url=response.get("url") or url,
-                    remote_ip=response.get("remoteIPAddress", ""), request_headers=_masked(sent),
+                    remote_ip=response.get("remoteIPAddress", ""), request_headers=masked(sent),
                     encoding="utf-8")
 
 

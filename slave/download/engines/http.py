@@ -1,6 +1,7 @@
 """The built-in engine (downloader type "none"): one GET with requests under a total deadline,
 a body-size cap counted after decompression, and redirects followed by hand so every hop is
-checked. Everything that goes wrong comes out as a one-line, secret-free ``DownloadError``.
+checked (both on the path every built-in engine shares: ``engines/rules.py``). Everything that
+goes wrong comes out as a one-line, secret-free ``DownloadError``.
 
 Every connection is judged on the address it reached (``common/netguard.py``) before a byte of
 a request goes out, kept-alive ones again before each request; through a proxy, which resolves
@@ -9,14 +10,11 @@ cluster's services.
 """
 from __future__ import annotations
 
-import email.utils
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit
 
 import requests
 import requests.exceptions as rex
@@ -30,18 +28,23 @@ from urllib3.poolmanager import ProxyManager
 import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
 from common.errors import AddressRefused, DownloadError, ValidationError
-from common.secrets import is_secret_header, keeps_credentials, redact
-from common.urls import check_url
+from common.secrets import redact
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
+from slave.download.engines.rules import (
+    CONNECT_TIMEOUT,
+    Body,
+    Redirects,
+    classify_status,
+    masked,
+    one_line,
+    secrets_of,
+)
 
-__all__ = ["fetch", "new_session", "classify_status", "classify_exception"]
+__all__ = ["fetch", "new_session", "classify_exception", "Cut"]
 
 CHUNK = 64 * 1024
-CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than the time left
-MAX_RETRY_AFTER = float(declared.RETRY_BACKOFF_MAX)  # a server's Retry-After is capped here (and by
-# next_retry_at at the effective RETRY_BACKOFF_MAX)
-REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+
 
 
 # --- the total deadline -------------------------------------------------------------------
@@ -230,36 +233,6 @@ def new_session() -> requests.Session:
 
 # --- classification -----------------------------------------------------------------------
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date), capped; None if absent."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(int(value))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when is None:
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - time.time()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def classify_status(status_code: int, retry_after_header: str | None = None) -> DownloadError | None:
-    """None for a usable final status (2xx, or 3xx without a redirect), else the error."""
-    if 200 <= status_code < 400:
-        return None
-    reason = f"HTTP {status_code}"
-    if status_code in (408, 429) or 500 <= status_code < 600:
-        return DownloadError(reason, retryable=True, retry_after=parse_retry_after(retry_after_header))
-    return DownloadError(reason, retryable=False)
-
-
 def _chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and every exception it wraps (args, reason, cause, context)."""
     seen: list[BaseException] = []
@@ -275,11 +248,6 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def classify_exception(exc: BaseException) -> DownloadError:
     """The DownloadError for an exception raised by requests/urllib3/socket during a fetch."""
     if isinstance(exc, DownloadError):
@@ -291,7 +259,7 @@ def classify_exception(exc: BaseException) -> DownloadError:
 
     reason, retryable = _invalid_request(has) or _network_failure(has, chain) or (
         f"{type(exc).__name__}: {exc}", True)
-    return DownloadError(redact(_one_line(reason)), retryable=retryable)
+    return DownloadError(redact(one_line(reason)), retryable=retryable)
 
 
 def _invalid_request(has) -> tuple[str, bool] | None:
@@ -347,40 +315,6 @@ def _network_failure(has, chain: list[BaseException]) -> tuple[str, bool] | None
 
 # --- the fetch ----------------------------------------------------------------------------
 
-def _secrets_of(proxy: str, cookie: str, headers: Mapping[str, str]) -> list[str]:
-    """The secret values to redact: the proxy's, the cookie, and ``headers``' secret ones (every
-    header but the public ones: ``common.secrets.PUBLIC_HEADERS``)."""
-    values = [proxy, cookie] + [str(v) for k, v in headers.items() if is_secret_header(k)]
-    if proxy:
-        try:
-            parts = urlsplit(proxy)
-            for v in (parts.username, parts.password):
-                if v:
-                    values += [v, unquote(v)]
-            if "@" in parts.netloc:
-                values.append(parts.netloc.rsplit("@", 1)[0])
-        except ValueError:
-            pass
-    variants = []
-    for v in filter(None, values):  # also as they show in one-line and repr'd messages
-        variants += [v, " ".join(v.split()), repr(v)[1:-1]]
-    return variants
-
-
-def _masked(headers) -> dict[str, str]:
-    """Request headers as stored: every secret one masked."""
-    return {str(k): ("***" if is_secret_header(k) else str(v)) for k, v in headers.items()}
-
-
-def drop_credentials(sent, first: str, then: str) -> None:
-    """Take the cookie and every secret header out of ``sent`` (a case-insensitive mapping) when a
-    redirect from ``first`` leads to ``then`` where they may not go."""
-    if not keeps_credentials(first, then):
-        for name in {str(k) for k in sent if is_secret_header(k)}:
-            if name in sent:
-                del sent[name]  # every value of that name
-
-
 def _peer_ip(resp: requests.Response) -> str:
     try:
         return resp.raw._connection.sock.getpeername()[0]
@@ -390,19 +324,12 @@ def _peer_ip(resp: requests.Response) -> str:
 
 def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> bytes:
     """The decoded body, aborting as soon as it exceeds maxsize or the deadline passes."""
-    too_big = DownloadError(f"body larger than {limits.maxsize} bytes", retryable=False)
-    length = resp.headers.get("Content-Length", "")
-    if length.strip().isdigit() and int(length) > limits.maxsize:
-        raise too_big
-    chunks, total = [], 0
+    body = Body(limits.maxsize, resp.headers)
     for chunk in resp.iter_content(CHUNK):
-        total += len(chunk)
-        if total > limits.maxsize:
-            raise too_big
-        chunks.append(chunk)
+        body.add(chunk)
         deadline.check()
     deadline.check()  # a socket shut at expiry may look like a clean end of body
-    return b"".join(chunks)
+    return body.take()
 
 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
@@ -417,7 +344,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
     sent.update(headers or {})
     if cookie:
         sent["Cookie"] = cookie
-    secrets = _secrets_of(proxy, cookie, sent)
+    secrets = secrets_of(proxy, cookie, sent)
     proxies = {"http": proxy, "https": proxy} if proxy else {}
     own_session = session is None
     session = session or new_session()
@@ -440,34 +367,13 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
             session.close()
 
 
-def redirect_target(url: str, location: str, hops: int, max_redirects: int) -> str:
-    """Where the ``hops``-th redirect of ``url`` to ``location`` leads, checked as every
-    built-in engine checks it: within ``max_redirects``, http/https only, a valid URL."""
-    if hops > max_redirects:
-        raise DownloadError(f"too many redirects (more than {max_redirects})", retryable=False)
-    location = location.encode("latin-1", "replace").decode("utf-8", "replace")
-    target = urljoin(url, requests.utils.requote_uri(location.strip()))
-    scheme = urlsplit(target).scheme.lower()
-    if scheme not in ("http", "https"):
-        raise DownloadError(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
-    try:
-        return check_url(target)
-    except ValidationError as exc:
-        raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
-
-
 def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
-    try:
-        url = check_url(url)
-    except ValidationError as exc:
-        raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+    redirects = Redirects(url, sent, limits.max_redirects, getattr(_local, "allow_private", False))
     if proxies:
         netguard.judge_proxy(proxies["http"])
-    hops, first = 0, url
     while True:
         deadline.check()
-        # an address in the URL at once (through a proxy, which resolves names, nothing else can be)
-        netguard.judge_url(url, getattr(_local, "allow_private", False))
+        url = redirects.url()
         prepared = requests.Request("GET", url, headers=dict(sent)).prepare()
         remaining = max(deadline.remaining(), 0.001)
         # adapter.send, not session.send: the latter reads a redirect's whole body unbounded
@@ -475,14 +381,11 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         resp = adapter.send(prepared, stream=True, timeout=(min(remaining, CONNECT_TIMEOUT), remaining),
                             verify=True, cert=None, proxies=proxies)
         deadline.attach(getattr(resp.raw, "_connection", None))
-        location = resp.headers.get("Location") if resp.status_code in REDIRECT_CODES else None
+        location = redirects.location(resp.status_code, resp.headers)
         if not location:
             break
         resp.close()
-        hops += 1
-        target = redirect_target(url, location, hops, limits.max_redirects)
-        drop_credentials(sent, first, target)
-        url = target
+        redirects.follow(location)
     try:
         error = classify_status(resp.status_code, resp.headers.get("Retry-After"))
         if error is not None:
@@ -492,7 +395,7 @@ def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
         response_headers = {str(k): str(v) for k, v in resp.headers.items()}
         return Download(status_code=resp.status_code, headers=response_headers, body=body,
                         url=resp.url or url, remote_ip=remote_ip,
-                        request_headers=_masked(prepared.headers),
+                        request_headers=masked(prepared.headers),
                         encoding=body_encoding(response_headers, body))
     finally:
         resp.close()

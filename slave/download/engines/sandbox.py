@@ -33,7 +33,12 @@ from common.secrets import redact
 from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
-from slave.download.engines.sandbox_main import FRAME_OVERHEAD, decode_frame
+from slave.download.engines.sandbox_main import (
+    FRAME_OVERHEAD,
+    MAX_LINK_LENGTH,
+    MAX_LINKS,
+    decode_frame,
+)
 
 __all__ = ["run_generator", "run_python", "run_shell"]
 
@@ -256,15 +261,7 @@ def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
                 if key.data == "exit":
                     exited = True
                 elif key.data == "in":
-                    try:
-                        sent += os.write(in_fd, stdin_data[sent:sent + 65536])
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # the child closed stdin or died: stop feeding it
-                        sent = len(stdin_data)
-                    if sent >= len(stdin_data):
-                        sel.unregister(in_fd)
-                        proc.stdin.close()
+                    sent = _feed(proc, sel, stdin_data, sent)
                 elif _read(key.fd, key.data, sel, outcome, stderr_bytes, stdout_cap) == "overflow":
                     return
             if pidfd is None and proc.poll() is not None:
@@ -276,6 +273,22 @@ def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
                     return
                 if status == "again":
                     break
+
+
+def _feed(proc, sel, stdin_data: bytes, sent: int) -> int:
+    """One write of what is left of ``stdin_data`` (``sent`` bytes of it gone already); stdin
+    closed once it is all sent or the child stops taking it. Returns the bytes sent by now."""
+    in_fd = proc.stdin.fileno()
+    try:
+        sent += os.write(in_fd, stdin_data[sent:sent + 65536])
+    except BlockingIOError:
+        return sent
+    except OSError:  # the child closed stdin or died: stop feeding it
+        sent = len(stdin_data)
+    if sent >= len(stdin_data):
+        sel.unregister(in_fd)
+        proc.stdin.close()
+    return sent
 
 
 def _read(fd: int, kind: str, sel, outcome: _Outcome, stderr_bytes: int, stdout_cap: int) -> str:
@@ -378,13 +391,14 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
         raise _redacted(DownloadError(error, retryable=kind != "size"), secrets)
     status, headers = header.get("status_code"), header.get("headers")
     remote_ip, request_headers = header.get("remote_ip", ""), header.get("request_headers", {})
+    links, dropped = header.get("links"), header.get("links_dropped", 0)
     if not (type(status) is int and _is_str_dict(headers) and _is_str_dict(request_headers)
-            and isinstance(remote_ip, str) and len(body) <= limits.maxsize):
+            and isinstance(remote_ip, str) and len(body) <= limits.maxsize and _is_links(links, dropped)):
         # sandbox_main validated the result; only code writing its own frame gets here
         raise DownloadError("downloader error: malformed result frame", retryable=False)
     return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
                     remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
-                    encoding=body_encoding(headers, body))
+                    encoding=body_encoding(headers, body), links=links, links_dropped=dropped)
 
 
 def run_generator(kind: str, code: str, limits: Limits, allow_private: bool = False) -> bytes:
@@ -405,6 +419,13 @@ def run_generator(kind: str, code: str, limits: Limits, allow_private: bool = Fa
 def _is_str_dict(value) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
                                            for k, v in value.items())
+
+
+def _is_links(links, dropped) -> TypeGuard[list[str] | None]:
+    """A frame's links as sandbox_main caps them (a frame the downloader wrote itself may not)."""
+    return type(dropped) is int and dropped >= 0 and (links is None or (
+        isinstance(links, list) and len(links) <= MAX_LINKS
+        and all(isinstance(u, str) and len(u) <= MAX_LINK_LENGTH for u in links)))
 
 
 def _run_safely(mode: str, message: dict, limits: Limits, cap: int, allow_private: bool) -> _Outcome:

@@ -9,7 +9,8 @@ Standard library only, so it starts fast; ``slave.download.engines.sandbox`` is 
 
 Frame: ``MAGIC | u32 header length | u64 body length | u64 request-body length | header JSON |
 body | request body``. The header is ``{"ok": true, status_code, headers, remote_ip,
-request_headers}`` or ``{"ok": false, "kind": "exception" | "downloader" | "size", "error"}``.
+request_headers[, links, links_dropped]}`` or ``{"ok": false, "kind": "exception" | "downloader" |
+"size", "error"}``.
 
 It runs inside the box ``slave.download.engines.sandbox`` builds with bubblewrap, which starts it as root
 without capabilities but CAP_SETUID/CAP_SETGID: it switches at once, for good, to the uid the
@@ -31,7 +32,9 @@ import types
 MAGIC = b"DCSB"
 PREFIX = struct.Struct(">4sIQQ")
 MAX_HEADER = 1024 * 1024            # header JSON plus request body allowed beside the body
-FRAME_OVERHEAD = PREFIX.size + MAX_HEADER
+MAX_LINKS, MAX_LINK_LENGTH = 10_000, 2048  # links a result may carry (common.jobsettings's caps)
+MAX_LINK_BYTES = 1024 * 1024        # and their JSON, beside the header
+FRAME_OVERHEAD = PREFIX.size + MAX_HEADER + MAX_LINK_BYTES
 
 
 def write_frame(out, header: dict, body: bytes = b"", request_body: bytes = b"") -> None:
@@ -140,6 +143,23 @@ def _as_bytes(value, name: str) -> bytes:
     raise DownloaderError(f"{name} must be bytes or str, got {type(value).__name__}")
 
 
+def _links(value) -> tuple[list[str], int]:
+    """The URLs a result found (``links``): the first strings within the caps, and how many
+    were left out (a million links cost no more than the caps)."""
+    if value is None:
+        return [], 0
+    if not isinstance(value, (list, tuple)):
+        raise DownloaderError(f"links must be a list of URLs, got {type(value).__name__}")
+    kept, size = [], 0
+    for link in value[:MAX_LINKS]:
+        if isinstance(link, str) and len(link) <= MAX_LINK_LENGTH:
+            size += len(json.dumps(link)) + 2
+            if size > MAX_LINK_BYTES:
+                break
+            kept.append(link)
+    return kept, len(value) - len(kept)
+
+
 def validate_result(result, maxsize: int) -> tuple[dict, bytes, bytes]:
     """(header, body, request_body) of a download() result, or DownloaderError."""
     if not isinstance(result, dict):
@@ -161,6 +181,8 @@ def validate_result(result, maxsize: int) -> tuple[dict, bytes, bytes]:
         raise OverflowError(f"body larger than {maxsize} bytes")
     if len(request_body) + len(json.dumps(header)) > MAX_HEADER:
         raise DownloaderError("headers and request_body larger than 1 MiB")
+    if "links" in result:
+        header["links"], header["links_dropped"] = _links(result["links"])
     return header, body, request_body
 
 
