@@ -58,13 +58,13 @@ def test_the_outbox_takes_a_dead_deliverers_claim_back_then_gives_up(cluster):
     coll = Notification._get_collection()
     for recovery in range(1, settings.MAX_RECOVERIES + 1):
         doc = notifications.claim(utcnow(), f"dead-{recovery}")
-        assert doc is not None and doc["worker"] == f"dead-{recovery}" and doc["attempts"] == recovery
+        assert doc is not None and doc.worker == f"dead-{recovery}" and doc.attempts == recovery
         assert notifications.claim(utcnow(), "other") is None  # held: one deliverer at a time
         assert notifications.recover(store_now()) == 0  # not yet lapsed
-        _silence(coll, doc["_id"], notifications.HOLD + 5)
+        _silence(coll, doc.id, notifications.HOLD + 5)
         assert notifications.recover(store_now()) == 1
         notifications.delivered(doc)  # the dead deliverer's late write: fenced out
-        after = coll.find_one({"_id": doc["_id"]})
+        after = coll.find_one({"_id": doc.id})
         assert after["worker"] is None and after["recoveries"] == recovery
         assert after["state"] == ("FAIL" if recovery == settings.MAX_RECOVERIES else "PENDING")
     assert notifications.claim(utcnow(), "other") is None
@@ -82,4 +82,5 @@ def test_a_claim_of_an_earlier_version_is_held_until_it_lapses(cluster):
     assert notifications.recover(store_now()) == 1  # the lapsed one only
     assert coll.find_one({"_id": lapsed})["worker"] is None
     assert coll.find_one({"_id": held})["worker"] == "earlier version"
-    assert notifications.claim(utcnow(), "new")["_id"] == lapsed
+    taken = notifications.claim(utcnow(), "new")
+    assert taken is not None and taken.id == lapsed
