@@ -59,6 +59,7 @@ from common.store.models import (
     LostLease,
     utcnow,
 )
+from common.store.records import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -252,38 +253,38 @@ def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: dateti
 
 # --- the verdict and release (the defender) --------------------------------------------------
 
-def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: float, lease_timeout: float,
+def lease_verdict(lease: Lease, present: bool, now: datetime, heartbeat_ttl: float, lease_timeout: float,
                   absence_grace: float) -> tuple[str, bool] | None:
     """(reason, counts as an attempt) when the lease can no longer settle its tasks, else None.
 
     A QUEUED lease whose entry is in no queue is lost only when it was already seen missing
     (``missing_at``) at least ``absence_grace`` seconds ago: a worker may have just popped the
     entry and not yet claimed it (see ``mark_missing``)."""
-    state = lease.get("state")
+    state = lease.state
     if state == LOST:
-        return lease.get("lost_reason") or "lost", bool(lease.get("started_at"))
+        return lease.lost_reason or "lost", bool(lease.started_at)
     if state == QUEUED:
-        missing = lease.get("missing_at")
+        missing = lease.missing_at
         if present or missing is None or now - missing < timedelta(seconds=absence_grace):
             return None
         return "queue entry lost before it started (Redis flushed or restarted)", False
     if state == RUNNING:
-        started, beat_at = lease.get("started_at"), lease.get("beat_at") or lease.get("started_at")
+        started, beat_at = lease.started_at, lease.beat_at or lease.started_at
         if started and now - started > timedelta(seconds=lease_timeout):
             return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
         if beat_at and now - beat_at > timedelta(seconds=heartbeat_ttl):
             return (
-                f"worker died while downloading ({lease.get('worker') or '?'}: "
+                f"worker died while downloading ({lease.worker or '?'}: "
                 f"no heartbeat for {heartbeat_ttl:g}s)",
                 True,
             )
     return None
 
 
-def open_leases() -> list[dict]:
+def open_leases() -> list[Lease]:
     """Every lease the defender judges (QUEUED, RUNNING, LOST), without their task lists."""
-    return list(CrawlerLease._get_collection().find({"state": {"$in": [QUEUED, RUNNING, LOST]}},
-                                                    {"ids": 0, "uris": 0, "attempts": 0}))
+    return [Lease.from_doc(d) for d in CrawlerLease._get_collection().find(
+        {"state": {"$in": [QUEUED, RUNNING, LOST]}}, {"ids": 0, "uris": 0, "attempts": 0, "prev": 0})]
 
 
 def existing(lease_ids) -> set:
@@ -315,10 +316,11 @@ def unmark_missing(lease_ids: list[str]) -> None:
         )
 
 
-def mark_lost(lease: dict, reason: str) -> bool:
+def mark_lost(lease: Lease, reason: str) -> bool:
     """Compare-and-set to LOST; False if the lease was claimed, beat or ended meanwhile."""
-    guard = claims.judged(LEASE, lease) if lease["state"] == RUNNING else {"_id": lease["_id"],
-                                                                          "state": lease["state"]}
+    judged = {"_id": lease.id, LEASE.owner: lease.worker, claims.BEAT: lease.beat_at}
+    guard = claims.judged(LEASE, judged) if lease.state == RUNNING else {"_id": lease.id,
+                                                                         "state": lease.state}
     return (
         CrawlerLease._get_collection()
         .update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}})
