@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.store.records import JobSettings
 
 NOT_MODIFIED = 304
 
@@ -25,8 +29,8 @@ class Revisit:
     ceiling: float = 0.0
 
     @classmethod
-    def of(cls, conf: dict) -> "Revisit":
-        return cls(float(conf.get("revisit") or 0), float(conf.get("revisit_max") or 0))
+    def of(cls, conf: JobSettings) -> "Revisit":
+        return cls(float(conf.revisit or 0), float(conf.revisit_max or 0))
 
     @property
     def on(self) -> bool:

@@ -4,8 +4,8 @@ MongoDB document here and nowhere else (``from_doc`` / ``to_doc``), as rq keeps 
 ``common/store/`` names a field of a document (``tests/unit/test_store_fields.py``).
 
 An attribute is its document's field of the same name (``id`` is ``_id``); a field a document
-lacks (an older document, or a read that projects it out) takes the attribute's default, the
-model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
+lacks or holds null (an older document, or a read that projects it out) takes the attribute's
+default, the model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
 attributes hold what the driver read (not copied: a record is built thousands of times a second
 on the worker's hot path, see ``docs/layout.md``).
 """
@@ -56,7 +56,7 @@ class Record:
     def from_doc(cls: type[R], doc: Mapping[str, Any]) -> R:
         """The record of a document read from MongoDB (a projection: the rest takes defaults)."""
         get = doc.get
-        return cls(*[get(key, default) for key, default in cls._spec])
+        return cls(*[default if (value := get(key)) is None else value for key, default in cls._spec])
 
     @classmethod
     def maybe(cls: type[R], doc: Mapping[str, Any] | None) -> R | None:
@@ -118,6 +118,14 @@ class JobSettings(Record):
     revisit_max: float | None = None
     last_update_datetime: datetime | None = None
     add_datetime: datetime | None = None
+
+
+    def declared(self) -> dict[str, Any]:
+        """The settings the job declares (those of ``common.jobsettings.SETTINGS`` it sets), by
+        name: what a python downloader is given as its ``settings``."""
+        from common.jobsettings import SETTING_NAMES
+
+        return {name: value for name in SETTING_NAMES if (value := getattr(self, name, None)) is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,9 @@ logger = logging.getLogger(__name__)
 def _request_shape(ctx: JobContext) -> dict:
     """The job's proxy, cookie, headers, our user agent and the addresses it may reach: what
     every built-in engine is given."""
-    return {"proxy": ctx.settings.get("proxy", ""), "cookie": ctx.settings.get("cookie", ""),
-            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT,
-            "allow_private": bool(ctx.settings.get("allow_private"))}
+    conf = ctx.settings
+    return {"proxy": conf.proxy or "", "cookie": conf.cookie or "", "headers": dict(conf.headers),
+            "user_agent": settings.DOWNLOAD_USER_AGENT, "allow_private": bool(conf.allow_private)}
 
 
 def _stored_download(data_id: str) -> Download | None:
@@ -179,9 +179,9 @@ class Engines:
         lead = plan[0] if plan is not None and plan[1] is True else None
         token = ""
         try:
-            if builtin and ctx.settings.get("obey_robots") is not False:
+            if builtin and ctx.settings.obey_robots is not False:
                 try:
-                    session = self.client.session("", bool(ctx.settings.get("allow_private")))
+                    session = self.client.session("", bool(ctx.settings.allow_private))
                     crawl_delay = await self.etiquette.robots.delay(url, site, parts.scheme, session)
                 except PermissionError:
                     raise DownloadError("robots.txt disallows", retryable=False) from None
@@ -242,13 +242,13 @@ class Engines:
         try:
             if ctx.language == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
-                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings,
+                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings.declared(),
                            "previous": _previous(prev)}
                 result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
                                                     partial(sandbox.run_python, ctx.code, payload))
             elif ctx.language == "shell":
-                proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
-                private = bool(ctx.settings.get("allow_private"))
+                proxy, cookie = ctx.settings.proxy or "", ctx.settings.cookie or ""
+                private = bool(ctx.settings.allow_private)
                 result = await loop.run_in_executor(
                     self.blocking,
                     self._sandboxed,
@@ -263,7 +263,7 @@ class Engines:
                     limits=limits,
                     pool=self.browsers,
                     **_request_shape(ctx),  # a browser sends its own validators: digests tell a change
-                    js=ctx.settings.get("download_js") or "",
+                    js=ctx.settings.download_js or "",
                     idle_max=settings.BROWSER_IDLE_MAX,
                 )
             else:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import ENGINES, SETTING_NAMES, Follow
+from common.jobsettings import ENGINES, Follow
 from common.secrets import remember, secret_header_values
 from common.store import jobs
+from common.store.records import JobSettings
 from slave.download.engines.base import Limits
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
@@ -28,7 +28,7 @@ class JobContext:
     code: str
     engine: str
     max_retry_times: int
-    settings: dict[str, Any]
+    settings: JobSettings
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
     follow: Follow | None = None  # the job's [follow]: its pages are read for links (set once it is stored)
 
@@ -45,12 +45,13 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     job = jobs.context(job_id)
     ctx = None
     if job is not None:
-        conf = {k: v for k in SETTING_NAMES if (v := getattr(job.settings, k)) is not None}
-        remember(conf.get("proxy"), conf.get("cookie"), *secret_header_values(conf.get("headers")))
+        conf = job.settings
+        remember(conf.proxy, conf.cookie, *secret_header_values(dict(conf.headers)))
+        retries = conf.max_retry_times
         ctx = JobContext(
             job_id=job_id, name=job.name, status=job.status, download_id=job.download_id,
-            language=job.language, code=job.code, engine=conf.get("download_engine") or ENGINES[0],
-            max_retry_times=conf.get("max_retry_times", settings.DEFAULT_MAX_RETRY_TIMES), settings=conf,
+            language=job.language, code=job.code, engine=conf.download_engine or ENGINES[0],
+            max_retry_times=settings.DEFAULT_MAX_RETRY_TIMES if retries is None else retries, settings=conf,
             supported=job.supported)
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)

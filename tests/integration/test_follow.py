@@ -10,6 +10,7 @@ from bson import ObjectId
 
 from common.jobsettings import Follow
 from common.store.models import CrawlerDownload, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, Job
+from common.store.records import JobSettings
 from slave.download.fetching import Engines
 from slave.worker.context import JobContext
 from tests.helpers import cli
@@ -44,7 +45,8 @@ def test_follow_and_sitemaps_checked_at_registration(cluster, tmp_path, tables, 
 def _context(language: str = "none", engine: str = "aiohttp", code: str = "", **follow) -> JobContext:
     return JobContext(job_id=ObjectId(), name="crawl", status="ON", download_id=None, language=language,
                       code=code, engine=engine, max_retry_times=0,
-                      settings={"allow_private": True, "obey_robots": False, "download_engine": engine},
+                      settings=JobSettings.from_doc({"allow_private": True, "obey_robots": False,
+                                                     "download_engine": engine}),
                       follow=Follow(**follow))
 
 

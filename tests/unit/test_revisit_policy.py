@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from common.revisit import Revisit, digest, response_validators, unchanged, validators
+from common.store.jobs import UNSET
+from common.store.records import JobSettings
 
 
 def test_fixed_interval_never_moves():
@@ -10,7 +12,7 @@ def test_fixed_interval_never_moves():
 
 
 def test_adaptive_interval_halves_on_change_doubles_without_within_bounds():
-    rv = Revisit.of({"revisit": 60, "revisit_max": 600})
+    rv = Revisit.of(JobSettings.from_doc({"revisit": 60, "revisit_max": 600}))
     assert rv.next_interval(None, False) == 60  # a first visit starts at the floor
     seen, every = [], 60.0
     for _ in range(5):
@@ -22,7 +24,8 @@ def test_adaptive_interval_halves_on_change_doubles_without_within_bounds():
 
 
 def test_off_and_validators():
-    assert not Revisit.of({}).on and not Revisit.of({"revisit": 0, "revisit_max": 0}).on
+    assert not Revisit.of(UNSET).on
+    assert not Revisit.of(JobSettings.from_doc({"revisit": 0, "revisit_max": 0})).on
     assert validators(None) == {}
     assert validators({"etag": '"v1"', "last_modified": "Tue, 14 Nov 2023 22:13:20 GMT"}) == {
         "If-None-Match": '"v1"', "If-Modified-Since": "Tue, 14 Nov 2023 22:13:20 GMT"}
