@@ -28,7 +28,7 @@ from typing import IO, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from common.store import data, logs
-from common.store.records import ExportFilter
+from common.store.records import DataDoc, ExportFilter
 
 __all__ = ["Capture", "Revisit", "WarcWriter", "CONTENT_TYPE"]
 
@@ -152,13 +152,12 @@ class WarcWriter:
 
 # --- a job's stored pages as one WARC file -------------------------------------------------
 
-def capture_of(doc: dict, body: bytes) -> Capture:
+def capture_of(doc: DataDoc, body: bytes) -> Capture:
     """A stored data document as a Capture."""
-    date = doc.get("add_datetime") or doc["_id"].generation_time.replace(tzinfo=None)
-    return Capture(key=str(doc["_id"]), url=doc.get("url") or "", date=date,
-                   status=int(doc.get("status_code") or 200), body=body,
-                   response_headers=dict(doc.get("response_headers") or {}),
-                   request_headers=dict(doc.get("requests_headers") or {}), ip=doc.get("remote_ip") or "")
+    date = doc.add_datetime or doc.id.generation_time.replace(tzinfo=None)
+    return Capture(key=str(doc.id), url=doc.url or "", date=date, status=int(doc.status_code or 200),
+                   body=body, response_headers=dict(doc.response_headers),
+                   request_headers=dict(doc.requests_headers), ip=doc.remote_ip or "")
 
 
 def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
@@ -166,6 +165,8 @@ def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     had then); one whose version is no longer kept is left out (nothing to refer to)."""
     last: tuple[object, Capture] | None = None  # a page revisited again and again: read once
     for log in logs.not_modified(job_id, flt.since, flt.until):
+        if log.task is None:
+            continue
         at = log.add_datetime or log.id.generation_time.replace(tzinfo=None)
         ref = last[1] if last is not None and last[0] == log.task and last[1].date <= at else None
         if ref is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
 import gridfs
@@ -77,7 +78,8 @@ def export_upload(file_id, filename: str, metadata: dict) -> Upload:
     return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
 
 
-def documents(job_id, flt: ExportFilter, request_headers: bool = False) -> Iterator[tuple[dict, bytes]]:
+def documents(job_id: ObjectId, flt: ExportFilter,
+              request_headers: bool = False) -> Iterator[tuple[DataDoc, bytes]]:
     """(document without its request — but its headers with ``request_headers`` —, body) of each
     of the job's shown data documents matching ``flt`` (see ``data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
@@ -86,7 +88,7 @@ def documents(job_id, flt: ExportFilter, request_headers: bool = False) -> Itera
     cursor = coll.find(data_filter(job_id, flt), unread)
     cursor = cursor.sort("_id", 1).batch_size(200)
     for doc in versions_kept(visible(cursor), flt):
-        yield doc, body_of(doc, fs)
+        yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
 def versions_kept(docs: Iterable[dict], flt: ExportFilter) -> Iterable[dict]:
@@ -108,7 +110,7 @@ def versions_of(task_id: ObjectId) -> list[tuple[DataDoc, bool]]:
             for d in sorted(found, key=lambda d: d["_id"])]
 
 
-def version_at(task_id, at) -> tuple[dict, bytes] | None:
+def version_at(task_id: ObjectId, at: datetime) -> tuple[DataDoc, bytes] | None:
     """The version of a task's page that was its latest at time ``at`` (the newest stored no later
     than ``at``), with its body; None if it has none (or none is kept)."""
     before = [d for d, _ in versions_of(task_id) if d.add_datetime and d.add_datetime <= at]
@@ -116,7 +118,7 @@ def version_at(task_id, at) -> tuple[dict, bytes] | None:
         return None
     coll = CrawlerDownloadData._get_collection()
     doc = coll.find_one({"_id": before[-1].id}, {"requests_body": 0})
-    return (doc, body_of(doc, gridfs_of(coll.database))) if doc else None
+    return (DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))) if doc else None
 
 
 def drop_export_file(file_id) -> None:

@@ -44,6 +44,7 @@ from common.store.models import (
     id_at,
 )
 from common.store.paging import Span, by_id, in_chunks
+from common.store.records import DataDoc
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
             CrawlerGeneratorLog)
@@ -205,14 +206,14 @@ def remove_notifications(before: ObjectId, end: float) -> int:
 
 # --- the archive: read, then remove --------------------------------------------------------
 
-def old_data(job_id, before: ObjectId) -> Iterator[tuple[dict, bytes]]:
+def old_data(job_id: ObjectId, before: ObjectId) -> Iterator[tuple[DataDoc, bytes]]:
     """(document, body) of the job's data made before ``before`` that its task names, in ``_id``
     order (a data document no task names is never read)."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     cursor = coll.find({"job": job_id, "_id": {"$lt": before}}, {"requests_body": 0}).sort("_id", 1)
     for doc in visible(cursor.batch_size(200)):
-        yield doc, body_of(doc, fs)
+        yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
 def old_logs(job_id, before: ObjectId) -> Iterator[dict]:
