@@ -358,3 +358,4 @@ def test_a_record_goes_to_its_document_and_back():
     assert doc["_id"] == task.id and "retry_at" not in doc  # None: absent
     assert Task.from_doc(doc) == task
     assert Lease.from_doc({"_id": "x"}).state == "QUEUED"  # a field the read left out: the model's default
+    assert Lease.from_doc({"_id": "x", "ids": None}).ids == ()  # a stored null: the same
