@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from common.errors import ConfigError, DispatchLocked, ValidationError
+from common.errors import EXIT_LOCKED, exit_code
 
 COMMANDS = {
     "job": "master.cli:job",
@@ -41,9 +41,6 @@ GENERATOR_COMMANDS = {
     "show": "master.cli:generator_show",
     "run": "master.cli:generator_run",
 }
-
-EXIT_INVALID = 2
-EXIT_LOCKED = 75  # EX_TEMPFAIL: another dispatcher holds the lock; cron may simply go on
 
 
 def import_attribute(path: str):
@@ -93,13 +90,14 @@ class LazyGroup(click.Group):
                 add_flags(flags)
             init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)  # every process
             return super().invoke(ctx)
-        except (ValidationError, ConfigError) as exc:
-            click.secho(f"error: {redact(str(exc))}", err=True, fg="red")
-            ctx.exit(EXIT_INVALID)
-        except DispatchLocked as exc:
-            click.secho(str(exc), err=True, fg="yellow")
-            ctx.exit(EXIT_LOCKED)
         except Exception as exc:
+            code = exit_code(exc)
+            if code == EXIT_LOCKED:
+                click.secho(str(exc), err=True, fg="yellow")
+                ctx.exit(code)
+            if code is not None:
+                click.secho(f"error: {redact(str(exc))}", err=True, fg="red")
+                ctx.exit(code)
             line = unreachable(exc)
             if line is None:
                 capture(exc)

@@ -11,6 +11,8 @@
     ├── SourceFailed         a download task's source_url answered badly after its retries (not retryable)
     └── DownloadError        one download failed; ``retryable`` says whether to try again
         └── AddressRefused   the address connected to is not one the cluster may reach (not retryable)
+
+Mapped once (``ANSWERS``) to HTTP statuses (the API, the dispatcher's child) and exit codes (the CLI).
 """
 from __future__ import annotations
 
@@ -66,3 +68,28 @@ class AddressRefused(DownloadError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason, retryable=False)
+
+
+EXIT_INVALID = 2
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another dispatcher holds the lock; cron may simply go on
+
+# The one mapping: (class, HTTP status, exit code); the first class an error is an instance of answers.
+# Any other error is a failure: 503 / exit 1 for a service unreachable, else 500 and Sentry.
+ANSWERS: tuple[tuple[type[DownclusterError], int, int], ...] = (
+    (NotFound, 404, EXIT_INVALID),
+    (Forbidden, 403, EXIT_INVALID),
+    (Conflict, 409, EXIT_INVALID),
+    (ValidationError, 422, EXIT_INVALID),
+    (ConfigError, 422, EXIT_INVALID),
+    (DispatchLocked, 409, EXIT_LOCKED),
+)
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of an error of the tree; None for any other error."""
+    return next((status for cls, status, _ in ANSWERS if isinstance(exc, cls)), None)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The CLI exit code of an error of the tree; None for any other error."""
+    return next((code for cls, _, code in ANSWERS if isinstance(exc, cls)), None)

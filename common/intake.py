@@ -41,12 +41,6 @@ def _reject(report: IntakeReport, number: int, reason: str) -> None:
         report.errors.append((number, reason))
 
 
-def parse_lines(lines: Iterable[str], report: IntakeReport, max_length: int) -> Iterable[str]:
-    """Yield valid URLs; record rejected ones (line number, reason). Blank and # lines are skipped."""
-    for url, _ in parse_entries(lines, report, max_length):
-        yield url
-
-
 def parse_entries(lines: Iterable[str], report: IntakeReport, max_length: int,
                   schemes: Iterable[str] | None = None, hosts: bool = False) -> Iterator[tuple[str, str]]:
     """Yield (url, host) of the valid lines; record rejected ones (line number, reason). With

@@ -130,6 +130,13 @@ def defaults(cluster) -> dict[str, Any]:
     return out
 
 
+def resolved(stored: dict[str, Any], cluster) -> dict[str, Any]:
+    """A job's settings as stored (or given), each one missing or unset (an older document, an
+    empty ``download_engine``) at its default; keys that are no setting are left out."""
+    given = {k: v for k, v in stored.items() if k in BY_NAME and v is not None and v != ""}
+    return {**defaults(cluster), **given}
+
+
 def field_args(name: str) -> dict[str, Any]:
     """The model field's arguments for setting ``name``, from its declaration: bounds, length and
     default (a cluster setting's default is read when a document is made)."""
@@ -162,32 +169,36 @@ def check(raw: Any) -> dict[str, Any]:
     if unknown:
         raise ValidationError(f"unknown setting {unknown[0]!r}")
     for name, value in raw.items():
-        s = BY_NAME[name]
-        if s.value_type in (int, float):
-            ok_type = not isinstance(value, bool) and isinstance(
-                value, (int,) if s.value_type is int else (int, float)
-            )
-            if not ok_type or not s.low <= value <= s.high:
-                what = "an integer" if s.value_type is int else "a number"
-                raise ValidationError(
-                    f"settings.{name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
-                )
-        elif s.value_type is bool:
-            if not isinstance(value, bool):
-                raise ValidationError(f"settings.{name} must be true or false, got {value!r}")
-        elif s.value_type is str:
-            if not isinstance(value, str):
-                raise ValidationError(f"settings.{name} must be a string, got {type(value).__name__}")
-            if s.lines and (len(value) > s.max_len or "\0" in value):
-                raise ValidationError(f"settings.{name} must be text of at most {s.max_len} characters")
-            if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
-                raise ValidationError(f"settings.{name} must be one line of at most {s.max_len} characters")
-        elif s.value_type is dict:
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
-            ):
-                raise ValidationError(f"settings.{name} must be a table of one-line strings")
+        _check_one(BY_NAME[name], value)
     return dict(raw)
+
+
+def _check_one(s: Setting, value: Any) -> None:
+    """One given setting's type and bounds (one-line ValidationError)."""
+    if s.value_type in (int, float):
+        ok_type = not isinstance(value, bool) and isinstance(
+            value, (int,) if s.value_type is int else (int, float)
+        )
+        if not ok_type or not s.low <= value <= s.high:
+            what = "an integer" if s.value_type is int else "a number"
+            raise ValidationError(
+                f"settings.{s.name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
+            )
+    elif s.value_type is bool:
+        if not isinstance(value, bool):
+            raise ValidationError(f"settings.{s.name} must be true or false, got {value!r}")
+    elif s.value_type is str:
+        if not isinstance(value, str):
+            raise ValidationError(f"settings.{s.name} must be a string, got {type(value).__name__}")
+        if s.lines and (len(value) > s.max_len or "\0" in value):
+            raise ValidationError(f"settings.{s.name} must be text of at most {s.max_len} characters")
+        if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
+            raise ValidationError(f"settings.{s.name} must be one line of at most {s.max_len} characters")
+    elif s.value_type is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
+        ):
+            raise ValidationError(f"settings.{s.name} must be a table of one-line strings")
 
 
 # --- [follow] and [sitemaps]: what a job crawls beyond the URLs it is given ---------------------

@@ -1,7 +1,7 @@
 """URL checks shared by task intake and the engines."""
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from common.errors import ValidationError
 
@@ -37,18 +37,6 @@ def check_url(url: str, max_length: int = 8192) -> str:
     if port == 0:
         raise ValidationError("port 0 is not valid")
     return url
-
-
-def strip_credentials(url: str) -> str:
-    """The URL without its user:password part, for logs and errors."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<malformed URL>"
-    if "@" not in parts.netloc:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, "***@" + netloc, parts.path, parts.query, parts.fragment))
 
 
 def host_name(text: str, where: str) -> str:

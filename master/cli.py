@@ -319,7 +319,8 @@ def _print_report(report) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One run; print its report as JSON.")
 def dispatch(loop: bool, interval: float | None, max_runs: int | None, as_json: bool) -> None:
     """One dispatcher run (cron it every 5 minutes), or --loop to run continuously."""
-    from master.dispatch.dispatcher import dispatch_loop, dispatch_once
+    from master.dispatch.dispatcher import dispatch_once
+    from master.dispatch.runs import dispatch_loop
 
     _connect()
     if not loop:

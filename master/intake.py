@@ -1,6 +1,6 @@
 """Task intake, as the master's doors call it: the one implementation is ``common/intake.py`` (the
 workers' generator runs use it too)."""
-from common.intake import CHUNK, IntakeReport, add_tasks, parse_lines, preview
+from common.intake import add_tasks
 from common.store.tasks import commit, reserve
 
-__all__ = ["CHUNK", "IntakeReport", "add_tasks", "commit", "parse_lines", "preview", "reserve"]
+__all__ = ["add_tasks", "commit", "reserve"]

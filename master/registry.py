@@ -80,7 +80,7 @@ def validate_settings(raw: Any) -> dict[str, Any]:
             raise ValidationError("settings.proxy is not a valid URL") from None
         if parts.scheme not in ("http", "https", "socks5", "socks5h") or not parts.hostname:
             raise ValidationError("settings.proxy must be a http://, https:// or socks5:// URL with a host")
-    engine = raw.get("download_engine") or ENGINES[0]
+    engine = jobsettings.resolved(raw, settings)["download_engine"]
     if engine not in ENGINES:
         raise ValidationError(f"settings.download_engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if "download_js" in raw:  # a function body run in the page by the browser engine (never here)
@@ -286,7 +286,7 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
-    fields = {**jobsettings.defaults(settings), **spec.settings}
+    fields = jobsettings.resolved(spec.settings, settings)
     job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project)
     if fields.get("revisit"):  # its pages come due again; the dispatcher reads them from here
         tasks.start_revisits(job.id, utcnow())

@@ -217,20 +217,20 @@ def body(data_id: Any, job_ids: list | None = None) -> tuple[int, Iterator[bytes
     return found
 
 
-def log_page(kind: Any, job: Any = None, limit: Any = None, after: Any = None,
+def log_page(log: Any, job: Any = None, limit: Any = None, after: Any = None,
              job_ids: list | None = None, job_names: set[str] | None = None) -> dict:
     """A page of one log, newest first (of the jobs ``job_ids`` / named ``job_names``, when
     given: the registration log by name, the others by id)."""
-    if plain(kind, "log") not in pages.LOGS:
-        raise NotFound(f"no log {kind!r}: one of {', '.join(pages.LOGS)}")
+    if plain(log, "log") not in pages.LOGS:
+        raise NotFound(f"no log {log!r}: one of {', '.join(pages.LOGS)}")
     job_id = job_name = None
-    if job is not None and kind == "registration":
+    if job is not None and log == "registration":
         job_name = plain(job, "job")
     elif job is not None:
         job_id = jobs.named(job).id
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = pages.logs(kind, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
+    docs = pages.logs(log, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
                       job_names=None if job_names is None else sorted(job_names))
     names = jobs.names()
     for d in docs:

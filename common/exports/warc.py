@@ -62,8 +62,8 @@ class Revisit:
     refers_to: Capture          # the version it matched (its body: for the digest only)
 
 
-def record_id(key: str, kind: str) -> str:
-    return f"<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'downcluster:{key}:{kind}')}>"
+def record_id(key: str, warc_type: str) -> str:
+    return f"<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, f'downcluster:{key}:{warc_type}')}>"
 
 
 def warc_date(at: datetime) -> str:
@@ -110,9 +110,9 @@ class WarcWriter:
     def __init__(self, out: IO[bytes], software: str = "downcluster") -> None:
         self.out, self.software, self.records = out, software, 0
 
-    def _record(self, kind: str, rid: str, date: datetime, block: bytes, extra: list[tuple[str, str]],
+    def _record(self, warc_type: str, rid: str, date: datetime, block: bytes, extra: list[tuple[str, str]],
                 content_type: str) -> None:
-        head = [("WARC-Type", kind), ("WARC-Record-ID", rid), ("WARC-Date", warc_date(date)), *extra,
+        head = [("WARC-Type", warc_type), ("WARC-Record-ID", rid), ("WARC-Date", warc_date(date)), *extra,
                 ("WARC-Block-Digest", sha1(block)), ("Content-Type", content_type),
                 ("Content-Length", str(len(block)))]
         raw = VERSION + b"\r\n" + _headers(head) + b"\r\n" + block + b"\r\n\r\n"

@@ -2,10 +2,13 @@
 rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/integration/test_rqbridge.py``
 fails when rq changes a format relied on here.
 
-Entries are real rq jobs: a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,
+Entries are real rq jobs of three kinds (``Kind``), each kind stated in the job's meta
+(``{"kind": ...}``): a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,
 an export entry ``dcx-<export id>`` calls ``slave.worker.entries.run_export(id)``, a generator run
 ``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, so a plain ``rq worker`` runs any,
-and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them.
+and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them. ``fetch_entry`` reads an
+entry as an ``Entry`` (its kind and the record it names); an entry queued before kinds were stated
+gets its kind from its function, there and only there.
 
 Below rq's public API, and only here:
   * the capped push (Lua): rq has no conditional enqueue. The script writes the entry's job
@@ -27,6 +30,7 @@ or does not call what its id says is refused (``ForeignEntry``), never run.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 
@@ -43,12 +47,30 @@ from common.queue.names import QUEUE_NAMES, base_of
 
 RQ_VERSION = "3.0.0"
 
-ENTRY_PREFIX = "dc-"          # + lease id: a download entry
-EXPORT_ENTRY_PREFIX = "dcx-"  # + export id: an export entry (queue down_export)
-GENERATE_ENTRY_PREFIX = "dcg-"  # + run id: a generator run (queue down_generate)
 DOWNLOAD_FUNCTION = "slave.worker.entries.run_batch"
 EXPORT_FUNCTION = "slave.worker.entries.run_export"
 GENERATE_FUNCTION = "slave.worker.entries.run_generator"
+
+
+class Kind(str, Enum):
+    """What a queue entry runs."""
+
+    DOWNLOAD = "download"  # a lease's tasks (the download queues)
+    EXPORT = "export"      # one attempt of an export (down_export)
+    GENERATE = "generate"  # one generator run (down_generate)
+
+
+@dataclass(frozen=True)
+class _Form:
+    prefix: str    # the entry id is prefix + the id of the record it names
+    function: str  # what rq calls, with that id as its one argument
+
+
+FORMS = {
+    Kind.DOWNLOAD: _Form("dc-", DOWNLOAD_FUNCTION),
+    Kind.EXPORT: _Form("dcx-", EXPORT_FUNCTION),
+    Kind.GENERATE: _Form("dcg-", GENERATE_FUNCTION),
+}
 # what entries queued before the rooms layout call: still run (slave/jobs.py keeps the names for plain rq
 # workers)
 LEGACY_FUNCTIONS = {"slave.jobs.run_batch": DOWNLOAD_FUNCTION, "slave.jobs.run_export": EXPORT_FUNCTION}
@@ -87,20 +109,19 @@ def queue_name_of(key: str) -> str:
 
 
 def entry_id(lease: str) -> str:
-    return ENTRY_PREFIX + lease
+    return FORMS[Kind.DOWNLOAD].prefix + lease
 
 
 def export_entry_id(export_id) -> str:
-    return EXPORT_ENTRY_PREFIX + str(export_id)
+    return FORMS[Kind.EXPORT].prefix + str(export_id)
 
 
 def generate_entry_id(run_id: str) -> str:
-    return GENERATE_ENTRY_PREFIX + run_id
+    return FORMS[Kind.GENERATE].prefix + run_id
 
 
-def generate_run_of(entry: str) -> str | None:
-    """The generator run a generator entry names, or None for any other rq job."""
-    return entry[len(GENERATE_ENTRY_PREFIX):] if entry.startswith(GENERATE_ENTRY_PREFIX) else None
+def _meta(kind: Kind) -> dict:
+    return {"kind": kind.value}
 
 
 def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
@@ -108,16 +129,14 @@ def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
     most one entry per generator is ever out)."""
     rq_queue(queue, redis).enqueue_call(GENERATE_FUNCTION, args=(run_id,), job_id=generate_entry_id(run_id),
                                         result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
-                                        description=f"generator run {run_id}")
+                                        description=f"generator run {run_id}", meta=_meta(Kind.GENERATE))
 
 
-def lease_of(entry: str) -> str | None:
-    """The lease a download entry names, or None for any other rq job."""
-    return entry[len(ENTRY_PREFIX):] if entry.startswith(ENTRY_PREFIX) else None
-
-
-def export_of(entry: str) -> str | None:
-    return entry[len(EXPORT_ENTRY_PREFIX):] if entry.startswith(EXPORT_ENTRY_PREFIX) else None
+def push_export(redis: Redis, queue: str, export_id: str, timeout: int) -> None:
+    """Queue an attempt of export ``export_id`` on ``queue`` (down_export; not capped)."""
+    rq_queue(queue, redis).enqueue_call(EXPORT_FUNCTION, args=(export_id,), job_id=export_entry_id(export_id),
+                                        result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
+                                        meta=_meta(Kind.EXPORT))
 
 
 def our_queues(redis: Redis) -> list[str]:
@@ -133,7 +152,7 @@ def entry_mapping(queue: Queue, lease: str, timeout: int, failure_ttl: int, desc
     """The rq job hash of a download entry, as ``Queue.enqueue_job`` would save it."""
     job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout,
                            result_ttl=0, failure_ttl=failure_ttl, description=description,
-                           status=JobStatus.QUEUED)
+                           status=JobStatus.QUEUED, meta=_meta(Kind.DOWNLOAD))
     job.origin = queue.name
     job.enqueued_at = enqueued_at.replace(tzinfo=timezone.utc) if enqueued_at.tzinfo is None else enqueued_at
     return {k: v.value if isinstance(v, Enum) else v for k, v in job.to_dict().items()}
@@ -209,35 +228,50 @@ def _decoded(reply: bytes | str) -> str:
     return reply.decode() if isinstance(reply, bytes) else reply
 
 
-def _expected_call(entry: str) -> tuple[str, list, dict] | None:
-    """(function, args, kwargs) an entry of this id must call, or None for an id not ours."""
-    lease, export, run = lease_of(entry), export_of(entry), generate_run_of(entry)
-    if lease:
-        return DOWNLOAD_FUNCTION, [lease], {}
-    if export:
-        return EXPORT_FUNCTION, [export], {}
-    if run:
-        return GENERATE_FUNCTION, [run], {}
-    return None
+@dataclass(frozen=True)
+class Entry:
+    """A queue entry as read by a worker: its kind, the record it names, rq's job."""
+
+    kind: Kind
+    ref: str  # the lease, export or generator run id
+    job: RqJob
 
 
-def fetch_entry(redis: Redis, entry: str) -> RqJob | None:
-    """Our entry ``entry`` read as JSON and checked to call what its id says; None if it is gone.
-    ForeignEntry for anything else: an id not ours is not even read."""
-    expected = _expected_call(entry)
-    if expected is None:
+def _ours(entry: str) -> bool:
+    return any(entry.startswith(form.prefix) for form in FORMS.values())
+
+
+def _kind_of(job: RqJob, function: str) -> Kind | None:
+    """The kind an entry states; for one queued before kinds were stated, the kind of the function
+    it calls (the one place this is derived)."""
+    stated = job.meta.get("kind")
+    if stated is None:
+        return next((kind for kind, form in FORMS.items() if form.function == function), None)
+    return next((kind for kind in Kind if kind.value == stated), None)
+
+
+def fetch_entry(redis: Redis, entry: str) -> Entry | None:
+    """Our entry ``entry`` read as JSON and checked to call what its kind and id say; None if it is
+    gone. ForeignEntry for anything else: an id not ours is not even read."""
+    if not _ours(entry):
         raise ForeignEntry(f"{entry[:80]!r} is not a downcluster entry")
     try:
         job = JsonJob.fetch(entry, connection=redis)
         name = job.func_name or ""
-        call = (LEGACY_FUNCTIONS.get(name, name), list(job.args), dict(job.kwargs))
+        function = LEGACY_FUNCTIONS.get(name, name)
+        call = (function, list(job.args), dict(job.kwargs))
+        kind = _kind_of(job, function)
     except NoSuchJobError:
         return None
     except Exception as exc:  # pickle, bad JSON, a hash of another shape
         raise ForeignEntry(f"{entry[:80]!r} is not JSON of rq's form ({type(exc).__name__})") from None
-    if call != expected:
-        raise ForeignEntry(f"{entry[:80]!r} calls {str(call[0])[:80]!r}, not {expected[0]}")
-    return job
+    if kind is None or not entry.startswith(FORMS[kind].prefix):
+        raise ForeignEntry(f"{entry[:80]!r} is of no kind its id allows ({str(call[0])[:80]!r})")
+    form = FORMS[kind]
+    ref = entry[len(form.prefix):]
+    if call != (form.function, [ref], {}):
+        raise ForeignEntry(f"{entry[:80]!r} calls {str(call[0])[:80]!r}, not {form.function}")
+    return Entry(kind, ref, job)
 
 
 def refuse_entry(redis: Redis, queue_name: str, entry: str, why: str) -> None:
@@ -257,12 +291,12 @@ def entry_exists(redis: Redis, entry: str) -> bool:
 def delete_entry(redis: Redis, entry: str) -> None:
     """Forget an entry: its job hash and its place in any queue or registry."""
     try:
-        job = fetch_entry(redis, entry)
+        got = fetch_entry(redis, entry)
     except ForeignEntry as exc:
         logger.warning("not deleting a foreign entry: %s", exc)
         return
-    if job is not None:
-        job.delete(remove_from_queue=True)
+    if got is not None:
+        got.job.delete(remove_from_queue=True)
 
 
 def entries_waiting(redis: Redis, names: list[str]) -> set[str]:

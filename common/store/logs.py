@@ -57,9 +57,9 @@ def add_alerts(alerts: list[tuple[ObjectId | None, str, str]], at: datetime) -> 
     """Insert alerts, each (job id or None for a cluster-wide one, type, reason), written by this host."""
     if alerts:
         collection(CrawlerDispatchAlertLog).insert_many([
-            {"job": job_id, "type": kind, "reason": reason, "content_bytes": len(reason.encode()),
+            {"job": job_id, "type": alert, "reason": reason, "content_bytes": len(reason.encode()),
              "hostname": settings.HOSTNAME, "add_datetime": at}
-            for job_id, kind, reason in alerts])
+            for job_id, alert, reason in alerts])
 
 
 def entry_log(job_id: ObjectId, queue: str, lease: str, count: int, now: datetime,

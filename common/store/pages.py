@@ -125,13 +125,13 @@ def body(data_id: ObjectId, job_ids: list | None = None) -> tuple[int, Iterator[
 
 # --- logs --------------------------------------------------------------------------------
 
-def logs(kind: str, limit: int, after: ObjectId | None, job_id=None,
+def logs(log: str, limit: int, after: ObjectId | None, job_id=None,
          job_name: str | None = None, job_ids: list | None = None,
          job_names: list[str] | None = None) -> list[dict]:
-    """Up to ``limit`` of log ``kind`` (one of LOGS), newest first: of job ``job_id`` (the
+    """Up to ``limit`` of log ``log`` (one of LOGS), newest first: of job ``job_id`` (the
     registration log: of ``job_name``), or of every job — of those of ``job_ids`` (the
     registration log: named ``job_names``) when given."""
-    model = LOGS[kind]
+    model = LOGS[log]
     flt: dict[str, Any] = {}
     span = Span()
     if model is CrawlerRegistrationErrorLog:

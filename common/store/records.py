@@ -12,7 +12,7 @@ on the worker's hot path, see ``docs/layout.md``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -121,12 +121,21 @@ class JobSettings(Record):
     add_datetime: datetime | None = None
 
 
-    def declared(self) -> dict[str, Any]:
-        """The settings the job declares (those of ``common.jobsettings.SETTINGS`` it sets), by
-        name: what a python downloader is given as its ``settings``."""
+    def by_name(self) -> dict[str, Any]:
+        """The settings of ``common.jobsettings.SETTINGS``, by name (what a python downloader is
+        given as its ``settings``)."""
         from common.jobsettings import SETTING_NAMES
 
-        return {name: value for name in SETTING_NAMES if (value := getattr(self, name, None)) is not None}
+        values = {name: getattr(self, name) for name in SETTING_NAMES if name in self._attrs}
+        return {name: dict(v) if isinstance(v, Mapping) else v for name, v in values.items()}
+
+    def resolved(self, cluster: Any) -> JobSettings:
+        """The same with every setting left unset (missing, null or "") at its default, the one
+        declared in ``common.jobsettings`` (the cluster's own where it names one)."""
+        from common.jobsettings import resolved
+
+        given = resolved(self.by_name(), cluster)
+        return replace(self, **{name: value for name, value in given.items() if name in self._attrs})
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from common.exports.tabular import check_fits
 from common.exports.templates import parse_template
 from common.notify import check_callback, check_mail, deliver_due
 from common.queue.names import EXPORT_QUEUE
-from common.queue.rqbridge import EXPORT_FUNCTION, entry_exists, export_entry_id, rq_queue
+from common.queue.rqbridge import entry_exists, export_entry_id, push_export, rq_queue
 from common.signing import export_url
 from common.store import exports, projects
 from common.store.control import Token
@@ -210,9 +210,8 @@ def _join(export: ExportRecord, callbacks: list[str], mails: list[str]) -> None:
 
 def push(redis: Redis, export: ExportRecord) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
-    rq_queue(EXPORT_QUEUE, redis).enqueue_call(
-        EXPORT_FUNCTION, args=(str(export.id),), job_id=export_entry_id(export.id), result_ttl=0,
-        failure_ttl=7 * 24 * 3600, timeout=(export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
+    push_export(redis, EXPORT_QUEUE, str(export.id),
+                (export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
     exports.mark_queued(export.id, utcnow())
 
 

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.errors import Conflict, DispatchLocked, Forbidden, NotFound, ValidationError
+from common.errors import DownclusterError, http_status
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
@@ -174,22 +174,10 @@ def _answer_errors(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: ApiError):
         return error(exc.status, exc.message, {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
 
-    @app.exception_handler(NotFound)
-    async def _not_found(request: Request, exc: NotFound):
-        return error(404, str(exc))
-
-    @app.exception_handler(Forbidden)
-    async def _forbidden(request: Request, exc: Forbidden):
-        return error(403, str(exc))
-
-    @app.exception_handler(ValidationError)
-    async def _invalid(request: Request, exc: ValidationError):
-        return error(422, str(exc))
-
-    @app.exception_handler(Conflict)
-    @app.exception_handler(DispatchLocked)
-    async def _conflict(request: Request, exc: Exception):
-        return error(409, str(exc))
+    @app.exception_handler(DownclusterError)
+    async def _of_the_tree(request: Request, exc: DownclusterError):
+        status = http_status(exc)
+        return error(status, str(exc)) if status is not None else _failure(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(request: Request, exc: RequestValidationError):
@@ -222,14 +210,18 @@ def _answer_failures(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        line = unreachable(exc)
-        if line:  # refused credentials (an OperationFailure or ResponseError of their own)
-            return error(503, line)
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        from common.sentry import capture
+        return _failure(request, exc)
 
-        capture(exc)
-        return error(500, "internal error (logged on the server)")
+
+def _failure(request: Request, exc: Exception) -> Response:
+    line = unreachable(exc)
+    if line:  # refused credentials (an OperationFailure or ResponseError of their own)
+        return error(503, line)
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    from common.sentry import capture
+
+    capture(exc)
+    return error(500, "internal error (logged on the server)")
 
 
 def _allowed(request: Request) -> list[str]:

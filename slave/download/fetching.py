@@ -242,7 +242,7 @@ class Engines:
         try:
             if ctx.language == "python":
                 payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
-                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings.declared(),
+                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings.by_name(),
                            "previous": _previous(prev)}
                 result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
                                                     partial(sandbox.run_python, ctx.code, payload))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import ENGINES, Follow
+from common.jobsettings import Follow
 from common.secrets import remember, secret_header_values
 from common.store import jobs
 from common.store.records import JobSettings
@@ -45,14 +45,12 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     job = jobs.context(job_id)
     ctx = None
     if job is not None:
-        conf = job.settings
+        conf = job.settings.resolved(settings)  # every setting set: ``or 0`` only says so
         remember(conf.proxy, conf.cookie, *secret_header_values(dict(conf.headers)))
-        retries = conf.max_retry_times
         ctx = JobContext(
             job_id=job_id, name=job.name, status=job.status, download_id=job.download_id,
-            language=job.language, code=job.code, engine=conf.download_engine or ENGINES[0],
-            max_retry_times=settings.DEFAULT_MAX_RETRY_TIMES if retries is None else retries, settings=conf,
-            supported=job.supported)
+            language=job.language, code=job.code, engine=conf.download_engine or "",
+            max_retry_times=conf.max_retry_times or 0, settings=conf, supported=job.supported)
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from rq import Queue, worker_registration
+from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -43,16 +43,22 @@ class RedisClock(_WorkerBase):
     """rq scores its StartedJobRegistry by the clock of the worker that writes an entry (now +
     TTL) and cleans it by the clock of whichever worker runs maintenance, so between hosts whose
     clocks differ by more than the TTL's margin a healthy worker's running entries are taken as
-    abandoned (``AbandonedJobError``, moved to the failed registry under it). Our workers keep
-    both sides on Redis's clock: the TTLs they score with grow by as much as this machine's clock
-    is behind Redis's, and their maintenance judges every registry at Redis's time."""
+    abandoned (``AbandonedJobError``, moved to the failed registry under it). Our workers score
+    on Redis's clock: the TTLs they score with grow by as much as this machine's clock is behind
+    Redis's. rq's maintenance (``clean_registries``) judges by the local clock and takes no other,
+    so a worker leaves it to the others while its clock is ahead of Redis's: a clock behind only
+    cleans late, never early."""
 
     clock_behind = 0  # whole seconds this machine's clock is behind Redis's, as last measured
+    clock_ahead = 0   # whole seconds it is ahead
+    AHEAD_TOLERANCE = 1  # seconds ahead still judged as on time (rq's scores are whole seconds)
 
     def redis_now(self) -> float:
         seconds, micros = self.connection.time()
         now = seconds + micros / 1e6
-        self.clock_behind = max(0, math.ceil(now - time.time()))
+        local = time.time()
+        self.clock_behind = max(0, math.ceil(now - local))
+        self.clock_ahead = max(0, math.floor(local - now))
         return now
 
     def register_birth(self, *args, **kwargs):
@@ -67,23 +73,14 @@ class RedisClock(_WorkerBase):
         return super().get_heartbeat_ttl(job, working_time) + self.clock_behind
 
     def clean_registries(self) -> None:
-        """rq's ``BaseWorker.clean_registries``, judged at Redis's time."""
-        stamp = self.redis_now()
-        for queue in self.queues:
-            if queue.acquire_maintenance_lock():
-                self.log.info("Worker %s: cleaning registries for queue: %s", self.name, queue.name)
-                for registry in (
-                    queue.finished_job_registry,
-                    queue.started_job_registry,
-                    queue.failed_job_registry,
-                    queue.deferred_job_registry,
-                    queue.ready_job_registry,
-                ):
-                    registry.cleanup(timestamp=stamp, exception_handlers=self._exc_handlers)
-                worker_registration.clean_worker_registry(queue)
-                queue.intermediate_queue.cleanup(self, queue)
-                queue.release_maintenance_lock()
-        self.last_cleaned_at = now()  # type: ignore[assignment]  # rq declares it None, then sets datetimes
+        """rq's own maintenance, unless this machine's clock is ahead of Redis's."""
+        self.redis_now()
+        if self.clock_ahead > self.AHEAD_TOLERANCE:
+            self.log.info("Worker %s: clock %ss ahead of Redis's: registries left to other workers",
+                          self.name, self.clock_ahead)
+            self.last_cleaned_at = now()  # type: ignore[assignment]  # rq declares it None, then sets datetimes
+            return
+        super().clean_registries()
 
 
 class ClassicWorker(RedisClock, Worker):

@@ -1,6 +1,7 @@
 """Running queue entries: claim, download, store; many at once in one process.
 
-An entry (rq job ``dc-<lease>``) names a lease listing its tasks (``common/store/leases.py``). Running it:
+A download entry (an rq job of kind ``download``, ``common/queue/rqbridge.py``) names a lease
+listing its tasks (``common/store/leases.py``). Running it:
   1. claim the lease (compare-and-set QUEUED -> RUNNING): an entry is never run twice;
   2. load the job (``slave/worker/context.py``, cached a few seconds); a disabled job gives the tasks
      back untouched;
@@ -11,12 +12,13 @@ An entry (rq job ``dc-<lease>``) names a lease listing its tasks (``common/store
 A heartbeat thread (``slave/worker/heartbeat.py``) keeps the leases and rq informed; a thread of the
 etiquette's keeps the host slots (``slave/download/etiquette.py``).
 
-``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) that takes the next
-entry, in strict queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight,
-export entries from down_export one at a time in a thread of their own, so neither waits for
-the other, and generator runs from down_generate (read first; up to GENERATE_LANES at once, each
-in a thread of its own: ``slave/generate.py``). ``run_one`` runs a single entry: the job function of
-a plain ``rq worker``.
+``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) whose loop takes
+each entry through the lane of its kind (``Loop.lanes``, kind -> lane): download entries, in strict
+queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight; export entries from
+down_export one at a time in a thread of their own, so neither waits for the other (an idle
+export lane delivers due notifications); generator runs from down_generate (read first; up to
+GENERATE_LANES at once, each in a thread of its own: ``slave/generate.py``). ``run_one`` runs a
+single download entry: the job function of a plain ``rq worker``.
 """
 from __future__ import annotations
 
@@ -26,12 +28,17 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rq.executions import Execution
 
 from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
 from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE
+from common.queue.rqbridge import Kind
 from common.secrets import redact
 from common.sentry import capture
 from common.store import leases
@@ -137,9 +144,20 @@ class Runner:
         self.heartbeat.forget()
 
 
+@dataclass(frozen=True)
+class _Lane:
+    """How the loop takes entries of one kind."""
+
+    queues: Callable[[], list[str]]  # the queues to read now: none while the kind has no room
+    home: str | None  # the one queue entries of this kind run from (None: any queue read)
+    start: Callable[[str, Execution, str], asyncio.Task | None]  # (record id, execution, entry id)
+    # -> the task to wait for (None: the lane waits for it itself)
+
+
 class Loop:
     """``downcluster worker``'s main loop: take entries while there is room, run each as an
-    rq execution, until stopped (or, in burst mode, until the queues are empty)."""
+    rq execution, until stopped (or, in burst mode, until the queues are empty). ``lanes`` is
+    the one table from an entry's kind to how it is taken and run."""
 
     def __init__(self, runner: Runner, worker: LoopWorker, queues: list[str], exports: bool) -> None:
         self.runner, self.rq, self.queues, self.exports = runner, worker, queues, exports
@@ -150,12 +168,20 @@ class Loop:
         self.export_running: asyncio.Task | None = None
         self.generate_pool = ThreadPoolExecutor(max_workers=GENERATE_LANES, thread_name_prefix="generate")
         self.generating = 0  # generator runs under way
+        self.running: set[asyncio.Task] = set()  # download entries and generator runs under way
         self.last_notify = 0.0
+        self.lanes = {  # in the order their queues are read
+            Kind.GENERATE: _Lane(lambda: [GENERATE_QUEUE] if self.generating < GENERATE_LANES else [],
+                                 GENERATE_QUEUE, self._generate),
+            Kind.DOWNLOAD: _Lane(lambda: self.queues if self._room() else [], None, self._download),
+            Kind.EXPORT: _Lane(lambda: [EXPORT_QUEUE] if self.exports and self._export_idle() else [],
+                               EXPORT_QUEUE, self._export),
+        }
 
-    def _room(self, running: set) -> bool:
+    def _room(self) -> bool:
         r = self.runner
         return (r.inflight + settings.DISPATCH_BATCH_SIZE * r.pending < settings.WORKER_INFLIGHT
-                and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not running
+                and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not self.running
 
     def _export_idle(self) -> bool:
         return self.export_running is None or self.export_running.done()
@@ -165,100 +191,103 @@ class Loop:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _on_signal, stop)
-        running: set[asyncio.Task] = set()
         taken = 0
         while not stop.is_set() and (max_jobs is None or taken < max_jobs):
-            room = self._room(running)
-            got, names = None, []
-            try:
-                names = (([GENERATE_QUEUE] if self.generating < GENERATE_LANES else [])
-                         + (self.queues if room else [])
-                         + ([EXPORT_QUEUE] if self.exports and self._export_idle() else []))
-                if names:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
-                    got = (
-                        await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names)
-                        if running
-                        else await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
-                    )
-            except Exception as exc:  # Redis away: keep finishing what runs, try again
-                logger.warning("cannot read the queues: %s", type(exc).__name__)
-                await asyncio.sleep(1.0)
+            names = [name for lane in self.lanes.values() for name in lane.queues()]
+            got = await self._next(names)
             if got:
-                try:
-                    task = await self._start(*got)
-                # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
-                except Exception as exc:
-                    logger.warning("entry %s not started: %s", got[1], redact(f"{type(exc).__name__}: {exc}"))
-                    continue
-                if task is not None:
-                    taken += 1
-                    running.add(task)
-                continue
-            if not running:
-                if self._export_idle():  # (an export running: the blocking wait above paces the loop)
-                    # burst: done once a look that included down_export found nothing (an export
-                    # that ended during a look without it leaves its queue not yet looked at)
-                    if burst and (EXPORT_QUEUE in names or not self.exports):
-                        break
-                    if burst:
-                        continue
+                taken += await self._start(*got)
+            elif self.running:
+                done, _ = await asyncio.wait(self.running, timeout=0.05 if self._room() else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                self.running -= done
+            elif self._export_idle():  # (an export running: the blocking wait in _next paces the loop)
+                # burst: done once a look that included down_export found nothing (an export
+                # that ended during a look without it leaves its queue not yet looked at)
+                if burst and (EXPORT_QUEUE in names or not self.exports):
+                    break
+                if not burst:
                     self._notify_when_idle(loop)
-                continue
-            done, _ = await asyncio.wait(
-                running, timeout=0.05 if room else None, return_when=asyncio.FIRST_COMPLETED
-            )
-            running -= done
-        pending = running | ({self.export_running} if self.export_running else set())
+        pending = self.running | ({self.export_running} if self.export_running else set())
         if pending:
             await asyncio.wait(pending)
         if self.export_pool:
             self.export_pool.shutdown(wait=True)
         self.generate_pool.shutdown(wait=True)
 
+    async def _next(self, names: list[str]) -> tuple[str, str] | None:
+        """(queue, entry id) of the next entry in ``names``, waiting a moment when nothing runs."""
+        if not names:
+            return None
+        loop = asyncio.get_running_loop()
+        try:  # off the loop: a Redis that stopped answering must not stop the downloads' guards
+            if self.running:
+                return await loop.run_in_executor(None, rqbridge.pop_entry, self.redis, names)
+            return await loop.run_in_executor(None, rqbridge.wait_entry, self.redis, names, 1)
+        except Exception as exc:  # Redis away: keep finishing what runs, try again
+            logger.warning("cannot read the queues: %s", type(exc).__name__)
+            await asyncio.sleep(1.0)
+            return None
+
     def _notify_when_idle(self, loop) -> None:
         if self.exports and self._export_idle() and time.monotonic() - self.last_notify >= NOTIFY_EVERY:
             self.last_notify = time.monotonic()
             self.export_running = asyncio.ensure_future(loop.run_in_executor(self.export_pool, _deliver))
 
-    async def _start(self, queue_name: str, entry: str) -> asyncio.Task | None:
-        """Begin the rq execution of ``entry`` and run it; None if there is nothing to run."""
+    async def _start(self, queue_name: str, entry_id: str) -> bool:
+        """Begin the rq execution of ``entry_id`` and run it through its kind's lane; whether a
+        download entry or generator run started (what ``max_jobs`` counts)."""
+        try:
+            begun = await self._begin(queue_name, entry_id)
+        # Redis away mid-start: the entry's lease stays QUEUED; the defender gives it back
+        except Exception as exc:
+            logger.warning("entry %s not started: %s", entry_id, redact(f"{type(exc).__name__}: {exc}"))
+            return False
+        if begun is None:
+            return False
+        entry, execution = begun
+        task = self.lanes[entry.kind].start(entry.ref, execution, entry_id)
+        if task is not None:
+            self.running.add(task)
+        return task is not None
+
+    async def _begin(self, queue_name: str, entry_id: str) -> tuple[rqbridge.Entry, Execution] | None:
+        """The entry and its rq execution, or None: a foreign entry refused, a gone one skipped,
+        one outside its kind's queue failed."""
         loop = asyncio.get_running_loop()
         try:
-            job = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry)
+            entry = await loop.run_in_executor(None, rqbridge.fetch_entry, self.redis, entry_id)
         except rqbridge.ForeignEntry as exc:  # never deserialized, never run
-            await loop.run_in_executor(None, rqbridge.refuse_entry, self.redis, queue_name, entry, str(exc))
+            await loop.run_in_executor(None, rqbridge.refuse_entry, self.redis, queue_name, entry_id,
+                                       str(exc))
             return None
-        if job is None:  # deleted while it waited (an emptied queue, say): the defender gives its tasks back
+        if entry is None:  # deleted while it waited (emptied queue, say): the defender gives back its tasks
             return None
         queue = rqbridge.rq_queue(queue_name, self.redis)
-        execution = await loop.run_in_executor(None, self.rq.begin, job, queue)
-        lease, export = rqbridge.lease_of(entry), rqbridge.export_of(entry)
-        run = rqbridge.generate_run_of(entry)
-        if queue_name == GENERATE_QUEUE and run is not None:
-            self.generating += 1
-            return asyncio.create_task(
-                self._run(execution, loop.run_in_executor(self.generate_pool, _generate, run), entry,
-                          self._generated)
-            )
-        if lease is not None:
-            self.runner.pending += 1
-            return asyncio.create_task(
-                self._run(execution, self.runner.run_entry(lease, pending=True), entry)
-            )
-        if queue_name == EXPORT_QUEUE and export is not None:
-            self.export_running = asyncio.create_task(
-                self._run(
-                    execution,
-                    loop.run_in_executor(self.export_pool, _export, export, self.runner.worker_id),
-                    entry,
-                )
-            )
+        execution = await loop.run_in_executor(None, self.rq.begin, entry.job, queue)
+        home = self.lanes[entry.kind].home
+        if home not in (None, queue_name):
+            why = f"a {entry.kind.value} entry outside {home}: requeue it there"
+            logger.warning("%s: %s in %s", why, entry_id, queue_name)
+            await loop.run_in_executor(None, self.rq.failed, execution, why)
             return None
-        why = ("a generator entry outside down_generate" if run is not None
-               else "an export entry in a download queue: requeue it on down_export")
-        logger.warning("%s: %s in %s", why, entry, queue_name)
-        await loop.run_in_executor(None, self.rq.failed, execution, why)
-        return None
+        return entry, execution
+
+    # --- the lanes: one entry of each kind ---------------------------------------------------
+
+    def _download(self, lease: str, execution: Execution, entry_id: str) -> asyncio.Task:
+        self.runner.pending += 1
+        return asyncio.create_task(self._run(execution, self.runner.run_entry(lease, pending=True), entry_id))
+
+    def _generate(self, run_id: str, execution: Execution, entry_id: str) -> asyncio.Task:
+        self.generating += 1
+        work = asyncio.get_running_loop().run_in_executor(self.generate_pool, _generate, run_id)
+        return asyncio.create_task(self._run(execution, work, entry_id, self._generated))
+
+    def _export(self, export_id: str, execution: Execution, entry_id: str) -> None:
+        work = asyncio.get_running_loop().run_in_executor(self.export_pool, _export, export_id,
+                                                          self.runner.worker_id)
+        self.export_running = asyncio.create_task(self._run(execution, work, entry_id))
 
     def _generated(self) -> None:
         self.generating -= 1

@@ -46,6 +46,9 @@ def test_a_pushed_entry_is_an_rq_job_that_rq_reads(cluster):
         {},
     ]  # JSON, not pickle
     assert job.origin == "down_mid" and job.get_status() == JobStatus.QUEUED
+    assert job.meta == {"kind": "download"}  # the entry states its kind
+    entry = rqbridge.fetch_entry(cluster.redis, "dc-abc")
+    assert entry is not None and (entry.kind, entry.ref) == (rqbridge.Kind.DOWNLOAD, "abc")
     assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(
         tzinfo=job.enqueued_at.tzinfo
     )
@@ -83,8 +86,6 @@ def test_waiting_entries_and_deletion(cluster):
     rqbridge.delete_entry(cluster.redis, "dc-w1")
     assert not rqbridge.entry_exists(cluster.redis, "dc-w1")
     assert Queue("down_low", connection=cluster.redis).count == 0
-    assert rqbridge.lease_of("dc-w2") == "w2" and rqbridge.lease_of("dcx-1") is None
-    assert rqbridge.export_of("dcx-1") == "1" and rqbridge.export_of("dc-1") is None
 
 
 class _Mark:
@@ -123,6 +124,29 @@ def test_an_entry_queued_before_the_rooms_layout_still_runs(cluster, func, entry
 
     rq.Queue("down_low", connection=cluster.redis, serializer=JSONSerializer).enqueue_call(
         func, args=(arg,), job_id=entry)
-    job = rqbridge.fetch_entry(cluster.redis, entry)
-    assert job is not None and list(job.args) == [arg]
+    got = rqbridge.fetch_entry(cluster.redis, entry)
+    assert got is not None and list(got.job.args) == [arg] and got.ref == arg
+    assert got.kind == (rqbridge.Kind.DOWNLOAD if entry.startswith("dc-") else rqbridge.Kind.EXPORT)
+
+
+def test_generator_and_export_entries_state_their_kind(cluster):
+    rqbridge.push_generate(cluster.redis, "down_generate", "run1", 60)
+    rqbridge.push_export(cluster.redis, "down_export", "exp1", 60)
+    got = [rqbridge.fetch_entry(cluster.redis, e) for e in ("dcg-run1", "dcx-exp1")]
+    assert [(e.kind, e.ref, e.job.meta) for e in got if e] == [
+        (rqbridge.Kind.GENERATE, "run1", {"kind": "generate"}),
+        (rqbridge.Kind.EXPORT, "exp1", {"kind": "export"}),
+    ]
+
+
+@pytest.mark.parametrize("func,entry,meta", [
+    (rqbridge.DOWNLOAD_FUNCTION, "dcx-x", {"kind": "download"}),  # a kind its id does not allow
+    (rqbridge.EXPORT_FUNCTION, "dc-x", {}),                         # an old entry: the same, derived
+    (rqbridge.DOWNLOAD_FUNCTION, "dc-x", {"kind": "export"}),       # a kind its function is not
+    (rqbridge.DOWNLOAD_FUNCTION, "dc-x", {"kind": "mine"}),         # no kind of ours
+])
+def test_an_entry_whose_kind_id_and_call_disagree_is_refused(cluster, func, entry, meta):
+    rqbridge.rq_queue("down_low", cluster.redis).enqueue_call(func, args=("x",), job_id=entry, meta=meta)
+    with pytest.raises(rqbridge.ForeignEntry):
+        rqbridge.fetch_entry(cluster.redis, entry)
     assert callable(Job.fetch(entry, connection=cluster.redis, serializer="json").func)

@@ -285,7 +285,7 @@ def test_dispatch_stats_data_body_and_logs(cluster, web, tokens, tmp_path):
 def test_openapi_describes_the_api_and_cors_is_off(cluster, web):
     spec = requests.get(web.base + "/api/v1/openapi.json", timeout=10).json()
     for path in ("/api/v1/jobs", "/api/v1/jobs/{name}/tasks", "/api/v1/dispatch", "/api/v1/stats",
-                 "/api/v1/data/{data_id}/body", "/api/v1/logs/{kind}"):
+                 "/api/v1/data/{data_id}/body", "/api/v1/logs/{log}"):
         assert path in spec["paths"], path
     r = requests.options(
         web.base + "/api/v1/jobs",

@@ -42,6 +42,19 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
             assert (field.min_value, field.max_value) == (s.low, s.high), s.name
 
 
+def test_a_job_s_settings_are_resolved_from_the_one_declaration():
+    """Dispatcher, worker and registration read a job's settings through ``resolved``: what a
+    document lacks or leaves unset is the declaration's default (a cluster setting's, read now)."""
+    from common.jobsettings import ENGINES, resolved
+
+    cluster = Settings(environ={"DOWNCLUSTER_DEFAULT_DISPATCH_NUM": "17"})
+    got = resolved({"job": 1, "_id": 2, "max_retry_times": 0, "download_engine": "", "obey_robots": False,
+                    "host_delay": None}, cluster)
+    assert got["dispatch_num"] == 17 and got["max_retry_times"] == 0 and got["obey_robots"] is False
+    assert got["download_engine"] == ENGINES[0] and got["host_delay"] == 0.0 and got["headers"] == {}
+    assert "job" not in got and "_id" not in got and got["prior"] == 0 and got["data_retention_days"] is None
+
+
 def test_a_setting_flag_is_above_the_environment_and_settings_are_read_only(monkeypatch):
     from click.testing import CliRunner
 

@@ -19,7 +19,7 @@ from common.store.control import Token
 from common.store.models import ADMIN, iso
 from common.store.records import DownloadType
 from master import access, audit, generators, projects, registry, tokens, views
-from master.dispatch.dispatcher import dispatch_in_child
+from master.dispatch.runs import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
 from master.web.contract import (
@@ -419,9 +419,9 @@ def get_body(data_id: ObjectIdPath, token: Reader) -> StreamingResponse:
         "Content-Security-Policy": "sandbox", "Cache-Control": "private, no-store"})
 
 
-@router.get("/logs/{kind}", tags=["logs"], responses=answers(401, 404))
+@router.get("/logs/{log}", tags=["logs"], responses=answers(401, 404))
 def list_logs(
-    kind: Literal["download", "dispatch", "alert", "registration"],
+    log: Literal["download", "dispatch", "alert", "registration"],
     token: Reader,
     job: JobFilter = None,
     limit: Limit = None,
@@ -429,9 +429,9 @@ def list_logs(
 ) -> dict[str, Any]:
     """One log, newest first: download, dispatch, alert or registration (for a user or analyst:
     of the jobs of its projects only)."""
-    if job is not None and kind != "registration":
+    if job is not None and log != "registration":
         access.job(job, token)
-    return views.log_page(kind, job, limit, after, access.visible_job_ids(token),
+    return views.log_page(log, job, limit, after, access.visible_job_ids(token),
                           access.visible_job_names(token))
 
 
