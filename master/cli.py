@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime
 
 import click
 
@@ -429,12 +430,32 @@ TEMPLATE_OPTION = click.option(
 STATUS_OPTION = click.option(
     "--status", "codes", multiple=True, help="Only rows with this HTTP status code (repeatable)."
 )
+class DateTime(click.ParamType):
+    """Every date option of the command line: an RFC 3339 date-time, or a plain date (its
+    midnight UTC), as naive UTC (``master.exports.service.parse_time``)."""
+
+    name = "date-time"
+
+    def convert(self, value, param, ctx):
+        from master.exports.service import parse_time
+
+        try:
+            return parse_time(value, "", plain_date=True)
+        except ValidationError as exc:
+            self.fail(str(exc).removeprefix(": "), param, ctx)
+
+
+DATE_TIME = DateTime()
 SINCE_OPTION = click.option(
     "--since",
+    type=DATE_TIME,
     default=None,
-    help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z).",
+    help="Only data stored at or after this RFC 3339 date-time (2026-11-01T00:00:00Z) or date "
+         "(its midnight UTC).",
 )
-UNTIL_OPTION = click.option("--until", default=None, help="Only data stored before this RFC 3339 date-time.")
+UNTIL_OPTION = click.option(
+    "--until", type=DATE_TIME, default=None,
+    help="Only data stored before this RFC 3339 date-time or date (its midnight UTC).")
 VERSIONS_OPTION = click.option(
     "--versions", type=click.Choice(["latest", "all"]), default="latest", show_default=True,
     help="Revisited pages: each page's latest version, or every stored version.")
@@ -527,23 +548,22 @@ def type_disable(language: str) -> None:
 @click.argument("name")
 @click.option(
     "--before",
+    type=DATE_TIME,
     required=True,
-    help="Archive what was stored before this RFC 3339 date-time (2026-01-01T00:00:00Z).",
+    help="Archive what was stored before this RFC 3339 date-time (2026-01-01T00:00:00Z) or date (2026-01-01: "
+         "its midnight UTC).",
 )
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The archive to write (default NAME-before-DATE.jsonl.gz here); never overwritten.")
-def archive(name: str, before: str, output: str | None) -> None:
-    """Save job NAME's data and download logs stored before a date to a gzip JSON Lines file, then
-    remove them from MongoDB (only once the file is complete)."""
-    from master.exports.service import parse_time
+def archive(name: str, before: datetime, output: str | None) -> None:
+    """Save job NAME's earlier versions of pages and download logs stored before a date to a gzip
+    JSON Lines file, then remove them from MongoDB (only once the file is complete); a page's
+    latest version stays."""
     from master.ops.archive import archive as run
 
     _connect()
-    stamp = parse_time(before, "--before")
-    if stamp is None:
-        raise click.UsageError("--before is required")
-    path = output or f"{name}-before-{stamp:%Y%m%dT%H%M%S}.jsonl.gz"
-    report = run(name, stamp, path)
+    path = output or f"{name}-before-{before:%Y%m%dT%H%M%S}.jsonl.gz"
+    report = run(name, before, path)
     click.echo(f"archived {report.data} data documents and {report.logs} download logs of {name} to {path} "
                f"({report.bytes} bytes); removed them from MongoDB")
 

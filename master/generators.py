@@ -8,10 +8,14 @@ States: a new or changed generator is ``test`` and never runs on its schedule un
 ``downcluster generator test NAME`` (a dry run) passes, which turns it ``on``; ``on`` and ``off``
 switch it, and ``on`` refuses code that no dry run has passed since it last changed.
 
+A generator of a job that is OFF never runs: its due times wait (they collapse into one run once
+the job is enabled again), ``generator run`` is refused, and a run queued before the job was
+turned off ends SKIPPED on its worker without running.
+
 Scheduling (``tend``, the "generators" chore of every dispatcher run): each ``on`` generator
-whose ``next_at`` has come is claimed by compare-and-set, moving ``next_at`` to the schedule's
-next time after now, so two dispatchers never start the same run and the runs an outage missed
-collapse into one. One still under way when the next comes due is not started again: that due
+of an ON job whose ``next_at`` has come is claimed by compare-and-set, moving ``next_at`` to the
+schedule's next time after now, so two dispatchers never start the same run and the runs an
+outage missed collapse into one. One still under way when the next comes due is not started again: that due
 time is logged SKIPPED. A run is claimed work (``common.store.claims``): its worker beats it; one
 whose worker stops beating for HEARTBEAT_TTL, or that no worker took within ``stale_after()``
 seconds, is given up (FAIL, a ``generator_fail`` alert), freeing the generator.
@@ -28,7 +32,7 @@ from common.queue.names import GENERATE_QUEUE
 from common.queue.rqbridge import push_generate
 from common.secrets import redact
 from common.store import generators, jobs
-from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, iso, store_now, utcnow
+from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, OFF, iso, store_now, utcnow
 from common.store.records import Generator, GeneratorRun, Job
 
 RUNS_SHOWN = 10
@@ -71,7 +75,7 @@ def tend(redis: Redis) -> dict[str, int]:
     done = {"started": 0, "skipped": 0, "lost": 0}
     for gen, reason in generators.lost_runs(now, stale_after()):
         done["lost"] += generators.give_up(gen, reason, f"generator of job {jobs.name_of(gen.job)}", now)
-    for gen in generators.due(now):
+    for gen in generators.due(now, jobs.off_ids()):
         following = next_after(gen.schedule, now)
         run_id = generators.new_run_id()
         if generators.claim_run(gen.id, gen.next_at, following, run_id, now):
@@ -89,6 +93,8 @@ def run_now(name: str, redis: Redis) -> dict:
     """``downcluster generator run NAME``: one run now, through the queue, whatever its state and
     schedule (refused while a run is under way)."""
     job, gen = _generator_of(name)
+    if job.status == OFF:
+        raise Conflict(f"job {name!r} is OFF: its generator runs once it is enabled again")
     run_id = generators.new_run_id()
     if not generators.claim_run(gen.id, None, None, run_id, store_now(), state=None):
         raise Conflict(f"the generator of {name!r} has a run under way ({gen.running_run})")

@@ -11,6 +11,7 @@ says is due). Every dispatcher run calls ``run_due`` after filling the queues;
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
@@ -33,6 +34,7 @@ class Chore:
 
 
 def table() -> tuple[Chore, ...]:
+    from common.store import tasks
     from master import generators
     from master.dispatch import defender
     from master.exports import service as exports
@@ -44,6 +46,7 @@ def table() -> tuple[Chore, ...]:
         Chore("generators", 0, lambda redis, budget: generators.tend(redis)),
         Chore("reports", 0, lambda redis, budget: reports.send_reports()),
         Chore("exports", 0, lambda redis, budget: exports.tend(redis)),
+        Chore("revisits", 0, lambda redis, budget: tasks.make_due(time.monotonic() + budget)),
         Chore("orphan_sweep", 60, lambda redis, budget: defender.sweep(budget)),
         Chore("retention", 600, lambda redis, budget: retention.enforce(budget=budget)),
     )

@@ -288,7 +288,7 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     fields = jobsettings.resolved(spec.settings, settings)
     job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project)
-    if fields.get("revisit"):  # its pages come due again; the dispatcher reads them from here
+    if fields.get("revisit"):  # its stored pages come due again: the "revisits" chore's work
         tasks.start_revisits(job.id, utcnow())
     g = spec.generator
     if g is None:

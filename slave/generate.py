@@ -24,7 +24,8 @@ from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
 from common.store import claims, generators, jobs, logs
-from common.store.models import FAIL, SUCCESS, store_now, store_time, utcnow
+from common.store.jobs import WorkerJob
+from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
 from common.store.records import Generator
 from slave.download.engines import sandbox
 from slave.worker.context import limits_from_settings
@@ -37,14 +38,10 @@ def _lines(output: bytes) -> list[str]:
     return output.decode("utf-8", "replace").splitlines()
 
 
-def _allow_private(job_id: ObjectId) -> bool:
-    found = jobs.context(job_id)
-    return bool(found and found.settings.allow_private)
-
-
-def _sandboxed(gen: Generator) -> bytes:
+def _sandboxed(gen: Generator, context: WorkerJob | None) -> bytes:
     """The generator's whole output, run in the sandbox with the downloaders' limits."""
-    return sandbox.run_generator(gen.type, gen.code, limits_from_settings(), _allow_private(gen.job))
+    private = bool(context and context.settings.allow_private)
+    return sandbox.run_generator(gen.type, gen.code, limits_from_settings(), private)
 
 
 def run(run_id: str) -> dict:
@@ -56,9 +53,15 @@ def run(run_id: str) -> dict:
     gen = taken[1]
     job_id, started, size = gen.job, time.monotonic(), 0
     name = jobs.name_of(job_id)
+    context = jobs.context(job_id)
+    if context is None or context.status == OFF:  # queued before the job was turned off
+        generators.end_run(run_id, job_id, store_time(), status=RUN_SKIPPED,
+                           failed_reason=f"job {name} is OFF: not run")
+        logger.info("generator run %s of %s skipped: the job is OFF", run_id, name)
+        return {"skipped": 1}
     try:
         with claims.Beating(generators.RUN, gen.id, run_id, settings.HEARTBEAT_INTERVAL):
-            output = _sandboxed(gen)
+            output = _sandboxed(gen, context)
             size = len(output)
             if not claims.beat(generators.RUN, [gen.id], run_id):  # given up meanwhile: not ours
                 logger.warning("generator run %s was given up while it ran: its URLs not added", run_id)
@@ -100,7 +103,7 @@ def dry_run(name: str, first: int = 20) -> dict:
     started = time.monotonic()
     out: dict = {"job": name, "type": gen.type, "schedule": gen.schedule, "state_before": gen.state}
     try:
-        output = _sandboxed(gen)
+        output = _sandboxed(gen, jobs.context(job.id))
     except DownloadError as exc:
         return {**out, "passed": False, "failed_reason": exc.reason, "state": gen.state,
                 "spend_time": int((time.monotonic() - started) * 1e6)}

@@ -3,7 +3,10 @@ reading the tasks (at ten million tasks a count over them takes seconds to minut
 
 One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ..., first, last}``
 (no task, data or log of the job was made before ``first`` or after ``last``, give or take a host's
-clock: where its pages begin, ``common.store.paging``). Every
+clock: where its pages begin, ``common.store.paging``) and, once counted by ``recount``,
+``data_first`` and ``log_last`` (where its data begins and its download logs end: a store filled
+from outside may hold them a long way from its tasks, and a page's windows would cross that
+stretch in one window holding the job's whole data). Every
 change of tasks' status is followed at once by its move here, with the number of tasks that
 change's own result says it moved — the modified count of a guarded update, the writer's
 read-back when a guard refused some: intake, dispatch, a worker's settles and hand-backs, the
@@ -14,12 +17,19 @@ an operator: ``downcluster stats --recount``).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
 from bson import ObjectId
 from pymongo import UpdateOne
 
-from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount, collection
+from common.store.models import (
+    TASK_STATUSES,
+    CrawlerDownloadData,
+    CrawlerDownloadLog,
+    CrawlerTask,
+    CrawlerTaskCount,
+    collection,
+)
 from common.store.paging import Span
 
 Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)
@@ -51,25 +61,43 @@ def of_jobs(job_ids: Iterable[ObjectId] | None = None) -> dict[ObjectId, dict[st
             for d in collection(CrawlerTaskCount).find(flt)}
 
 
-def span(job_id: ObjectId | None = None) -> Span:
+def span(job_id: ObjectId | None = None, of: str = "") -> Span:
     """Where the ``_id``s of the job's tasks, data and logs lie (of every job when None); the
-    job's own ``_id`` (made when it was registered) when its counts were never rebuilt since."""
-    flt = {} if job_id is None else {"_id": job_id}
-    docs = list(collection(CrawlerTaskCount).find(flt, {"first": 1, "last": 1}))
-    firsts = [d["first"] for d in docs if d.get("first")]
-    lasts = [d["last"] for d in docs if d.get("last")]
-    first = min(firsts) if firsts else (job_id if isinstance(job_id, ObjectId) else None)
-    return Span(first, max(lasts) if lasts and len(lasts) == len(docs) else None)
+    job's own ``_id`` (made when it was registered) when its counts were never rebuilt since.
+    ``of`` "data": where its data begins, when counted; "log": where its download logs end."""
+    return spans(None if job_id is None else [job_id], of)[job_id]
+
+
+def spans(job_ids: list[ObjectId] | None, of: str = "") -> dict[ObjectId | None, Span]:
+    """{job id: ``span`` of the job} for each of ``job_ids`` (None: of every job with counts, and
+    under the key None, of them all)."""
+    flt = {} if job_ids is None else {"_id": {"$in": job_ids}}
+    shown = {"first": 1, "last": 1, "data_first": 1, "log_last": 1}
+    docs = list(collection(CrawlerTaskCount).find(flt, shown))
+    out: dict[ObjectId | None, Span] = {}
+    for d in docs:
+        first = d.get("data_first") if of == "data" and d.get("data_first") else d.get("first")
+        last = max(d["last"], d["log_last"]) if of == "log" and d.get("last") and d.get("log_last") \
+            else d.get("last")
+        out[d["_id"]] = Span(first or (d["_id"] if isinstance(d["_id"], ObjectId) else None), last)
+    firsts = [s.first for s in out.values() if s.first]
+    lasts = [s.last for s in out.values() if s.last]
+    for job_id in job_ids or ():
+        out.setdefault(job_id, Span(job_id if isinstance(job_id, ObjectId) else None))
+    if job_ids is None:
+        out[None] = Span(min(firsts) if firsts else None,
+                         max(lasts) if lasts and len(lasts) == len(out) else None)
+    return out
 
 
 def raise_floor(job_id: ObjectId, first: ObjectId) -> None:
-    """Retention removed every task of the job below ``first``: its pages begin there."""
-    collection(CrawlerTaskCount).update_one({"_id": job_id}, {"$max": {"first": first}})
+    """Retention removed every task of the job below ``first``, and their data: its pages begin there."""
+    collection(CrawlerTaskCount).update_one({"_id": job_id}, {"$max": {"first": first, "data_first": first}})
 
 
 def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
     """Rebuild the counts from the tasks (of one job, or all) and return them."""
-    match = [] if job_id is None else [{"$match": {"job": job_id}}]
+    match: list[dict[str, Any]] = [] if job_id is None else [{"$match": {"job": job_id}}]
     counted: dict[ObjectId, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
     firsts: dict[ObjectId, ObjectId] = {}
     lasts: dict[ObjectId, ObjectId] = {}
@@ -81,13 +109,24 @@ def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
         firsts[job] = min(firsts.get(job, row["first"]), row["first"])
         last = max(row["last"], ObjectId.from_datetime(row["changed"])) if row.get("changed") else row["last"]
         lasts[job] = max(lasts.get(job, last), last)
-    coll = CrawlerTaskCount._get_collection()
+    coll = collection(CrawlerTaskCount)
     if job_id is None:
         coll.delete_many({"_id": {"$nin": list(counted)}})
     elif job_id not in counted:
         coll.delete_one({"_id": job_id})
+    extents = {name: _extents(model, match) for name, model in (("data", CrawlerDownloadData),
+                                                                 ("log", CrawlerDownloadLog))}
     for job, c in counted.items():
-        coll.replace_one(
-            {"_id": job}, {"_id": job, **c, "first": firsts[job], "last": lasts[job]}, upsert=True
-        )
+        data, log = extents["data"].get(job), extents["log"].get(job)
+        coll.replace_one({"_id": job}, {
+            "_id": job, **c, "first": firsts[job], "last": lasts[job],
+            **({"data_first": data[0]} if data else {}),
+            **({"log_last": log[1]} if log else {})}, upsert=True)
     return dict(counted)
+
+
+def _extents(model: Any, match: list[dict[str, Any]]) -> dict[ObjectId, tuple[ObjectId, ObjectId]]:
+    """{job id: (lowest ``_id``, highest ``_id``)} of ``model``'s documents (one scan)."""
+    group = {"$group": {"_id": "$job", "first": {"$min": "$_id"}, "last": {"$max": "$_id"}}}
+    rows = collection(model).aggregate([*match, group])
+    return {row["_id"]: (row["first"], row["last"]) for row in rows}

@@ -105,9 +105,9 @@ def mark_tested(job_id: ObjectId, digest: str, next_at: datetime, now: datetime)
 
 # --- scheduling -------------------------------------------------------------------------------
 
-def due(now: datetime, limit: int = 200) -> list[Generator]:
-    """On generators whose next time has come (by ``(state, next_at)``)."""
-    found = _coll().find({"state": GEN_ON, "next_at": {"$lte": now}},
+def due(now: datetime, off_jobs: list[ObjectId], limit: int = 200) -> list[Generator]:
+    """On generators whose next time has come (by ``(state, next_at)``), but those of ``off_jobs``."""
+    found = _coll().find({"state": GEN_ON, "next_at": {"$lte": now}, "job": {"$nin": off_jobs}},
                          {"job": 1, "next_at": 1, "schedule": 1, "running_run": 1, "running_since": 1})
     return [Generator.from_doc(d) for d in found.limit(limit)]
 

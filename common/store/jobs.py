@@ -188,6 +188,11 @@ def on_jobs() -> list[Job]:
     return [Job.from_doc(d) for d in JobDoc._get_collection().find({"status": ON}, fields)]
 
 
+def off_ids() -> list[ObjectId]:
+    """The ids of the jobs that are OFF."""
+    return [j["_id"] for j in JobDoc._get_collection().find({"status": OFF}, {"_id": 1})]
+
+
 def dispatch_settings(job_ids: list[ObjectId]) -> dict[ObjectId, JobSettings]:
     """{job id: its settings' ``dispatch_num``, ``max_retry_times``, ``prior`` and ``revisit``}."""
     return {s["job"]: JobSettings.from_doc(s) for s in CrawlerDownloadSetting._get_collection().find(

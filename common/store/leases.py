@@ -294,9 +294,10 @@ def existing(lease_ids) -> set:
 
 
 def tasks_out() -> dict:
-    """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out are."""
+    """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out to be
+    downloaded (LIVE or DISPATCH) are; a page out for a revisit is SUCCESS, and counted there."""
     rows = CrawlerLease._get_collection().aggregate([
-        {"$match": {"state": {"$in": [QUEUED, RUNNING]}}},
+        {"$match": {"state": {"$in": [QUEUED, RUNNING]}, "kind": {"$ne": REVISIT}}},
         {"$group": {"_id": {"job": "$job", "state": "$state"}, "n": {"$sum": {"$size": "$ids"}}}},
     ])
     return {(row["_id"]["job"], row["_id"]["state"]): row["n"] for row in rows}

@@ -82,8 +82,9 @@ def id_at(when: datetime) -> ObjectId:
 
 
 def iso(value: object) -> object:
-    """A stored (naive UTC) time as ISO 8601 with "Z"; anything else unchanged."""
-    return value.isoformat() + "Z" if isinstance(value, datetime) else value
+    """A stored (naive UTC) time as RFC 3339 in one shape, to the millisecond BSON keeps
+    (``2026-11-25T09:40:35.120Z``, ``.000Z`` on a whole second); anything else unchanged."""
+    return value.isoformat(timespec="milliseconds") + "Z" if isinstance(value, datetime) else value
 
 
 ON, OFF = "ON", "OFF"
@@ -107,6 +108,9 @@ class Job(Document):
     # revisits: every SUCCESS task due up to (revisit_from, revisit_from_id) was sent (``due_revisits``)
     revisit_from = DateTimeField()
     revisit_from_id = ObjectIdField()
+    # revisits turned on: its SUCCESS tasks stored before are made due by the "revisits" chore, in
+    # ``_id`` order; every one up to this id was (unset once all were)
+    revisit_backlog = ObjectIdField()
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     report_at = DateTimeField()       # report_mails: when the last drain summary went out

@@ -5,7 +5,9 @@ the few counts that report mails give. Writes live with each collection's own mo
 Indexes these reads use: ``crawler_task`` ``(job, _id)`` and ``(job, status, _id)`` (a job's tasks,
 of one status or all, in ``_id`` order), ``(job, uri)`` (a task by its URL);
 ``crawler_download_data`` ``(job, _id)`` (a job's data) and ``(task, lease)`` (the data of a
-task's settled lease); the logs' ``(job, _id)``; ``crawler_lease`` ``(state, beat_at)``.
+task's settled lease); the logs' ``(job, _id)`` (the download log of several jobs: job by job,
+merged); ``crawler_lease`` ``(state, beat_at)``. The embedded store serves a range only behind an
+equality on an index's first field: ``_id`` alone or ``job`` ``$in`` reads the whole collection.
 Invariant: data pages and bodies show only documents their task names (``common.store.data.shown``);
 every filter value comes from the caller already checked, never as an operator.
 """
@@ -33,6 +35,7 @@ from common.store.models import (
     CrawlerLease,
     CrawlerRegistrationErrorLog,
     CrawlerTask,
+    Job,
 )
 from common.store.paging import Span, by_id
 from common.store.records import Task
@@ -90,7 +93,7 @@ def data(job_id, limit: int, after: ObjectId | None, all_versions: bool = False)
     or with ``all_versions`` its earlier ones too."""
     coll = CrawlerDownloadData._get_collection()
     docs: list[dict] = []
-    span = counts.span(job_id)
+    span = counts.span(job_id, "data")
     while len(docs) <= limit:
         raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS,
                     computed=True)
@@ -138,13 +141,29 @@ def logs(log: str, limit: int, after: ObjectId | None, job_id=None,
         flt = {"name": job_name} if job_name is not None else {}
         if job_names is not None:
             flt = {"$and": [flt, {"name": {"$in": job_names}}]}
+    elif model is CrawlerDownloadLog:
+        return _newest_of_jobs(model._get_collection(), [job_id] if job_id is not None else job_ids, limit,
+                               after)
     elif job_id is not None:
         flt, span = {"job": job_id}, counts.span(job_id)
     elif job_ids is not None:
         flt = {"job": {"$in": job_ids}}
-    elif model is CrawlerDownloadLog:
-        span = counts.span()
     return by_id(model._get_collection(), flt, limit, span=span, after=after, newest=True)
+
+
+def _newest_of_jobs(coll, job_ids: list | None, limit: int, after: ObjectId | None) -> list[dict]:
+    """The newest ``limit`` of the jobs' documents (of every job when None) beyond ``after``: each
+    job's own newest, read by its (job, ``_id``) index window by window, merged. A filter of
+    ``_id`` alone, or of ``job`` ``$in`` a list, makes the embedded store read the whole
+    collection for every window (a page of the download log took minutes at 726,000 tasks)."""
+    spans = counts.spans(job_ids, "log")
+    ids = job_ids if job_ids is not None else sorted(
+        {*spans, *(j["_id"] for j in Job._get_collection().find({}, {"_id": 1}))} - {None})
+    found: list[dict] = []
+    for job in ids:
+        found += by_id(coll, {"job": job}, limit, span=spans.get(job) or counts.span(job), after=after,
+                       newest=True)
+    return sorted(found, key=lambda d: d["_id"], reverse=True)[:limit]
 
 
 # --- leases ------------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class Job(Record):
     intake: Sequence[Mapping[str, Any]] = ()
     revisit_from: datetime | None = None
     revisit_from_id: ObjectId | None = None
+    revisit_backlog: ObjectId | None = None  # revisits turned on: its stored pages made due from here
     add_datetime: datetime | None = None
     last_update_datetime: datetime | None = None
     report_at: datetime | None = None

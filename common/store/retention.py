@@ -23,6 +23,7 @@ from bson import ObjectId
 
 from common.store import counts
 from common.store.data import body_of, gridfs_of, visible
+from common.store.data import named as named_by_tasks
 from common.store.models import (
     CANCEL,
     DEAD,
@@ -207,13 +208,16 @@ def remove_notifications(before: ObjectId, end: float) -> int:
 # --- the archive: read, then remove --------------------------------------------------------
 
 def old_data(job_id: ObjectId, before: ObjectId) -> Iterator[tuple[DataDoc, bytes]]:
-    """(document, body) of the job's data made before ``before`` that its task names, in ``_id``
-    order (a data document no task names is never read)."""
+    """(document, body) of the job's earlier versions of pages made before ``before``, in ``_id``
+    order: documents their task names in its ``history`` and a later version superseded. A page's
+    latest version is never read here (it goes only with its task, ``remove_final``), nor a data
+    document no task names."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     cursor = coll.find({"job": job_id, "_id": {"$lt": before}}, {"requests_body": 0}).sort("_id", 1)
     for doc in visible(cursor.batch_size(200)):
-        yield DataDoc.from_doc(doc), body_of(doc, fs)
+        if doc.get("superseded"):  # marked once a later version is named: never the latest
+            yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
 def old_logs(job_id, before: ObjectId) -> Iterator[dict]:
@@ -223,13 +227,20 @@ def old_logs(job_id, before: ObjectId) -> Iterator[dict]:
 
 
 def remove_data(ids: list) -> None:
-    """Remove the data documents ``ids`` (GridFS bodies first)."""
+    """Remove the data documents ``ids`` (GridFS bodies first) but any that is its page's latest
+    version; their tasks forget them (``history``)."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
-    for doc in coll.find({"_id": {"$in": ids}, "response_body_gridfs": {"$ne": None}},
-                         {"response_body_gridfs": 1}):
-        fs.delete(doc["response_body_gridfs"])
-    coll.delete_many({"_id": {"$in": ids}})
+    docs = list(coll.find({"_id": {"$in": ids}}, {"response_body_gridfs": 1, "task": 1, "lease": 1}))
+    latest = named_by_tasks(docs, latest=True)
+    docs = [d for d in docs if d["_id"] not in latest]
+    for doc in docs:
+        if doc.get("response_body_gridfs"):
+            fs.delete(doc["response_body_gridfs"])
+    coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}})
+    tasks = CrawlerTask._get_collection()
+    for doc in docs:
+        tasks.update_one({"_id": doc["task"]}, {"$pull": {"history": doc["lease"]}})
 
 
 def remove_logs(ids: list) -> None:

@@ -25,6 +25,7 @@ leaves the move to its caller (the writer, which knows each entry's statuses).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,7 +39,19 @@ from pymongo.errors import BulkWriteError
 from common.errors import ValidationError
 from common.store import counts
 from common.store.leases import UNSET_LEASE
-from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, collection, utcnow
+from common.store.models import (
+    CANCEL,
+    DISPATCH,
+    FAIL,
+    LIVE,
+    SUCCESS,
+    CrawlerTask,
+    Job,
+    collection,
+    store_now,
+    utcnow,
+)
+from common.store.paging import by_id, in_chunks
 from common.store.records import Job as JobRecord
 
 DUPLICATE_KEY = 11000
@@ -252,16 +265,43 @@ def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked]
     return tasks, (now, None)
 
 
-def start_revisits(job_id: ObjectId, now: datetime) -> int:
-    """The job has revisits. The first time: its pages already stored come due now, and its
-    floor starts just before (a success sets a due time after the time it settles, so none
-    is due earlier). Returns how many pages came due (one update of each: a store's worth, once)."""
-    floor = {"revisit_from": now - timedelta(milliseconds=1), "revisit_from_id": None}
-    first = collection(Job).update_one({"_id": job_id, "revisit_from": None}, {"$set": floor})
-    if not first.modified_count:
-        return 0
-    return _tasks().update_many({"job": job_id, "status": SUCCESS, "retry_at": None},
-                                {"$set": {"retry_at": now}}).modified_count
+def start_revisits(job_id: ObjectId, now: datetime) -> bool:
+    """The job has revisits. The first time: its floor starts just before ``now`` (a success sets
+    a due time after the time it settles, so none is due earlier) and its pages already stored
+    are left to the "revisits" chore (``revisit_backlog``); whether this was the first time."""
+    floor = {"revisit_from": now - timedelta(milliseconds=1), "revisit_from_id": None,
+             "revisit_backlog": FROM_START}
+    return bool(collection(Job).update_one({"_id": job_id, "revisit_from": None},
+                                           {"$set": floor}).modified_count)
+
+
+FROM_START = ObjectId("0" * 24)  # a backlog not begun
+
+
+def make_due(end: float, batch: int = 2000) -> int:
+    """The "revisits" chore: make the SUCCESS tasks each job had stored when its revisits were
+    turned on due now, in ``_id`` order from its ``revisit_backlog``, in batches read window by
+    window, until ``end`` (monotonic time); a job's backlog is gone once all are (a million pages
+    took about 12 minutes, once inside the registering request). Due by the store's clock when
+    written: after the floor of any dispatcher run begun before. Returns how many came due."""
+    made = 0
+    for job in collection(Job).find({"revisit_backlog": {"$ne": None}}, {"revisit_backlog": 1}):
+        job_id, mark = job["_id"], job["revisit_backlog"]
+        after, span = (None if mark == FROM_START else mark), counts.span(job_id)
+        while time.monotonic() < end:
+            docs = by_id(_tasks(), {"job": job_id, "status": SUCCESS}, batch, span=span, after=after,
+                         projection={"_id": 1, "retry_at": 1})
+            now = store_now()
+            for part in in_chunks([d["_id"] for d in docs if d.get("retry_at") is None]):
+                made += _tasks().update_many({"_id": {"$in": part}, "status": SUCCESS, "retry_at": None},
+                                             {"$set": {"retry_at": now}}).modified_count
+            done = len(docs) < batch
+            after = None if done else docs[-1]["_id"]
+            collection(Job).update_one({"_id": job_id}, {"$unset": {"revisit_backlog": ""}} if done
+                                       else {"$set": {"revisit_backlog": after}})
+            if done:
+                break
+    return made
 
 
 def raise_revisit_floor(job_id: ObjectId, at: datetime, last_id: ObjectId | None) -> None:

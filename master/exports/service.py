@@ -54,14 +54,19 @@ class Requested:
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)$")
 
 
-def parse_time(value: Any, what: str) -> datetime | None:
-    """An RFC 3339 date-time (``2026-11-01T00:00:00Z``; the API's ``format: date-time``) as naive UTC."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not RFC3339.match(value):
+DATE = re.compile(r"^\d{4}-\d\d-\d\d$")
+
+
+def parse_time(value: Any, what: str, plain_date: bool = False) -> datetime | None:
+    """An RFC 3339 date-time (``2026-11-01T00:00:00Z``; the API's ``format: date-time``) as naive
+    UTC; with ``plain_date`` (the command line's options) a date alone too: its midnight UTC. A
+    time already read (``datetime``) is returned as it is."""
+    if value is None or isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not (RFC3339.match(value) or plain_date and DATE.match(value)):
         raise ValidationError(f"{what}: {str(value)[:40]!r} is not an RFC 3339 date-time "
-                              "(like 2026-11-01T00:00:00Z)")
-    text = value.upper().replace("Z", "+00:00")
+                              f"(like 2026-11-01T00:00:00Z{' or 2026-11-01' if plain_date else ''})")
+    text = (value + "T00:00:00Z" if DATE.match(value) else value).upper().replace("Z", "+00:00")
     if text[17:19] == "60":  # a leap second: the last instant of its minute
         text = text[:17] + "59.999999" + text[19:].lstrip(".0123456789")
     try:

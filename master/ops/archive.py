@@ -1,5 +1,7 @@
 """``downcluster archive NAME --before DATE [-o FILE]``: save a job's old data and download logs
-to a gzip-compressed JSON Lines file, then remove them from MongoDB.
+to a gzip-compressed JSON Lines file, then remove them from MongoDB. Its old data are the earlier
+versions of its revisited pages: a page's latest version is never archived nor removed (it is
+the page; it goes only with its task, by retention).
 
 Each data line is what ``downcluster data export --format jsonl`` writes (``task_id``, ``url``,
 ``status_code``, ``encoding``, ``hostname``, ``remote_ip``, ``add_datetime``, ``body_base64``,
@@ -55,8 +57,8 @@ class _Ids:
 
 
 def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
-    """Write the job's data and download logs stored before ``before`` (naive UTC) to ``path``,
-    then remove them. An existing file is never overwritten."""
+    """Write the job's earlier versions of pages and download logs stored before ``before`` (naive
+    UTC) to ``path``, then remove them. An existing file is never overwritten."""
     job = job_named(job_name)
     if os.path.exists(path):
         raise ValidationError(f"{path} exists: archive to a new file")

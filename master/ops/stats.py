@@ -15,7 +15,8 @@ from common.store import counts as tallies
 from common.store import jobs, leases
 from common.store.models import QUEUED, TASK_STATUSES
 
-COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and tasks out in entries
+COLUMNS = (*TASK_STATUSES, "queued", "running")  # per job: tasks by status, and of LIVE and DISPATCH
+                                                 # tasks, those out in entries
 
 
 def queue_stats(redis: Redis) -> list[dict[str, Any]]:
@@ -39,7 +40,8 @@ def task_counts() -> list[dict[str, Any]]:
     counts: dict[Any, dict[str, int]] = {job: {**dict.fromkeys(COLUMNS, 0), **c}
                                          for job, c in tallies.of_jobs().items() if any(c.values())}
     # where the tasks sent out are: waiting in a queue or being downloaded (a fresh task keeps
-    # status LIVE until it is settled; these columns say it is out)
+    # status LIVE until it is settled; these columns say it is out); a page out for a revisit
+    # keeps SUCCESS, and is counted there only
     for (job, state), n in leases.tasks_out().items():
         c = counts.setdefault(job, dict.fromkeys(COLUMNS, 0))
         c["queued" if state == QUEUED else "running"] += n

@@ -248,6 +248,8 @@ def test_turning_revisits_on_makes_the_stored_pages_due_once(cluster, tmp_path):
     pages = first_visit(cluster, tmp_path, "late", ("etag", "none"), priority=5)
     assert all(task_of(k).retry_at is None for k in pages.values())
     register(tmp_path, "late", priority=5, revisit=3600.0)  # the same job, now with revisits
+    assert not due("late")  # the registration returned at once: the "revisits" chore's work
+    assert dispatch_once(cluster.redis).total == 0  # its chores make them due
     assert visit_again(cluster, "late") == 2
     # stored before revisits: no validators known, the whole page comes; its body is the same
     assert sample_site.ANSWERS[pages["etag"]] == [200, 200]

@@ -184,3 +184,21 @@ def test_run_now_goes_through_the_queue_once(cluster, tmp_path):
     assert cli("generator", "run", "g").exit_code == 2  # one under way
     assert cluster.redis.llen(queue_key(GENERATE_QUEUE)) == 1
     assert CrawlerGeneratorLog.objects.get().trigger == "manual"
+
+
+def test_a_generator_of_a_job_that_is_off_never_runs(cluster, tmp_path):
+    from slave.generate import run
+
+    _due_generator(tmp_path, cluster)
+    queued = generators.run_now("g", cluster.redis)["run"]  # queued while the job is ON
+    assert cli("job", "disable", "g").exit_code == 0
+    assert run(queued) == {"skipped": 1}  # its worker meets it after the job was turned off
+    log = CrawlerGeneratorLog.objects.get(run=queued)
+    assert log.status == "SKIPPED" and "OFF" in log.failed_reason
+    assert CrawlerTask.objects.count() == 0 and CrawlerGenerator.objects.get().running_run is None
+    assert generators.tend(cluster.redis) == {"started": 0, "skipped": 0, "lost": 0}  # due, but OFF
+    refused = cli("generator", "run", "g")
+    assert refused.exit_code == 2 and "OFF" in refused.output
+    assert cluster.redis.llen(queue_key(GENERATE_QUEUE)) == 1  # only the entry queued while ON
+    assert cli("job", "enable", "g").exit_code == 0
+    assert generators.tend(cluster.redis)["started"] == 1  # the times it missed: one run

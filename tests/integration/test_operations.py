@@ -122,18 +122,34 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     assert not [ix for ix in NotificationLog._get_collection().list_indexes() if ix.get("expireAfterSeconds")]
 
 
+def _stored_again(job) -> None:
+    """Each page of ``job`` stored again, as a revisit does: its first version becomes an earlier
+    one (in the task's ``history``, superseded) and a new document is its latest."""
+    from common.store.models import CrawlerDownloadData, CrawlerTask
+
+    data, tasks = CrawlerDownloadData._get_collection(), CrawlerTask._get_collection()
+    for task in tasks.find({"job": job.id}):
+        first = data.find_one({"task": task["_id"], "lease": task["data_lease"]})
+        again = {k: v for k, v in first.items() if k not in ("_id", "response_body_gridfs")}
+        data.insert_one({**again, "lease": f"again-{task['_id']}", "response_body": b"v2", "version": 2})
+        tasks.update_one({"_id": task["_id"]}, {"$set": {"data_lease": f"again-{task['_id']}",
+                                                         "history": [first["lease"]]}})
+        data.update_one({"_id": first["_id"]}, {"$set": {"superseded": True}})
+
+
 def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp_path, monkeypatch):
     import base64
     import gzip
     from datetime import timedelta
 
-    from common.store.models import Job, utcnow
+    from common.store.models import CrawlerDownloadData, CrawlerTask, Job, utcnow
     from sample_site import page_body
     from tests.integration.test_exports import _job_with_pages
 
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")
     _job_with_pages(cluster, tmp_path, n=3, name="old")
     job = Job.objects.get(name="old")
+    _stored_again(job)
     before = _counts(job)
     later = (utcnow() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     nowhere = cli("archive", "old", "--before", later, "-o", str(tmp_path / "no" / "such" / "dir.jsonl.gz"))
@@ -146,10 +162,14 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     lines = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
     data = [r for r in lines if r["kind"] == "data"]
     assert len(data) == 3 and len([r for r in lines if r["kind"] == "download_log"]) == 3
-    for record in data:  # the record of `data export --format jsonl`, byte-exact
+    for record in data:  # the earlier versions, as `data export --format jsonl` writes them, byte-exact
         n = int(record["url"].rsplit("/", 1)[1])
         assert base64.b64decode(record["body_base64"]) == page_body(n) and record["task_id"]
-    assert _counts(job) == {"data": 0, "tasks": 3, "logs": 0, "gridfs": 0}
+    # each page's latest version stays, however old: the archive never removes a page
+    assert _counts(job) == {"data": 3, "tasks": 3, "logs": 0, "gridfs": 0}
+    for task in CrawlerTask.objects(job=job):
+        kept = CrawlerDownloadData.objects(task=task.id, lease=task.data_lease).count()
+        assert task.history == [] and kept == 1
     again = cli("archive", "old", "--before", later, "-o", str(out))
     assert again.exit_code == 2 and "exists" in again.output  # never overwritten
 
@@ -370,7 +390,7 @@ def test_a_bad_metrics_network_stops_the_web_at_start_with_one_line(cluster, mon
 
 
 def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster, tmp_path):
-    from common.store.models import CrawlerDownloadData
+    from common.store.models import CrawlerDownloadData, Job
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
@@ -383,8 +403,94 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
         and report.data == report.download_logs == 0
         and CrawlerDownloadData.objects.count() == 2
     )
+    _stored_again(Job.objects.get(name="century"))
     result = cli(
         "archive", "century", "--before", "9999-12-31T23:59:59Z", "-o", str(tmp_path / "all.jsonl.gz")
     )
     assert result.exit_code == 0, result.output
-    assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 0
+    assert "archived 2 data documents" in result.output and CrawlerDownloadData.objects.count() == 2
+
+
+def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnight_utc(cluster, tmp_path):
+    from datetime import timedelta
+
+    from common.store.models import CrawlerDownloadLog, utcnow
+    from tests.integration.test_exports import _job_with_pages
+
+    _job_with_pages(cluster, tmp_path, n=2, name="dated")
+    today = utcnow().date()
+    tomorrow = today + timedelta(days=1)
+
+    def exported(*options: str) -> int:
+        result = cli("data", "export", "dated", "--format", "jsonl", *options)
+        assert result.exit_code == 0, result.output
+        return len(result.output.splitlines())
+
+    assert exported("--since", today.isoformat()) == 2  # stored after today's midnight
+    assert exported("--until", today.isoformat()) == 0
+    assert exported("--since", f"{today.isoformat()}T00:00:00Z", "--until", tomorrow.isoformat()) == 2
+    refusals = (("2026-13-01", "is not a date-time"), ("23.11.2026", "or 2026-11-01"),
+                ("yesterday", "RFC 3339"))
+    for bad, why in refusals:
+        refused = cli("data", "export", "dated", "--since", bad)
+        assert refused.exit_code == 2 and why in refused.output, refused.output
+    archived = cli("archive", "dated", "--before", tomorrow.isoformat(), "-o", str(tmp_path / "a.jsonl.gz"))
+    assert archived.exit_code == 0, archived.output
+    assert "2 download logs" in archived.output and CrawlerDownloadLog.objects.count() == 0
+    assert (tmp_path / "a.jsonl.gz").exists()
+    plain = cli("archive", "dated", "--before", "2026-11-23", "-o", str(tmp_path / "b.jsonl.gz"))
+    assert plain.exit_code == 0, plain.output
+
+
+def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
+    from common.store import counts
+    from common.store.models import CrawlerLease, CrawlerTask, utcnow
+    from master.dispatch.dispatcher import dispatch_once
+    from master.ops import stats
+    from tests.helpers import add_urls, register
+
+    job = register(tmp_path, "again", revisit=3600.0, obey_robots=False)
+    due = utcnow()
+    CrawlerTask._get_collection().insert_many([
+        {"job": job.id, "uri": f"{cluster.site}/page/{i}", "seq": i + 1, "status": "SUCCESS",
+         "data_lease": f"l{i}", "retry_at": due, "download_times": 1, "add_datetime": due,
+         "last_update_datetime": due} for i in range(3)])
+    counts.recount()
+    add_urls("again", [f"{cluster.site}/page/new"])  # a fresh one too: LIVE, and out once sent
+    dispatch_once(cluster.redis)
+    kinds = sorted(d["kind"] for d in CrawlerLease._get_collection().find({"job": job.id}))
+    assert kinds == ["FRESH", "REVISIT"]
+    row = {r["job"]: r for r in stats.task_counts()}["again"]
+    assert (row["SUCCESS"], row["LIVE"], row["queued"], row["running"]) == (3, 1, 1, 0), row
+
+
+def test_data_export_and_the_archive_write_a_document_alike_times_in_one_shape(cluster, tmp_path):
+    import gzip
+    import re
+    from datetime import datetime
+
+    from common.store.models import CrawlerDownloadData, Job
+    from tests.integration.test_exports import _job_with_pages
+
+    _job_with_pages(cluster, tmp_path, n=2, name="alike")
+    job = Job.objects.get(name="alike")
+    _stored_again(job)
+    data = CrawlerDownloadData._get_collection()
+    firsts = sorted(d["_id"] for d in data.find({"job": job.id, "superseded": True}))
+    data.update_one({"_id": firsts[0]}, {"$set": {"add_datetime": datetime(2026, 11, 23, 8, 0, 5)}})
+    data.update_one({"_id": firsts[1]}, {"$set": {"add_datetime": datetime(2026, 11, 23, 8, 0, 5, 120000)}})
+    exported = cli("data", "export", "alike", "--format", "jsonl", "--versions", "all")
+    assert exported.exit_code == 0, exported.output
+    by_url = {}
+    for line in exported.output.splitlines():
+        record = json.loads(line)
+        by_url.setdefault(record["url"], []).append(record)
+    assert cli("archive", "alike", "--before", "2100-01-01", "-o", str(tmp_path / "a.gz")).exit_code == 0
+    archived = [json.loads(line) for line in gzip.open(tmp_path / "a.gz", "rt", encoding="utf-8")]
+    times = []
+    for record in archived:
+        times.append(record["add_datetime"])
+        if record.pop("kind") == "data":  # the earlier version, as `data export` wrote it
+            assert record == by_url[record["url"]][0]
+    assert {"2026-11-23T08:00:05.000Z", "2026-11-23T08:00:05.120Z"} <= set(times)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", t) for t in times), times

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from bson import ObjectId
+from pymongo import monitoring
 
 from common.config import load, settings
 from common.store import counts
@@ -333,3 +334,127 @@ def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
         for cut in (ids[0], ids[1], ids[60], ids[150], ids[-1]):  # oldest first, below a bound
             for size in (3, 1000):
                 assert walk(size, span=span, before=cut) == [i for i in ids if i < cut], (span, cut, size)
+
+
+# --- pages bounded by what they read, not by the store ---------------------------------------------
+
+class _Reads(monitoring.CommandListener):
+    """The finds and aggregations sent while ``on``: replayed with ``explain`` to count the
+    documents the store examined for them (registered before any client is made)."""
+
+    def __init__(self) -> None:
+        self.on, self.sent = False, []
+
+    def started(self, event) -> None:
+        if self.on and event.command_name in ("find", "aggregate"):
+            self.sent.append((event.database_name, dict(event.command)))
+
+    def succeeded(self, event) -> None:
+        pass
+
+    def failed(self, event) -> None:
+        pass
+
+
+READS = _Reads()
+monitoring.register(READS)
+
+
+def _examined(fn) -> int:
+    """Documents the store examined for the reads of ``fn()``."""
+    READS.sent, READS.on = [], True
+    try:
+        fn()
+    finally:
+        READS.on = False
+    client, total = CrawlerTask._get_collection().database.client, 0
+    for db, command in READS.sent:
+        command = {k: v for k, v in command.items() if not k.startswith("$") and k != "lsid"}
+        plan = client[db].command("explain", command, verbosity="executionStats")
+        stats = plan.get("executionStats") or plan["stages"][0]["$cursor"]["executionStats"]
+        total += stats["totalDocsExamined"]
+    return total
+
+
+def test_the_logs_and_data_pages_read_a_page_not_the_store(cluster, tmp_path):
+    """A store filled from outside (then ``stats --recount``, as documented): 3,000 tasks made a
+    day ago, their data and download logs an hour ago; a second job. The console's log page of
+    every job (and of a user's jobs) and a job's data page examine what a page holds, not the
+    store: a filter of ``_id`` alone or ``job`` $in makes the embedded store read the whole log
+    for every window, and windows begun at the first task cross a day to reach the data."""
+    from master import views
+    from scripts.bench_scale import _oid
+
+    big, other = register(tmp_path, "big"), register(tmp_path, "other")
+    now, n = utcnow(), 3000
+    made, stored = now - timedelta(days=1), now - timedelta(hours=1)
+    tasks, data, logs = [], [], []
+    for i in range(n):
+        tid, at = _oid(made + timedelta(seconds=i // 10), i), stored + timedelta(seconds=i // 10)
+        tasks.append({"_id": tid, "job": big.id, "uri": f"http://example.org/{i}", "seq": i + 1,
+                      "status": "SUCCESS", "data_lease": f"l{i}", "add_datetime": made,
+                      "last_update_datetime": made})
+        data.append({"_id": _oid(at, n + i), "job": big.id, "task": tid, "lease": f"l{i}",
+                     "url": f"http://example.org/{i}", "status_code": 200, "response_body": b"x",
+                     "add_datetime": at})
+        logs.append({"_id": _oid(at, 2 * n + i), "job": big.id, "task": tid, "status": "SUCCESS",
+                     "add_datetime": at})
+    CrawlerTask._get_collection().insert_many(tasks)
+    CrawlerDownloadData._get_collection().insert_many(data)
+    CrawlerDownloadLog._get_collection().insert_many(logs)
+    CrawlerDownloadLog._get_collection().insert_many(
+        [{"job": other.id, "task": ObjectId(), "status": "FAIL", "add_datetime": now} for _ in range(5)])
+    CrawlerTask._get_collection().insert_one({"job": other.id, "uri": "http://example.org/o", "seq": 1,
+                                              "status": "FAIL", "last_update_datetime": now})
+    counts.recount()
+
+    newest = sorted((d["_id"] for d in CrawlerDownloadLog._get_collection().find({}, {"_id": 1})),
+                    reverse=True)
+    every = views.log_page("download", limit=100)
+    assert [ObjectId(d["id"]) for d in every["logs"]] == newest[:100] and every["next"]
+    second = views.log_page("download", limit=100, after=every["next"])
+    assert [ObjectId(d["id"]) for d in second["logs"]] == newest[100:200]
+    oldest = sorted(d["_id"] for d in data)
+    page = views.data_page("big", limit=50)
+    assert [ObjectId(d["id"]) for d in page["data"]] == oldest[:50]
+
+    reads = {
+        "logs of every job": _examined(lambda: views.log_page("download", limit=100)),
+        "logs of every job, next page": _examined(lambda: views.log_page("download", limit=100,
+                                                                         after=every["next"])),
+        "logs of a user's jobs": _examined(lambda: views.log_page("download", limit=100,
+                                                                  job_ids=[big.id, other.id])),
+        "a job's logs": _examined(lambda: views.log_page("download", "big", limit=100)),
+        "a job's data": _examined(lambda: views.data_page("big", limit=50)),
+    }
+    print(f"\ndocuments examined of {2 * n + 6:,} tasks, data and logs: {reads}")
+    assert all(k <= 800 for k in reads.values()), reads
+
+
+def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_path):
+    """Registering ``revisit`` for a job with stored pages returns at once (a million pages took
+    about 12 minutes inside the request); the "revisits" chore makes them due, batch by batch,
+    resuming where its time ran out."""
+    import time
+
+    from common.store import tasks
+
+    job = register(tmp_path, "late")
+    made = utcnow()
+    CrawlerTask._get_collection().insert_many([
+        {"job": job.id, "uri": f"http://example.org/{i}", "seq": i + 1,
+         "status": "SUCCESS" if i < 5 else "FAIL",
+         "retry_at": None, "data_lease": f"l{i}", "add_datetime": made, "last_update_datetime": made}
+        for i in range(7)])
+    counts.recount()
+    register(tmp_path, "late", revisit=3600.0)
+    assert all(t.retry_at is None for t in CrawlerTask.objects(job=job.id))  # nothing done in the request
+    assert Job.objects.get(id=job.id).revisit_backlog is not None
+    assert tasks.make_due(time.monotonic() - 1) == 0  # no time left: nothing, the backlog kept
+    assert "revisits" in {c.name for c in chores.table()}
+    assert tasks.make_due(time.monotonic() + 60, batch=2) == 5
+    due = {t.status: t.retry_at for t in CrawlerTask.objects(job=job.id)}
+    assert due["SUCCESS"] is not None and due["FAIL"] is None
+    assert Job.objects.get(id=job.id).revisit_backlog is None and tasks.make_due(time.monotonic() + 60) == 0
+    register(tmp_path, "late", revisit=3600.0)  # registering again starts nothing
+    assert Job.objects.get(id=job.id).revisit_backlog is None

@@ -57,3 +57,37 @@ def stored_fields(client: pymongo.MongoClient, names: dict[str, str]) -> list[st
             if extra:
                 differences.append(f"{db}.{collection}: stored fields not in docs/schema.md: {sorted(extra)}")
     return differences
+
+
+def test_every_departure_from_seed_003s_models_is_stated_with_its_reason():
+    """Seed 003 declares integer statuses, ``crawler_generator`` for the task, headers and bodies as
+    strings, ``Job.hostname`` and a dispatcher process pool; where the code departs, docs/schema.md
+    says so (and why) in its own section."""
+    import inspect
+
+    from mongoengine import BinaryField, DictField, StringField
+
+    from common.store.models import CrawlerDownload, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
+    from master.dispatch import dispatcher
+    from tests.schema_doc import SCHEMA
+
+    text = SCHEMA.read_text(encoding="utf-8")
+    head = "## Where this departs from seed 003"
+    assert head in text
+    section = text.split(head, 1)[1].split("\n## ", 1)[0].split("**source**", 1)[0]
+    data, statused = CrawlerDownloadData._fields, (CrawlerDownload, CrawlerDownloadLog, CrawlerTask, Job)
+    departures = {
+        "**Statuses are words, not integers.**":
+            all(isinstance(m._fields["status"], StringField) for m in statused),
+        "**`task`, not `crawler_generator`.**": "task" in data and "crawler_generator" not in data,
+        "**Headers are objects, bodies bytes.**": isinstance(data["response_headers"], DictField)
+        and isinstance(data["response_body"], BinaryField),
+        "**`host`, not `hostname`, on a job.**": "host" in Job._fields and "hostname" not in Job._fields,
+        "**The dispatcher uses threads, not a process pool.**":
+            "ThreadPoolExecutor" in inspect.getsource(dispatcher),
+    }
+    for statement, departs in departures.items():
+        assert departs, f"the code no longer departs: drop {statement} from {head}"
+        assert statement in section, f"{head} does not state {statement}"
+        reason = section.split(statement, 1)[1].split("\n- ", 1)[0]
+        assert len(reason.split()) > 20, f"{statement}: no reason given"
