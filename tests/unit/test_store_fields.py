@@ -68,14 +68,24 @@ def _document_like(annotation: ast.expr, records: set[str], aliases: frozenset[s
     return False
 
 
+def _aliases(tree: ast.Module, records: set[str] = frozenset()) -> frozenset[str]:
+    """Names a module gives a document type (``Doc = dict[str, Any]``)."""
+    return frozenset(node.targets[0].id for node in tree.body
+                     if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                     and isinstance(node.value, (ast.Subscript, ast.Name))
+                     and _document_like(node.value, set(records)))
+
+
+STORE_ALIASES = frozenset().union(*(_aliases(ast.parse(p.read_text())) for p in STORE.glob("*.py")))
+
+
 def document_results(source: str) -> list[str]:
     """The public functions of a store module that return documents, or say nothing of it."""
     found, tree = [], ast.parse(source)
     # a name imported from the records is the record (Job), not the model of that name
     records = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                and node.module == "common.store.records" for a in node.names}
-    aliases = frozenset(node.targets[0].id for node in tree.body if isinstance(node, ast.Assign)
-                        and isinstance(node.targets[0], ast.Name) and _document_like(node.value, records))
+    aliases = _aliases(tree, records) | STORE_ALIASES
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
             if node.returns is None:
