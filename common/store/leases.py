@@ -34,8 +34,9 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
+from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
@@ -57,9 +58,14 @@ from common.store.models import (
     CrawlerOldVersion,
     CrawlerTask,
     LostLease,
+    collection,
     utcnow,
 )
+from common.store.paging import Doc
 from common.store.records import Lease
+
+if TYPE_CHECKING:
+    from common.store.tasks import Picked
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +81,7 @@ LEASE = claims.Claimed("download lease", CrawlerLease._get_collection, owner="wo
 
 # --- the guard --------------------------------------------------------------------------
 
-def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> dict:
+def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     """What a task must still look like to belong to the entry ``lease``: the one guard of
     every change that settles or gives back an entry's tasks (worker, defender, dispatcher).
     Fresh tasks and revisits are sent without a write of their own: a fresh task is LIVE and
@@ -93,7 +99,7 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> dict:
 
 # --- create, claim, beat, finish ------------------------------------------------------------
 
-def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datetime) -> dict:
+def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: list[Picked], now: datetime) -> Doc:
     """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
     doc = {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
            "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
@@ -103,7 +109,7 @@ def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datet
     return doc
 
 
-def create(docs: list[dict]) -> None:
+def create(docs: list[Doc]) -> None:
     """Insert new entries' leases (``new_lease``), before their tasks are marked or pushed."""
     CrawlerLease._get_collection().insert_many(docs, ordered=False)
 
@@ -113,14 +119,14 @@ def drop(lease_id: str) -> None:
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
 
 
-def claim(lease_id: str, worker_id: str) -> dict | None:
+def claim(lease_id: str, worker_id: str) -> Doc | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
     return claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
                         {"$set": {"hostname": settings.HOSTNAME}, "$currentDate": {"started_at": True},
                          "$unset": {"missing_at": ""}})
 
 
-def lease_tasks(lease: dict) -> list[dict]:
+def lease_tasks(lease: Doc) -> list[Doc]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
     prev = lease.get("prev") or [None] * len(lease["ids"])
@@ -144,7 +150,7 @@ def finish(lease_ids: list[str], worker_id: str) -> None:
 SETTLE_GROUP = 16  # tasks named by one settle statement (see ``settle_success``)
 
 
-def settle_success(ids: list, lease: str, kind: str, now: datetime,
+def settle_success(ids: list[ObjectId], lease: str, kind: str, now: datetime,
                    sent_at: datetime | None = None) -> list[UpdateMany]:
     """The successes of one entry: each names its data (``data_lease``). One UpdateMany per
     SETTLE_GROUP tasks: a store that checks ``$in`` by walking its list (the embedded one does,
@@ -159,16 +165,16 @@ def settle_success(ids: list, lease: str, kind: str, now: datetime,
             for i in range(0, len(ids), SETTLE_GROUP)]
 
 
-def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime | None, every: float,
-                 stored: dict | None, not_modified: bool, reason: str | None = None,
-                 sent_at: datetime | None = None, seen: dict | None = None) -> UpdateOne:
+def settle_visit(task_id: ObjectId, lease: str, kind: str, now: datetime, retry_at: datetime | None,
+                 every: float, stored: Doc | None, not_modified: bool, reason: str | None = None,
+                 sent_at: datetime | None = None, seen: Doc | None = None) -> UpdateOne:
     """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
     ``stored``: a new version was stored (``etag``, ``last_modified``, ``digest``, ``prev_lease``,
     the lease of the version it supersedes, None on a first visit): the task names it and keeps
     the earlier one in ``history``. Else the latest version stays named, and the visit counts as
     ``not_modified`` (``seen``: the validators and digest of a same body sent again), or, with
     ``reason``, as a revisit that failed for good."""
-    change: dict = {
+    change: Doc = {
         "$set": {"status": SUCCESS, "retry_at": retry_at, "revisit_every": every, "failed_reason": reason,
                  "last_update_datetime": now},
         "$inc": {"download_times": 1} if reason else {"download_times": 1, "visits": 1},
@@ -186,7 +192,7 @@ def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: dateti
     return UpdateOne({"_id": task_id, **held_by(lease, kind, sent_at)}, change)
 
 
-def mark_superseded(settled: list[tuple]) -> None:
+def mark_superseded(settled: list[tuple[ObjectId, ObjectId, int, str | None]]) -> None:
     """(job, task, version, lease of the version before) settled as the page's latest: its data
     documents of lower versions are earlier versions — marked (a hint for readers of the latest
     only; the task's ``data_lease`` is the truth) and the one before listed for the retention
@@ -202,7 +208,7 @@ def mark_superseded(settled: list[tuple]) -> None:
         CrawlerOldVersion._get_collection().insert_many(listed, ordered=False)
 
 
-def remark_versions(lease: str, ids: list) -> None:
+def remark_versions(lease: str, ids: list[ObjectId]) -> None:
     """The ``superseded`` marks of the pages a dead worker settled under ``lease`` (it may have
     died between a settle and its marks): each page's versions below its latest."""
     flt = {"_id": {"$in": ids}, "data_lease": lease, "versions": {"$gt": 1}}
@@ -211,7 +217,7 @@ def remark_versions(lease: str, ids: list) -> None:
 
 
 def settle_failure(
-    task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
+    task_id: ObjectId, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
     sent_at: datetime | None = None,
 ) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
@@ -230,7 +236,7 @@ def settle_failure(
     )
 
 
-def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime,
+def hand_back(task_id: ObjectId, lease: str, kind: str, reason: str, after: float, now: datetime,
               sent_at: datetime | None = None) -> UpdateOne:
     """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
     return UpdateOne(
@@ -240,7 +246,7 @@ def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: da
          "$unset": UNSET_LEASE})
 
 
-def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime,
+def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reason: str, now: datetime,
               sent_at: datetime | None = None) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
     given = CrawlerTask._get_collection().update_many(
@@ -248,7 +254,7 @@ def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: dateti
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
     counts.move([(job_id, held_by(lease, kind, sent_at)["status"], LIVE, given)])
-    return given
+    return int(given)
 
 
 # --- the verdict and release (the defender) --------------------------------------------------
@@ -287,13 +293,13 @@ def open_leases() -> list[Lease]:
         {"state": {"$in": [QUEUED, RUNNING, LOST]}}, {"ids": 0, "uris": 0, "attempts": 0, "prev": 0})]
 
 
-def existing(lease_ids) -> set:
+def existing(lease_ids: Iterable[str]) -> set[str]:
     """The leases among ``lease_ids`` that have a document."""
     found = CrawlerLease._get_collection().find({"_id": {"$in": list(lease_ids)}}, {"_id": 1})
     return {d["_id"] for d in found}
 
 
-def tasks_out() -> dict:
+def tasks_out() -> dict[tuple[ObjectId, str], int]:
     """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out to be
     downloaded (LIVE or DISPATCH) are; a page out for a revisit is SUCCESS, and counted there."""
     rows = CrawlerLease._get_collection().aggregate([
@@ -322,12 +328,9 @@ def mark_lost(lease: Lease, reason: str) -> bool:
     judged = {"_id": lease.id, LEASE.owner: lease.worker, claims.BEAT: lease.beat_at}
     guard = claims.judged(LEASE, judged) if lease.state == RUNNING else {"_id": lease.id,
                                                                          "state": lease.state}
-    return (
-        CrawlerLease._get_collection()
-        .update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}})
-        .modified_count
-        == 1
-    )
+    changed: int = collection(CrawlerLease).update_one(
+        guard, {"$set": {"state": LOST, "lost_reason": reason}}).modified_count
+    return changed == 1
 
 
 def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[int, int, int]:
@@ -385,7 +388,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
 
 # --- data: what readers see, and the orphans --------------------------------------------------
 
-def _drop_data(docs: list[dict]) -> int:
+def _drop_data(docs: list[Doc]) -> int:
     """Delete data documents (GridFS bodies first: a body is never left without its document
     unless this is cut short, and then the sweep finds the document again)."""
     if not docs:
@@ -396,10 +399,11 @@ def _drop_data(docs: list[dict]) -> int:
         if d.get("response_body_gridfs"):
             fs = fs or gridfs_of(coll.database)
             fs.delete(d["response_body_gridfs"])
-    return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+    return int(coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count)
 
 
-def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None = None) -> None:
+def tombstone(lease: str, job_id: ObjectId | None, reason: str, ids: list[ObjectId],
+              now: datetime | None = None) -> None:
     """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
     readers then check its documents one by one, and the sweep looks for orphans among the data
     it stored for ``ids``. Written before the lease ends."""
@@ -408,7 +412,7 @@ def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None =
                          "$addToSet": {"ids": {"$each": list(ids)}}, "$unset": {"swept": ""}}, upsert=True)
 
 
-def settled_of(lease: str, ids: list) -> set:
+def settled_of(lease: str, ids: list[ObjectId]) -> set[ObjectId]:
     """The tasks among ``ids`` that name data of ``lease`` (a success settled under it)."""
     if not ids:
         return set()
@@ -418,7 +422,7 @@ def settled_of(lease: str, ids: list) -> set:
     }
 
 
-def drop_unsettled(lease: str, ids: list) -> int:
+def drop_unsettled(lease: str, ids: list[ObjectId]) -> int:
     """Delete data that ``lease`` stored for tasks among ``ids`` that do not name it (prompt
     cleanup by the writer and the defender; readers never see such data either way)."""
     if not ids:
