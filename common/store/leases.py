@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable, Protocol, Sequence
 
 from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
@@ -63,9 +63,6 @@ from common.store.models import (
 )
 from common.store.paging import Doc
 from common.store.records import Lease
-
-if TYPE_CHECKING:
-    from common.store.tasks import Picked
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +96,17 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
 
 # --- create, claim, beat, finish ------------------------------------------------------------
 
-def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: list[Picked], now: datetime) -> Doc:
+class Sent(Protocol):
+    """A task as an entry carries it (``common.store.tasks.Picked``)."""
+
+    id: ObjectId
+    uri: str
+    attempts: int
+    prev: dict[str, Any] | None
+
+
+def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: Sequence[Sent],
+              now: datetime) -> Doc:
     """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
     doc = {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
            "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
