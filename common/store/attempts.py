@@ -21,6 +21,7 @@ from pymongo.errors import BulkWriteError
 from common.config import settings
 from common.store.data import body_of, gridfs_of
 from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog
+from common.store.records import DataDoc
 
 DUPLICATE_KEY = 11000
 
@@ -92,14 +93,14 @@ def insert_logs(docs: list[dict]) -> None:
     _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), docs)
 
 
-def stored_response(data_id) -> dict | None:
-    """A stored data document (for a coalesced task to copy) with its body, whether kept inline
-    or in GridFS, under ``body``; None if it is gone."""
+def stored_response(data_id: str) -> tuple[DataDoc, bytes] | None:
+    """A stored data document (for a coalesced task to copy) and its body, whether kept inline
+    or in GridFS; None if it is gone."""
     coll = CrawlerDownloadData._get_collection()
     doc = coll.find_one({"_id": ObjectId(data_id)})
     if doc is None:
         return None
-    return {**doc, "body": body_of(doc, gridfs_of(coll.database))}
+    return DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))
 
 
 def stored_digest(task_id, lease: str) -> str | None:

@@ -49,12 +49,13 @@ def _request_shape(ctx: JobContext) -> dict:
 
 def _stored_download(data_id: str) -> Download | None:
     """The download an identical request stored (to copy for a coalesced task), or None if gone."""
-    doc = attempts.stored_response(data_id)
-    if doc is None:
+    found = attempts.stored_response(data_id)
+    if found is None:
         return None
-    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {},
-                    body=doc["body"], url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
-                    request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
+    doc, body = found
+    return Download(status_code=int(doc.status_code or 0), headers=dict(doc.response_headers), body=body,
+                    url=doc.url or "", remote_ip=doc.remote_ip or "",
+                    request_headers=dict(doc.requests_headers), encoding=doc.encoding)
 
 
 def _previous(prev: dict | None) -> dict | None:
