@@ -5,8 +5,14 @@ entries of ``--batch`` and settled entry by entry through the real store functio
 path). Prints the store process's CPU (utime + stime of ``/proc/<pid>/stat``) per settled task,
 and the wall time. ``--failures``: settle every task as a failure instead (``settle_failure``,
 one UpdateOne each, with a retry time). Repeat with ``--repeat``; the median is printed.
+``--pages``: the store's whole write of each stored page instead, as the writer sends it on the
+happy path (an entry's data documents of ``--body`` bytes in one insert, its download logs in
+one, its settles), with the store CPU per page and per collection (``top``). ``--indexes``:
+compare index sets, alternated (``models``: the models' own; ``before``: those of issue 40's
+first step — crawler_task's four, data's (task, lease) — kept for the comparison).
 
     .venv/bin/python scripts/bench_settle.py --tasks 4096 --batch 64 --repeat 3
+    .venv/bin/python scripts/bench_settle.py --pages --indexes before,models --repeat 4
 """
 from __future__ import annotations
 
@@ -29,7 +35,54 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | None = None) -> dict:
+# the index sets of issue 40's first step, for ``--indexes before``: {collection: [(keys, unique)]}
+BEFORE = {
+    "crawler_task": [((("job", 1), ("uri", 1)), True),
+                     ((("job", 1), ("status", 1), ("retry_at", 1), ("seq", 1)), False),
+                     ((("job", 1), ("status", 1), ("_id", 1)), False), ((("job", 1), ("_id", 1)), False)],
+    "crawler_download_data": [((("task", 1), ("lease", 1)), False), ((("job", 1), ("_id", 1)), False)],
+}
+
+
+def _use_indexes(db, variant: str) -> None:
+    """Replace the models' indexes of the collections in BEFORE by that set (``before``), or drop
+    crawler_task's unique (job, uri) (``no-uri``: what that index costs the settles)."""
+    if variant == "no-uri":
+        db["crawler_task"].drop_index("job_1_uri_1")
+    if variant != "before":
+        return
+    for name, indexes in BEFORE.items():
+        db[name].drop_indexes()
+        for keys, unique in indexes:
+            db[name].create_index(list(keys), unique=unique)
+
+
+def _top(client) -> dict:
+    """Microseconds each collection's commands took so far (``top``)."""
+    totals = client.admin.command("top")["totals"]
+    return {ns: v["total"]["time"] for ns, v in totals.items() if isinstance(v, dict) and "total" in v}
+
+
+def _write_pages(job, entries: list, body: int) -> None:
+    """Each entry's pages stored as the writer stores them on the happy path (store_many)."""
+    from common.store import attempts, counts, leases
+    from common.store import tasks as store_tasks
+    from common.store.models import FRESH, LIVE, SUCCESS, utcnow
+    from slave.download.engines.base import Download
+
+    page = Download(200, {"Content-Type": "text/html", "Content-Length": str(body)}, b"x" * body, "",
+                    "127.0.0.1", {"User-Agent": "bench"}, b"", "utf-8")
+    for n, docs in enumerate(entries):
+        lease, at = f"bench-{n}", utcnow()
+        attempts.insert_data([attempts.data_doc(job, None, d, lease, page, at) for d in docs])
+        attempts.insert_logs([attempts.log_doc(job, d["_id"], lease, None, 0, body, 5, None, at)
+                              for d in docs])
+        settled = store_tasks.settle(leases.settle_success([d["_id"] for d in docs], lease, FRESH, at))
+        counts.move([(job, LIVE, SUCCESS, settled)])
+
+
+def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | None = None,
+             pages: bool = False, indexes: str = "models", body: int = 2400) -> dict:
     from services import MongoServer
 
     mongo = MongoServer()
@@ -52,6 +105,7 @@ def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | 
         connection.disconnect_mongo()
         connection.connect_mongo(ensure_indexes=True)
         coll = CrawlerTask._get_collection()
+        _use_indexes(coll.database, indexes)
         job, now = ObjectId(), utcnow()
         docs = []
         for seq in range(1, settled + tasks + 1):
@@ -66,6 +120,15 @@ def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | 
         fresh = [d["_id"] for d in docs[settled:]]
         entries = [fresh[i:i + batch] for i in range(0, len(fresh), batch)]
         pid = mongo.proc.pid  # type: ignore[attr-defined]
+        if pages:
+            client = coll.database.client
+            top0, cpu0 = _top(client), _cpu(pid)
+            _write_pages(job, [docs[settled:][i:i + batch] for i in range(0, tasks, batch)], body)
+            cpu, top1 = _cpu(pid) - cpu0, _top(client)
+            assert coll.count_documents({"job": job, "status": SUCCESS}) == tasks + settled
+            by = {ns.split(".", 1)[1]: round((top1[ns] - top0.get(ns, 0)) / 1000 / tasks, 3)
+                  for ns in top1 if top1[ns] - top0.get(ns, 0) > 0 and "crawler" in ns}
+            return {"cpu_ms_per_task": 1000 * cpu / tasks, "wall_ms_per_task": 0.0, "by": by}
         changed, cpu0, t0 = 0, _cpu(pid), time.perf_counter()
         for n, ids in enumerate(entries):
             lease, at = f"bench-{n}", utcnow()
@@ -97,19 +160,31 @@ def main() -> None:
     ap.add_argument("--groups", default="",
                     help="comma-separated SETTLE_GROUP values to compare, run alternately (A B B A ...); "
                          "default: the code's own")
+    ap.add_argument("--pages", action="store_true",
+                    help="the whole write of each page (data, log, settle) instead of the settle alone")
+    ap.add_argument("--body", type=int, default=2400, help="--pages: bytes of each page's body")
+    ap.add_argument("--indexes", default="models",
+                    help="comma-separated index sets to compare, alternated: models, before, no-uri")
     args = ap.parse_args()
     groups = [int(g) for g in args.groups.split(",") if g] or [0]
-    runs: dict[int, list[dict]] = {g: [] for g in groups}
+    variants = [(g, ix) for g in groups for ix in args.indexes.split(",")]
+    runs: dict[tuple, list[dict]] = {v: [] for v in variants}
     for rep in range(args.repeat):
-        for g in groups if rep % 2 == 0 else groups[::-1]:
-            runs[g].append(run_once(args.tasks, args.settled, args.batch, args.failures, g or None))
-    what = "failure" if args.failures else "success"
-    for g, rs in runs.items():
+        for g, ix in variants if rep % 2 == 0 else variants[::-1]:
+            runs[g, ix].append(run_once(args.tasks, args.settled, args.batch, args.failures, g or None,
+                                        args.pages, ix, args.body))
+    what = "page write" if args.pages else "failure settle" if args.failures else "success settle"
+    for (g, ix), rs in runs.items():
         cpu = [r["cpu_ms_per_task"] for r in rs]
-        print(f"{what} settle, {args.tasks} tasks in entries of {args.batch}, group {g or 'default'}: "
+        print(f"{what}, {args.tasks} tasks in entries of {args.batch}, group {g or 'default'}, indexes {ix}: "
               f"store CPU per task median {statistics.median(cpu):.3f} ms "
-              f"(runs: {', '.join(f'{c:.3f}' for c in cpu)}); wall median "
-              f"{statistics.median(r['wall_ms_per_task'] for r in rs):.3f} ms")
+              f"(runs: {', '.join(f'{c:.3f}' for c in cpu)})"
+              + ("" if args.pages else
+                 f"; wall median {statistics.median(r['wall_ms_per_task'] for r in rs):.3f} ms"))
+        if args.pages:
+            names = sorted({n for r in rs for n in r["by"]})
+            print("  time in each collection's commands per page, ms (top), median: " + ", ".join(
+                f"{n} {statistics.median(r['by'].get(n, 0) for r in rs):.3f}" for n in names))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,19 @@ the GridFS bucket ``crawler_download_data_fs``) and download logs (``crawler_dow
 database). Inserts only, and the read of a stored response a coalesced task copies; readers read
 data through ``common.store.data`` and the settles are ``common.store.leases``.
 
-Indexes (``models``): data (task, lease) finds an attempt's data (the fence), (job, _id) a job's
-data by time; logs (task) a task's logs, (job, _id) a job's logs by time. None is unique.
+Indexes (``models``): data (task, version) unique — one document per page version, the raw
+collection holds no second one beside what readers show — finds an attempt's data (the fence:
+task, then lease), (job, _id) a job's data by time; logs (task) a task's logs, (job, _id) a
+job's logs by time.
 
-Invariant: every document gets its ``_id`` from the writer (``data_doc``, ``log_doc``), so an
+Invariants: every document gets its ``_id`` from the writer (``data_doc``, ``log_doc``), so an
 insert retried after a lost reply is refused as a duplicate and ignored: an attempt's data and
-log are stored at most once, whatever the retries. A GridFS body is written after its document,
-under the id the document names, so a retry finds it there.
+log are stored at most once, whatever the retries. A page version (a task's data, or one
+``version`` of a revisited page) is held by one document: an insert that finds it held by
+another attempt's document is refused (``insert_data`` says which); the attempt that holds the
+task replaces that document (an orphan of a lost attempt, ``replace``), any other attempt loses
+(its settle is refused by the guard). A GridFS body is written after its document, under the id
+the document names, so a retry finds it there.
 """
 from __future__ import annotations
 
@@ -74,10 +80,50 @@ def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
             raise
 
 
-def insert_data(docs: list[dict]) -> None:
-    """Insert data documents; those already stored (a retry) are ignored. Raises BulkWriteError
-    or InvalidDocument / DocumentTooLarge when MongoDB refuses one."""
-    _insert_ignoring_duplicates(CrawlerDownloadData._get_collection(), docs)
+HOLDER_FIELDS = {"lease": 1, "response_body_gridfs": 1}
+
+
+def _holder(coll, doc: dict) -> dict | None:
+    """The document holding ``doc``'s page version (task, version), if any."""
+    return coll.find_one({"task": doc["task"], "version": doc.get("version")}, HOLDER_FIELDS)
+
+
+def insert_data(docs: list[dict]) -> list[tuple[dict, dict | None]]:
+    """Insert data documents; those already stored (a retry) are ignored. Returns those refused
+    because another document holds their page version, each with that document (None: it went
+    meanwhile). Raises BulkWriteError or InvalidDocument / DocumentTooLarge when MongoDB refuses
+    one for another reason."""
+    coll = CrawlerDownloadData._get_collection()
+    if not docs:
+        return []
+    try:
+        coll.insert_many(docs, ordered=False)
+        return []
+    except BulkWriteError as exc:
+        errors = exc.details["writeErrors"]
+        if any(e["code"] != DUPLICATE_KEY for e in errors):
+            raise
+    taken = []
+    for e in errors:
+        doc = docs[e["index"]]
+        held = _holder(coll, doc)
+        if held is None or held["_id"] != doc["_id"]:  # (its own _id: a retried insert, stored)
+            taken.append((doc, held))
+    return taken
+
+
+def replace(held: dict | None, doc: dict) -> tuple[bool, dict | None]:
+    """Put ``doc`` in the place of ``held`` (the document that held its page version, an orphan:
+    the caller's attempt holds the task, so no other attempt can settle it): its GridFS body,
+    then it, go, and ``doc`` is inserted. Returns (stored, the document now holding the version
+    if another took it meanwhile)."""
+    coll = CrawlerDownloadData._get_collection()
+    if held is not None:
+        if held.get("response_body_gridfs"):
+            gridfs_of(coll.database).delete(held["response_body_gridfs"])
+        coll.delete_one({"_id": held["_id"], "lease": held["lease"]})
+    taken = insert_data([doc])
+    return (not taken), (taken[0][1] if taken else None)
 
 
 def put_body(file_id, body: bytes, filename: str) -> None:

@@ -5,6 +5,7 @@ so ``connect_mongo`` reconnects when it finds itself in a new process.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -12,12 +13,15 @@ from urllib.parse import unquote, urlsplit
 
 import mongoengine
 from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 from redis import Redis
 from redis.maint_notifications import MaintNotificationsConfig
 
 from common.config import settings
 from common.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+DUPLICATE_KEY = 11000
 _lock = threading.Lock()
 _mongo_pid: int | None = None
 _redis: tuple[int, str, Redis] | None = None
@@ -55,7 +59,14 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
         from common.store.models import ALL_MODELS
 
         for model in ALL_MODELS:
-            model.ensure_indexes()
+            try:
+                model.ensure_indexes()
+            except OperationFailure as exc:
+                if exc.code != DUPLICATE_KEY:
+                    raise
+                # a unique index this version adds, over data an earlier one stored twice
+                logger.warning("an index of %s is not made (%s): run `downcluster migrate`",
+                               model._get_collection_name(), str(exc).split(",")[0])
 
 
 def disconnect_mongo_unlocked() -> None:

@@ -94,6 +94,12 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     return {"status": DISPATCH, "lease": lease}
 
 
+def holds(task_id, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
+    """Whether the entry ``lease`` still holds the task (``held_by``)."""
+    return CrawlerTask._get_collection().find_one(
+        {"_id": task_id, **held_by(lease, kind, sent_at)}, {"_id": 1}) is not None
+
+
 # --- create, claim, beat, finish ------------------------------------------------------------
 
 class Sent(Protocol):
@@ -441,6 +447,20 @@ def drop_unsettled(lease: str, ids: list[ObjectId]) -> int:
     docs = list(CrawlerDownloadData._get_collection().find(
         {"task": {"$in": orphans}, "lease": lease}, {"response_body_gridfs": 1}))
     return _drop_data(docs)
+
+
+def drop_orphans_of_versions() -> int:
+    """Data of one page version stored more than once (a store written before one document per
+    version was kept, ``models.CrawlerDownloadData``): the documents no task names go (read whole
+    once: ``migrate``'s)."""
+    twice = CrawlerDownloadData._get_collection().aggregate([
+        {"$group": {"_id": {"task": "$task", "version": "$version"}, "n": {"$sum": 1},
+                    "docs": {"$push": {"_id": "$_id", "task": "$task", "lease": "$lease",
+                                       "response_body_gridfs": "$response_body_gridfs"}}}},
+        {"$match": {"n": {"$gt": 1}}}], allowDiskUse=True)
+    docs = [d for group in twice for d in group["docs"]]
+    keep = named(docs)
+    return _drop_data([d for d in docs if d["_id"] not in keep])
 
 
 def sweep_orphans(now: datetime | None = None, grace: float | None = None, budget: float = 30.0,

@@ -318,9 +318,10 @@ class CrawlerDownloadData(Document):
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",
-        # not unique: each document gets its _id from the writer, so a retried insert is refused
-        # by _id; (task, lease) finds an attempt's data
-        "indexes": [("task", "lease"), ("job", "_id")],
+        # one document per page version (a task's, or a revisited page's ``version``): a lost
+        # attempt's late insert is refused (``common.store.attempts``); also finds an attempt's
+        # data by task, then lease
+        "indexes": [{"fields": ("task", "version"), "unique": True}, ("job", "_id")],
     }
 
 

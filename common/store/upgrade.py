@@ -1,6 +1,7 @@
 """What ``downcluster migrate`` moves between databases: the cluster's secrets, token digests
 and console sessions (``cluster_secret``, ``api_token``, ``web_session``) out of the source
-database, which analysts read, into the control database (``MONGO_CONTROL_URI``).
+database, which analysts read, into the control database (``MONGO_CONTROL_URI``); and the
+indexes an earlier version made that this one no longer keeps (``retire_indexes``).
 
 No index of its own: documents are read whole and written by ``_id`` (the target collections'
 indexes are the models').
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import ApiToken, ClusterSecret, CrawlerTask, WebSession
+from common.store.models import ApiToken, ClusterSecret, CrawlerDownloadData, CrawlerTask, WebSession
 
 
 def move_secrets() -> tuple[int, list[str]]:
@@ -36,3 +37,28 @@ def move_secrets() -> tuple[int, list[str]]:
         if not old.estimated_document_count():
             old.drop()
     return moved, kept
+
+
+# indexes of earlier versions, dropped by ``migrate``: each costs every write of its collection
+RETIRED_INDEXES = (
+    (CrawlerDownloadData, [("task", 1), ("lease", 1)]),  # the unique (task, version) finds them
+)
+
+
+def retire_indexes() -> int:
+    """Drop the RETIRED_INDEXES a store still has, then make the indexes this version keeps: data
+    written before one document per page version was kept may hold a lost attempt's document
+    beside its task's (until the orphan sweep): such documents, named by no task, go first
+    (``common.store.leases.drop_orphans_of_versions``). Returns the indexes dropped."""
+    from common.store.leases import drop_orphans_of_versions
+
+    dropped = 0
+    for model, keys in RETIRED_INDEXES:
+        coll = model._get_collection()
+        for ix in coll.list_indexes():
+            if list(ix["key"].items()) == keys:
+                coll.drop_index(ix["name"])
+                dropped += 1
+    drop_orphans_of_versions()
+    CrawlerDownloadData.ensure_indexes()
+    return dropped

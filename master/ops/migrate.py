@@ -16,6 +16,8 @@ Jobs and exports stored before projects go to the ``default`` project, and every
 admins' stored before projects is given ``default`` (an analyst read every job before).
 A notification an earlier version held by ``claimed_until`` is held, as the one claim protocol
 holds it (``common.store.claims``), until the same moment.
+Indexes an earlier version made and this one no longer keeps are dropped, and a page version
+stored twice (before one document per version was kept) keeps the document its task names.
 
 Idempotent: a second run finds nothing to do.
 """
@@ -26,7 +28,7 @@ from datetime import timedelta
 
 from common.store import control, counts, exports, jobs, leases, notifications, projects, tasks
 from common.store.models import utcnow
-from common.store.upgrade import move_secrets
+from common.store.upgrade import move_secrets, retire_indexes
 
 CHUNK = 5000
 
@@ -39,6 +41,7 @@ class MigrationReport:
     owners_filled: int = 0
     claims_moved: int = 0  # notifications an earlier version held (``claimed_until``)
     projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
+    indexes_retired: int = 0
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -64,5 +67,6 @@ def migrate() -> MigrationReport:
     report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
     report.projects_filled = projects.upgrade()
     report.claims_moved = notifications.upgrade_claims()
+    report.indexes_retired = retire_indexes()
     return report
 

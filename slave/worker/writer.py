@@ -113,12 +113,12 @@ def _unstorable(outcome: Outcome, doc: dict) -> str | None:
     return None
 
 
-def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> None:
+def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> list[tuple[dict, dict | None]]:
     """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
-    failure instead of failing the others."""
+    failure instead of failing the others. Returns those refused because another document holds
+    their page version (``attempts.insert_data``)."""
     try:
-        with_retries(lambda: attempts.insert_data(docs), "data insert")
-        return
+        return with_retries(lambda: attempts.insert_data(docs), "data insert")
     except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:  # duplicates alone never raise
         logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
     keep_o, keep_d = [], []
@@ -131,7 +131,27 @@ def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> None:
             keep_d.append(d)
     outcomes[:] = keep_o
     docs[:] = keep_d
-    with_retries(lambda: attempts.insert_data(docs), "data insert")
+    return with_retries(lambda: attempts.insert_data(docs), "data insert")
+
+
+VERSION_TRIES = 3  # replacements of a page version's orphan before the attempt is tried again later
+
+
+def _take_version(p: Part, o: Outcome, doc: dict, held: dict | None) -> bool:
+    """A data document refused because ``held`` holds its page version. If this entry still
+    holds the task, ``held`` is an orphan of a lost attempt (no other can settle the task): it
+    is replaced. Else this attempt lost the task, and its settle will be refused. Returns
+    whether ``doc`` is stored; a version that cannot be taken makes the outcome a retryable
+    failure, so that no settle names data that is not stored."""
+    for _ in range(VERSION_TRIES):
+        if not with_retries(partial(leases.holds, o.task["_id"], p.lease, p.kind, p.sent_at), "task held"):
+            return False
+        stored, held = with_retries(partial(attempts.replace, held, doc), "data replace")
+        if stored:
+            logger.info("replaced an orphan of task %s's page version with %s's", o.task["_id"], p.lease)
+            return True
+    o.download, o.error = None, DownloadError("page version held by another attempt", retryable=True)
+    return False
 
 
 @dataclass
@@ -225,17 +245,23 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
 
 def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:
     """Insert the data documents of the successes (then the GridFS files of large bodies); each
-    outcome learns its ``data_id``. Returns the successes whose data is stored."""
+    outcome learns its ``data_id``. Returns the successes whose data is stored, and those whose
+    page version another attempt holds (their guarded settle is refused: they lost the task)."""
     data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
     for (_, o), d in zip(ok, data_docs):
         o.data_id = d["_id"]
     if not data_docs:
         return ok
     outs = [o for _, o in ok]
-    _insert_data(outs, data_docs)
-    kept = {id(o) for o in outs}
+    taken = _insert_data(outs, data_docs)
+    part_of, out_of = {id(o): p for p, o in ok}, {id(d): o for o, d in zip(outs, data_docs)}
+    lost = {id(doc) for doc, held in taken if not _take_version(part_of[id(out_of[id(doc)])],
+                                                                out_of[id(doc)], doc, held)}
+    kept = {id(o) for o in outs if o.error is None}
     for o, d in zip(outs, data_docs):
-        if attempts.body_file(d):
+        if id(d) in lost:
+            o.data_id = None  # (nothing for a coalesced waiter to copy)
+        elif attempts.body_file(d) and o.error is None:
             body = o.download.body if o.download else b""
             put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
             with_retries(put, "GridFS put")

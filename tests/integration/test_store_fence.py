@@ -1,16 +1,18 @@
 """The fence: a worker whose lease was given back changes nothing a reader sees, driven step by
-step (no sleeps): a late insert after cleanup, hand-backs sharing a bulk write with refused
-settles, a task cancelled mid-download in such a batch, an entry popped and not yet claimed."""
+step (no sleeps): a late insert after cleanup (refused by the store: one document per page
+version), hand-backs sharing a bulk write with refused settles, a task cancelled mid-download in
+such a batch, an entry popped and not yet claimed."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from pymongo.errors import BulkWriteError
 
 from common.config import load, settings
 from common.errors import DownloadError, NotFound
 from common.queue import rqbridge
-from common.store import leases
+from common.store import attempts, leases
 from common.store.data import data_filter, data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.store.records import ExportFilter
@@ -61,7 +63,10 @@ def _one_named_document_per_success(name: str) -> None:
             assert data == [], t.uri
 
 
-def test_a_late_insert_after_cleanup_is_never_read_and_is_swept(cluster, tmp_path):
+def test_a_late_insert_after_the_lease_was_lost_is_refused_by_the_store(cluster, tmp_path):
+    """Issue 41: a zombie's insert arriving after the task's new attempt stored and settled its
+    page is refused by the store itself: the raw collection (what an analyst reads with plain
+    pymongo) holds one document per page version, the one readers show."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "late")
     _stale(lease["_id"])
     assert defender.recover(cluster.redis).recovered == 3
@@ -74,16 +79,38 @@ def test_a_late_insert_after_cleanup_is_never_read_and_is_swept(cluster, tmp_pat
     again = CrawlerLease._get_collection().find_one({"kind": AGAIN})
     again = leases.claim(again["_id"], "w2")
     assert store_outcomes(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
-    CrawlerDownloadData._get_collection().insert_many(stale_docs)  # late: after cleanup and the new settle
+    with pytest.raises(BulkWriteError) as refused:  # late: after cleanup and the new settle
+        CrawlerDownloadData._get_collection().insert_many(stale_docs, ordered=False)
+    assert [e["code"] for e in refused.value.details["writeErrors"]] == [11000] * 3
+    assert len(attempts.insert_data(stale_docs)) == 3  # the writer's insert: each version held by another
+    _one_named_document_per_success("late")  # in the raw collection
     seen = _visible_everywhere("late")
     assert len(seen) == 3 and set(seen.values()) == {again["_id"]}
     for doc in stale_docs:
         with pytest.raises(NotFound):
             views.body(str(doc["_id"]))
-    # the defender's sweep removes them once past the grace (its lease is gone)
-    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 3
-    _one_named_document_per_success("late")
-    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # each looked at once
+    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # nothing left over
+
+
+def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_path):
+    """The other order: the lost attempt's insert lands first; the attempt that holds the task
+    replaces it (body included), and a lost attempt that comes after loses the version."""
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "first")
+    stale_docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    _stale(lease["_id"])
+    assert defender.recover(cluster.redis).recovered == 3
+    CrawlerDownloadData._get_collection().insert_many(stale_docs)  # the zombie's insert, landed late
+    assert dispatch_once(cluster.redis).total == 3
+    again = leases.claim(CrawlerLease._get_collection().find_one({"kind": AGAIN})["_id"], "w2")
+    assert store_outcomes(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
+    _one_named_document_per_success("first")
+    assert set(_visible_everywhere("first").values()) == {again["_id"]}
+    for d in CrawlerDownloadData._get_collection().find({}):
+        assert bytes(d["response_body"]).startswith(b"new-")
+    # the zombie's writer, back: its version is held and its settle refused; nothing changes
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0
+    _one_named_document_per_success("first")
+    assert set(_visible_everywhere("first").values()) == {again["_id"]}
 
 
 def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
@@ -211,3 +238,23 @@ def test_an_entry_settled_in_several_groups_with_refused_settles_in_two_of_them(
     job = Job.objects.get(name="groups")
     kept = counts.of_jobs([job.id])[job.id]
     assert kept["SUCCESS"] == n - 2 and kept["LIVE"] == 2  # the cancels were written behind the counts' back
+
+
+def test_migrate_keeps_one_document_per_version_of_an_earlier_store(cluster, tmp_path):
+    """A store of an earlier version: a (task, lease) index, a lost attempt's document beside a
+    task's. ``migrate`` drops the retired index and that document, and makes the unique (task,
+    version)."""
+    from master.ops.migrate import migrate
+
+    lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "old")
+    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+    data = CrawlerDownloadData._get_collection()
+    data.drop_index("task_1_version_1")
+    data.create_index([("task", 1), ("lease", 1)])
+    stale = writer._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
+    data.insert_one(stale)
+    assert migrate().indexes_retired == 1
+    _one_named_document_per_success("old")
+    keys = {ix["name"]: ix.get("unique", False) for ix in data.list_indexes()}
+    assert keys == {"_id_": False, "task_1_version_1": True, "job_1__id_1": False}
+    assert migrate().indexes_retired == 0  # idempotent

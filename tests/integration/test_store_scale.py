@@ -177,7 +177,9 @@ QUERIES = [
         "_id",
         "a job's data (views.data_page, exports)",
     ),
-    (CrawlerDownloadData, {"task": MARK, "lease": "l"}, None, "a task's data (the fence, task show)"),
+    # (task, lease): by task, then lease among its documents (one per version of its page)
+    (CrawlerDownloadData, {"task": MARK}, None, "a task's data (the fence, task show)"),
+    (CrawlerDownloadData, {"task": MARK, "version": 2}, None, "a page version's document (the writer)"),
     (
         CrawlerDownloadLog,
         {"job": JOB, "_id": {"$lt": MARK}},
@@ -269,6 +271,12 @@ def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     page = views.task_page("big", status="FAIL", limit=50)
     timings["FAIL page"] = time.perf_counter() - start
     assert len(page["tasks"]) == 50 and page["next"]
+    start = time.perf_counter()
+    every = views.task_page("big", limit=50, newest=True)  # every status
+    timings["newest page"] = time.perf_counter() - start
+    newest = [str(d["_id"]) for d in coll.find({"job": job.id}, {"_id": 1}).sort("_id", -1).limit(100)]
+    after = views.task_page("big", limit=50, newest=True, after=every["next"])
+    assert [t["id"] for t in every["tasks"] + after["tasks"]] == newest
     start = time.perf_counter()
     report = dispatch_once(cluster.redis)
     timings["dispatch"] = time.perf_counter() - start
