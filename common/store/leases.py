@@ -94,7 +94,7 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     return {"status": DISPATCH, "lease": lease}
 
 
-def holds(task_id, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
+def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
     """Whether the entry ``lease`` still holds the task (``held_by``)."""
     return CrawlerTask._get_collection().find_one(
         {"_id": task_id, **held_by(lease, kind, sent_at)}, {"_id": 1}) is not None

@@ -261,9 +261,9 @@ def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Par
     for o, d in zip(outs, data_docs):
         if id(d) in lost:
             o.data_id = None  # (nothing for a coalesced waiter to copy)
-        elif attempts.body_file(d) and o.error is None:
+        elif (file_id := attempts.body_file(d)) and o.error is None:
             body = o.download.body if o.download else b""
-            put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
+            put = partial(attempts.put_body, file_id, body, f"{o.task['_id']}-{d['lease']}")
             with_retries(put, "GridFS put")
     return [(p, o) for p, o in ok if id(o) in kept]
 
