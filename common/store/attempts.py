@@ -30,24 +30,27 @@ from common.config import settings
 from common.store.data import body_of, gridfs_of
 from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, collection
 from common.store.paging import Doc
-from common.store.records import DataDoc
+from common.store.records import DataDoc, LeaseTask
 
 DUPLICATE_KEY = 11000
 
 
-def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: Doc, lease: str, download: Any,
-             now: datetime) -> Doc:
+def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, lease: str, download: Any,
+             now: datetime, version: int | None = None) -> Doc:
     """The data document of one successful download (``download``: status_code, headers, body,
-    request_headers, request_body, encoding, remote_ip); a large body goes to GridFS."""
+    request_headers, request_body, encoding, remote_ip) of ``version`` of its page (revisits);
+    a large body goes to GridFS."""
     d = download
     doc: Doc = {
         "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
-        "job": job_id, "downloader": downloader_id, "task": task["_id"], "lease": lease,
-        "url": task["uri"], "status_code": d.status_code,
+        "job": job_id, "downloader": downloader_id, "task": task.id, "lease": lease,
+        "url": task.uri, "status_code": d.status_code,
         "requests_headers": d.request_headers, "response_headers": d.headers,
         "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
         "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
     }
+    if version is not None:
+        doc["version"] = version
     if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
         doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
         doc["response_body"] = None
@@ -63,8 +66,10 @@ def body_file(doc: Doc) -> ObjectId | None:
 
 
 def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str | None, request_size: int,
-            response_size: int, spend_us: int, coalesced_from: object, now: datetime) -> Doc:
-    """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``."""
+            response_size: int, spend_us: int, coalesced_from: object, now: datetime,
+            not_modified: str | None = None) -> Doc:
+    """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``; ``not_modified``:
+    a revisit that stored nothing ("HTTP 304" or "same content")."""
     return {
         "_id": ObjectId(), "job": job_id, "task": task_id, "lease": lease,
         "status": SUCCESS if failed_reason is None else FAIL,
@@ -72,6 +77,7 @@ def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str 
         "failed_reason": failed_reason[:10240] if failed_reason is not None else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": spend_us, "add_datetime": now,
         **({"coalesced_from": coalesced_from} if coalesced_from is not None else {}),
+        **({"not_modified": not_modified} if not_modified else {}),
     }
 
 

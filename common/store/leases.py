@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
@@ -62,7 +62,7 @@ from common.store.models import (
     utcnow,
 )
 from common.store.paging import Doc
-from common.store.records import Lease
+from common.store.records import Lease, LeaseTask, Prev
 
 logger = logging.getLogger(__name__)
 
@@ -108,23 +108,21 @@ class Sent(Protocol):
     id: ObjectId
     uri: str
     attempts: int
-    prev: dict[str, Any] | None
+    prev: Prev | None
 
 
 def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: Sequence[Sent],
-              now: datetime) -> Doc:
-    """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
-    doc = {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
-           "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
-           "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
-    if any(getattr(t, "prev", None) for t in tasks):  # visits of stored pages: their latest versions
-        doc["prev"] = [getattr(t, "prev", None) or {} for t in tasks]
-    return doc
+              now: datetime) -> Lease:
+    """The lease of a new entry of ``tasks``."""
+    prev = [t.prev.to_doc() if t.prev else {} for t in tasks] if any(t.prev for t in tasks) else None
+    return Lease(id=lease, job=job_id, queue=queue, kind=kind, ids=[t.id for t in tasks],
+                 uris=[t.uri for t in tasks], attempts=[t.attempts for t in tasks], prev=prev, state=QUEUED,
+                 hostname=settings.HOSTNAME, created_at=now)
 
 
-def create(docs: list[Doc]) -> None:
+def create(made: list[Lease]) -> None:
     """Insert new entries' leases (``new_lease``), before their tasks are marked or pushed."""
-    CrawlerLease._get_collection().insert_many(docs, ordered=False)
+    collection(CrawlerLease).insert_many([lease.to_doc() for lease in made], ordered=False)
 
 
 def drop(lease_id: str) -> None:
@@ -132,21 +130,19 @@ def drop(lease_id: str) -> None:
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
 
 
-def claim(lease_id: str, worker_id: str) -> Doc | None:
+def claim(lease_id: str, worker_id: str) -> Lease | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
-    return claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
-                        {"$set": {"hostname": settings.HOSTNAME}, "$currentDate": {"started_at": True},
-                         "$unset": {"missing_at": ""}})
+    return Lease.maybe(claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
+                                    {"$set": {"hostname": settings.HOSTNAME},
+                                     "$currentDate": {"started_at": True}, "$unset": {"missing_at": ""}}))
 
 
-def lease_tasks(lease: Doc) -> list[Doc]:
+def lease_tasks(lease: Lease) -> list[LeaseTask]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
-    prev = lease.get("prev") or [None] * len(lease["ids"])
-    return [
-        {"_id": i, "uri": u, "download_times": n, **({"prev": p} if p else {})}
-        for i, u, n, p in zip(lease["ids"], lease["uris"], lease["attempts"], prev)
-    ]
+    prev: list[Mapping[str, Any] | None] = [*lease.prev] if lease.prev else [None] * len(lease.ids)
+    return [LeaseTask(i, u, n, Prev.from_doc(p) if p else None)
+            for i, u, n, p in zip(lease.ids, lease.uris, lease.attempts, prev)]
 
 
 def beat(lease_ids: Iterable[str], worker_id: str) -> None:

@@ -182,7 +182,7 @@ class Lease(Record):
     ids: Sequence[ObjectId] = ()
     uris: Sequence[str] = ()
     attempts: Sequence[int] = ()
-    prev: Sequence[Mapping[str, Any]] = ()
+    prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
     state: str = "QUEUED"
     worker: str | None = None
     hostname: str | None = None
@@ -191,6 +191,32 @@ class Lease(Record):
     beat_at: datetime | None = None
     lost_reason: str | None = None
     missing_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prev(Record):
+    """A stored page's latest version as its next visit needs it (its task's ``data_lease``, the
+    validators, digest, version count and interval), copied from the task into its entry's lease
+    (``common.store.tasks.prev_of``)."""
+
+    data_lease: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: str | None = None
+    versions: int | None = None
+    revisit_every: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTask:
+    """One task as its entry's lease carries it, what a worker downloads (it reads no task):
+    ``attempts`` is its ``download_times`` when sent, ``prev`` its page's latest version (a visit
+    of a stored page)."""
+
+    id: ObjectId
+    uri: str
+    attempts: int = 0
+    prev: Prev | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,7 +489,7 @@ class ExportFilter:
 NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
 
 ALL_RECORDS: tuple[type[Record], ...] = (
-    Job, JobSettings, Task, Lease, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
+    Job, JobSettings, Task, Lease, Prev, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
     NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog)
 
 

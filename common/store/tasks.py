@@ -53,6 +53,7 @@ from common.store.models import (
 )
 from common.store.paging import by_id, in_chunks
 from common.store.records import Job as JobRecord
+from common.store.records import Prev
 
 DUPLICATE_KEY = 11000
 EPOCH = datetime(1970, 1, 1)
@@ -135,19 +136,17 @@ class Picked:
     uri: str = ""
     attempts: int = 0
     status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
-    prev: dict[str, Any] | None = None  # a stored page visited again: its latest version (``prev_of``)
+    prev: Prev | None = None  # a stored page visited again: its latest version (``prev_of``)
     due: datetime | None = None  # a revisit: when it came due
 
 
 PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
 
 
-def prev_of(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+def prev_of(doc: Mapping[str, Any]) -> Prev | None:
     """What a visit of a task with a stored version needs of it (validators, digest, version
     count, interval), copied into its entry's lease; None for a task never stored."""
-    if not doc.get("data_lease"):
-        return None
-    return {k: doc.get(k) for k in PREV_FIELDS if doc.get(k) is not None}
+    return Prev.from_doc(doc) if doc.get("data_lease") else None
 
 
 def fresh_limit(job: JobRecord, now: datetime) -> int:
