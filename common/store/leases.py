@@ -94,6 +94,11 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     return {"status": DISPATCH, "lease": lease}
 
 
+def held_status(kind: str) -> str:
+    """The status of a task while an entry of ``kind`` holds it (``held_by``)."""
+    return {FRESH: LIVE, REVISIT: SUCCESS}.get(kind, DISPATCH)
+
+
 def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
     """Whether the entry ``lease`` still holds the task (``held_by``)."""
     return CrawlerTask._get_collection().find_one(
@@ -262,7 +267,7 @@ def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reas
         {"_id": {"$in": ids}, **held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job_id, held_by(lease, kind, sent_at)["status"], LIVE, given)])
+    counts.move([(job_id, held_status(kind), LIVE, given)])
     return int(given)
 
 

@@ -233,7 +233,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     _supersede(ok, settled == len(settles))
     moves = []
     for p, c in zip(parts, counted):
-        held = leases.held_by(p.lease, p.kind, p.sent_at)["status"]
+        held = leases.held_status(p.kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")

@@ -64,3 +64,11 @@ def test_lease_verdict(lease, in_queue, broken, attempt):
     assert (verdict is not None) == broken
     if broken:
         assert verdict[1] == attempt
+
+
+def test_the_status_an_entry_holds_its_tasks_in_is_its_guards():
+    from common.store.leases import held_by, held_status
+    from common.store.models import AGAIN, FRESH, REVISIT
+
+    for kind in (FRESH, AGAIN, REVISIT):
+        assert held_status(kind) == held_by("l1", kind, NOW)["status"]
