@@ -10,7 +10,7 @@ from bson import ObjectId
 
 from common.jobsettings import Follow
 from common.store.models import CrawlerDownload, CrawlerDownloadSetting, CrawlerRegistrationErrorLog, Job
-from common.store.records import JobSettings
+from common.store.records import JobSettings, LeaseTask
 from slave.download.fetching import Engines
 from slave.worker.context import JobContext
 from tests.helpers import cli
@@ -54,7 +54,7 @@ def _download(ctx: JobContext, url: str):
     async def run():
         engines = Engines()
         try:
-            return await engines.download(ctx, {"_id": ObjectId(), "uri": url})
+            return await engines.download(ctx, LeaseTask(ObjectId(), url))
         finally:
             await engines.close()
     return asyncio.run(run())
