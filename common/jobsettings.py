@@ -4,7 +4,7 @@ typed declaration that registration validates against, the worker reads, and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from common.errors import ValidationError
 from common.urls import check_url, host_name, url_pattern
@@ -175,30 +175,47 @@ def check(raw: Any) -> dict[str, Any]:
 
 def _check_one(s: Setting, value: Any) -> None:
     """One given setting's type and bounds (one-line ValidationError)."""
-    if s.value_type in (int, float):
-        ok_type = not isinstance(value, bool) and isinstance(
-            value, (int,) if s.value_type is int else (int, float)
+    checker = _CHECKERS.get(s.value_type)
+    if checker is not None:
+        checker(s, value)
+
+
+def _check_number(s: Setting, value: Any) -> None:
+    ok_type = not isinstance(value, bool) and isinstance(
+        value, (int,) if s.value_type is int else (int, float)
+    )
+    if not ok_type or not s.low <= value <= s.high:
+        what = "an integer" if s.value_type is int else "a number"
+        raise ValidationError(
+            f"settings.{s.name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
         )
-        if not ok_type or not s.low <= value <= s.high:
-            what = "an integer" if s.value_type is int else "a number"
-            raise ValidationError(
-                f"settings.{s.name} must be {what} in {s.low:g}..{s.high:g}, got {value!r}"
-            )
-    elif s.value_type is bool:
-        if not isinstance(value, bool):
-            raise ValidationError(f"settings.{s.name} must be true or false, got {value!r}")
-    elif s.value_type is str:
-        if not isinstance(value, str):
-            raise ValidationError(f"settings.{s.name} must be a string, got {type(value).__name__}")
-        if s.lines and (len(value) > s.max_len or "\0" in value):
-            raise ValidationError(f"settings.{s.name} must be text of at most {s.max_len} characters")
-        if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
-            raise ValidationError(f"settings.{s.name} must be one line of at most {s.max_len} characters")
-    elif s.value_type is dict:
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
-        ):
-            raise ValidationError(f"settings.{s.name} must be a table of one-line strings")
+
+
+def _check_flag(s: Setting, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValidationError(f"settings.{s.name} must be true or false, got {value!r}")
+
+
+def _check_text(s: Setting, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValidationError(f"settings.{s.name} must be a string, got {type(value).__name__}")
+    if s.lines and (len(value) > s.max_len or "\0" in value):
+        raise ValidationError(f"settings.{s.name} must be text of at most {s.max_len} characters")
+    if not s.lines and (len(value) > s.max_len or "\n" in value or "\r" in value):
+        raise ValidationError(f"settings.{s.name} must be one line of at most {s.max_len} characters")
+
+
+def _check_table(s: Setting, value: Any) -> None:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and "\n" not in k + v for k, v in value.items()
+    ):
+        raise ValidationError(f"settings.{s.name} must be a table of one-line strings")
+
+
+# each value type's check, by the type a Setting declares
+_CHECKERS: dict[type, Callable[[Setting, Any], None]] = {
+    int: _check_number, float: _check_number, bool: _check_flag, str: _check_text, dict: _check_table,
+}
 
 
 # --- [follow] and [sitemaps]: what a job crawls beyond the URLs it is given ---------------------

@@ -30,13 +30,22 @@ def refusal(follow: Follow, page_url: str, url: str, depth: int, pages: int = 0)
         return "malformed URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "not an http(s) URL"
-    host, page_host = parts.hostname, page.hostname or ""
+    return _outside(follow, parts.hostname, page.hostname or "") or _unmatched(follow, url)
+
+
+def _outside(follow: Follow, host: str, page_host: str) -> str | None:
+    """Why ``host`` is outside the job's scope as seen from a page on ``page_host``, or None."""
     if follow.scope == "site" and host != page_host:
         return f"another site than {page_host}"
     if follow.scope == "domain" and registrable_domain(host) != registrable_domain(page_host):
         return f"outside the domain {registrable_domain(page_host)}"
     if follow.scope == "sites" and not any(host == s or host.endswith("." + s) for s in follow.sites):
         return "not one of the job's sites"
+    return None
+
+
+def _unmatched(follow: Follow, url: str) -> str | None:
+    """Why ``url`` fails the job's allow and deny patterns, or None."""
     if follow.allow and not any(_compiled(p).search(url) for p in follow.allow):
         return "matches no allow pattern"
     for pattern in follow.deny:

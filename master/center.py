@@ -127,52 +127,86 @@ def check(params: dict, token: Token | None = None) -> Task:
     if unknown:
         raise ValidationError(f"unknown parameter {unknown[0][:40]!r}")
     project_id = check_project(token, params.get("project_id"))
-    name = params.get("name")
+    name = _name(params.get("name"))
+    fmt = _format(params.get("type"))
+    center: dict[str, Any] = {"name": name, "file_name": _file_name(params.get("file_name")),
+                              "step": integer(params.get("step"), "step", 100, 5000, default=1000),
+                              "operator_id": _operator(params.get("operator_id")),
+                              "merchant_type": integer(params.get("merchant_type"), "merchant_type", 0, 3),
+                              "merchant_id": integer(params.get("merchant_id"), "merchant_id", 0, 2**53)}
+    callback = _callback(params.get("callback") or None)
+    max_exec_time = check_exec_time(integer(params.get("max_exec_time"), "max_exec_time", 10,
+                                             settings.EXPORT_MAX_EXEC_TIME_LIMIT))
+    tables = _source(params.get("source_url"), params.get("source_data"), project_id, center)
+    n = max(1, len(tables))
+    center["tables"] = n
+    template = _look(params, n, center)
+    _check_layout(template, n, fmt)
+    return Task(project_id, fmt, center, callback, max_exec_time, tables)
+
+
+def _name(name: Any) -> str:
     if not isinstance(name, str) or not 2 <= len(name.strip()) <= 60:
         raise ValidationError("name must be 2 to 60 characters")
-    kind = params.get("type") or "csv"
+    return name.strip()
+
+
+def _format(kind: Any) -> str:
+    """The file format of the seed's ``type`` (csv when not given)."""
+    kind = kind or "csv"
     if kind not in TYPES:
         raise ValidationError(f"type must be csv or excel, got {str(kind)[:20]!r}")
-    fmt = TYPES[kind]
-    file_name = params.get("file_name") or ""
+    return TYPES[kind]
+
+
+def _file_name(file_name: Any) -> str:
+    """The given file name, checked, or a new one from the time and a random number."""
+    file_name = file_name or ""
     if file_name and (not isinstance(file_name, str) or not FILE_NAME_RE.match(file_name)):
         raise ValidationError("file_name must be 1 to 100 characters without / \\ \" or control characters")
     if not file_name:
         file_name = datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S") + f"_{secrets.randbelow(10**6):06d}"
-    step = integer(params.get("step"), "step", 100, 5000, default=1000)
-    operator_id = params.get("operator_id")
+    return file_name
+
+
+def _operator(operator_id: Any) -> str | None:
     if operator_id is not None and (isinstance(operator_id, bool) or not isinstance(operator_id, (str, int))
                                     or len(str(operator_id)) > 64):
         raise ValidationError("operator_id must be text of at most 64 characters")
-    merchant_type = integer(params.get("merchant_type"), "merchant_type", 0, 3)
-    merchant_id = integer(params.get("merchant_id"), "merchant_id", 0, 2**53)
-    callback = params.get("callback") or None
+    return None if operator_id is None else str(operator_id)
+
+
+def _callback(callback: Any) -> Any:
+    """The callback URL, checked (``common.notify``) and named as the seed names it."""
     if callback is not None:
         try:
             check_callback(callback)
         except ValidationError as exc:
             raise ValidationError(str(exc).replace("callback_url", "callback", 1)) from None
-    max_exec_time = check_exec_time(integer(params.get("max_exec_time"), "max_exec_time", 10,
-                                             settings.EXPORT_MAX_EXEC_TIME_LIMIT))
-    source_url, source_data = params.get("source_url"), params.get("source_data")
-    center: dict[str, Any] = {"name": name.strip(), "file_name": file_name, "step": step,
-                              "operator_id": None if operator_id is None else str(operator_id),
-                              "merchant_type": merchant_type, "merchant_id": merchant_id}
-    tables: list = []
-    if source_data not in (None, ""):  # the seed: source_data first
+    return callback
+
+
+def _source(source_url: Any, source_data: Any, project_id: int, center: dict[str, Any]) -> list:
+    """Where the rows come from, kept in ``center``: source_data first (the seed), parsed into its
+    tables; else source_url, checked, and no tables yet."""
+    if source_data not in (None, ""):
         raw = source_data if isinstance(source_data, str) else json.dumps(source_data, ensure_ascii=False)
         if len(raw.encode()) > settings.SOURCE_DATA_MAX_BYTES:
             raise ValidationError(f"source_data is larger than SOURCE_DATA_MAX_BYTES "
                                   f"({settings.SOURCE_DATA_MAX_BYTES} bytes): give a source_url")
         tables = inline_tables(raw)
         center["source_data"] = raw
-    elif source_url not in (None, ""):
+        return tables
+    if source_url not in (None, ""):
         check_source_url(source_url, private_allowed(project_id))
         center["source_url"] = source_url
-    else:
-        raise ValidationError("give source_url or source_data")
-    n = max(1, len(tables))
-    center["tables"] = n
+        return []
+    raise ValidationError("give source_url or source_data")
+
+
+def _look(params: dict, n: int, center: dict[str, Any]) -> Any:
+    """The file's look for ``n`` tables (template, title, summary, header, footer, default sizes),
+    kept in ``center``; the template as given."""
     template = parse_task_template(params.get("template"), n)
     center["template"] = None if template is None else (
         template if isinstance(template, str) else json.dumps(template, ensure_ascii=False))
@@ -183,13 +217,17 @@ def check(params: dict, token: Token | None = None) -> Task:
         center[key] = [None if p is None else [list(x) for x in p] for p in got]
     center["default_width"] = _points(params.get("default_width"), "default_width")
     center["default_height"] = _points(params.get("default_height"), "default_height")
-    if template is not None and n == 1:  # row headers or several tables need excel
+    return template
+
+
+def _check_layout(template: Any, n: int, fmt: str) -> None:
+    """Row headers or several tables need excel."""
+    if template is not None and n == 1:
         parsed = parse_template(template, general=True) if isinstance(template, str) else from_data(
             template, general=True)
         check_fits(parsed, fmt)
     elif n > 1 and fmt != "xlsx":
         raise ValidationError("multi-table mode (source_data as a list of tables) needs type excel")
-    return Task(project_id, fmt, center, callback, max_exec_time, tables)
 
 
 def deliver(redis: Redis, params: dict, token: Token | None = None) -> ExportRecord:

@@ -208,6 +208,22 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     """Validate a parsed manifest and its code: the file it names under ``base_dir``, or
     ``inline_code`` (the API sends the code with the manifest)."""
     _table(data, TOP_KEYS, "manifest must be a TOML table", "manifest key")
+    name, priority, host, language = _head(data)
+    cleaned = validate_settings(data.get("settings"))
+    code = _downloader_code(data, language, base_dir, inline_code)
+    generator = validate_generator(data.get("generator"), base_dir)
+    follow = jobsettings.check_follow(data.get("follow"))
+    if follow is not None and language == "shell":  # a shell downloader's body comes with no content type
+        raise ValidationError("follow needs type none (built-in engines) or python (it returns its links)")
+    sitemaps = jobsettings.check_sitemaps(data.get("sitemaps"))
+    if sitemaps is not None and sitemaps.lastmod and not cleaned.get("revisit"):
+        raise ValidationError("sitemaps.lastmod feeds revisits: it needs settings.revisit")
+    return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned,
+                   generator=generator, follow=follow, sitemaps=sitemaps)
+
+
+def _head(data: dict) -> tuple[str, int, str, str]:
+    """The manifest's ``name``, ``priority``, ``host`` and downloader ``type``, checked in that order."""
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValidationError(f"name must be 1-128 letters, digits, '_', '.' or '-', got {name!r}")
@@ -220,37 +236,37 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     language = data.get("type", "none")
     if language not in DOWNLOADER_TYPES:
         raise ValidationError(f"type must be one of {', '.join(DOWNLOADER_TYPES)}, got {language!r}")
-    cleaned = validate_settings(data.get("settings"))
-    code = ""
-    if language != "none":
-        rel = data.get("code")
-        if base_dir is None:
-            if not isinstance(inline_code, str) or not inline_code:
-                raise ValidationError(f"type {language} needs its code")
-            rel, raw = "(code)", inline_code.encode("utf-8", "surrogatepass")
-        elif not isinstance(rel, str) or not rel:
-            raise ValidationError(f"type {language} needs code = \"path/to/file\"")
-        else:
-            try:
-                raw = (base_dir / rel).read_bytes()
-            except OSError as exc:
-                raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
-        code = _text(raw, f"code file {rel}")
-        if language == "python":
-            check_python(code)
-        elif not code.strip():
-            raise ValidationError(f"shell code file {rel} is empty")
-    elif data.get("code") or inline_code:
-        raise ValidationError("type none uses the built-in engine and takes no code")
-    generator = validate_generator(data.get("generator"), base_dir)
-    follow = jobsettings.check_follow(data.get("follow"))
-    if follow is not None and language == "shell":  # a shell downloader's body comes with no content type
-        raise ValidationError("follow needs type none (built-in engines) or python (it returns its links)")
-    sitemaps = jobsettings.check_sitemaps(data.get("sitemaps"))
-    if sitemaps is not None and sitemaps.lastmod and not cleaned.get("revisit"):
-        raise ValidationError("sitemaps.lastmod feeds revisits: it needs settings.revisit")
-    return JobSpec(name=name, priority=priority, host=host, type=language, code=code, settings=cleaned,
-                   generator=generator, follow=follow, sitemaps=sitemaps)
+    return name, priority, host, language
+
+
+def _downloader_code(data: dict, language: str, base_dir: Path | None, inline_code: str | None) -> str:
+    """The downloader's code, checked ("" for type none, which takes none)."""
+    if language == "none":
+        if data.get("code") or inline_code:
+            raise ValidationError("type none uses the built-in engine and takes no code")
+        return ""
+    rel, raw = _code_bytes(data.get("code"), language, base_dir, inline_code)
+    code = _text(raw, f"code file {rel}")
+    if language == "python":
+        check_python(code)
+    elif not code.strip():
+        raise ValidationError(f"shell code file {rel} is empty")
+    return code
+
+
+def _code_bytes(rel: Any, language: str, base_dir: Path | None,
+                inline_code: str | None) -> tuple[str, bytes]:
+    """(label, bytes) of the code: ``inline_code`` over the API, else the file ``rel`` under ``base_dir``."""
+    if base_dir is None:
+        if not isinstance(inline_code, str) or not inline_code:
+            raise ValidationError(f"type {language} needs its code")
+        return "(code)", inline_code.encode("utf-8", "surrogatepass")
+    if not isinstance(rel, str) or not rel:
+        raise ValidationError(f"type {language} needs code = \"path/to/file\"")
+    try:
+        return rel, (base_dir / rel).read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"cannot read code file {rel}: {exc.strerror}") from None
 
 
 def parse_manifest(text: str, label: str) -> Any:

@@ -162,37 +162,49 @@ def build_template(look: Look, first_rows: list | dict | None, answer: dict | No
     column per key of the first row; the task's title, summary, header, footer and widths, with
     the answer's header and footer over them."""
     answer = answer or {}
+    template = _template_of(_given_template(look, answer, index, tables), first_rows)
+    sheet = replace(template, default_width=look.default_width or template.default_width,
+                    default_height=look.default_height or template.default_height)
+    return replace(sheet, tables=tuple(_dressed(table, look, answer, index if tables > 1 else i)
+                                       for i, table in enumerate(sheet.tables)))
 
-    def given(seq: tuple, j: int) -> Any:
-        return seq[j] if j < len(seq) else None
 
+def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:
+    """The source answer's template, else the task's; in multi-table mode table ``index``'s."""
     raw = answer.get("template") if answer.get("template") not in (None, "", [], {}) else look.template
     raw = _json(raw, "template")
     if tables > 1:
         raw = _json(raw[index], "template") if isinstance(raw, list) and len(raw) == tables else None
+    return raw
+
+
+def _template_of(raw: Any, first_rows: list | dict | None) -> Template:
+    """``raw`` parsed (TOML text or data); when none is given, one column per key of the first row."""
     if raw in (None, "", [], {}):
         keys = list(first_rows[0]) if isinstance(first_rows, list) and first_rows and isinstance(
             first_rows[0], dict) else []
         keys = [k for k in keys if k != "_row_head_"][:200] or [""]
-        template = Template((Table(tuple(Node(str(k), str(k)) for k in keys)),))
-    elif isinstance(raw, str):
-        template = parse_template(raw, general=True)  # TOML
-    else:
-        template = from_data(raw, general=True)
-    sheet = replace(template, default_width=look.default_width or template.default_width,
-                    default_height=look.default_height or template.default_height)
-    tables_out = []
-    for i, table in enumerate(sheet.tables):
-        j = index if tables > 1 else i
-        header = pairs(answer["header"], "source header") if answer.get("header") else given(look.header, j)
-        footer = pairs(answer["footer"], "source footer") if answer.get("footer") else given(look.footer, j)
-        tables_out.append(replace(
-            table,
-            title=given(look.title, j) or table.title,
-            summary=given(look.summary, j) or table.summary,
-            header=table.header if header is None else header,
-            footer=table.footer if footer is None else footer))
-    return replace(sheet, tables=tuple(tables_out))
+        return Template((Table(tuple(Node(str(k), str(k)) for k in keys)),))
+    if isinstance(raw, str):
+        return parse_template(raw, general=True)  # TOML
+    return from_data(raw, general=True)
+
+
+def _dressed(table: Table, look: Look, answer: dict, j: int) -> Table:
+    """``table`` with the task's title, summary, header and footer of table ``j`` over its own, and
+    the source answer's header and footer over those."""
+    header = pairs(answer["header"], "source header") if answer.get("header") else _nth(look.header, j)
+    footer = pairs(answer["footer"], "source footer") if answer.get("footer") else _nth(look.footer, j)
+    return replace(
+        table,
+        title=_nth(look.title, j) or table.title,
+        summary=_nth(look.summary, j) or table.summary,
+        header=table.header if header is None else header,
+        footer=table.footer if footer is None else footer)
+
+
+def _nth(seq: tuple, j: int) -> Any:
+    return seq[j] if j < len(seq) else None
 
 
 # --- the pull (a worker, or the web process for a synchronous download) ----------------------

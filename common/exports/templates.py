@@ -202,6 +202,19 @@ def parse_template(text: str | None, general: bool = False) -> Template:
 
 
 def from_data(data: Any, general: bool = False) -> Template:
+    data = _long_form(data)
+    sheet = data.get("sheet", "data")
+    if not isinstance(sheet, str) or not SHEET_RE.match(sheet):
+        raise ValidationError("template: sheet must be 1-31 characters without []:*?/\\'")
+    widths = {k: _points(data.get(k), k) for k in ("default_width", "default_height")}
+    tables = _tables(data, general)
+    if sum(leaf.row_count for t in tables for leaf in t.row_leaves) > MAX_ROW_HEAD_ROWS:
+        raise ValidationError(f"template: row headers hold more than {MAX_ROW_HEAD_ROWS} rows in all")
+    return Template(tables, sheet, widths["default_width"], widths["default_height"])
+
+
+def _long_form(data: Any) -> dict:
+    """The template as a table of known keys: a list is its ``col``, ``{field: title}`` its columns."""
     if isinstance(data, list):
         data = {"col": data}
     if not isinstance(data, dict) or not data:
@@ -211,24 +224,21 @@ def from_data(data: Any, general: bool = False) -> Template:
     unknown = sorted(set(data) - TABLE_KEYS - SHEET_KEYS)
     if unknown:
         raise ValidationError(f"template: unknown key {unknown[0]!r}")
-    sheet = data.get("sheet", "data")
-    if not isinstance(sheet, str) or not SHEET_RE.match(sheet):
-        raise ValidationError("template: sheet must be 1-31 characters without []:*?/\\'")
-    widths = {k: _points(data.get(k), k) for k in ("default_width", "default_height")}
-    if "tables" in data:
-        if set(data) & TABLE_KEYS:
-            raise ValidationError(
-                f"template: with tables, {sorted(set(data) & TABLE_KEYS)[0]!r} goes inside each table"
-            )
-        raw = data["tables"]
-        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_TABLES:
-            raise ValidationError(f"template: tables must be a list of 1-{MAX_TABLES} tables")
-        tables = tuple(_table(t, f"tables[{i}]", general) for i, t in enumerate(raw))
-    else:
-        tables = (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template", general),)
-    if sum(leaf.row_count for t in tables for leaf in t.row_leaves) > MAX_ROW_HEAD_ROWS:
-        raise ValidationError(f"template: row headers hold more than {MAX_ROW_HEAD_ROWS} rows in all")
-    return Template(tables, sheet, widths["default_width"], widths["default_height"])
+    return data
+
+
+def _tables(data: dict, general: bool) -> tuple[Table, ...]:
+    """The sheet's tables: each of ``tables``, or the one table the template's own keys make."""
+    if "tables" not in data:
+        return (_table({k: v for k, v in data.items() if k in TABLE_KEYS}, "template", general),)
+    if set(data) & TABLE_KEYS:
+        raise ValidationError(
+            f"template: with tables, {sorted(set(data) & TABLE_KEYS)[0]!r} goes inside each table"
+        )
+    raw = data["tables"]
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_TABLES:
+        raise ValidationError(f"template: tables must be a list of 1-{MAX_TABLES} tables")
+    return tuple(_table(t, f"tables[{i}]", general) for i, t in enumerate(raw))
 
 
 def _points(value: Any, where: str) -> float | None:
@@ -259,6 +269,23 @@ def _table(data: Any, where: str, general: bool = False) -> Table:
     unknown = sorted(set(data) - TABLE_KEYS)
     if unknown:
         raise ValidationError(f"{where}: unknown key {unknown[0]!r}")
+    col = _column_tree(data, where, general)
+    row, row_field = _row_tree(data, where, general)
+    status = _status(data.get("status", []), where)
+    return Table(
+        col,
+        row,
+        row_field,
+        _text(data.get("title", ""), f"{where}.title"),
+        _text(data.get("summary", ""), f"{where}.summary", 2048),
+        _pairs(data.get("header"), f"{where}.header"),
+        _pairs(data.get("footer"), f"{where}.footer"),
+        status,
+    )
+
+
+def _column_tree(data: dict, where: str, general: bool) -> tuple[Node, ...]:
+    """A table's column headers, from ``col`` (a tree) or ``columns`` (the flat form)."""
     if "columns" in data and "col" in data:
         raise ValidationError(f"{where}: give col or columns, not both")
     col = (
@@ -269,34 +296,34 @@ def _table(data: Any, where: str, general: bool = False) -> Table:
     leaves = [x for n in col for x in n.leaves()]
     if len(leaves) > MAX_LEAVES:
         raise ValidationError(f"{where}: more than {MAX_LEAVES} columns")
-    row: tuple[Node, ...] = ()
+    return col
+
+
+def _row_tree(data: dict, where: str, general: bool) -> tuple[tuple[Node, ...], str]:
+    """A table's row headers and the field whose value picks a row leaf; none without ``row``."""
     row_field = data.get("row_field", "")
-    if data.get("row") is not None:
-        row = _tree(data["row"], f"{where}.row", rows=True)
-        if general:  # the caller's rows say their leaf in _row_head_ (or in row_field, if named)
-            row_field = _text(row_field or "_row_head_", f"{where}.row_field")
-        elif row_field not in ROW_FIELDS:
-            raise ValidationError(f"{where}: row headers need row_field, one of {', '.join(ROW_FIELDS)}")
-        names = [leaf.name for n in row for leaf in n.leaves()]
-        if len(set(names)) != len(names):
-            raise ValidationError(f"{where}.row: two leaves name the same value")
-    elif row_field:
-        raise ValidationError(f"{where}: row_field without row headers")
-    status = data.get("status", [])
+    if data.get("row") is None:
+        if row_field:
+            raise ValidationError(f"{where}: row_field without row headers")
+        return (), row_field
+    row = _tree(data["row"], f"{where}.row", rows=True)
+    if general:  # the caller's rows say their leaf in _row_head_ (or in row_field, if named)
+        row_field = _text(row_field or "_row_head_", f"{where}.row_field")
+    elif row_field not in ROW_FIELDS:
+        raise ValidationError(f"{where}: row headers need row_field, one of {', '.join(ROW_FIELDS)}")
+    names = [leaf.name for n in row for leaf in n.leaves()]
+    if len(set(names)) != len(names):
+        raise ValidationError(f"{where}.row: two leaves name the same value")
+    return row, row_field
+
+
+def _status(status: Any, where: str) -> tuple[int, ...]:
+    """The HTTP status codes a table keeps, sorted (none: every one)."""
     if not isinstance(status, list) or not all(
         isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in status
     ):
         raise ValidationError(f"{where}: status must be a list of HTTP status codes")
-    return Table(
-        col,
-        row,
-        row_field,
-        _text(data.get("title", ""), f"{where}.title"),
-        _text(data.get("summary", ""), f"{where}.summary", 2048),
-        _pairs(data.get("header"), f"{where}.header"),
-        _pairs(data.get("footer"), f"{where}.footer"),
-        tuple(sorted(set(status))),
-    )
+    return tuple(sorted(set(status)))
 
 
 def _tree(raw: Any, where: str, rows: bool, level: int = 1, general: bool = False) -> tuple[Node, ...]:
@@ -351,36 +378,40 @@ def _columns(raw: Any, where: str, general: bool = False) -> tuple[Node, ...]:
     a parent."""
     if not isinstance(raw, list) or not raw or len(raw) > MAX_LEAVES:
         raise ValidationError(f"{where}: needs 1-{MAX_LEAVES} [[columns]]")
-    columns = []
-    for i, col in enumerate(raw, 1):
-        if not isinstance(col, dict) or set(col) - {"header", "field", "format", "width"}:
-            raise ValidationError(f"{where}: column {i} takes only header, field, format and width")
-        fld = col.get("field")
-        if general and isinstance(fld, str) and 0 < len(fld) <= 255:
-            pass
-        elif fld not in FIELDS:
-            raise ValidationError(
-                f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})"
-            )
-        header = col.get("header", [fld])
-        header = [header] if isinstance(header, str) else header
-        if (
-            not isinstance(header, list)
-            or not header
-            or not all(isinstance(h, str) and len(h) <= 255 for h in header)
-        ):
-            raise ValidationError(f"{where}: column {i}: header must be a string or a list of strings")
-        if len(header) > MAX_DEPTH:
-            raise ValidationError(f"{where}: column {i}: more than {MAX_DEPTH} header rows")
-        fmt = col.get("format", "")
-        if not isinstance(fmt, str) or len(fmt) > 64:
-            raise ValidationError(f"{where}: column {i}: format must be a short string")
-        columns.append(
-            (tuple(header), Node(header[-1], fld, fmt, _points(col.get("width"), f"column {i} width")))
-        )
+    columns = [_flat_column(col, i, where, general) for i, col in enumerate(raw, 1)]
     if len({len(h) for h, _ in columns}) != 1:
         raise ValidationError(f"{where}: every column needs the same number of header rows (ragged header)")
     return _group(columns, 0)
+
+
+def _flat_column(col: Any, i: int, where: str, general: bool) -> tuple[tuple[str, ...], Node]:
+    """Column ``i`` of the flat form: its header titles, top row down, and its leaf."""
+    if not isinstance(col, dict) or set(col) - {"header", "field", "format", "width"}:
+        raise ValidationError(f"{where}: column {i} takes only header, field, format and width")
+    fld = col.get("field")
+    if not (general and isinstance(fld, str) and 0 < len(fld) <= 255) and fld not in FIELDS:
+        raise ValidationError(
+            f"{where}: column {i}: unknown field {str(fld)[:40]!r} (one of {', '.join(FIELDS)})"
+        )
+    header = _flat_header(col.get("header", [fld]), i, where)
+    fmt = col.get("format", "")
+    if not isinstance(fmt, str) or len(fmt) > 64:
+        raise ValidationError(f"{where}: column {i}: format must be a short string")
+    return tuple(header), Node(header[-1], fld, fmt, _points(col.get("width"), f"column {i} width"))
+
+
+def _flat_header(header: Any, i: int, where: str) -> list[str]:
+    """Column ``i``'s header: one title, or a list of titles from the top row down."""
+    header = [header] if isinstance(header, str) else header
+    if (
+        not isinstance(header, list)
+        or not header
+        or not all(isinstance(h, str) and len(h) <= 255 for h in header)
+    ):
+        raise ValidationError(f"{where}: column {i}: header must be a string or a list of strings")
+    if len(header) > MAX_DEPTH:
+        raise ValidationError(f"{where}: column {i}: more than {MAX_DEPTH} header rows")
+    return header
 
 
 def _group(columns: list[tuple[tuple[str, ...], Node]], level: int) -> tuple[Node, ...]:
