@@ -57,10 +57,12 @@ PYTEST_ARGS ?=
 test: $(STAMP) services-check lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# ruff (style, imports, likely bugs; 110 columns) and mypy, configured in pyproject.toml.
+# ruff (style, imports, likely bugs; 110 columns) and mypy, configured in pyproject.toml; the store
+# (common/store/) also under mypy --strict (the modules it imports are checked by the line before).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict --follow-imports=silent common/store
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)

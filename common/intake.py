@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
+from bson import ObjectId
+
 from common.config import settings
 from common.errors import ValidationError
 from common.jobsettings import Follow
 from common.scope import refusal
 from common.store import counts
 from common.store.models import job_named, utcnow
-from common.store.tasks import commit, depths, insert_numbered, known_uris, new_task, reserve
+from common.store.tasks import NewTask, commit, depths, insert_numbered, known_uris, reserve
 from common.urls import check_url
 
 CHUNK = 1000
@@ -90,7 +92,7 @@ def add_tasks(
     job = job_named(job_name)
     report = IntakeReport()
     seen: set[str] = set()
-    chunk: list[dict] = []
+    chunk: list[NewTask] = []
 
     def flush() -> None:
         if not chunk:
@@ -100,24 +102,23 @@ def add_tasks(
             progress(len(chunk))
         chunk.clear()
 
-    now = utcnow()
     for url, own in parse_entries(lines, report, settings.MAX_URL_LENGTH, schemes, hosts):
         if url in seen:
             report.duplicate += 1
             continue
         seen.add(url)
-        chunk.append(new_task(job.id, url, own or host, now))
+        chunk.append(NewTask(url, own or host))
         if len(chunk) >= CHUNK:
             flush()
     flush()
     return report
 
 
-def _insert(job_id, chunk: list[dict], report: IntakeReport, room: int | None = None) -> int:
+def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: int | None = None) -> int:
     """Store the tasks of ``chunk`` the job has no task for yet (the first ``room`` of them, if
     given; the rest refused), numbered; returns how many were added."""
-    known = known_uris(job_id, [d["uri"] for d in chunk])
-    fresh = [d for d in chunk if d["uri"] not in known]
+    known = known_uris(job_id, [t.uri for t in chunk])
+    fresh = [t for t in chunk if t.uri not in known]
     report.duplicate += len(chunk) - len(fresh)
     if room is not None and len(fresh) > room:
         report.refused += len(fresh) - room
@@ -126,7 +127,7 @@ def _insert(job_id, chunk: list[dict], report: IntakeReport, room: int | None = 
         return 0
     first = reserve(job_id, len(fresh))
     try:
-        added, dupes = insert_numbered(job_id, fresh, first)
+        added, dupes = insert_numbered(job_id, fresh, first, utcnow())
     finally:
         commit(job_id, first, len(fresh))
     report.added += added
@@ -134,7 +135,7 @@ def _insert(job_id, chunk: list[dict], report: IntakeReport, room: int | None = 
     return added
 
 
-def add_found(job_id, follow: Follow, pages: list[tuple[object, str, list[str]]]) -> IntakeReport:
+def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str, list[str]]]) -> IntakeReport:
     """Add the URLs found on stored pages of a following job: ``pages`` are (task id, task URL,
     URLs found on its page). Each URL is checked as any line (``check_url``), judged against its
     page's task URL (``common.scope.refusal``) at the page's depth + 1, and added with that
@@ -146,8 +147,7 @@ def add_found(job_id, follow: Follow, pages: list[tuple[object, str, list[str]]]
     deep = depths([task_id for task_id, _, urls in pages if urls])
     room = follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
     seen: set[str] = set()
-    chunk: list[dict] = []
-    now = utcnow()
+    chunk: list[NewTask] = []
     for task_id, page_url, urls in pages:
         depth = deep.get(task_id, 0) + 1
         for url in urls:
@@ -166,7 +166,7 @@ def add_found(job_id, follow: Follow, pages: list[tuple[object, str, list[str]]]
             if refusal(follow, page_url, url, depth):
                 report.refused += 1
                 continue
-            chunk.append(new_task(job_id, url, "", now, depth, task_id))
+            chunk.append(NewTask(url, "", depth, task_id))
             if len(chunk) >= CHUNK:
                 room -= _insert(job_id, chunk, report, room)
                 chunk.clear()

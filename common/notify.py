@@ -36,6 +36,7 @@ from common.secrets import redact
 from common.signing import webhook_signature
 from common.store import notifications
 from common.store.models import store_now, utcnow
+from common.store.records import NotificationRecord
 
 logger = logging.getLogger(__name__)
 MAIL_RE = re.compile(r"^[^@\s,<>]+@[^@\s,<>]+\.[^@\s,<>]+$")
@@ -133,20 +134,20 @@ def deliver_due(limit: int = 50) -> int:
     return delivered
 
 
-def _attempt(doc: dict) -> int:
+def _attempt(doc: NotificationRecord) -> int:
     error = None
     try:
-        if doc["kind"] == "webhook":
-            _post(doc["target"], doc["event"], doc["body"].encode())
+        if doc.kind == "webhook":
+            _post(doc.target, doc.event, doc.body.encode())
         else:
-            _mail(doc["target"], doc["subject"], doc["body"])
+            _mail(doc.target, doc.subject, doc.body)
     except Exception as exc:  # any failure of the receiver or the network is retried
         error = (
             redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500] if str(exc) else type(exc).__name__
         )
-    attempt, now = doc["attempts"], utcnow()
+    attempt, now = doc.attempts, utcnow()
     try:
-        notifications.log_attempt(_shown(doc), doc["kind"], doc["event"], "SENT" if error is None else "FAIL",
+        notifications.log_attempt(_shown(doc), doc.kind, doc.event, "SENT" if error is None else "FAIL",
                                   attempt, error)
         if error is None:
             notifications.delivered(doc)
@@ -159,11 +160,11 @@ def _attempt(doc: dict) -> int:
     return 0
 
 
-def _shown(doc: dict) -> str:
+def _shown(doc: NotificationRecord) -> str:
     """The target as logged: a webhook URL without its query (it may carry a receiver's token)."""
-    if doc["kind"] != "webhook":
-        return doc["target"]
-    parts = urlsplit(doc["target"])
+    if doc.kind != "webhook":
+        return doc.target
+    parts = urlsplit(doc.target)
     return redact(
         f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}{parts.path}"
     )

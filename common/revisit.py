@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.store.records import JobSettings, Prev
 
 NOT_MODIFIED = 304
 
@@ -25,8 +29,8 @@ class Revisit:
     ceiling: float = 0.0
 
     @classmethod
-    def of(cls, conf: dict) -> "Revisit":
-        return cls(float(conf.get("revisit") or 0), float(conf.get("revisit_max") or 0))
+    def of(cls, conf: JobSettings) -> "Revisit":
+        return cls(float(conf.revisit or 0), float(conf.revisit_max or 0))
 
     @property
     def on(self) -> bool:
@@ -41,15 +45,15 @@ class Revisit:
         return min(max(moved, self.every), self.ceiling)
 
 
-def validators(prev: dict | None) -> dict[str, str]:
+def validators(prev: Prev | None) -> dict[str, str]:
     """The conditional request headers of a visit, from the latest version's validators."""
     if not prev:
         return {}
     headers = {}
-    if prev.get("etag"):
-        headers["If-None-Match"] = prev["etag"]
-    if prev.get("last_modified"):
-        headers["If-Modified-Since"] = prev["last_modified"]
+    if prev.etag:
+        headers["If-None-Match"] = prev.etag
+    if prev.last_modified:
+        headers["If-Modified-Since"] = prev.last_modified
     return headers
 
 
@@ -74,13 +78,13 @@ def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def unchanged(prev: dict | None, status_code: int, body: bytes) -> str | None:
+def unchanged(prev: Prev | None, status_code: int, body: bytes) -> str | None:
     """Why a revisit's answer is "not modified" ("HTTP 304" or "same content"), else None.
     A first visit (no ``prev``) always brings a version."""
-    if not prev or not prev.get("data_lease"):
+    if not prev or not prev.data_lease:
         return None
     if status_code == NOT_MODIFIED:
         return "HTTP 304"
-    if prev.get("digest") and digest(body) == prev["digest"]:
+    if prev.digest and digest(body) == prev.digest:
         return "same content"
     return None

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from common.errors import Forbidden, NotFound
 from common.store import jobs, projects
 from common.store.models import ADMIN, ANALYST
+from common.store.records import Job
 
 if TYPE_CHECKING:
     from common.store.control import Token
@@ -34,7 +35,7 @@ def held(token: Token | None) -> list[int] | None:
     return None if is_admin(token) else list(token.projects)  # type: ignore[union-attr]
 
 
-def project_of(job: jobs.Job) -> int:
+def project_of(job: Job) -> int:
     """A job's project (one stored before projects is in ``default``)."""
     return job.project if job.project is not None else projects.default_id()
 
@@ -46,7 +47,7 @@ def holds(token: Token | None, project_id: int | None) -> bool:
     return (project_id if project_id is not None else projects.default_id()) in ids
 
 
-def job(name: Any, token: Token | None, change: bool = False) -> jobs.Job:
+def job(name: Any, token: Token | None, change: bool = False) -> Job:
     """The job ``name`` if the caller holds its project (else NotFound, as for no such job); with
     ``change``, the caller's role must also be admin or user (else Forbidden)."""
     found = jobs.named(name)

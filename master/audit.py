@@ -41,8 +41,8 @@ def page(limit: Any = None, before: Any = None, action: Any = None) -> dict:
                          str(action) if action else None)
     more = len(docs) > n
     docs = docs[:n]
-    items = [{"id": str(d["_id"]), "at": iso(d.get("at")), "actor": d.get("actor"),
-              "actor_id": str(d["actor_id"]) if d.get("actor_id") else None, "role": d.get("role"),
-              "action": d.get("action"), "target": d.get("target", ""), "project": d.get("project"),
-              "detail": {k: iso(v) for k, v in (d.get("detail") or {}).items()}} for d in docs]
+    items = [{"id": str(d.id), "at": iso(d.at), "actor": d.actor,
+              "actor_id": str(d.actor_id) if d.actor_id else None, "role": d.role,
+              "action": d.action, "target": d.target, "project": d.project,
+              "detail": {k: iso(v) for k, v in d.detail.items()}} for d in docs]
     return {"entries": items, "next": items[-1]["id"] if more else None}

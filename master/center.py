@@ -54,6 +54,7 @@ from common.store import exports, projects
 from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import EXPORT_RUNNING, PENDING, SUCCESS, iso, utcnow
+from common.store.records import ExportRecord
 from master import access
 from master.exports.service import check_exec_time, may_see, push, sync_slots
 
@@ -229,18 +230,19 @@ def _check_layout(template: Any, n: int, fmt: str) -> None:
         raise ValidationError("multi-table mode (source_data as a list of tables) needs type excel")
 
 
-def deliver(redis: Redis, params: dict, token: Token | None = None) -> exports.Export:
+def deliver(redis: Redis, params: dict, token: Token | None = None) -> ExportRecord:
     """Check a task and queue it on down_export (a worker pulls its source and writes its file)."""
     return _store(redis, check(params, token), token)
 
 
-def _store(redis: Redis, task: Task, token: Token | None) -> exports.Export:
+def _store(redis: Redis, task: Task, token: Token | None) -> ExportRecord:
     now = utcnow()
-    export = exports.add(format=task.format, template="", filter={}, digest=f"center:{ObjectId()}",
-                         callback_urls=[task.callback] if task.callback else [], mails=[],
-                         requested_by=token.name if token else "", created_at=now, retry_at=now,
-                         max_exec_time=task.max_exec_time, project=task.project_id, center=task.center,
-                         owner=token.id if token else None)
+    export = exports.add(ExportRecord(
+        id=ObjectId(), format=task.format, template="", filter={}, digest=f"center:{ObjectId()}",
+        callback_urls=[task.callback] if task.callback else [], mails=[],
+        requested_by=token.name if token else "", created_at=now, retry_at=now,
+        max_exec_time=task.max_exec_time, project=task.project_id, center=task.center,
+        owner=token.id if token else None))
     push(redis, export)
     return export
 
@@ -260,7 +262,7 @@ class Written:
 @dataclass
 class Queued:
     """Too large (or every slot busy) for a synchronous answer: the task queued instead."""
-    export: exports.Export
+    export: ExportRecord
     reason: str
 
 
@@ -303,7 +305,7 @@ def sync(redis: Redis, params: dict, token: Token | None = None) -> Written | Qu
     return Written(cast(IO[bytes], out), size, rows, f"{task.center['file_name']}.{task.format}", task.format)
 
 
-def get(task_id: Any, token: Token | None = None, project_ids: list[int] | None = None) -> exports.Export:
+def get(task_id: Any, token: Token | None = None, project_ids: list[int] | None = None) -> ExportRecord:
     """A download task by id that the token may see: one of a project it holds, as every task of
     the project is for the systems that share it (404 otherwise, and for an export of a job)."""
     try:
@@ -316,7 +318,7 @@ def get(task_id: Any, token: Token | None = None, project_ids: list[int] | None 
     return export
 
 
-def describe(export: exports.Export) -> dict:
+def describe(export: ExportRecord) -> dict:
     """A task as the seed's callers read it (status number and the state word beside it)."""
     center = export.center or {}
     status = STATUS.get(export.state, 0)
@@ -348,7 +350,7 @@ def id_list(value: Any, what: str, parse) -> list:
 
 @dataclass
 class Page:
-    tasks: list[exports.Export]
+    tasks: list[ExportRecord]
     total: int
     page: int
     page_size: int
@@ -409,7 +411,7 @@ def disposition(name: str) -> str:
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
-def file_name(export: exports.Export) -> str | None:
+def file_name(export: ExportRecord) -> str | None:
     """A task's file name with its extension (None for an export of a job)."""
     center = export.center or {}
     return f"{center['file_name']}.{export.format}" if center.get("file_name") else None

@@ -210,8 +210,8 @@ def type_list() -> None:
 
     connect()
     click.echo(f"{'language':<12}{'support':<12}jobs")
-    for t in type_rows():
-        click.echo(f"{t['language']:<12}{t['is_support']:<12}{t['jobs']}")
+    for t, used in type_rows():
+        click.echo(f"{t.language:<12}{t.is_support:<12}{used}")
 
 
 @types.command("enable")
@@ -221,7 +221,7 @@ def type_enable(language: str) -> None:
     from master.registry import set_type_support
 
     connect()
-    click.echo(f"downloader type {set_type_support(language, True)['language']} is supported")
+    click.echo(f"downloader type {set_type_support(language, True)[0].language} is supported")
 
 
 @types.command("disable")
@@ -231,8 +231,8 @@ def type_disable(language: str) -> None:
     from master.registry import set_type_support
 
     connect()
-    row = set_type_support(language, False)
+    t, used = set_type_support(language, False)
     click.echo(
-        f"downloader type {row['language']} is not supported; {row['jobs']} job(s) use it: their tasks fail "
+        f"downloader type {t.language} is not supported; {used} job(s) use it: their tasks fail "
         "with that reason until it is enabled again"
     )

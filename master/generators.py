@@ -22,6 +22,7 @@ seconds, is given up (FAIL, a ``generator_fail`` alert), freeing the generator.
 """
 from __future__ import annotations
 
+from bson import ObjectId
 from redis import Redis
 
 from common.config import settings
@@ -32,6 +33,7 @@ from common.queue.rqbridge import push_generate
 from common.secrets import redact
 from common.store import generators, jobs
 from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, OFF, iso, store_now, utcnow
+from common.store.records import Generator, GeneratorRun, Job
 
 RUNS_SHOWN = 10
 
@@ -47,7 +49,7 @@ def entry_timeout() -> int:
     return int(settings.DOWNLOAD_TIMEOUT) + 600
 
 
-def _generator_of(name: str) -> tuple:
+def _generator_of(name: str) -> tuple[Job, Generator]:
     job = jobs.named(name)
     gen = generators.of_job(job.id)
     if gen is None:
@@ -55,15 +57,15 @@ def _generator_of(name: str) -> tuple:
     return job, gen
 
 
-def _start(redis: Redis, gen: dict, run_id: str, trigger: str) -> None:
+def _start(redis: Redis, gen: Generator, run_id: str, trigger: str) -> None:
     """The run is reserved: log it RUNNING and queue its entry (a push that fails ends it FAIL)."""
     now = store_now()
-    generators.open_log(run_id, gen["job"], trigger, now, settings.HOSTNAME)
+    generators.open_log(run_id, gen.job, trigger, now, settings.HOSTNAME)
     try:
         push_generate(redis, GENERATE_QUEUE, run_id, entry_timeout())
     except Exception as exc:
         reason = redact(f"could not queue the run: {type(exc).__name__}: {exc}")
-        generators.end_run(run_id, gen["job"], {"status": FAIL, "failed_reason": reason}, now)
+        generators.end_run(run_id, gen.job, now, status=FAIL, failed_reason=reason)
         raise
 
 
@@ -72,16 +74,16 @@ def tend(redis: Redis) -> dict[str, int]:
     now = store_now()
     done = {"started": 0, "skipped": 0, "lost": 0}
     for gen, reason in generators.lost_runs(now, stale_after()):
-        done["lost"] += generators.give_up(gen, reason, f"generator of job {jobs.name_of(gen['job'])}", now)
+        done["lost"] += generators.give_up(gen, reason, f"generator of job {jobs.name_of(gen.job)}", now)
     for gen in generators.due(now, jobs.off_ids()):
-        following = next_after(gen["schedule"], now)
+        following = next_after(gen.schedule, now)
         run_id = generators.new_run_id()
-        if generators.claim_run(gen["_id"], gen["next_at"], following, run_id, now):
+        if generators.claim_run(gen.id, gen.next_at, following, run_id, now):
             _start(redis, gen, run_id, "schedule")
             done["started"] += 1
-        elif generators.skip_due(gen["_id"], gen["next_at"], following):
-            generators.skipped(run_id, gen["job"], now, settings.HOSTNAME,
-                               f"due while run {gen.get('running_run')} was still under way: "
+        elif generators.skip_due(gen.id, gen.next_at, following):
+            generators.skipped(run_id, gen.job, now, settings.HOSTNAME,
+                               f"due while run {gen.running_run} was still under way: "
                                "not started twice")
             done["skipped"] += 1
     return done
@@ -94,8 +96,8 @@ def run_now(name: str, redis: Redis) -> dict:
     if job.status == OFF:
         raise Conflict(f"job {name!r} is OFF: its generator runs once it is enabled again")
     run_id = generators.new_run_id()
-    if not generators.claim_run(gen["_id"], None, None, run_id, store_now(), state=None):
-        raise Conflict(f"the generator of {name!r} has a run under way ({gen.get('running_run')})")
+    if not generators.claim_run(gen.id, None, None, run_id, store_now(), state=None):
+        raise Conflict(f"the generator of {name!r} has a run under way ({gen.running_run})")
     _start(redis, gen, run_id, "manual")
     return {"job": name, "run": run_id, "queue": GENERATE_QUEUE}
 
@@ -104,10 +106,10 @@ def set_state(name: str, state: str) -> dict:
     """``generator on`` / ``off``: on needs a passed dry run of the current code."""
     job, gen = _generator_of(name)
     if state == GEN_ON:
-        if gen.get("tested_digest") != gen["digest"]:
+        if gen.tested_digest != gen.digest:
             raise Conflict(f"the generator of {name!r} changed since its last passing dry run "
                                   f"(or never had one): run `downcluster generator test {name}` first")
-        next_at = gen.get("next_at") if gen["state"] == GEN_ON else next_after(gen["schedule"], store_now())
+        next_at = gen.next_at if gen.state == GEN_ON else next_after(gen.schedule, store_now())
         generators.set_state(job.id, GEN_ON, next_at, utcnow())
     elif state == GEN_OFF:
         generators.set_state(job.id, GEN_OFF, None, utcnow())
@@ -116,17 +118,14 @@ def set_state(name: str, state: str) -> dict:
     return show(name)
 
 
-def _run_row(doc: dict) -> dict:
-    return {"run": doc.get("run") or str(doc["_id"]), "trigger": doc.get("trigger"),
-            "status": doc.get("status"),
-            "added": doc.get("added", 0), "duplicate": doc.get("duplicate", 0),
-            "rejected": doc.get("rejected", 0), "lines": doc.get("lines", 0),
-            "errors": [{"line": int(e.get("line", 0)), "reason": str(e.get("reason", ""))}
-                       for e in doc.get("errors") or []],
-            "bytes": doc.get("bytes", 0), "spend_time": doc.get("spend_time", 0),
-            "hostname": doc.get("hostname") or "", "failed_reason": doc.get("failed_reason"),
-            "started_at": iso(doc.get("started_at")), "finished_at": iso(doc.get("finished_at")),
-            "add_datetime": iso(doc.get("add_datetime"))}
+def _run_row(run: GeneratorRun) -> dict:
+    return {"run": run.run or str(run.id), "trigger": run.trigger, "status": run.status,
+            "added": run.added, "duplicate": run.duplicate, "rejected": run.rejected, "lines": run.lines,
+            "errors": [{"line": n, "reason": r} for n, r in run.rejected_lines()],
+            "bytes": run.bytes, "spend_time": run.spend_time,
+            "hostname": run.hostname or "", "failed_reason": run.failed_reason,
+            "started_at": iso(run.started_at), "finished_at": iso(run.finished_at),
+            "add_datetime": iso(run.add_datetime)}
 
 
 def show(name: str, limit: int = RUNS_SHOWN, before: str | None = None) -> dict:
@@ -139,25 +138,24 @@ def show(name: str, limit: int = RUNS_SHOWN, before: str | None = None) -> dict:
     got = generators.runs(job.id, limit + 1, before)
     more = len(got) > limit
     got = got[:limit]
-    return {"job": name, "type": gen["type"], "schedule": gen["schedule"],
-            "schemes": gen.get("schemes") or [],
-            "state": gen["state"], "tested": gen.get("tested_digest") == gen["digest"],
-            "next_at": iso(gen.get("next_at")) if gen["state"] == GEN_ON else None,
-            "running_run": gen.get("running_run"), "last_run_at": iso(gen.get("last_run_at")),
-            "last_status": gen.get("last_status"), "code_chars": len(gen.get("code") or ""),
-            "runs": [_run_row(d) for d in got], "next": str(got[-1]["_id"]) if more and got else None}
+    return {"job": name, "type": gen.type, "schedule": gen.schedule, "schemes": list(gen.schemes),
+            "state": gen.state, "tested": gen.tested_digest == gen.digest,
+            "next_at": iso(gen.next_at) if gen.state == GEN_ON else None,
+            "running_run": gen.running_run, "last_run_at": iso(gen.last_run_at),
+            "last_status": gen.last_status, "code_chars": len(gen.code or ""),
+            "runs": [_run_row(d) for d in got], "next": str(got[-1].id) if more and got else None}
 
 
-def summary(job_id, runs: int = 5) -> dict | None:
+def summary(job_id: ObjectId, runs: int = 5) -> dict | None:
     """The generator of a job in a few words and its last ``runs`` runs, for the job's page
     (``job show``, the API's job and the console): None if it has none."""
     gen = generators.of_job(job_id)
     if gen is None:
         return None
-    return {"state": gen["state"], "schedule": gen["schedule"], "type": gen["type"],
-            "tested": gen.get("tested_digest") == gen["digest"],
-            "next_at": iso(gen.get("next_at")) if gen["state"] == GEN_ON else None,
-            "last_status": gen.get("last_status"), "last_run_at": iso(gen.get("last_run_at")),
+    return {"state": gen.state, "schedule": gen.schedule, "type": gen.type,
+            "tested": gen.tested_digest == gen.digest,
+            "next_at": iso(gen.next_at) if gen.state == GEN_ON else None,
+            "last_status": gen.last_status, "last_run_at": iso(gen.last_run_at),
             "runs": [_run_row(d) for d in generators.runs(job_id, runs)] if runs else []}
 
 

@@ -24,6 +24,7 @@ from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import generators, jobs, tasks
 from common.store.models import OFF, ON, utcnow
+from common.store.records import DownloadType, Job
 
 if TYPE_CHECKING:
     from common.store.control import Token
@@ -293,7 +294,7 @@ def ensure_download_types() -> None:
     jobs.ensure_types(DOWNLOADER_TYPES)
 
 
-def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
+def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
     if spec.sitemaps is not None:  # checked, not yet kept (invariant 6)
         raise ValidationError("[sitemaps] is checked but not yet in effect on this cluster")
@@ -315,7 +316,7 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[jobs.Job, bool]:
     return job, created
 
 
-def register(path: str | Path, token: Token | None = None, project: int | None = None) -> jobs.Job:
+def register(path: str | Path, token: Token | None = None, project: int | None = None) -> Job:
     """Validate and store the manifest at ``path``; on rejection log it and re-raise. The job goes
     to ``project`` (see ``master.access.project_for_new_job``); a job that exists keeps its own."""
     def guess() -> str:
@@ -327,7 +328,7 @@ def register(path: str | Path, token: Token | None = None, project: int | None =
 
 
 def register_text(manifest: str, code: str | None = None, token: Token | None = None,
-                  project: int | None = None) -> tuple[jobs.Job, bool]:
+                  project: int | None = None) -> tuple[Job, bool]:
     """Validate and store a manifest given as text, with its code (the API's door); (job, created)."""
     def load() -> JobSpec:
         if not isinstance(manifest, str) or "\0" in manifest or len(manifest) > MAX_CODE_BYTES:
@@ -336,7 +337,7 @@ def register_text(manifest: str, code: str | None = None, token: Token | None = 
     return _logged(load, "(api)", lambda: guess_name(manifest), token, project)
 
 
-def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[jobs.Job, bool]:
+def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[Job, bool]:
     try:
         spec = load()
     except ValidationError as exc:
@@ -377,7 +378,7 @@ def guess_name(text: str) -> str:
         return ""
 
 
-def set_status(name: str, status: str) -> jobs.Job:
+def set_status(name: str, status: str) -> Job:
     if status not in (ON, OFF):
         raise ValidationError(f"status must be ON or OFF, got {status!r}")
     return jobs.set_status(jobs.named(name), status)
@@ -385,17 +386,17 @@ def set_status(name: str, status: str) -> jobs.Job:
 
 # --- downloader types (administrators deploy which languages the platform supports) ---
 
-def type_rows() -> list[dict]:
-    """Every downloader type, whether it is supported, and how many jobs use it."""
+def type_rows() -> list[tuple[DownloadType, int]]:
+    """Every downloader type (whether it is supported) and how many jobs use it."""
     ensure_download_types()
     return jobs.type_rows()
 
 
-def set_type_support(language: str, supported: bool) -> dict:
+def set_type_support(language: str, supported: bool) -> tuple[DownloadType, int]:
     """Allow or refuse a downloader language: registration refuses jobs of an unsupported one and
     workers fail their tasks with that reason (within CONTEXT_TTL seconds)."""
     ensure_download_types()
     if language not in DOWNLOADER_TYPES:
         raise NotFound(f"no downloader type {str(language)[:40]!r} (one of {', '.join(DOWNLOADER_TYPES)})")
     jobs.set_support(language, supported)
-    return next(r for r in type_rows() if r["language"] == language)
+    return next(r for r in type_rows() if r[0].language == language)

@@ -21,6 +21,7 @@ from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
 from common.store.connection import as_text
 from common.store.models import TASK_STATUSES, iso
+from common.store.records import DataDoc, DownloadLog, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
 
@@ -102,7 +103,7 @@ def job_detail(name: Any) -> dict:
             "max_retry_times": s.max_retry_times,
             "download_engine": s.download_engine,
             "prior": s.prior,
-            "prior_meaning": MEANING_OF_PRIOR.get(s.prior, "?"),
+            "prior_meaning": MEANING_OF_PRIOR.get(s.prior or 0, "?"),
             "report_mails": s.report_mails,
             "headers": sorted(s.headers or {}),  # header names only
             "proxy": "***" if s.proxy else "",
@@ -150,42 +151,50 @@ def task_by_id(task_id: Any, token: Token | None = None) -> dict:
     found = pages.task_by_id(object_id(task_id, "id"))
     if found is None:
         raise NotFound(f"no task {str(task_id)[:40]!r}")
-    access.job_by_id(found["job"], token, f"no task {str(task_id)[:40]!r}")
-    return _task(found, jobs.name_of(found["job"]))
+    access.job_by_id(found.job, token, f"no task {str(task_id)[:40]!r}")
+    return _task(found, jobs.name_of(found.job))
 
 
-def _task(doc: dict, job_name: str) -> dict:
-    data = pages.data_of(doc)
-    task_logs = [_clean(d) for d in logs.of_task(doc["_id"])]
+def _task(task: Task, job_name: str) -> dict:
+    data = pages.data_of(task)
+    task_logs = [_log_row(log) for log in logs.of_task(task.id)]
     return {
-        "id": str(doc["_id"]),
+        "id": str(task.id),
         "job": job_name,
-        "url": doc.get("uri"),
-        "status": doc.get("status"),
-        "attempts": doc.get("download_times", 0),
-        "recoveries": doc.get("recoveries", 0),
-        "failed_reason": doc.get("failed_reason"),
-        "retry_at": iso(doc.get("retry_at")),
-        "host": doc.get("host_name") or "",
-        "depth": doc.get("depth") or 0,
-        "parent": str(doc["parent"]) if doc.get("parent") else None,
-        "queue": doc.get("queue"),
+        "url": task.uri,
+        "status": task.status,
+        "attempts": task.download_times,
+        "recoveries": task.recoveries,
+        "failed_reason": task.failed_reason,
+        "retry_at": iso(task.retry_at),
+        "host": task.host_name or "",
+        "depth": task.depth or 0,
+        "parent": str(task.parent) if task.parent else None,
+        "queue": task.queue,
         "data_id": str(data) if data else None,
-        "visits": doc.get("visits", 0),
-        "not_modified": doc.get("not_modified", 0),
-        "revisit_every": doc.get("revisit_every"),
-        "changed_at": iso(doc.get("changed_at")),
-        "versions": [_version(v) for v in store_data.versions_of(doc["_id"])],
-        "add_datetime": iso(doc.get("add_datetime")),
-        "last_update_datetime": iso(doc.get("last_update_datetime")),
+        "visits": task.visits or 0,
+        "not_modified": task.not_modified or 0,
+        "revisit_every": task.revisit_every,
+        "changed_at": iso(task.changed_at),
+        "versions": [_version(v, latest) for v, latest in store_data.versions_of(task.id)],
+        "add_datetime": iso(task.add_datetime),
+        "last_update_datetime": iso(task.last_update_datetime),
         "download_logs": task_logs,
     }
 
 
-def _version(doc: dict) -> dict:
+def _log_row(log: DownloadLog) -> dict:
+    """One download attempt, as the task's page lists it."""
+    row = {"id": str(log.id), "status": log.status, "response_size": log.response_size,
+           "failed_reason": log.failed_reason, "downloads_hostname": log.downloads_hostname,
+           "spend_time": log.spend_time, "add_datetime": iso(log.add_datetime)}
+    return row if log.coalesced_from is None else {**row, "coalesced_from": str(log.coalesced_from)}
+
+
+def _version(doc: DataDoc, latest: bool) -> dict:
     """One stored version of a page, as the task's history lists it."""
-    return {"data_id": str(doc["_id"]), "version": doc.get("version") or 1, "latest": doc["latest"],
-            "status_code": doc.get("status_code"), "add_datetime": iso(doc.get("add_datetime"))}
+    return {"data_id": str(doc.id), "version": doc.version or 1, "latest": latest,
+            "status_code": doc.status_code, "add_datetime": iso(doc.add_datetime)}
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None, versions: str = "latest") -> dict:

@@ -127,6 +127,7 @@ def _run(bench, tasks: int) -> dict:
         store_now,
         utcnow,
     )
+    from common.store.records import ExportFilter
     from master import maintenance as chores
     from master import views
     from master.dispatch import defender
@@ -160,9 +161,9 @@ def _run(bench, tasks: int) -> dict:
         "a job's data page": _timed(lambda: views.data_page("bench-scale")),
         "task show": _timed(lambda: views.task_detail("bench-scale", one["uri"])),
         "synchronous download's decision": _timed(lambda: export_fits(
-            job.id, {}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
+            job.id, ExportFilter(), parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
         "synchronous download's decision, one HTTP status asked": _timed(lambda: export_fits(
-            job.id, {"status": [200]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
+            job.id, ExportFilter(status=(200,)), parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)),
     }
     due = tcoll.count_documents({"job": job.id, "status": "FAIL", "retry_at": {"$ne": None}})
     for chore in chores.table():  # as in a running cluster: no chore due (each is timed on its own below)

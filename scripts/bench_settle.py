@@ -98,6 +98,7 @@ def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | 
         from common.store import connection, leases
         from common.store import tasks as store_tasks
         from common.store.models import FAIL, FRESH, SUCCESS, CrawlerTask, utcnow
+        from common.store.records import Task
 
         if group:
             leases.SETTLE_GROUP = group
@@ -108,8 +109,8 @@ def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | 
         job, now = ObjectId(), utcnow()
         docs = []
         for seq in range(1, settled + tasks + 1):
-            d = store_tasks.new_task(job, f"http://site{seq % 32}.example/page/{seq}", "", now)
-            d.update(seq=seq, _id=ObjectId())
+            d = Task(id=ObjectId(), job=job, uri=f"http://site{seq % 32}.example/page/{seq}", seq=seq,
+                     add_datetime=now, last_update_datetime=now).to_doc()
             if seq <= settled:
                 d.update(status=SUCCESS, download_times=1, data_lease=f"old{seq // batch}", retry_at=None,
                          failed_reason=None)

@@ -14,36 +14,35 @@ from common.exports.sources import Puller, inline_tables, look_of, pull, write_i
 from common.exports.tabular import CONTENT_TYPES
 from common.store import exports, projects
 from common.store.data import Upload, export_upload
+from common.store.records import ExportRecord
 
 if TYPE_CHECKING:
     from bson import ObjectId
 
 
-def file_name(doc: dict) -> str:
-    center = doc.get("center") or {}
-    return f"{center.get('file_name') or doc['_id']}.{doc['format']}"
+def file_name(task: ExportRecord) -> str:
+    return f"{task.center.get('file_name') or task.id}.{task.format}"
 
 
-def write_task(doc: dict, file_id: ObjectId, wrap: Callable[[Iterator[dict]], Iterator[dict]],
+def write_task(task: ExportRecord, file_id: ObjectId, wrap: Callable[[Iterator[dict]], Iterator[dict]],
                worker_id: str) -> tuple[int, Upload]:
     """Write the task's file; (rows, the closed-over upload, still open) — the caller checks it is
     still its own before closing the upload, which publishes the file."""
-    center = doc["center"]
-    meta = {"export": doc["_id"], "project_id": doc.get("project"),
-            "contentType": CONTENT_TYPES[doc["format"]]}
-    upload = export_upload(file_id, file_name(doc), meta)
+    center = task.center
+    meta = {"export": task.id, "project_id": task.project, "contentType": CONTENT_TYPES[task.format]}
+    upload = export_upload(file_id, file_name(task), meta)
     out = cast(IO[bytes], upload)
     look = look_of(center)
     if center.get("source_data") is not None:
         tables = inline_tables(center["source_data"])
-        exports.set_total(doc["_id"], worker_id, sum(len(t) for t in tables if isinstance(t, list)))
-        publish(doc["_id"])
-        _, rows = write_inline(look, tables, doc["format"], out, wrap)
+        exports.set_total(task.id, worker_id, sum(len(t) for t in tables if isinstance(t, list)))
+        publish(task.id)
+        _, rows = write_inline(look, tables, task.format, out, wrap)
         return rows, upload
-    allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(doc.get("project"))
-    with Puller(center["source_url"], int(center.get("step") or 1000), str(doc["_id"]), allow) as puller:
+    allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(task.project)
+    with Puller(center["source_url"], int(center.get("step") or 1000), str(task.id), allow) as puller:
         pulled = pull(puller, look)
-        exports.set_total(doc["_id"], worker_id, pulled.total)
-        publish(doc["_id"])
-        rows = write_pulled(pulled, doc["format"], out, wrap)
+        exports.set_total(task.id, worker_id, pulled.total)
+        publish(task.id)
+        rows = write_pulled(pulled, task.format, out, wrap)
     return rows, upload

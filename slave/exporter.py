@@ -30,6 +30,7 @@ from common.sentry import capture
 from common.store import claims, exports, jobs
 from common.store.data import drop_export_file, export_source, export_total, export_upload
 from common.store.models import store_now, utcnow
+from common.store.records import ExportRecord
 
 logger = logging.getLogger(__name__)
 PROGRESS_ROWS, PROGRESS_SECONDS = 1000, 2.0
@@ -90,44 +91,44 @@ def run_export(export_id: str, worker_id: str) -> str:
     return "success"
 
 
-def _write(doc: dict, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
-    if doc.get("center"):  # a download task: its rows come from its caller's source
+def _write(export: ExportRecord, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
+    if export.center:  # a download task: its rows come from its caller's source
         from slave.center import write_task
 
-        rows, upload = write_task(doc, file_id, progress.wrap, worker_id)
+        rows, upload = write_task(export, file_id, progress.wrap, worker_id)
         progress.write()  # last check: still ours, not cancelled
         upload.close()
         return rows, upload.length
-    if not jobs.exists(doc["job"]):
-        raise RuntimeError(f"job {doc['job_name']} no longer exists")
-    template = parse_template(doc.get("template"))
-    check_fits(template, doc["format"])
-    flt = doc.get("filter") or {}
-    exports.set_total(doc["_id"], worker_id, export_total(doc["job"], flt, template))
-    publish(doc["_id"])
-    name = file_name(f"{doc['job_name']}-{doc['_id']}", doc["format"])
-    upload = export_upload(file_id, name, {"export": doc["_id"], "contentType": CONTENT_TYPES[doc["format"]]})
-    rows_for = export_source(doc["job"], flt, template, doc["format"], progress.wrap)
+    if export.job is None or not jobs.exists(export.job):
+        raise RuntimeError(f"job {export.job_name} no longer exists")
+    template = parse_template(export.template)
+    check_fits(template, export.format)
+    flt = export.rows_filter()
+    exports.set_total(export.id, worker_id, export_total(export.job, flt, template))
+    publish(export.id)
+    name = file_name(f"{export.job_name}-{export.id}", export.format)
+    upload = export_upload(file_id, name, {"export": export.id, "contentType": CONTENT_TYPES[export.format]})
+    rows_for = export_source(export.job, flt, template, export.format, progress.wrap)
     # the writers only call write(): the upload is file enough for them
-    rows = WRITERS[doc["format"]](template, rows_for, cast(IO[bytes], upload))
+    rows = WRITERS[export.format](template, rows_for, cast(IO[bytes], upload))
     progress.write()  # last check: still ours, not cancelled
     upload.close()
     return rows, upload.length
 
 
-def _failed(doc: dict, worker_id: str, exc: Exception) -> str:
+def _failed(export: ExportRecord, worker_id: str, exc: Exception) -> str:
     reason = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
-    final = doc["attempts"] >= settings.EXPORT_MAX_RETRIES or isinstance(
+    final = export.attempts >= settings.EXPORT_MAX_RETRIES or isinstance(
         exc, (ValidationError, SourceFailed)
     )  # a template no longer valid; a source that broke its word through its tries
     now = utcnow()
-    changed = exports.fail(doc["_id"], worker_id, reason, now, final,
+    changed = exports.fail(export.id, worker_id, reason, now, final,
                            now + timedelta(seconds=settings.EXPORT_RETRY_DELAY))
-    logger.warning("export %s attempt %s failed: %s", doc["_id"], doc["attempts"], reason)
+    logger.warning("export %s attempt %s failed: %s", export.id, export.attempts, reason)
     if not isinstance(exc, (RuntimeError, ValidationError, SourceFailed)):
         capture(exc)
     if changed:
-        publish(doc["_id"])
+        publish(export.id)
     if final and changed:
-        announce(exports.get(doc["_id"]))
+        announce(exports.get(export.id))
     return "failed" if final else "retry"

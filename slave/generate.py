@@ -16,13 +16,17 @@ from __future__ import annotations
 import logging
 import time
 
+from bson import ObjectId
+
 from common.config import host_name, settings
 from common.cron import next_after
 from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
 from common.store import claims, generators, jobs, logs
+from common.store.jobs import WorkerJob
 from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
+from common.store.records import Generator
 from slave.download.engines import sandbox
 from slave.worker.context import limits_from_settings
 
@@ -34,13 +38,10 @@ def _lines(output: bytes) -> list[str]:
     return output.decode("utf-8", "replace").splitlines()
 
 
-def _allow_private(context: dict | None) -> bool:
-    return bool(context and (context["settings"] or {}).get("allow_private"))
-
-
-def _sandboxed(gen: dict, context: dict | None) -> bytes:
+def _sandboxed(gen: Generator, context: WorkerJob | None) -> bytes:
     """The generator's whole output, run in the sandbox with the downloaders' limits."""
-    return sandbox.run_generator(gen["type"], gen["code"], limits_from_settings(), _allow_private(context))
+    private = bool(context and context.settings.allow_private)
+    return sandbox.run_generator(gen.type, gen.code, limits_from_settings(), private)
 
 
 def run(run_id: str) -> dict:
@@ -49,43 +50,41 @@ def run(run_id: str) -> dict:
     if taken is None:
         logger.info("generator run %s was taken or given up before it started: skipped", run_id)
         return {"skipped": 1}
-    gen = taken["generator"]
-    job_id, started = gen["job"], time.monotonic()
+    gen = taken[1]
+    job_id, started, size = gen.job, time.monotonic(), 0
     name = jobs.name_of(job_id)
     context = jobs.context(job_id)
-    if context is None or context["status"] == OFF:  # queued before the job was turned off
-        skipped = {"status": RUN_SKIPPED, "failed_reason": f"job {name} is OFF: not run"}
-        generators.end_run(run_id, job_id, skipped, store_time())
+    if context is None or context.status == OFF:  # queued before the job was turned off
+        generators.end_run(run_id, job_id, store_time(), status=RUN_SKIPPED,
+                           failed_reason=f"job {name} is OFF: not run")
         logger.info("generator run %s of %s skipped: the job is OFF", run_id, name)
         return {"skipped": 1}
-    fields: dict = {}
     try:
-        with claims.Beating(generators.RUN, gen["_id"], run_id, settings.HEARTBEAT_INTERVAL):
+        with claims.Beating(generators.RUN, gen.id, run_id, settings.HEARTBEAT_INTERVAL):
             output = _sandboxed(gen, context)
-            fields["bytes"] = len(output)
-            if not claims.beat(generators.RUN, [gen["_id"]], run_id):  # given up meanwhile: not ours
+            size = len(output)
+            if not claims.beat(generators.RUN, [gen.id], run_id):  # given up meanwhile: not ours
                 logger.warning("generator run %s was given up while it ran: its URLs not added", run_id)
                 return {"skipped": 1}
-            report = add_tasks(name, _lines(output), schemes=gen.get("schemes") or None, hosts=True)
+            report = add_tasks(name, _lines(output), schemes=gen.schemes or None, hosts=True)
     except DownloadError as exc:
-        return _failed(run_id, job_id, name, fields, started, exc.reason)
+        return _failed(run_id, job_id, name, size, started, exc.reason)
     except Exception as exc:  # MongoDB away mid-intake: what was added stays; the run says why it stopped
-        _failed(run_id, job_id, name, fields, started, redact(f"{type(exc).__name__}: {exc}"))
+        _failed(run_id, job_id, name, size, started, redact(f"{type(exc).__name__}: {exc}"))
         raise
-    fields.update(status=SUCCESS, added=report.added, duplicate=report.duplicate, rejected=report.rejected,
-                  lines=len(_lines(output)), spend_time=int((time.monotonic() - started) * 1e6),
-                  errors=[{"line": n, "reason": r} for n, r in report.errors[:MAX_LOGGED_ERRORS]])
-    generators.end_run(run_id, job_id, fields, store_time())
+    generators.end_run(run_id, job_id, store_time(), status=SUCCESS, added=report.added,
+                       duplicate=report.duplicate, rejected=report.rejected, lines=len(_lines(output)),
+                       errors=report.errors[:MAX_LOGGED_ERRORS], size=size,
+                       spend_time=int((time.monotonic() - started) * 1e6))
     logger.info("generator of %s: %s added, %s duplicate, %s rejected", name, report.added, report.duplicate,
                 report.rejected)
     return {"added": report.added, "duplicate": report.duplicate, "rejected": report.rejected}
 
 
-def _failed(run_id: str, job_id, name: str, fields: dict, started: float, reason: str) -> dict:
+def _failed(run_id: str, job_id: ObjectId, name: str, size: int, started: float, reason: str) -> dict:
     now = store_time()
-    fields.update(status=FAIL, failed_reason=reason[:10000],
-                  spend_time=int((time.monotonic() - started) * 1e6))
-    generators.end_run(run_id, job_id, fields, now)
+    generators.end_run(run_id, job_id, now, status=FAIL, failed_reason=reason[:10000], size=size,
+                       spend_time=int((time.monotonic() - started) * 1e6))
     alert = f"generator of job {name} failed: {reason}"[:10000]
     logs.add_alerts([(job_id, "generator_fail", alert)], utcnow())
     logger.warning("generator of %s failed: %s", name, reason)
@@ -102,14 +101,14 @@ def dry_run(name: str, first: int = 20) -> dict:
     if gen is None:
         raise NotFound(f"job {name!r} declares no generator")
     started = time.monotonic()
-    out: dict = {"job": name, "type": gen["type"], "schedule": gen["schedule"], "state_before": gen["state"]}
+    out: dict = {"job": name, "type": gen.type, "schedule": gen.schedule, "state_before": gen.state}
     try:
         output = _sandboxed(gen, jobs.context(job.id))
     except DownloadError as exc:
-        return {**out, "passed": False, "failed_reason": exc.reason, "state": gen["state"],
+        return {**out, "passed": False, "failed_reason": exc.reason, "state": gen.state,
                 "spend_time": int((time.monotonic() - started) * 1e6)}
     lines = _lines(output)
-    report, shown = preview(name, lines, gen.get("schemes") or None, hosts=True, first=first)
+    report, shown = preview(name, lines, gen.schemes or None, hosts=True, first=first)
     passed = report.added + report.duplicate > 0
     out.update(passed=passed, bytes=len(output), lines=len(lines), added=report.added,
                duplicate=report.duplicate, rejected=report.rejected,
@@ -117,8 +116,8 @@ def dry_run(name: str, first: int = 20) -> dict:
                first=[{"url": u, "host": h} for u, h in shown],
                spend_time=int((time.monotonic() - started) * 1e6))
     if not passed:
-        out.update(failed_reason="the generator produced no URL intake would accept", state=gen["state"])
+        out.update(failed_reason="the generator produced no URL intake would accept", state=gen.state)
         return out
-    after = generators.mark_tested(job.id, gen["digest"], next_after(gen["schedule"], store_now()), utcnow())
-    out["state"] = (after or gen)["state"]
+    after = generators.mark_tested(job.id, gen.digest, next_after(gen.schedule, store_now()), utcnow())
+    out["state"] = (after or gen).state
     return out

@@ -12,6 +12,7 @@ from common.notify import deliver_due, queue_mail, queue_webhook
 from common.signing import export_url
 from common.store import exports
 from common.store.models import SUCCESS, iso
+from common.store.records import ExportRecord
 
 FINAL_STATES = ("SUCCESS", "FAIL", "CANCEL", "EXPIRED")
 EVENT_FIELDS = ("state", "rows_done", "rows_total", "bytes", "attempts", "error", "finished_at")
@@ -21,9 +22,9 @@ def channel(export_id) -> str:
     return f"downcluster:export:{export_id}"
 
 
-def snapshot(doc: dict) -> dict:
-    """The public part of an export document that its events carry (no link: links are asked for)."""
-    return {"id": str(doc["_id"]), **{k: iso(doc.get(k)) for k in EVENT_FIELDS}}
+def snapshot(export: ExportRecord) -> dict:
+    """The public part of an export that its events carry (no link: links are asked for)."""
+    return {"id": str(export.id), **{k: iso(getattr(export, k)) for k in EVENT_FIELDS}}
 
 
 def publish(export_id) -> None:
@@ -32,14 +33,14 @@ def publish(export_id) -> None:
     from common.store.connection import redis_conn
 
     try:
-        doc = exports.event_doc(export_id, EVENT_FIELDS)
-        if doc is not None:
-            redis_conn().publish(channel(export_id), json.dumps(snapshot(doc)))
+        export = exports.event_doc(export_id, EVENT_FIELDS)
+        if export is not None:
+            redis_conn().publish(channel(export_id), json.dumps(snapshot(export)))
     except Exception as exc:
         logging.getLogger(__name__).debug("export %s: event not published: %s", export_id, type(exc).__name__)
 
 
-def announce(export: exports.Export | None, callbacks: list[str] | None = None,
+def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
              mails: list[str] | None = None) -> None:
     """Queue and try to deliver the end-of-export notifications (to ``callbacks``/``mails``, by
     default the export's own; none for an export removed meanwhile). Never raises."""

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, Mapping
 from urllib.parse import urlencode
 
 import certifi
@@ -129,7 +129,7 @@ class Look:
     default_height: float | None = None
 
 
-def look_of(center: dict) -> Look:
+def look_of(center: Mapping[str, Any]) -> Look:
     """The look a task stored (``master.center.check`` made it)."""
     n = max(1, int(center.get("tables") or 1))
 

@@ -21,13 +21,14 @@ import gzip
 import hashlib
 import heapq
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from http import HTTPStatus
 from typing import IO, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from common.store import data, logs
+from common.store.records import DataDoc, ExportFilter
 
 __all__ = ["Capture", "Revisit", "WarcWriter", "CONTENT_TYPE"]
 
@@ -151,33 +152,34 @@ class WarcWriter:
 
 # --- a job's stored pages as one WARC file -------------------------------------------------
 
-def capture_of(doc: dict, body: bytes) -> Capture:
+def capture_of(doc: DataDoc, body: bytes) -> Capture:
     """A stored data document as a Capture."""
-    date = doc.get("add_datetime") or doc["_id"].generation_time.replace(tzinfo=None)
-    return Capture(key=str(doc["_id"]), url=doc.get("url") or "", date=date,
-                   status=int(doc.get("status_code") or 200), body=body,
-                   response_headers=dict(doc.get("response_headers") or {}),
-                   request_headers=dict(doc.get("requests_headers") or {}), ip=doc.get("remote_ip") or "")
+    date = doc.add_datetime or doc.id.generation_time.replace(tzinfo=None)
+    return Capture(key=str(doc.id), url=doc.url or "", date=date, status=int(doc.status_code or 200),
+                   body=body, response_headers=dict(doc.response_headers),
+                   request_headers=dict(doc.requests_headers), ip=doc.remote_ip or "")
 
 
-def _revisits(job_id, flt: dict) -> Iterator[Revisit]:
+def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     """The job's visits that stored nothing, each with the version it matched (the latest a page
     had then); one whose version is no longer kept is left out (nothing to refer to)."""
     last: tuple[object, Capture] | None = None  # a page revisited again and again: read once
-    for log in logs.not_modified(job_id, flt.get("since"), flt.get("until")):
-        at = log.get("add_datetime") or log["_id"].generation_time.replace(tzinfo=None)
-        ref = last[1] if last is not None and last[0] == log["task"] and last[1].date <= at else None
+    for log in logs.not_modified(job_id, flt.since, flt.until):
+        if log.task is None:
+            continue
+        at = log.add_datetime or log.id.generation_time.replace(tzinfo=None)
+        ref = last[1] if last is not None and last[0] == log.task and last[1].date <= at else None
         if ref is None:
-            found = data.version_at(log["task"], at)
+            found = data.version_at(log.task, at)
             if found is None:
                 continue
             ref = capture_of(*found)
-            last = (log["task"], ref)
-        yield Revisit(key=str(log["_id"]), date=at, not_modified=log["not_modified"].startswith("HTTP 304"),
+            last = (log.task, ref)
+        yield Revisit(key=str(log.id), date=at, not_modified=(log.not_modified or "").startswith("HTTP 304"),
                       refers_to=ref)
 
 
-def write_job(job_id, job_name: str, flt: dict, out: IO[bytes], wrap=lambda items: items) -> int:
+def write_job(job_id, job_name: str, flt: ExportFilter, out: IO[bytes], wrap=lambda items: items) -> int:
     """The job's stored downloads matching ``flt`` (every version stored; the
     revisits within its time window; a status filter keeps responses of those codes and drops the
     revisits unless 304 is among them) as WARC records to ``out``, in the order they happened.
@@ -185,9 +187,9 @@ def write_job(job_id, job_name: str, flt: dict, out: IO[bytes], wrap=lambda item
     writer = WarcWriter(out)
     writer.warcinfo(datetime.now(timezone.utc), f"{job_name}.warc.gz",
                     {"description": f"downcluster job {job_name}", "isPartOf": job_name})
-    every = {**flt, "versions": "all"}
+    every = replace(flt, all_versions=True)
     captures = (capture_of(doc, body) for doc, body in data.documents(job_id, every, request_headers=True))
-    wanted = flt.get("status")
+    wanted = flt.status
     revisits: Iterable[Revisit] = _revisits(job_id, flt) if not wanted or 304 in wanted else ()
     n = 0
     items: Iterator[Capture | Revisit] = heapq.merge(captures, revisits, key=_when)

@@ -20,29 +20,37 @@ the document names, so a retry finds it there.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from bson import Binary, ObjectId
+from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
 from common.config import settings
 from common.store.data import body_of, gridfs_of
-from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog
+from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, collection
+from common.store.paging import Doc
+from common.store.records import DataDoc, LeaseTask
 
 DUPLICATE_KEY = 11000
 
 
-def data_doc(job_id, downloader_id, task: dict, lease: str, download, now: datetime) -> dict:
+def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, lease: str, download: Any,
+             now: datetime, version: int | None = None) -> Doc:
     """The data document of one successful download (``download``: status_code, headers, body,
-    request_headers, request_body, encoding, remote_ip); a large body goes to GridFS."""
+    request_headers, request_body, encoding, remote_ip) of ``version`` of its page (revisits);
+    a large body goes to GridFS."""
     d = download
-    doc = {
+    doc: Doc = {
         "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
-        "job": job_id, "downloader": downloader_id, "task": task["_id"], "lease": lease,
-        "url": task["uri"], "status_code": d.status_code,
+        "job": job_id, "downloader": downloader_id, "task": task.id, "lease": lease,
+        "url": task.uri, "status_code": d.status_code,
         "requests_headers": d.request_headers, "response_headers": d.headers,
         "requests_body": Binary(d.request_body or b""), "encoding": d.encoding,
         "hostname": settings.HOSTNAME, "remote_ip": d.remote_ip, "add_datetime": now,
     }
+    if version is not None:
+        doc["version"] = version
     if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
         doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
         doc["response_body"] = None
@@ -51,14 +59,17 @@ def data_doc(job_id, downloader_id, task: dict, lease: str, download, now: datet
     return doc
 
 
-def body_file(doc: dict):
+def body_file(doc: Doc) -> ObjectId | None:
     """The GridFS file id ``doc`` (a ``data_doc``) names for its body, or None."""
-    return doc.get("response_body_gridfs")
+    found: ObjectId | None = doc.get("response_body_gridfs")
+    return found
 
 
-def log_doc(job_id, task_id, lease: str, failed_reason: str | None, request_size: int, response_size: int,
-            spend_us: int, coalesced_from, now: datetime) -> dict:
-    """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``."""
+def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str | None, request_size: int,
+            response_size: int, spend_us: int, coalesced_from: object, now: datetime,
+            not_modified: str | None = None) -> Doc:
+    """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``; ``not_modified``:
+    a revisit that stored nothing ("HTTP 304" or "same content")."""
     return {
         "_id": ObjectId(), "job": job_id, "task": task_id, "lease": lease,
         "status": SUCCESS if failed_reason is None else FAIL,
@@ -66,10 +77,11 @@ def log_doc(job_id, task_id, lease: str, failed_reason: str | None, request_size
         "failed_reason": failed_reason[:10240] if failed_reason is not None else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": spend_us, "add_datetime": now,
         **({"coalesced_from": coalesced_from} if coalesced_from is not None else {}),
+        **({"not_modified": not_modified} if not_modified else {}),
     }
 
 
-def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
+def _insert_ignoring_duplicates(coll: Collection[Doc], docs: list[Doc]) -> None:
     if not docs:
         return
     try:
@@ -82,17 +94,17 @@ def _insert_ignoring_duplicates(coll, docs: list[dict]) -> None:
 HOLDER_FIELDS = {"lease": 1, "response_body_gridfs": 1}
 
 
-def _holder(coll, doc: dict) -> dict | None:
+def _holder(coll: Collection[Doc], doc: Doc) -> Doc | None:
     """The document holding ``doc``'s page version (task, version), if any."""
     return coll.find_one({"task": doc["task"], "version": doc.get("version")}, HOLDER_FIELDS)
 
 
-def insert_data(docs: list[dict]) -> list[tuple[dict, dict | None]]:
+def insert_data(docs: list[Doc]) -> list[tuple[Doc, Doc | None]]:
     """Insert data documents; those already stored (a retry) are ignored. Returns those refused
     because another document holds their page version, each with that document (None: it went
     meanwhile). Raises BulkWriteError or InvalidDocument / DocumentTooLarge when MongoDB refuses
     one for another reason."""
-    coll = CrawlerDownloadData._get_collection()
+    coll = collection(CrawlerDownloadData)
     if not docs:
         return []
     try:
@@ -102,7 +114,7 @@ def insert_data(docs: list[dict]) -> list[tuple[dict, dict | None]]:
         errors = exc.details["writeErrors"]
         if any(e["code"] != DUPLICATE_KEY for e in errors):
             raise
-    taken = []
+    taken: list[tuple[Doc, Doc | None]] = []
     for e in errors:
         doc = docs[e["index"]]
         held = _holder(coll, doc)
@@ -111,12 +123,12 @@ def insert_data(docs: list[dict]) -> list[tuple[dict, dict | None]]:
     return taken
 
 
-def replace(held: dict | None, doc: dict) -> tuple[bool, dict | None]:
+def replace(held: Doc | None, doc: Doc) -> tuple[bool, Doc | None]:
     """Put ``doc`` in the place of ``held`` (the document that held its page version, an orphan:
     the caller's attempt holds the task, so no other attempt can settle it): its GridFS body,
     then it, go, and ``doc`` is inserted. Returns (stored, the document now holding the version
     if another took it meanwhile)."""
-    coll = CrawlerDownloadData._get_collection()
+    coll = collection(CrawlerDownloadData)
     if held is not None:
         if held.get("response_body_gridfs"):
             gridfs_of(coll.database).delete(held["response_body_gridfs"])
@@ -125,34 +137,34 @@ def replace(held: dict | None, doc: dict) -> tuple[bool, dict | None]:
     return (not taken), (taken[0][1] if taken else None)
 
 
-def put_body(file_id, body: bytes, filename: str) -> None:
+def put_body(file_id: ObjectId, body: bytes, filename: str) -> None:
     """Write a GridFS body under the id its data document names (a retry finds it there)."""
-    fs = gridfs_of(CrawlerDownloadData._get_collection().database)
+    fs = gridfs_of(collection(CrawlerDownloadData).database)
     if fs.exists(file_id):
         return
     fs.put(body, _id=file_id, filename=filename)
 
 
-def insert_logs(docs: list[dict]) -> None:
+def insert_logs(docs: list[Doc]) -> None:
     """Insert download logs; those already stored (a retry) are ignored."""
-    _insert_ignoring_duplicates(CrawlerDownloadLog._get_collection(), docs)
+    _insert_ignoring_duplicates(collection(CrawlerDownloadLog), docs)
 
 
-def stored_response(data_id) -> dict | None:
-    """A stored data document (for a coalesced task to copy) with its body, whether kept inline
-    or in GridFS, under ``body``; None if it is gone."""
-    coll = CrawlerDownloadData._get_collection()
+def stored_response(data_id: str) -> tuple[DataDoc, bytes] | None:
+    """A stored data document (for a coalesced task to copy) and its body, whether kept inline
+    or in GridFS; None if it is gone."""
+    coll = collection(CrawlerDownloadData)
     doc = coll.find_one({"_id": ObjectId(data_id)})
     if doc is None:
         return None
-    return {**doc, "body": body_of(doc, gridfs_of(coll.database))}
+    return DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))
 
 
-def stored_digest(task_id, lease: str) -> str | None:
+def stored_digest(task_id: ObjectId, lease: str) -> str | None:
     """SHA-256 of the body a task's data document of ``lease`` holds (a page stored before its
     job had revisits has no digest of its own), or None if it is gone."""
     import hashlib
 
-    coll = CrawlerDownloadData._get_collection()
+    coll = collection(CrawlerDownloadData)
     doc = coll.find_one({"task": task_id, "lease": lease}, {"response_body": 1, "response_body_gridfs": 1})
     return hashlib.sha256(body_of(doc, gridfs_of(coll.database))).hexdigest() if doc else None

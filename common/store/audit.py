@@ -11,20 +11,21 @@ from typing import Any
 
 from bson import ObjectId
 
-from common.store.models import AuditEntry
+from common.store.models import AuditEntry, collection
+from common.store.records import AuditEntry as Entry
 
 
-def add(at: datetime, actor: str, actor_id: Any, role: str | None, action: str, target: str,
-        project: int | None, detail: dict) -> None:
+def add(at: datetime, actor: str, actor_id: ObjectId | None, role: str | None, action: str, target: str,
+        project: int | None, detail: dict[str, Any]) -> None:
     AuditEntry(at=at, actor=actor, actor_id=actor_id, role=role, action=action, target=target,
                project=project, detail=detail).save(force_insert=True)
 
 
-def entries(limit: int, before: ObjectId | None = None, action: str | None = None) -> list[dict]:
+def entries(limit: int, before: ObjectId | None = None, action: str | None = None) -> list[Entry]:
     """Up to ``limit`` entries, newest first (by ``at``, then ``_id``: ObjectIds made by two
     processes in one second are not in time order); ``before``: only those after that entry."""
-    coll = AuditEntry._get_collection()
-    query: dict = {}
+    coll = collection(AuditEntry)
+    query: dict[str, Any] = {}
     if before is not None:
         mark = coll.find_one({"_id": before}, {"at": 1})
         if mark is None:
@@ -32,4 +33,4 @@ def entries(limit: int, before: ObjectId | None = None, action: str | None = Non
         query["$or"] = [{"at": {"$lt": mark["at"]}}, {"at": mark["at"], "_id": {"$lt": before}}]
     if action:
         query["action"] = action
-    return list(coll.find(query).sort([("at", -1), ("_id", -1)]).limit(limit))
+    return [Entry.from_doc(d) for d in coll.find(query).sort([("at", -1), ("_id", -1)]).limit(limit)]

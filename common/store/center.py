@@ -6,18 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.store.models import Export
+from bson import ObjectId
+
+from common.store.models import Export, collection
+from common.store.records import ExportRecord
 
 
-def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[Export], int]:
+def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[ExportRecord], int]:
     """The tasks matching ``query`` (a pymongo filter on ``project`` and ``center.*``), newest
     first, ``limit`` from ``skip``; and how many match in all. The rows a task carried inline
     (``center.source_data``, up to SOURCE_DATA_MAX_BYTES each) are not read."""
-    found = Export.objects(__raw__={**query, "center": {"$exists": True, "$ne": {}}}).exclude(
-        "center.source_data")
-    return list(found.order_by("-created_at").skip(skip).limit(limit)), found.count()
+    tasks = {**query, "center": {"$exists": True, "$ne": {}}}
+    found = collection(Export).find(tasks, {"center.source_data": 0}).sort("created_at", -1)
+    return ([ExportRecord.from_doc(d) for d in found.skip(skip).limit(limit)],
+            collection(Export).count_documents(tasks))
 
 
-def remove(export_id) -> None:
+def remove(export_id: ObjectId) -> None:
     """Delete a task's document (its file is dropped by the caller)."""
-    Export.objects(id=export_id).delete()
+    collection(Export).delete_one({"_id": export_id})

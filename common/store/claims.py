@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Mapping
 
+from bson import ObjectId
 from pymongo import ReturnDocument
 from pymongo.collection import Collection
 
@@ -45,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 BEAT = "beat_at"        # the holder's last sign of life, by the store's clock
 COUNTER = "recoveries"  # times a dead holder's work was taken back
+Doc = dict[str, Any]    # a raw document, or a query or update of one: this module is the store's plumbing
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Claimed:
     """One user of the protocol and what it sets."""
 
     name: str                               # in log lines and alerts: "download lease", "export" ...
-    coll: Callable[[], Collection]
+    coll: Callable[[], Collection[Doc]]
     owner: str                              # the field naming the holder
     ttl: Callable[[], float]                # seconds a hold lives after its last beat
     max_recoveries: Callable[[], int]       # the recovery that reaches it gives the work up
@@ -60,21 +62,21 @@ class Claimed:
     alert: str | None = None                # the alert type written when work is given up
 
 
-def holding(kind: Claimed, owner: str) -> dict:
+def holding(kind: Claimed, owner: str) -> Doc:
     """What a document must still look like for ``owner`` to write to it as its holder."""
     return {**kind.held, kind.owner: owner}
 
 
-def claim(kind: Claimed, match: dict, owner: str, change: dict | None = None) -> dict | None:
+def claim(kind: Claimed, match: Doc, owner: str, change: Doc | None = None) -> Doc | None:
     """Take the document that ``match`` (its free state) finds for ``owner``, by compare-and-set,
     with ``change`` (more update operators); the document after, or None if none was free."""
-    update: dict = {k: dict(v) for k, v in (change or {}).items()}
+    update: Doc = {k: dict(v) for k, v in (change or {}).items()}
     update.setdefault("$set", {}).update({**kind.held, kind.owner: owner})
     update.setdefault("$currentDate", {})[BEAT] = True
     return kind.coll().find_one_and_update(match, update, return_document=ReturnDocument.AFTER)
 
 
-def beat(kind: Claimed, ids: Iterable, owner: str) -> int:
+def beat(kind: Claimed, ids: Iterable[Any], owner: str) -> int:
     """Extend ``owner``'s holds of ``ids``; how many it still holds."""
     ids = list(ids)
     if not ids:
@@ -84,7 +86,7 @@ def beat(kind: Claimed, ids: Iterable, owner: str) -> int:
 
 
 def expired(kind: Claimed, now: datetime, fields: Mapping[str, int] | None = None,
-            limit: int = 500) -> list[dict]:
+            limit: int = 500) -> list[Doc]:
     """Held documents whose holder has not beaten for ``kind.ttl()`` seconds (``now``: the
     store's clock), with ``fields``, the holder, ``beat_at`` and the counter."""
     shown = {**(fields or {}), kind.owner: 1, BEAT: 1, COUNTER: 1}
@@ -97,26 +99,26 @@ def gives_up(kind: Claimed, recoveries: int) -> bool:
     return recoveries + 1 >= kind.max_recoveries()
 
 
-def spent(kind: Claimed) -> dict:
+def spent(kind: Claimed) -> Doc:
     """``gives_up`` as a query: the documents whose next recovery is their last."""
     return {COUNTER: {"$gte": kind.max_recoveries() - 1}}
 
 
-def judged(kind: Claimed, doc: dict) -> dict:
+def judged(kind: Claimed, doc: Doc) -> Doc:
     """The guard of a judge's write: the document still held as it was judged (same holder, no
     beat since)."""
     return {"_id": doc["_id"], **kind.held, kind.owner: doc.get(kind.owner), BEAT: doc.get(BEAT)}
 
 
-def recover(kind: Claimed, doc: dict, reason: str, again: dict, given_up: dict,
-            guard: dict | None = None, job=None, what: str | None = None) -> bool | None:
+def recover(kind: Claimed, doc: Doc, reason: str, again: Doc, given_up: Doc,
+            guard: Doc | None = None, job: ObjectId | None = None, what: str | None = None) -> bool | None:
     """Take the work of a dead (or overrunning) holder back: ``again`` (update operators: free
     again) or, when ``gives_up``, ``given_up`` (ended), counting the recovery and clearing the
     holder. By compare-and-set on ``guard`` (default: ``judged``); ``job`` and ``what`` (default:
     the kind and id) say in the alert whose work it was. Whether it was given up, or None when
     the document changed meanwhile (its holder beat or ended it)."""
     final = gives_up(kind, doc.get(COUNTER) or 0)
-    update: dict = {k: dict(v) for k, v in (given_up if final else again).items()}
+    update: Doc = {k: dict(v) for k, v in (given_up if final else again).items()}
     update.setdefault("$set", {})[kind.owner] = None
     update.setdefault("$inc", {})[COUNTER] = 1
     if not kind.coll().update_one(guard or judged(kind, doc), update).modified_count:
@@ -130,7 +132,7 @@ def recover(kind: Claimed, doc: dict, reason: str, again: dict, given_up: dict,
     return final
 
 
-def give_up_alert(kind: Claimed, job, text: str) -> None:
+def give_up_alert(kind: Claimed, job: ObjectId | None, text: str) -> None:
     """The one alert of work given up: a log line and, if ``kind`` has one, an alert record."""
     logger.warning("%s", text)
     if kind.alert:
@@ -141,7 +143,7 @@ class Beating(threading.Thread):
     """Beats ``owner``'s hold of ``doc_id`` every ``every`` seconds until ``halt`` is set (the
     holder's thread for work that runs in one piece: an export, a generator run)."""
 
-    def __init__(self, kind: Claimed, doc_id, owner: str, every: float) -> None:
+    def __init__(self, kind: Claimed, doc_id: Any, owner: str, every: float) -> None:
         super().__init__(daemon=True, name=f"beat-{kind.name}")
         self.kind, self.doc_id, self.owner, self.every = kind, doc_id, owner, every
         self.halt = threading.Event()

@@ -30,10 +30,10 @@ _redis: tuple[int, str, Redis] | None = None
 def control_uri() -> str:
     """MONGO_CONTROL_URI, or the source URI with its database named ``<source>_control``."""
     if settings.MONGO_CONTROL_URI:
-        return settings.MONGO_CONTROL_URI
+        return str(settings.MONGO_CONTROL_URI)
     parts = urlsplit(settings.MONGO_URI)
     name = parts.path.strip("/") or "downcluster"
-    return parts._replace(path=f"/{name}_control").geturl()
+    return str(parts._replace(path=f"/{name}_control").geturl())
 
 
 ALIASES = ("source", "log", "control")
@@ -81,9 +81,10 @@ def disconnect_mongo() -> None:
         disconnect_mongo_unlocked()
 
 
-def mongo_client(alias: str = "source") -> MongoClient:
+def mongo_client(alias: str = "source") -> MongoClient[dict[str, Any]]:
     connect_mongo()
-    return mongoengine.get_connection(alias)
+    client: MongoClient[dict[str, Any]] = mongoengine.get_connection(alias)
+    return client
 
 
 def mongo_answers(seconds: float) -> bool:
@@ -91,8 +92,8 @@ def mongo_answers(seconds: float) -> bool:
     MongoDB is away still starts, and answers 503s until it is back)."""
     from pymongo.errors import PyMongoError
 
-    client: MongoClient = MongoClient(settings.MONGO_URI, serverSelectionTimeoutMS=int(seconds * 1000),
-                                      connect=False)
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        settings.MONGO_URI, serverSelectionTimeoutMS=int(seconds * 1000), connect=False)
     try:
         client.admin.command("ping")
         return True
@@ -141,7 +142,7 @@ SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_SOCKET_TIMEOUT = 30.0
 
 
-def redis_client(url: str | None = None, asynchronous: bool = False, **options):
+def redis_client(url: str | None = None, asynchronous: bool = False, **options: Any) -> Any:
     """A Redis client (redis.asyncio's with ``asynchronous``) for ``url``, by default REDIS_URL:
     ``redis://``, ``rediss://``, ``unix://``, or ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]
     /SERVICE[/DB]`` — the master that the Sentinels name SERVICE, found again after a failover
@@ -211,8 +212,9 @@ def _sentinel_members(url: str, timeout: float) -> set[tuple[str, int]]:
     found: set[tuple[str, int]] = set()
     for item in parts.netloc.rpartition("@")[2].split(","):
         host, _, port = item.rpartition(":")
-        sentinel = Sentinel([(host.strip("[]") or "127.0.0.1", int(port or 26379))],
-                            sentinel_kwargs={"password": password, "socket_timeout": timeout})
+        where = [(host.strip("[]") or "127.0.0.1", int(port or 26379))]
+        options = {"password": password, "socket_timeout": timeout}
+        sentinel = Sentinel(where, sentinel_kwargs=options)  # type: ignore[no-untyped-call]
         conn = sentinel.sentinels[0]
         try:
             masters: Any = conn.sentinel_masters()

@@ -11,62 +11,60 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime
-from typing import Protocol
+from typing import Any
 
+from bson import ObjectId
+from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import ApiToken, ClusterSecret, WebSession
+from common.store.models import ApiToken, ClusterSecret, WebSession, collection
+from common.store.records import Session, Token
+
+__all__ = ["Token", "Session"]
 
 
-class Token(Protocol):
-    """What callers read of a stored token."""
-
-    id: object
-    name: str
-    role: str
-    digest: str
-    jobs: list[str]
-    projects: list[int]
-    add_datetime: datetime
+def _tokens() -> Collection[dict[str, Any]]:
+    return collection(ApiToken)
 
 
-def token(name: str) -> ApiToken | None:
+def token(name: str) -> Token | None:
     """The token called ``name``, or None."""
-    return ApiToken.objects(name=name).first()
+    return Token.maybe(_tokens().find_one({"name": name}))
 
 
-def token_by_digest(digest: str) -> ApiToken | None:
-    return ApiToken.objects(digest=digest).first()
+def token_by_digest(digest: str) -> Token | None:
+    return Token.maybe(_tokens().find_one({"digest": digest}))
 
 
-def add_token(name: str, role: str, digest: str, projects: list[int] | None = None) -> ApiToken:
+def add_token(name: str, role: str, digest: str, projects: list[int] | None = None) -> Token:
     """Insert a token holding ``projects`` (DuplicateKeyError if the name or digest exists)."""
-    token = ApiToken(name=name, role=role, digest=digest, projects=list(projects or []))
-    token.save(force_insert=True)
-    return token
+    doc = ApiToken(name=name, role=role, digest=digest, projects=list(projects or []))
+    doc.save(force_insert=True)
+    return Token.from_doc(doc.to_mongo())
 
 
-def tokens() -> list[ApiToken]:
+def tokens() -> list[Token]:
     """Every token, by name."""
-    return list(ApiToken.objects.order_by("name"))
+    return [Token.from_doc(d) for d in _tokens().find({}).sort("name", 1)]
 
 
-def grant(token_id, names: list[str], remove: bool = False) -> list[str]:
+def grant(token_id: ObjectId, names: list[str], remove: bool = False) -> list[str]:
     """Add ``names`` to (or pull them from) the token's job grants; its grants after, sorted."""
     if remove:
         ApiToken.objects(id=token_id).update_one(pull_all__jobs=names)
     else:
         ApiToken.objects(id=token_id).update_one(add_to_set__jobs=names)
-    return sorted(ApiToken.objects.get(id=token_id).jobs)
+    after = _tokens().find_one({"_id": token_id}, {"jobs": 1}) or {"_id": token_id}
+    return sorted(Token.from_doc(after).jobs)
 
 
-def revoke(found: ApiToken) -> None:
+def revoke(found: Token) -> None:
     """Remove a token and, first, every session it opened."""
     WebSession.objects(token=found.digest).delete()
-    found.delete()
+    _tokens().delete_one({"_id": found.id})
 
 
-def touch(token_id, now: datetime) -> None:
+def touch(token_id: ObjectId, now: datetime) -> None:
     """Record that a token was used at ``now``."""
     ApiToken.objects(id=token_id).update_one(set__last_used_at=now)
 
@@ -75,8 +73,8 @@ def add_session(session_id: str, token_digest: str, csrf: str, expires_at: datet
     WebSession(id=session_id, token=token_digest, csrf=csrf, expires_at=expires_at).save(force_insert=True)
 
 
-def session(session_id: str) -> WebSession | None:
-    return WebSession.objects(id=session_id).first()
+def session(session_id: str) -> Session | None:
+    return Session.maybe(collection(WebSession).find_one({"_id": session_id}))
 
 
 def end_session(session_id: str) -> None:
@@ -92,4 +90,4 @@ def secret(name: str) -> str:
         except DuplicateKeyError:  # another process made it first: use theirs
             pass
         found = ClusterSecret.objects.get(id=name)
-    return found.value
+    return str(found.value)

@@ -17,7 +17,7 @@ an operator: ``downcluster stats --recount``).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Iterable
+from typing import Any, Iterable
 
 from bson import ObjectId
 from pymongo import UpdateOne
@@ -28,16 +28,17 @@ from common.store.models import (
     CrawlerDownloadLog,
     CrawlerTask,
     CrawlerTaskCount,
+    collection,
 )
 from common.store.paging import Span
 
-Move = tuple  # (job id, status before or None, status after or None, how many tasks)
+Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)
 
 
-def move(moves: Iterable[Move], first: dict | None = None) -> None:
+def move(moves: Iterable[Move], first: dict[ObjectId, ObjectId] | None = None) -> None:
     """Apply tasks' moves between statuses (None: added or removed), in one bulk write;
     ``first``: {job id: the lowest ``_id`` among tasks it adds}."""
-    by_job: dict = defaultdict(Counter)
+    by_job: dict[ObjectId | None, Counter[str]] = defaultdict(Counter)
     for job, before, after, n in moves:
         if n and before != after:
             if before:
@@ -50,30 +51,30 @@ def move(moves: Iterable[Move], first: dict | None = None) -> None:
                                     **({"$min": {"first": first[job]}} if job in first else {})}, upsert=True)
            for job, c in by_job.items() if any(c.values())]
     if ops:
-        CrawlerTaskCount._get_collection().bulk_write(ops, ordered=False)
+        collection(CrawlerTaskCount).bulk_write(ops, ordered=False)
 
 
-def of_jobs(job_ids: Iterable | None = None) -> dict:
+def of_jobs(job_ids: Iterable[ObjectId] | None = None) -> dict[ObjectId, dict[str, int]]:
     """{job id: {status: n}} (every status present, 0 where none)."""
     flt = {} if job_ids is None else {"_id": {"$in": list(job_ids)}}
     return {d["_id"]: {s: int(d.get(s) or 0) for s in TASK_STATUSES}
-            for d in CrawlerTaskCount._get_collection().find(flt)}
+            for d in collection(CrawlerTaskCount).find(flt)}
 
 
-def span(job_id=None, of: str = "") -> Span:
+def span(job_id: ObjectId | None = None, of: str = "") -> Span:
     """Where the ``_id``s of the job's tasks, data and logs lie (of every job when None); the
     job's own ``_id`` (made when it was registered) when its counts were never rebuilt since.
     ``of`` "data": where its data begins, when counted; "log": where its download logs end."""
     return spans(None if job_id is None else [job_id], of)[job_id]
 
 
-def spans(job_ids: list | None, of: str = "") -> dict:
+def spans(job_ids: list[ObjectId] | None, of: str = "") -> dict[ObjectId | None, Span]:
     """{job id: ``span`` of the job} for each of ``job_ids`` (None: of every job with counts, and
     under the key None, of them all)."""
     flt = {} if job_ids is None else {"_id": {"$in": job_ids}}
-    docs = list(CrawlerTaskCount._get_collection().find(flt, {"first": 1, "last": 1, "data_first": 1,
-                                                             "log_last": 1}))
-    out = {}
+    shown = {"first": 1, "last": 1, "data_first": 1, "log_last": 1}
+    docs = list(collection(CrawlerTaskCount).find(flt, shown))
+    out: dict[ObjectId | None, Span] = {}
     for d in docs:
         first = d.get("data_first") if of == "data" and d.get("data_first") else d.get("first")
         last = max(d["last"], d["log_last"]) if of == "log" and d.get("last") and d.get("log_last") \
@@ -89,27 +90,26 @@ def spans(job_ids: list | None, of: str = "") -> dict:
     return out
 
 
-def raise_floor(job_id, first: ObjectId) -> None:
+def raise_floor(job_id: ObjectId, first: ObjectId) -> None:
     """Retention removed every task of the job below ``first``, and their data: its pages begin there."""
-    CrawlerTaskCount._get_collection().update_one({"_id": job_id},
-                                                  {"$max": {"first": first, "data_first": first}})
+    collection(CrawlerTaskCount).update_one({"_id": job_id}, {"$max": {"first": first, "data_first": first}})
 
 
-def recount(job_id=None) -> dict:
+def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
     """Rebuild the counts from the tasks (of one job, or all) and return them."""
-    match = [] if job_id is None else [{"$match": {"job": job_id}}]
-    counted: dict = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
-    firsts: dict = {}
-    lasts: dict = {}
+    match: list[dict[str, Any]] = [] if job_id is None else [{"$match": {"job": job_id}}]
+    counted: dict[ObjectId, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
+    firsts: dict[ObjectId, ObjectId] = {}
+    lasts: dict[ObjectId, ObjectId] = {}
     group = {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}, "first": {"$min": "$_id"},
              "last": {"$max": "$_id"}, "changed": {"$max": "$last_update_datetime"}}
-    for row in CrawlerTask._get_collection().aggregate([*match, {"$group": group}]):
+    for row in collection(CrawlerTask).aggregate([*match, {"$group": group}]):
         job = row["_id"]["job"]
         counted[job][row["_id"]["status"]] = row["n"]
         firsts[job] = min(firsts.get(job, row["first"]), row["first"])
         last = max(row["last"], ObjectId.from_datetime(row["changed"])) if row.get("changed") else row["last"]
         lasts[job] = max(lasts.get(job, last), last)
-    coll = CrawlerTaskCount._get_collection()
+    coll = collection(CrawlerTaskCount)
     if job_id is None:
         coll.delete_many({"_id": {"$nin": list(counted)}})
     elif job_id not in counted:
@@ -125,8 +125,8 @@ def recount(job_id=None) -> dict:
     return dict(counted)
 
 
-def _extents(model, match: list) -> dict:
+def _extents(model: Any, match: list[dict[str, Any]]) -> dict[ObjectId, tuple[ObjectId, ObjectId]]:
     """{job id: (lowest ``_id``, highest ``_id``)} of ``model``'s documents (one scan)."""
     group = {"$group": {"_id": "$job", "first": {"$min": "$_id"}, "last": {"$max": "$_id"}}}
-    rows = model._get_collection().aggregate([*match, group])
+    rows = collection(model).aggregate([*match, group])
     return {row["_id"]: (row["first"], row["last"]) for row in rows}

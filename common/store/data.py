@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import gridfs
+from bson import ObjectId
+from pymongo.database import Database
 
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
 from common.store.paging import OutOfTime, scan
+from common.store.records import DataDoc, ExportFilter
 
+if TYPE_CHECKING:
+    from common.exports.templates import Table, Template
+
+Doc = dict[str, Any]  # a raw document, a query, or an export's row (its fields by name, for the writers)
+Rows = Callable[["Table"], Iterator[Doc]]  # an export's rows of one table
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
 
 
-def gridfs_of(database) -> gridfs.GridFS:
+def gridfs_of(database: Database[Doc]) -> gridfs.GridFS:
     return gridfs.GridFS(database, collection=GRIDFS_BUCKET)
 
 
@@ -35,11 +44,12 @@ class Upload:
     CHUNK = 255 * 1024
     BATCH = 4
 
-    def __init__(self, database, bucket: str, file_id, filename: str, metadata: dict) -> None:
+    def __init__(self, database: Database[Doc], bucket: str, file_id: ObjectId, filename: str,
+                 metadata: Doc) -> None:
         self.files, self.chunks = database[bucket + ".files"], database[bucket + ".chunks"]
         self.file_id, self.filename, self.metadata = file_id, filename, metadata
         self.buffer, self.n, self.length = bytearray(), 0, 0
-        self.pending: list[dict] = []
+        self.pending: list[Doc] = []
 
     def write(self, data: bytes) -> None:
         self.buffer += data
@@ -70,12 +80,13 @@ class Upload:
                                "metadata": self.metadata})
 
 
-def export_upload(file_id, filename: str, metadata: dict) -> Upload:
+def export_upload(file_id: ObjectId, filename: str, metadata: Doc) -> Upload:
     """A new export file (bucket ``export_fs``), written as it streams."""
     return Upload(CrawlerDownloadData._get_collection().database, EXPORT_BUCKET, file_id, filename, metadata)
 
 
-def documents(job_id, flt: dict, request_headers: bool = False) -> Iterator[tuple[dict, bytes]]:
+def documents(job_id: ObjectId, flt: ExportFilter,
+              request_headers: bool = False) -> Iterator[tuple[DataDoc, bytes]]:
     """(document without its request — but its headers with ``request_headers`` —, body) of each
     of the job's shown data documents matching ``flt`` (see ``data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
@@ -84,38 +95,40 @@ def documents(job_id, flt: dict, request_headers: bool = False) -> Iterator[tupl
     cursor = coll.find(data_filter(job_id, flt), unread)
     cursor = cursor.sort("_id", 1).batch_size(200)
     for doc in versions_kept(visible(cursor), flt):
-        yield doc, body_of(doc, fs)
+        yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
-def versions_kept(docs: Iterable[dict], flt: dict) -> Iterable[dict]:
-    """``docs`` as an export's ``versions`` asks: every version ("all"), else each page's latest."""
-    return docs if flt.get("versions") == "all" else latest_only(docs)
+def versions_kept(docs: Iterable[Doc], flt: ExportFilter) -> Iterable[Doc]:
+    """``docs`` as an export's filter asks: every version, else each page's latest."""
+    return docs if flt.all_versions else latest_only(docs)
 
 
-def versions_of(task_id) -> list[dict]:
-    """A task's stored versions, oldest first (without bodies): the documents it names as its
-    latest (``data_lease``) or an earlier version (``history``); [] if it has none."""
+def versions_of(task_id: ObjectId) -> list[tuple[DataDoc, bool]]:
+    """A task's stored versions, oldest first (without bodies), each with whether it is the
+    latest: the documents it names as its latest (``data_lease``) or an earlier version
+    (``history``); [] if it has none."""
     task = CrawlerTask._get_collection().find_one({"_id": task_id}, {"data_lease": 1, "history": 1})
     if not task or not task.get("data_lease"):
         return []
     leases = [*(task.get("history") or ()), task["data_lease"]]
     found = CrawlerDownloadData._get_collection().find(
         {"task": task_id, "lease": {"$in": leases}}, {"response_body": 0, "requests_body": 0})
-    return [{**d, "latest": d["lease"] == task["data_lease"]} for d in sorted(found, key=lambda d: d["_id"])]
+    return [(DataDoc.from_doc(d), d["lease"] == task["data_lease"])
+            for d in sorted(found, key=lambda d: d["_id"])]
 
 
-def version_at(task_id, at) -> tuple[dict, bytes] | None:
+def version_at(task_id: ObjectId, at: datetime) -> tuple[DataDoc, bytes] | None:
     """The version of a task's page that was its latest at time ``at`` (the newest stored no later
     than ``at``), with its body; None if it has none (or none is kept)."""
-    before = [d for d in versions_of(task_id) if d.get("add_datetime") and d["add_datetime"] <= at]
+    before = [d for d, _ in versions_of(task_id) if d.add_datetime and d.add_datetime <= at]
     if not before:
         return None
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": before[-1]["_id"]}, {"requests_body": 0})
-    return (doc, body_of(doc, gridfs_of(coll.database))) if doc else None
+    doc = coll.find_one({"_id": before[-1].id}, {"requests_body": 0})
+    return (DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))) if doc else None
 
 
-def drop_export_file(file_id) -> None:
+def drop_export_file(file_id: ObjectId | None) -> None:
     """Remove an export's file from GridFS, complete or partial (chunks without a files document
     are what an upload cut off leaves)."""
     if file_id is None:
@@ -125,7 +138,7 @@ def drop_export_file(file_id) -> None:
     db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
 
 
-def named(docs: list[dict], latest: bool = False) -> set:
+def named(docs: list[Doc], latest: bool = False) -> set[ObjectId]:
     """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task
     names, as its latest version (``data_lease``) or an earlier one (``history``; not with
     ``latest``): the exact check, one task lookup per document."""
@@ -137,13 +150,13 @@ def named(docs: list[dict], latest: bool = False) -> set:
     return {d["_id"] for d in docs if d.get("lease") is not None and d["lease"] in owner.get(d["task"], ())}
 
 
-def latest_only(docs: Iterable[dict]) -> Iterator[dict]:
+def latest_only(docs: Iterable[Doc]) -> Iterator[Doc]:
     """The documents (already ``visible``) that are their page's latest version: a document a
     later version superseded is skipped (the writer marks it once that version is named)."""
     return (d for d in docs if not d.get("superseded"))
 
 
-def shown(docs: list[dict]) -> set:
+def shown(docs: list[Doc]) -> set[ObjectId]:
     """Ids of the documents among ``docs`` that readers show: those their task names.
 
     The exact check costs a task lookup per document, so it is made only where an orphan can
@@ -166,10 +179,10 @@ def shown(docs: list[dict]) -> set:
     }
 
 
-def visible(cursor: Iterable[dict], batch: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> Iterator[dict]:
+def visible(cursor: Iterable[Doc], batch: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> Iterator[Doc]:
     """The data documents of ``cursor`` (projected with ``task`` and ``lease``) that their task
     names, in cursor order: looked up ``batch`` documents (or ``max_bytes`` of bodies) at a time."""
-    chunk: list[dict] = []
+    chunk: list[Doc] = []
     size = 0
     for doc in cursor:
         chunk.append(doc)
@@ -182,15 +195,15 @@ def visible(cursor: Iterable[dict], batch: int = 1000, max_bytes: int = 8 * 1024
     yield from (d for d in chunk if d["_id"] in keep)
 
 
-def data_filter(job_id, flt: dict) -> dict:
+def data_filter(job_id: ObjectId, flt: ExportFilter) -> Doc:
     """The MongoDB filter of an export's rows: the job's data documents, by HTTP status code
     and stored time (``flt`` was checked when the export was requested)."""
     query: dict[str, Any] = {"job": job_id}
-    if flt.get("status"):
-        query["status_code"] = {"$in": [int(s) for s in flt["status"]]}
-    if flt.get("since") or flt.get("until"):
-        query["add_datetime"] = {**({"$gte": flt["since"]} if flt.get("since") else {}),
-                                 **({"$lt": flt["until"]} if flt.get("until") else {})}
+    if flt.status:
+        query["status_code"] = {"$in": list(flt.status)}
+    if flt.since or flt.until:
+        query["add_datetime"] = {**({"$gte": flt.since} if flt.since else {}),
+                                 **({"$lt": flt.until} if flt.until else {})}
     return query
 
 
@@ -201,14 +214,14 @@ def text_of(body: bytes, encoding: str | None) -> str:
         return body.decode("utf-8", errors="replace")
 
 
-def body_of(doc: dict, fs) -> bytes:
+def body_of(doc: Doc, fs: gridfs.GridFS) -> bytes:
     """A data document's response body, byte-exact, from the document or its GridFS file."""
     if doc.get("response_body_gridfs"):
-        return fs.get(doc["response_body_gridfs"]).read()
+        return bytes(fs.get(doc["response_body_gridfs"]).read())
     return bytes(doc.get("response_body") or b"")
 
 
-def restrict(query: dict, status: tuple[int, ...]) -> dict:
+def restrict(query: Doc, status: tuple[int, ...]) -> Doc:
     """``query`` kept to the HTTP status codes ``status`` too (a table's own filter)."""
     if not status:
         return query
@@ -219,9 +232,9 @@ def restrict(query: dict, status: tuple[int, ...]) -> dict:
 
 
 def data_rows(
-    query: dict, needs_body: bool, needs_headers: bool = False, task_order: bool = False,
+    query: Doc, needs_body: bool, needs_headers: bool = False, task_order: bool = False,
     all_versions: bool = False,
-) -> Iterator[dict]:
+) -> Iterator[Doc]:
     """The export fields of each data document matching ``query``, one at a time (a small cursor
     batch; a GridFS body is read only when a body field is asked for): in the order they were
     stored, or with ``task_order`` in the order their URLs were added (what a printed sheet
@@ -237,9 +250,10 @@ def data_rows(
     cursor = coll.find(query, projection, allow_disk_use=task_order).sort(order)
     docs = visible(cursor.batch_size(100 if needs_body else 1000))
     for doc in docs if all_versions else latest_only(docs):
-        row = {"url": doc.get("url"), "status_code": doc.get("status_code"), "encoding": doc.get("encoding"),
-               "remote_ip": doc.get("remote_ip"), "hostname": doc.get("hostname"), "task": str(doc["task"]),
-               "add_datetime": doc.get("add_datetime"), "version": doc.get("version") or 1}
+        row: Doc = {"url": doc.get("url"), "status_code": doc.get("status_code"),
+                    "encoding": doc.get("encoding"), "remote_ip": doc.get("remote_ip"),
+                    "hostname": doc.get("hostname"), "task": str(doc["task"]),
+                    "add_datetime": doc.get("add_datetime"), "version": doc.get("version") or 1}
         if needs_headers:
             row["response_headers"] = doc.get("response_headers") or {}
         if needs_body:
@@ -249,7 +263,7 @@ def data_rows(
         yield row
 
 
-def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
+def export_total(job_id: ObjectId, flt: ExportFilter, template: Template, upto: int | None = None) -> int:
     """Rows an export of ``template`` will read: each table's matching documents (a row-headed
     table at most the rows its headers hold). Counts documents an unfinished fence may still hide.
     ``upto``: stop counting there (a decision against a threshold costs no more than it, whatever
@@ -272,7 +286,7 @@ def export_total(job_id, flt: dict, template, upto: int | None = None) -> int:
 DECIDE_WITHIN = 0.4  # seconds a filtered export's rows may take to count; beyond, a worker runs it
 
 
-def export_fits(job_id, flt: dict, template, limit: int) -> bool:
+def export_fits(job_id: ObjectId, flt: ExportFilter, template: Template, limit: int) -> bool:
     """Whether an export surely has at most ``limit`` rows, decided in well under a second
     whatever the job's size: its SUCCESS tasks (kept as tasks change, ``common.store.counts``) bound
     each table's rows; an unfiltered table holds all of them; only a filtered export of a large
@@ -283,7 +297,7 @@ def export_fits(job_id, flt: dict, template, limit: int) -> bool:
     succeeded = counts.of_jobs([job_id]).get(job_id, {}).get("SUCCESS", 0)
     if succeeded * len(template.tables) <= limit:
         return True
-    if not (flt.get("status") or flt.get("since") or flt.get("until")) and not any(
+    if not flt.narrows and not any(
             t.status or t.row for t in template.tables):
         return False
     try:
@@ -292,14 +306,13 @@ def export_fits(job_id, flt: dict, template, limit: int) -> bool:
         return False
 
 
-def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
+def _rows_upto(job_id: ObjectId, flt: ExportFilter, template: Template, upto: int) -> int:
     """The export's rows, counted up to ``upto``: the job's data read window by window by its
     (job, _id) index, each document checked here against the filter and each table's status codes
     (another predicate in the query would make the embedded store read every document of the job)."""
     from common.store import counts
 
-    codes = set(flt.get("status") or ())
-    since, until = flt.get("since"), flt.get("until")
+    codes, since, until = set(flt.status), flt.since, flt.until
     caps = [sum(leaf.row_count for leaf in t.row_leaves) if t.row else None for t in template.tables]
     rows = [0] * len(template.tables)
     docs = scan(CrawlerDownloadData._get_collection(), {"job": job_id}, span=counts.span(job_id),
@@ -324,12 +337,17 @@ def _rows_upto(job_id, flt: dict, template, upto: int) -> int:
 class WholeDocuments:
     """An export's source that is not rows: the job's stored documents whole, read by the writer
     itself (a WARC file: ``common.exports.warc``), with the export's filter and progress hook."""
-    job_id: Any
-    filter: dict
-    wrap: Callable
+    job_id: ObjectId
+    filter: ExportFilter
+    wrap: Callable[[Iterator[Any]], Iterator[Any]]
 
 
-def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows):
+def _unwrapped(rows: Iterator[Any]) -> Iterator[Any]:
+    return rows
+
+
+def export_source(job_id: ObjectId, flt: ExportFilter, template: Template, fmt: str,
+                  wrap: Callable[[Iterator[Any]], Iterator[Any]] = _unwrapped) -> Rows | WholeDocuments:
     """The rows of each table of an export (what the writers call): the job's data kept by the
     export's filter and the table's own status codes, in task order for a spreadsheet; for a
     WARC file, the documents whole (``WholeDocuments``)."""
@@ -337,8 +355,8 @@ def export_source(job_id, flt: dict, template, fmt: str, wrap=lambda rows: rows)
         return WholeDocuments(job_id, flt, wrap)
     base = data_filter(job_id, flt)
 
-    def rows_for(table) -> Iterator[dict]:
+    def rows_for(table: Table) -> Iterator[Doc]:
         return wrap(data_rows(restrict(base, table.status), template.needs_body, template.needs_headers,
-                              task_order=fmt == "xlsx", all_versions=flt.get("versions") == "all"))
+                              task_order=fmt == "xlsx", all_versions=flt.all_versions))
 
     return rows_for

@@ -12,19 +12,25 @@ back after HEARTBEAT_TTL without a beat or past its ``deadline_at``, FAIL at MAX
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Iterator
+from typing import Any, Iterator
 
+from bson import ObjectId
 from gridfs import GridFSBucket
+from gridfs.errors import NoFile
+from gridfs.grid_file import GridOut
+from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
 from common.store.data import EXPORT_BUCKET
-from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export
+from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export, collection
+from common.store.records import ExportRecord
 
 
-def _coll():
-    return Export._get_collection()
+def _coll() -> Collection[dict[str, Any]]:
+    return collection(Export)
 
 
 EXPORT = claims.Claimed("export", _coll, owner="worker", ttl=lambda: float(settings.HEARTBEAT_TTL),
@@ -34,63 +40,71 @@ EXPORT = claims.Claimed("export", _coll, owner="worker", ttl=lambda: float(setti
 
 # --- requests (the master) ---------------------------------------------------------------
 
-def earlier(key: str, now: datetime, window: timedelta, owner=None) -> Export | None:
+def earlier(key: str, now: datetime, window: timedelta, owner: ObjectId | None = None) -> ExportRecord | None:
     """The newest export of ``owner`` (a token's id; None: the command line) with digest ``key``
     underway, or finished with SUCCESS within ``window``."""
-    return Export.objects(digest=key, owner=owner).filter(
-        __raw__={"$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
-                         {"state": SUCCESS, "created_at": {"$gte": now - window}}]}
-    ).order_by("-created_at").first()
+    found = _coll().find({"digest": key, "owner": owner,
+                          "$or": [{"state": {"$in": [PENDING, EXPORT_RUNNING]}},
+                                  {"state": SUCCESS, "created_at": {"$gte": now - window}}]})
+    return next((ExportRecord.from_doc(d) for d in found.sort("created_at", -1).limit(1)), None)
 
 
-def add(**fields) -> Export:
-    """Insert a new (PENDING) export of ``fields``."""
-    export = Export(**fields)
-    export.save(force_insert=True)
+def add(export: ExportRecord) -> ExportRecord:
+    """Insert a new (PENDING) export; as stored."""
+    _coll().insert_one(export.to_doc())
     return export
 
 
-def join(export_id, callbacks: list[str], mails: list[str]) -> None:
+def join(export_id: ObjectId, callbacks: list[str], mails: list[str]) -> None:
     """Add the callbacks and mails of a request that joined the export."""
-    Export.objects(id=export_id).update_one(add_to_set__callback_urls=callbacks, add_to_set__mails=mails)
+    _coll().update_one({"_id": export_id}, {"$addToSet": {"callback_urls": {"$each": callbacks},
+                                                          "mails": {"$each": mails}}})
 
 
-def mark_queued(export_id, now: datetime) -> None:
+def mark_queued(export_id: ObjectId, now: datetime) -> None:
     """Note when a PENDING export's queue entry was pushed."""
-    Export.objects(id=export_id, state=PENDING).update_one(set__queued_at=now)
+    _coll().update_one({"_id": export_id, "state": PENDING}, {"$set": {"queued_at": now}})
 
 
-def get(export_id) -> Export | None:
-    return Export.objects(id=export_id).first()
+def get(export_id: ObjectId) -> ExportRecord | None:
+    return ExportRecord.maybe(_coll().find_one({"_id": export_id}))
 
 
-def owned_by(owner, name: str, since: datetime | None) -> dict:
-    """The query of the exports token ``owner`` requested: those that name it, and those stored
-    before exports had an ``owner`` that name it by ``name`` and are not older than the token (an
-    earlier token of that name, revoked since, owned those). ``migrate`` fills ``owner`` in."""
-    legacy: dict = {"owner": None, "requested_by": name}
-    if since is not None:
-        legacy["created_at"] = {"$gte": since}
-    return {"$or": [{"owner": owner}, legacy]}
+@dataclass(frozen=True)
+class Viewer:
+    """Whose exports a listing shows: those of the projects ``held`` (``default``: the id of the
+    project of exports stored before projects) that the token ``owner`` (named ``name``, made at
+    ``since``) requested, or whose job it was ``granted``. An export stored before exports had an
+    ``owner`` counts as the token's by ``name`` if it is not older than the token (an earlier
+    token of that name, revoked since, owned those); ``migrate`` fills ``owner`` in."""
 
+    owner: ObjectId
+    name: str
+    since: datetime | None
+    granted: list[str]
+    held: list[int]
+    default: int
 
-def listing(job_name: str | None, limit: int,
-            seen_by: tuple[dict, list[str], list[int], int] | None = None) -> list[Export]:
-    """Up to ``limit`` exports (of job ``job_name``), newest first; with ``seen_by`` (a token's
-    ``owned_by`` query, granted jobs, projects, and the ``default`` project's id) only the ones of
-    its projects that it requested or was granted."""
-    query = Export.objects(job_name=job_name) if job_name else Export.objects
-    if seen_by is not None:
-        owned, granted, held, default = seen_by
-        in_projects: dict = {"project": {"$in": list(held)}}
-        if default in held:  # exports stored before projects: the default project's
+    def query(self) -> dict[str, Any]:
+        legacy: dict[str, Any] = {"owner": None, "requested_by": self.name}
+        if self.since is not None:
+            legacy["created_at"] = {"$gte": self.since}
+        in_projects: dict[str, Any] = {"project": {"$in": list(self.held)}}
+        if self.default in self.held:  # exports stored before projects: the default project's
             in_projects = {"$or": [in_projects, {"project": None}]}
-        query = query.filter(__raw__={"$and": [in_projects,
-                                               {"$or": [owned, {"job_name": {"$in": list(granted)}}]}]})
-    return list(query.order_by("-created_at").limit(limit))
+        mine = {"$or": [{"owner": self.owner}, legacy, {"job_name": {"$in": list(self.granted)}}]}
+        return {"$and": [in_projects, mine]}
 
 
-def retry(export_id, now: datetime) -> bool:
+def listing(job_name: str | None, limit: int, viewer: Viewer | None = None) -> list[ExportRecord]:
+    """Up to ``limit`` exports (of job ``job_name``), newest first; with ``viewer`` only those it sees."""
+    query: dict[str, Any] = {"job_name": job_name} if job_name else {}
+    if viewer is not None:
+        query = {**query, **viewer.query()}
+    return [ExportRecord.from_doc(d) for d in _coll().find(query).sort("created_at", -1).limit(limit)]
+
+
+def retry(export_id: ObjectId, now: datetime) -> bool:
     """FAIL -> PENDING, due now, with its attempts and recoveries counted afresh; whether it was FAIL."""
     return bool(_coll().update_one(
         {"_id": export_id, "state": FAIL},
@@ -99,86 +113,85 @@ def retry(export_id, now: datetime) -> bool:
          "$unset": {"finished_at": 1, "queued_at": 1, "deadline_at": 1}}).modified_count)
 
 
-def fill_owners(owners: dict[str, tuple[object, datetime | None]]) -> int:
+def fill_owners(owners: dict[str, tuple[ObjectId, datetime | None]]) -> int:
     """The upgrade to owned exports: each export without an ``owner`` whose ``requested_by``
     names a live token (``owners``: name -> (id, created)) and is not older than that token gets
     its id; the others (the command line's, a revoked token's) keep none. How many changed."""
     changed = 0
     for name, (token_id, created) in owners.items():
-        query: dict = {"owner": None, "requested_by": name}
+        query: dict[str, Any] = {"owner": None, "requested_by": name}
         if created is not None:
             query["created_at"] = {"$gte": created}
         changed += _coll().update_many(query, {"$set": {"owner": token_id}}).modified_count
     return changed
 
 
-def cancel(export_id, now: datetime) -> bool:
+def cancel(export_id: ObjectId, now: datetime) -> bool:
     """PENDING or RUNNING -> CANCEL; whether it was either."""
     return bool(_coll().update_one({"_id": export_id, "state": {"$in": [PENDING, EXPORT_RUNNING]}},
                                    {"$set": {"state": CANCELLED, "finished_at": now, "error": "cancelled"}})
                 .modified_count)
 
 
-def reload(export: Export) -> Export:
-    export.reload()
-    return export
-
-
-def by_state() -> dict:
+def by_state() -> dict[str, int]:
     """How many exports there are in each state (states without any left out)."""
     rows = _coll().aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}])
     return {row["_id"]: row["n"] for row in rows}
 
 
-def open_file(file_id):
-    """A reader of an export's file (``gridfs.errors.NoFile`` if it is gone)."""
+def open_file(file_id: ObjectId | None) -> GridOut:
+    """A reader of an export's file (``gridfs.errors.NoFile`` if it is gone, or it has none)."""
+    if file_id is None:
+        raise NoFile("the export has no file")
     return GridFSBucket(_coll().database, bucket_name=EXPORT_BUCKET).open_download_stream(file_id)
 
 
-def event_doc(export_id, fields) -> dict | None:
-    return _coll().find_one({"_id": export_id}, {k: 1 for k in fields})
+def event_doc(export_id: ObjectId, fields: tuple[str, ...]) -> ExportRecord | None:
+    """The export with only ``fields`` read."""
+    return ExportRecord.maybe(_coll().find_one({"_id": export_id}, {k: 1 for k in fields}))
 
 
 # --- tending (every dispatcher run) ------------------------------------------------------
 
-def recover_dead(now: datetime) -> Iterator[tuple[dict, bool]]:
+def recover_dead(now: datetime) -> Iterator[tuple[ExportRecord, bool]]:
     """Give RUNNING exports whose worker stopped beating back to PENDING (FAIL when given up,
-    ``claims.gives_up``); yields (doc with its ``file_id``, final) for each."""
+    ``claims.gives_up``); yields (the export with its ``file_id``, final) for each."""
     for doc in claims.expired(EXPORT, now, {"file_id": 1, "job": 1}):
         final = claims.recover(EXPORT, doc, "its worker died", _again(now, "its worker died"),
                                _given_up(now, f"its worker died {EXPORT.max_recoveries()} times"),
                                job=doc.get("job"))
         if final is not None:
-            yield doc, final
+            yield ExportRecord.from_doc(doc), final
 
 
-def stop_overrun(now: datetime, default_limit: int) -> Iterator[tuple[dict, bool]]:
+def stop_overrun(now: datetime, default_limit: int) -> Iterator[tuple[ExportRecord, bool]]:
     """Stop RUNNING exports past their deadline: PENDING again, a recovery as a dead worker's
-    (FAIL when given up); yields (doc with its ``file_id``, final) for each."""
+    (FAIL when given up); yields (the export with its ``file_id``, final) for each."""
     over = {**EXPORT.held, "deadline_at": {"$lt": now}}
     for doc in _coll().find(over, {"file_id": 1, "job": 1, "max_exec_time": 1, claims.COUNTER: 1}):
         error = f"ran over its time limit of {doc.get('max_exec_time') or default_limit} s (max_exec_time)"
         final = claims.recover(EXPORT, doc, error, _again(now, error), _given_up(now, error),
                                guard={"_id": doc["_id"], **over}, job=doc.get("job"))
         if final is not None:
-            yield doc, final
+            yield ExportRecord.from_doc(doc), final
 
 
-def _again(now: datetime, error: str) -> dict:
+def _again(now: datetime, error: str) -> dict[str, Any]:
     return {"$set": {"state": PENDING, "retry_at": now, "error": error}, "$unset": {"queued_at": 1}}
 
 
-def _given_up(now: datetime, error: str) -> dict:
+def _given_up(now: datetime, error: str) -> dict[str, Any]:
     return {"$set": {"state": FAIL, "retry_at": now, "error": error, "finished_at": now},
             "$unset": {"queued_at": 1}}
 
 
-def due(now: datetime) -> Iterator[dict]:
-    """The PENDING exports due by ``now``: their ``_id`` and ``queued_at``."""
-    return _coll().find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1})
+def due(now: datetime) -> Iterator[ExportRecord]:
+    """The PENDING exports due by ``now`` (only their ``id`` and ``queued_at`` read)."""
+    found = _coll().find({"state": PENDING, "retry_at": {"$lte": now}}, {"_id": 1, "queued_at": 1})
+    return map(ExportRecord.from_doc, found)
 
 
-def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[dict]:
+def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[ExportRecord]:
     """SUCCESS exports past ``expires_at`` -> EXPIRED, and (with ``ttl``) download tasks of the
     general center that ended without a file (FAIL, CANCEL) longer than ``ttl`` ago: the seed's
     tasks expire after 7 days whatever became of them. Yields each (with its ``file_id``)."""
@@ -186,7 +199,7 @@ def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[dict]:
     for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
         expired = coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}})
         if expired.modified_count:
-            yield doc
+            yield ExportRecord.from_doc(doc)
     if ttl is None:
         return
     ended = {"state": {"$in": [FAIL, CANCELLED]}, "center": {"$exists": True, "$ne": {}},
@@ -194,34 +207,36 @@ def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[dict]:
     for doc in coll.find(ended, {"file_id": 1, "state": 1}):
         expired = coll.update_one({"_id": doc["_id"], "state": doc["state"]}, {"$set": {"state": EXPIRED}})
         if expired.modified_count:
-            yield doc
+            yield ExportRecord.from_doc(doc)
 
 
 # --- an attempt (the exporter) -----------------------------------------------------------
 
-def claim(export_id, worker_id: str, now: datetime, default_limit: int, file_id) -> dict | None:
+def claim(export_id: ObjectId, worker_id: str, now: datetime, default_limit: int,
+          file_id: ObjectId) -> ExportRecord | None:
     """PENDING -> RUNNING for ``worker_id`` (counting the attempt); the export after, or None if
     it was not PENDING."""
     limit = (_coll().find_one({"_id": export_id}, {"max_exec_time": 1}) or {}).get("max_exec_time")
     limit = limit or default_limit
-    return claims.claim(EXPORT, {"_id": export_id, "state": PENDING}, worker_id,
-                        {"$set": {"started_at": now, "deadline_at": now + timedelta(seconds=limit),
-                                  "file_id": file_id, "rows_done": 0, "error": None},
-                         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}})
+    return ExportRecord.maybe(claims.claim(
+        EXPORT, {"_id": export_id, "state": PENDING}, worker_id,
+        {"$set": {"started_at": now, "deadline_at": now + timedelta(seconds=limit), "file_id": file_id,
+                  "rows_done": 0, "error": None},
+         "$inc": {"attempts": 1}, "$unset": {"queued_at": 1}}))
 
 
-def progress(export_id, worker_id: str, rows: int) -> bool:
+def progress(export_id: ObjectId, worker_id: str, rows: int) -> bool:
     """Record rows done; whether the export is still RUNNING by ``worker_id``."""
     return bool(_coll().update_one({"_id": export_id, **claims.holding(EXPORT, worker_id)},
                                    {"$set": {"rows_done": rows}}).matched_count)
 
 
-def set_total(export_id, worker_id: str, total: int) -> None:
+def set_total(export_id: ObjectId, worker_id: str, total: int) -> None:
     _coll().update_one({"_id": export_id, **claims.holding(EXPORT, worker_id)},
                        {"$set": {"rows_total": total}})
 
 
-def settle(export_id, worker_id: str, rows: int, size: int, done: datetime, ttl: timedelta) -> bool:
+def settle(export_id: ObjectId, worker_id: str, rows: int, size: int, done: datetime, ttl: timedelta) -> bool:
     """RUNNING by ``worker_id`` -> SUCCESS; whether it still was."""
     return bool(_coll().update_one(
         {"_id": export_id, **claims.holding(EXPORT, worker_id)},
@@ -229,7 +244,8 @@ def settle(export_id, worker_id: str, rows: int, size: int, done: datetime, ttl:
                   "expires_at": done + ttl, "beat_at": done}}).modified_count)
 
 
-def fail(export_id, worker_id: str, reason: str, now: datetime, final: bool, retry_at: datetime) -> bool:
+def fail(export_id: ObjectId, worker_id: str, reason: str, now: datetime, final: bool,
+         retry_at: datetime) -> bool:
     """RUNNING by ``worker_id`` -> FAIL (``final``) or PENDING again from ``retry_at``; whether it
     still was."""
     update = {"state": FAIL, "finished_at": now} if final else {"state": PENDING, "retry_at": retry_at}

@@ -12,7 +12,11 @@ registration stores nothing but its log line. The report fields of a job (``repo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+from bson import ObjectId
 
 from common.store.models import (
     OFF,
@@ -21,52 +25,55 @@ from common.store.models import (
     CrawlerDownloadSetting,
     CrawlerDownloadType,
     CrawlerRegistrationErrorLog,
-    Job,
     job_named,
     utcnow,
 )
+from common.store.models import Job as JobDoc
+from common.store.records import DownloadType, Job, JobSettings
+
+UNSET = JobSettings.from_doc({})  # the settings of a job without a settings document: every default
 
 
-def named(name) -> Job:
+def named(name: object) -> Job:
     """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
     return job_named(name)
 
 
 def find(name: str) -> Job | None:
     """The job called ``name``, or None."""
-    return Job.objects(name=name).first()
+    return Job.maybe(JobDoc._get_collection().find_one({"name": name}))
 
 
 def ordered() -> list[Job]:
     """Every job, by priority then name."""
-    return list(Job.objects.order_by("priority", "name"))
+    return [Job.from_doc(d) for d in JobDoc._get_collection().find({}).sort([("priority", 1), ("name", 1)])]
 
 
-def names() -> dict:
+def names() -> dict[ObjectId, str]:
     """Every job's name by its id."""
-    return {j["_id"]: j["name"] for j in Job._get_collection().find({}, {"name": 1})}
+    return {j["_id"]: j["name"] for j in JobDoc._get_collection().find({}, {"name": 1})}
 
 
-def name_of(job_id) -> str:
+def name_of(job_id: ObjectId) -> str:
     """The name of job ``job_id`` (its id as text if it is gone)."""
-    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1})
-    return job["name"] if job else str(job_id)
+    job = JobDoc._get_collection().find_one({"_id": job_id}, {"name": 1})
+    return str(job["name"]) if job else str(job_id)
 
 
-def exists(job_id) -> bool:
-    return Job.objects(id=job_id).only("id").first() is not None
+def exists(job_id: ObjectId) -> bool:
+    return JobDoc._get_collection().find_one({"_id": job_id}, {"_id": 1}) is not None
 
 
 def set_status(job: Job, status: str) -> Job:
     """Turn a job ON or OFF; the job as stored after."""
-    job.update(set__status=status, set__last_update_datetime=utcnow())
-    job.reload()
-    return job
+    coll = JobDoc._get_collection()
+    coll.update_one({"_id": job.id}, {"$set": {"status": status, "last_update_datetime": utcnow()}})
+    return Job.from_doc(coll.find_one({"_id": job.id}))
 
 
 # --- registration ------------------------------------------------------------------------
 
-def ensure_types(languages) -> None:
+def ensure_types(languages: list[str] | tuple[str, ...]) -> None:
     """Create the supported downloader type rows of ``languages`` the first time they are needed."""
     for language in languages:
         CrawlerDownloadType.objects(language=language).update_one(
@@ -74,46 +81,51 @@ def ensure_types(languages) -> None:
         )
 
 
-def download_type(language: str) -> CrawlerDownloadType:
-    return CrawlerDownloadType.objects.get(language=language)
+def download_type(language: str) -> DownloadType:
+    """The downloader type ``language`` (KeyError if the cluster has none of that name)."""
+    found = DownloadType.maybe(CrawlerDownloadType._get_collection().find_one({"language": language}))
+    if found is None:
+        raise KeyError(language)
+    return found
 
 
-def store(name: str, priority: int, host: str, code: str, dtype, fields: dict,
-          project: int | None = None, follow: dict | None = None) -> tuple[Job, bool]:
+def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
+          project: int | None = None, follow: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
     ``dtype``), its settings (``fields``) and what it follows (``follow``, the checked
     ``[follow]`` table; None: nothing); (job, created)."""
     now = utcnow()
-    job = Job.objects(name=name).first()
-    created = job is None
-    job = job or Job(name=name, add_datetime=now)
-    job.priority, job.host, job.follow, job.last_update_datetime = priority, host, follow, now
+    doc = JobDoc.objects(name=name).first()
+    created = doc is None
+    doc = doc or JobDoc(name=name, add_datetime=now)
+    doc.priority, doc.host, doc.follow, doc.last_update_datetime = priority, host, follow, now
     if project is not None:
-        job.project = project
-    job.save()
-    download = CrawlerDownload.objects(job=job).first() or CrawlerDownload(job=job, add_datetime=now)
-    download.code, download.types, download.status, download.last_update_datetime = code, dtype, ON, now
+        doc.project = project
+    doc.save()
+    download = CrawlerDownload.objects(job=doc).first() or CrawlerDownload(job=doc, add_datetime=now)
+    download.code, download.status, download.last_update_datetime = code, ON, now
+    download.types = CrawlerDownloadType.objects.get(id=dtype.id)
     download.save()
-    setting = CrawlerDownloadSetting.objects(job=job).first()
-    setting = setting or CrawlerDownloadSetting(job=job, add_datetime=now)
+    setting = CrawlerDownloadSetting.objects(job=doc).first()
+    setting = setting or CrawlerDownloadSetting(job=doc, add_datetime=now)
     for key, value in fields.items():
         setattr(setting, key, value)
     setting.last_update_datetime = now
     setting.save()
-    return job, created
+    return Job.from_doc(doc.to_mongo()), created
 
 
 def log_rejected(name: str, manifest: str, reason: str, hostname: str) -> None:
     CrawlerRegistrationErrorLog(name=name, manifest=manifest, reason=reason, hostname=hostname).save()
 
 
-def type_rows() -> list[dict]:
-    """Every downloader type, whether it is supported, and how many jobs use it."""
-    used: dict = {}
+def type_rows() -> list[tuple[DownloadType, int]]:
+    """Every downloader type and how many jobs use it, by language."""
+    used: dict[ObjectId, int] = {}
     for row in CrawlerDownload._get_collection().aggregate([{"$group": {"_id": "$types", "n": {"$sum": 1}}}]):
         used[row["_id"]] = row["n"]
-    return [{"language": t.language, "is_support": t.is_support, "jobs": used.get(t.id, 0),
-             "add_datetime": t.add_datetime} for t in CrawlerDownloadType.objects.order_by("language")]
+    found = CrawlerDownloadType._get_collection().find({}).sort("language", 1)
+    return [(t, used.get(t.id, 0)) for t in map(DownloadType.from_doc, found)]
 
 
 def set_support(language: str, supported: bool) -> None:
@@ -121,90 +133,105 @@ def set_support(language: str, supported: bool) -> None:
     CrawlerDownloadType.objects(language=language).update_one(set__is_support=support)
 
 
-def type_names() -> dict:
+def type_names() -> dict[ObjectId, str]:
     """Each job's downloader language by job id."""
     kinds = {d["job"]: d["types"] for d in CrawlerDownload._get_collection().find({}, {"job": 1, "types": 1})}
-    languages = {t.id: t.language for t in CrawlerDownloadType.objects}
+    types = CrawlerDownloadType._get_collection().find({}, {"language": 1})
+    languages = {t["_id"]: t["language"] for t in types}
     return {job_id: languages.get(kind, "?") for job_id, kind in kinds.items()}
 
 
-def settings_of(job: Job) -> CrawlerDownloadSetting | None:
-    return CrawlerDownloadSetting.objects(job=job).first()
+def settings_of(job: Job) -> JobSettings | None:
+    return JobSettings.maybe(CrawlerDownloadSetting._get_collection().find_one({"job": job.id}))
 
 
 def code_chars(job: Job) -> int:
     """How long the job's code is (0 if it has no download)."""
-    d = CrawlerDownload.objects(job=job).only("code").first()
-    return len(d.code) if d else 0
+    d = CrawlerDownload._get_collection().find_one({"job": job.id}, {"code": 1})
+    return len(d.get("code") or "") if d else 0
 
 
 # --- report mails ------------------------------------------------------------------------
 
-def reported() -> list[tuple[dict, str]]:
+def reported() -> list[tuple[Job, str]]:
     """(job, report_mails) of every job with report mails: the job's name and report fields."""
     out = []
     for s in CrawlerDownloadSetting._get_collection().find({"report_mails": {"$nin": ["", None]}},
                                                             {"job": 1, "report_mails": 1}):
-        job = Job._get_collection().find_one({"_id": s["job"]},
-                                             {"name": 1, "report_counts": 1, "alert_mail_at": 1})
+        job = JobDoc._get_collection().find_one({"_id": s["job"]},
+                                                {"name": 1, "report_counts": 1, "alert_mail_at": 1})
         if job is not None:
-            out.append((job, s["report_mails"]))
+            out.append((Job.from_doc(job), s["report_mails"]))
     return out
 
 
-def claim_summary(job: dict, counts: dict, now: datetime) -> bool:
+def claim_summary(job: Job, counts: dict[str, int], now: datetime) -> bool:
     """Record ``counts`` as the job's reported summary unless another run did first; whether this one did."""
-    done = Job._get_collection().update_one({"_id": job["_id"], "report_counts": job.get("report_counts")},
-                                            {"$set": {"report_counts": counts, "report_at": now}})
+    done = JobDoc._get_collection().update_one({"_id": job.id, "report_counts": job.report_counts},
+                                               {"$set": {"report_counts": counts, "report_at": now}})
     return bool(done.modified_count)
 
 
-def claim_alert(job: dict, last, now: datetime) -> bool:
+def claim_alert(job: Job, last: datetime | None, now: datetime) -> bool:
     """Record an alert mail at ``now`` unless another run did since ``last``; whether this one did."""
-    return bool(Job._get_collection().update_one({"_id": job["_id"], "alert_mail_at": last},
-                                                 {"$set": {"alert_mail_at": now}}).modified_count)
+    return bool(JobDoc._get_collection().update_one({"_id": job.id, "alert_mail_at": last},
+                                                    {"$set": {"alert_mail_at": now}}).modified_count)
 
 
 # --- what the dispatcher and the workers read (one read per collection named, whatever the
 # number of tasks) ---
 
-def on_jobs() -> list[dict]:
+def on_jobs() -> list[Job]:
     """The ON jobs, each with ``name``, ``priority``, ``host`` and its cursor fields (``seq_sent``,
     ``seq_next``, ``intake``, ``revisit_from``, ``revisit_from_id``: ``common.store.tasks``)."""
     fields = {"name": 1, "priority": 1, "host": 1, "seq_sent": 1, "seq_next": 1, "intake": 1,
               "revisit_from": 1, "revisit_from_id": 1}
-    return list(Job._get_collection().find({"status": ON}, fields))
+    return [Job.from_doc(d) for d in JobDoc._get_collection().find({"status": ON}, fields)]
 
 
-def off_ids() -> list:
+def off_ids() -> list[ObjectId]:
     """The ids of the jobs that are OFF."""
-    return [j["_id"] for j in Job._get_collection().find({"status": OFF}, {"_id": 1})]
+    return [j["_id"] for j in JobDoc._get_collection().find({"status": OFF}, {"_id": 1})]
 
 
-def dispatch_settings(job_ids: list) -> dict:
-    """{job id: its settings document's ``dispatch_num``, ``max_retry_times``, ``prior`` and ``revisit``}."""
-    return {s["job"]: s for s in CrawlerDownloadSetting._get_collection().find(
+def dispatch_settings(job_ids: list[ObjectId]) -> dict[ObjectId, JobSettings]:
+    """{job id: its settings' ``dispatch_num``, ``max_retry_times``, ``prior`` and ``revisit``}."""
+    return {s["job"]: JobSettings.from_doc(s) for s in CrawlerDownloadSetting._get_collection().find(
         {"job": {"$in": job_ids}},
         {"job": 1, "dispatch_num": 1, "max_retry_times": 1, "prior": 1, "revisit": 1})}
 
 
-def context(job_id) -> dict | None:
-    """What a worker needs of a job (None if it is gone): ``name``; ``status`` (OFF when its
-    downloader is); ``download_id`` and ``code`` of its downloader; ``language`` of its type
-    ("none": the built-in engine) and whether that type is ``supported``; ``settings``, its
-    settings document (``{}`` if none); ``follow``, its ``[follow]`` table (None if none)."""
-    job = Job._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1, "follow": 1})
+@dataclass(frozen=True, slots=True)
+class WorkerJob:
+    """What a worker needs of a job: ``status`` is OFF when its downloader is; ``language`` is
+    its downloader type's ("none": the built-in engine) and ``supported`` whether that type is."""
+
+    name: str
+    status: str
+    download_id: ObjectId | None
+    code: str
+    language: str
+    supported: bool
+    settings: JobSettings
+    follow: dict[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
+
+
+def context(job_id: ObjectId) -> WorkerJob | None:
+    """What a worker needs of a job (None if it is gone)."""
+    job = JobDoc._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1, "follow": 1})
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})
-    conf = CrawlerDownloadSetting._get_collection().find_one({"job": job_id}) or {}
+    conf = JobSettings.maybe(CrawlerDownloadSetting._get_collection().find_one({"job": job_id})) or UNSET
     language, supported = "none", True
     if download is not None and download.get("types"):
         t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]},
                                                            {"language": 1, "is_support": 1})
-        language = t["language"] if t else "none"
-        supported = t is None or t.get("is_support", "support") == "support"
+        kind = DownloadType.maybe(t)
+        language = kind.language if kind else "none"
+        supported = kind is None or kind.is_support == "support"
     off = download is not None and download.get("status") == OFF
-    return {"name": job["name"], "status": OFF if off else job.get("status", OFF),
-            "download_id": download["_id"] if download else None, "code": (download or {}).get("code", ""),
-            "language": language, "supported": supported, "settings": conf, "follow": job.get("follow")}
+    return WorkerJob(name=job["name"], status=OFF if off else job.get("status", OFF),
+                     download_id=download["_id"] if download else None,
+                     code=(download or {}).get("code", ""), language=language, supported=supported,
+                     settings=conf, follow=job.get("follow"))

@@ -34,8 +34,9 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Iterable
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
@@ -57,8 +58,11 @@ from common.store.models import (
     CrawlerOldVersion,
     CrawlerTask,
     LostLease,
+    collection,
     utcnow,
 )
+from common.store.paging import Doc
+from common.store.records import Lease, LeaseTask, Prev
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ LEASE = claims.Claimed("download lease", CrawlerLease._get_collection, owner="wo
 
 # --- the guard --------------------------------------------------------------------------
 
-def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> dict:
+def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     """What a task must still look like to belong to the entry ``lease``: the one guard of
     every change that settles or gives back an entry's tasks (worker, defender, dispatcher).
     Fresh tasks and revisits are sent without a write of their own: a fresh task is LIVE and
@@ -90,7 +94,12 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> dict:
     return {"status": DISPATCH, "lease": lease}
 
 
-def holds(task_id, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
+def held_status(kind: str) -> str:
+    """The status of a task while an entry of ``kind`` holds it (``held_by``)."""
+    return {FRESH: LIVE, REVISIT: SUCCESS}.get(kind, DISPATCH)
+
+
+def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
     """Whether the entry ``lease`` still holds the task (``held_by``)."""
     return CrawlerTask._get_collection().find_one(
         {"_id": task_id, **held_by(lease, kind, sent_at)}, {"_id": 1}) is not None
@@ -98,19 +107,27 @@ def holds(task_id, lease: str, kind: str, sent_at: datetime | None = None) -> bo
 
 # --- create, claim, beat, finish ------------------------------------------------------------
 
-def new_lease(lease: str, job_id, queue: str, kind: str, tasks: list, now: datetime) -> dict:
-    """The document of a new entry's lease; ``tasks`` have ``id``, ``uri`` and ``attempts``."""
-    doc = {"_id": lease, "job": job_id, "queue": queue, "kind": kind, "ids": [t.id for t in tasks],
-           "uris": [t.uri for t in tasks], "attempts": [t.attempts for t in tasks],
-           "state": QUEUED, "hostname": settings.HOSTNAME, "created_at": now}
-    if any(getattr(t, "prev", None) for t in tasks):  # visits of stored pages: their latest versions
-        doc["prev"] = [getattr(t, "prev", None) or {} for t in tasks]
-    return doc
+class Sent(Protocol):
+    """A task as an entry carries it (``common.store.tasks.Picked``)."""
+
+    id: ObjectId
+    uri: str
+    attempts: int
+    prev: Prev | None
 
 
-def create(docs: list[dict]) -> None:
+def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: Sequence[Sent],
+              now: datetime) -> Lease:
+    """The lease of a new entry of ``tasks``."""
+    prev = [t.prev.to_doc() if t.prev else {} for t in tasks] if any(t.prev for t in tasks) else None
+    return Lease(id=lease, job=job_id, queue=queue, kind=kind, ids=[t.id for t in tasks],
+                 uris=[t.uri for t in tasks], attempts=[t.attempts for t in tasks], prev=prev, state=QUEUED,
+                 hostname=settings.HOSTNAME, created_at=now)
+
+
+def create(made: list[Lease]) -> None:
     """Insert new entries' leases (``new_lease``), before their tasks are marked or pushed."""
-    CrawlerLease._get_collection().insert_many(docs, ordered=False)
+    collection(CrawlerLease).insert_many([lease.to_doc() for lease in made], ordered=False)
 
 
 def drop(lease_id: str) -> None:
@@ -118,21 +135,19 @@ def drop(lease_id: str) -> None:
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
 
 
-def claim(lease_id: str, worker_id: str) -> dict | None:
+def claim(lease_id: str, worker_id: str) -> Lease | None:
     """QUEUED -> RUNNING for ``worker_id``; None if the lease is gone or not QUEUED."""
-    return claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
-                        {"$set": {"hostname": settings.HOSTNAME}, "$currentDate": {"started_at": True},
-                         "$unset": {"missing_at": ""}})
+    return Lease.maybe(claims.claim(LEASE, {"_id": lease_id, "state": QUEUED}, worker_id,
+                                    {"$set": {"hostname": settings.HOSTNAME},
+                                     "$currentDate": {"started_at": True}, "$unset": {"missing_at": ""}}))
 
 
-def lease_tasks(lease: dict) -> list[dict]:
+def lease_tasks(lease: Lease) -> list[LeaseTask]:
     """The entry's tasks as the dispatcher wrote them into the lease (no read of the tasks:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
-    prev = lease.get("prev") or [None] * len(lease["ids"])
-    return [
-        {"_id": i, "uri": u, "download_times": n, **({"prev": p} if p else {})}
-        for i, u, n, p in zip(lease["ids"], lease["uris"], lease["attempts"], prev)
-    ]
+    prev: list[Mapping[str, Any] | None] = [*lease.prev] if lease.prev else [None] * len(lease.ids)
+    return [LeaseTask(i, u, n, Prev.from_doc(p) if p else None)
+            for i, u, n, p in zip(lease.ids, lease.uris, lease.attempts, prev)]
 
 
 def beat(lease_ids: Iterable[str], worker_id: str) -> None:
@@ -149,7 +164,7 @@ def finish(lease_ids: list[str], worker_id: str) -> None:
 SETTLE_GROUP = 16  # tasks named by one settle statement (see ``settle_success``)
 
 
-def settle_success(ids: list, lease: str, kind: str, now: datetime,
+def settle_success(ids: list[ObjectId], lease: str, kind: str, now: datetime,
                    sent_at: datetime | None = None) -> list[UpdateMany]:
     """The successes of one entry: each names its data (``data_lease``). One UpdateMany per
     SETTLE_GROUP tasks: a store that checks ``$in`` by walking its list (the embedded one does,
@@ -164,16 +179,16 @@ def settle_success(ids: list, lease: str, kind: str, now: datetime,
             for i in range(0, len(ids), SETTLE_GROUP)]
 
 
-def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: datetime | None, every: float,
-                 stored: dict | None, not_modified: bool, reason: str | None = None,
-                 sent_at: datetime | None = None, seen: dict | None = None) -> UpdateOne:
+def settle_visit(task_id: ObjectId, lease: str, kind: str, now: datetime, retry_at: datetime | None,
+                 every: float, stored: Doc | None, not_modified: bool, reason: str | None = None,
+                 sent_at: datetime | None = None, seen: Doc | None = None) -> UpdateOne:
     """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
     ``stored``: a new version was stored (``etag``, ``last_modified``, ``digest``, ``prev_lease``,
     the lease of the version it supersedes, None on a first visit): the task names it and keeps
     the earlier one in ``history``. Else the latest version stays named, and the visit counts as
     ``not_modified`` (``seen``: the validators and digest of a same body sent again), or, with
     ``reason``, as a revisit that failed for good."""
-    change: dict = {
+    change: Doc = {
         "$set": {"status": SUCCESS, "retry_at": retry_at, "revisit_every": every, "failed_reason": reason,
                  "last_update_datetime": now},
         "$inc": {"download_times": 1} if reason else {"download_times": 1, "visits": 1},
@@ -191,7 +206,7 @@ def settle_visit(task_id, lease: str, kind: str, now: datetime, retry_at: dateti
     return UpdateOne({"_id": task_id, **held_by(lease, kind, sent_at)}, change)
 
 
-def mark_superseded(settled: list[tuple]) -> None:
+def mark_superseded(settled: list[tuple[ObjectId, ObjectId, int, str | None]]) -> None:
     """(job, task, version, lease of the version before) settled as the page's latest: its data
     documents of lower versions are earlier versions — marked (a hint for readers of the latest
     only; the task's ``data_lease`` is the truth) and the one before listed for the retention
@@ -207,7 +222,7 @@ def mark_superseded(settled: list[tuple]) -> None:
         CrawlerOldVersion._get_collection().insert_many(listed, ordered=False)
 
 
-def remark_versions(lease: str, ids: list) -> None:
+def remark_versions(lease: str, ids: list[ObjectId]) -> None:
     """The ``superseded`` marks of the pages a dead worker settled under ``lease`` (it may have
     died between a settle and its marks): each page's versions below its latest."""
     flt = {"_id": {"$in": ids}, "data_lease": lease, "versions": {"$gt": 1}}
@@ -216,7 +231,7 @@ def remark_versions(lease: str, ids: list) -> None:
 
 
 def settle_failure(
-    task_id, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
+    task_id: ObjectId, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
     sent_at: datetime | None = None,
 ) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
@@ -235,7 +250,7 @@ def settle_failure(
     )
 
 
-def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: datetime,
+def hand_back(task_id: ObjectId, lease: str, kind: str, reason: str, after: float, now: datetime,
               sent_at: datetime | None = None) -> UpdateOne:
     """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
     return UpdateOne(
@@ -245,60 +260,60 @@ def hand_back(task_id, lease: str, kind: str, reason: str, after: float, now: da
          "$unset": UNSET_LEASE})
 
 
-def give_back(job_id, ids: list, lease: str, kind: str, reason: str, now: datetime,
+def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reason: str, now: datetime,
               sent_at: datetime | None = None) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
     given = CrawlerTask._get_collection().update_many(
         {"_id": {"$in": ids}, **held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job_id, held_by(lease, kind, sent_at)["status"], LIVE, given)])
-    return given
+    counts.move([(job_id, held_status(kind), LIVE, given)])
+    return int(given)
 
 
 # --- the verdict and release (the defender) --------------------------------------------------
 
-def lease_verdict(lease: dict, present: bool, now: datetime, heartbeat_ttl: float, lease_timeout: float,
+def lease_verdict(lease: Lease, present: bool, now: datetime, heartbeat_ttl: float, lease_timeout: float,
                   absence_grace: float) -> tuple[str, bool] | None:
     """(reason, counts as an attempt) when the lease can no longer settle its tasks, else None.
 
     A QUEUED lease whose entry is in no queue is lost only when it was already seen missing
     (``missing_at``) at least ``absence_grace`` seconds ago: a worker may have just popped the
     entry and not yet claimed it (see ``mark_missing``)."""
-    state = lease.get("state")
+    state = lease.state
     if state == LOST:
-        return lease.get("lost_reason") or "lost", bool(lease.get("started_at"))
+        return lease.lost_reason or "lost", bool(lease.started_at)
     if state == QUEUED:
-        missing = lease.get("missing_at")
+        missing = lease.missing_at
         if present or missing is None or now - missing < timedelta(seconds=absence_grace):
             return None
         return "queue entry lost before it started (Redis flushed or restarted)", False
     if state == RUNNING:
-        started, beat_at = lease.get("started_at"), lease.get("beat_at") or lease.get("started_at")
+        started, beat_at = lease.started_at, lease.beat_at or lease.started_at
         if started and now - started > timedelta(seconds=lease_timeout):
             return f"attempt older than LEASE_TIMEOUT ({lease_timeout:g}s)", True
         if beat_at and now - beat_at > timedelta(seconds=heartbeat_ttl):
             return (
-                f"worker died while downloading ({lease.get('worker') or '?'}: "
+                f"worker died while downloading ({lease.worker or '?'}: "
                 f"no heartbeat for {heartbeat_ttl:g}s)",
                 True,
             )
     return None
 
 
-def open_leases() -> list[dict]:
+def open_leases() -> list[Lease]:
     """Every lease the defender judges (QUEUED, RUNNING, LOST), without their task lists."""
-    return list(CrawlerLease._get_collection().find({"state": {"$in": [QUEUED, RUNNING, LOST]}},
-                                                    {"ids": 0, "uris": 0, "attempts": 0}))
+    return [Lease.from_doc(d) for d in CrawlerLease._get_collection().find(
+        {"state": {"$in": [QUEUED, RUNNING, LOST]}}, {"ids": 0, "uris": 0, "attempts": 0, "prev": 0})]
 
 
-def existing(lease_ids) -> set:
+def existing(lease_ids: Iterable[str]) -> set[str]:
     """The leases among ``lease_ids`` that have a document."""
     found = CrawlerLease._get_collection().find({"_id": {"$in": list(lease_ids)}}, {"_id": 1})
     return {d["_id"] for d in found}
 
 
-def tasks_out() -> dict:
+def tasks_out() -> dict[tuple[ObjectId, str], int]:
     """{(job id, QUEUED or RUNNING): tasks in such entries}: where the tasks sent out to be
     downloaded (LIVE or DISPATCH) are; a page out for a revisit is SUCCESS, and counted there."""
     rows = CrawlerLease._get_collection().aggregate([
@@ -322,16 +337,14 @@ def unmark_missing(lease_ids: list[str]) -> None:
         )
 
 
-def mark_lost(lease: dict, reason: str) -> bool:
+def mark_lost(lease: Lease, reason: str) -> bool:
     """Compare-and-set to LOST; False if the lease was claimed, beat or ended meanwhile."""
-    guard = claims.judged(LEASE, lease) if lease["state"] == RUNNING else {"_id": lease["_id"],
-                                                                          "state": lease["state"]}
-    return (
-        CrawlerLease._get_collection()
-        .update_one(guard, {"$set": {"state": LOST, "lost_reason": reason}})
-        .modified_count
-        == 1
-    )
+    judged = {"_id": lease.id, LEASE.owner: lease.worker, claims.BEAT: lease.beat_at}
+    guard = claims.judged(LEASE, judged) if lease.state == RUNNING else {"_id": lease.id,
+                                                                         "state": lease.state}
+    changed: int = collection(CrawlerLease).update_one(
+        guard, {"$set": {"state": LOST, "lost_reason": reason}}).modified_count
+    return changed == 1
 
 
 def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[int, int, int]:
@@ -389,7 +402,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
 
 # --- data: what readers see, and the orphans --------------------------------------------------
 
-def _drop_data(docs: list[dict]) -> int:
+def _drop_data(docs: list[Doc]) -> int:
     """Delete data documents (GridFS bodies first: a body is never left without its document
     unless this is cut short, and then the sweep finds the document again)."""
     if not docs:
@@ -400,10 +413,11 @@ def _drop_data(docs: list[dict]) -> int:
         if d.get("response_body_gridfs"):
             fs = fs or gridfs_of(coll.database)
             fs.delete(d["response_body_gridfs"])
-    return coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count
+    return int(coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count)
 
 
-def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None = None) -> None:
+def tombstone(lease: str, job_id: ObjectId | None, reason: str, ids: list[ObjectId],
+              now: datetime | None = None) -> None:
     """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
     readers then check its documents one by one, and the sweep looks for orphans among the data
     it stored for ``ids``. Written before the lease ends."""
@@ -412,7 +426,7 @@ def tombstone(lease: str, job_id, reason: str, ids: list, now: datetime | None =
                          "$addToSet": {"ids": {"$each": list(ids)}}, "$unset": {"swept": ""}}, upsert=True)
 
 
-def settled_of(lease: str, ids: list) -> set:
+def settled_of(lease: str, ids: list[ObjectId]) -> set[ObjectId]:
     """The tasks among ``ids`` that name data of ``lease`` (a success settled under it)."""
     if not ids:
         return set()
@@ -422,7 +436,7 @@ def settled_of(lease: str, ids: list) -> set:
     }
 
 
-def drop_unsettled(lease: str, ids: list) -> int:
+def drop_unsettled(lease: str, ids: list[ObjectId]) -> int:
     """Delete data that ``lease`` stored for tasks among ``ids`` that do not name it (prompt
     cleanup by the writer and the defender; readers never see such data either way)."""
     if not ids:

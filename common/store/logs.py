@@ -14,71 +14,80 @@ Invariant: logs are appended, never changed; only retention removes them.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Iterator
+from typing import Any, Iterator
 
 from bson import ObjectId
 
 from common.config import settings
-from common.store.models import FAIL, SUCCESS, CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadLog
+from common.store.models import (
+    FAIL,
+    SUCCESS,
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadLog,
+    collection,
+)
+from common.store.records import DispatchLog, DownloadLog
 
 DOWNLOAD_FIELDS = {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
                    "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}
 
 
-def of_task(task_id, limit: int = 100) -> list[dict]:
-    """The task's download logs, newest first."""
-    return list(CrawlerDownloadLog._get_collection().find({"task": task_id}, DOWNLOAD_FIELDS)
-                .sort("_id", -1).limit(limit))
+def of_task(task_id: ObjectId, limit: int = 100) -> list[DownloadLog]:
+    """The task's download logs, newest first (their status, reason, time, size, host and the
+    download they reused)."""
+    found = collection(CrawlerDownloadLog).find({"task": task_id}, DOWNLOAD_FIELDS)
+    return [DownloadLog.from_doc(d) for d in found.sort("_id", -1).limit(limit)]
 
 
-def not_modified(job_id, since: datetime | None = None, until: datetime | None = None) -> Iterator[dict]:
+def not_modified(job_id: ObjectId, since: datetime | None = None,
+                 until: datetime | None = None) -> Iterator[DownloadLog]:
     """The job's download logs of revisits that stored nothing (``not_modified`` set), oldest
     first, within [since, until) when given: read by the ``(job, _id)`` index, a window of time."""
-    query: dict = {"job": job_id, "not_modified": {"$exists": True}}
+    query: dict[str, Any] = {"job": job_id, "not_modified": {"$exists": True}}
     window = {**({"$gte": ObjectId.from_datetime(since)} if since else {}),
               **({"$lt": ObjectId.from_datetime(until)} if until else {})}
     if window:
         query["_id"] = window
-    yield from CrawlerDownloadLog._get_collection().find(
-        query, {"task": 1, "not_modified": 1, "add_datetime": 1}).sort("_id", 1).batch_size(500)
+    found = collection(CrawlerDownloadLog).find(query, {"task": 1, "not_modified": 1, "add_datetime": 1})
+    yield from map(DownloadLog.from_doc, found.sort("_id", 1).batch_size(500))
 
 
-def add_alerts(alerts: list[tuple], at: datetime) -> None:
+def add_alerts(alerts: list[tuple[ObjectId | None, str, str]], at: datetime) -> None:
     """Insert alerts, each (job id or None for a cluster-wide one, type, reason), written by this host."""
     if alerts:
-        CrawlerDispatchAlertLog._get_collection().insert_many([
+        collection(CrawlerDispatchAlertLog).insert_many([
             {"job": job_id, "type": alert, "reason": reason, "content_bytes": len(reason.encode()),
              "hostname": settings.HOSTNAME, "add_datetime": at}
             for job_id, alert, reason in alerts])
 
 
-def entry_log(job_id, queue: str, lease: str, count: int, now: datetime, why: str | None = None) -> dict:
+def entry_log(job_id: ObjectId, queue: str, lease: str, count: int, now: datetime,
+              why: str | None = None) -> DispatchLog:
     """The record of one queue entry: SUCCESS when pushed, else FAIL with ``why``."""
-    log = {"job": job_id, "queue": queue, "lease": lease, "count": count, "hostname": settings.HOSTNAME,
-           "add_datetime": now}
-    return {**log, "status": SUCCESS} if why is None else {**log, "status": FAIL, "reason": why}
+    return DispatchLog(id=ObjectId(), job=job_id, queue=queue, lease=lease, count=count,
+                       hostname=settings.HOSTNAME, add_datetime=now, status=SUCCESS if why is None else FAIL,
+                       reason=why)
 
 
-def add_entry_logs(records: list[dict]) -> None:
+def add_entry_logs(records: list[DispatchLog]) -> None:
     """Insert queue entries' records (``entry_log``)."""
     if records:
-        CrawlerDispatchLog._get_collection().insert_many(records, ordered=False)
+        collection(CrawlerDispatchLog).insert_many([r.to_doc() for r in records], ordered=False)
 
 
-def alerts_since(job_id, since: datetime) -> tuple[int, list[str]]:
+def alerts_since(job_id: ObjectId, since: datetime) -> tuple[int, list[str]]:
     """(how many ``queue_full`` alerts, the reasons of up to five ``queue_stall`` alerts) of the
     job written after ``since``."""
-    coll = CrawlerDispatchAlertLog._get_collection()
+    coll = collection(CrawlerDispatchAlertLog)
     full = coll.count_documents({"job": job_id, "type": "queue_full", "add_datetime": {"$gt": since}})
     stalls = coll.find({"job": job_id, "type": "queue_stall", "add_datetime": {"$gt": since}},
                        {"reason": 1}).limit(5)
-    return full, [s["reason"] for s in stalls]
+    return full, [str(s["reason"]) for s in stalls]
 
 
-
-def generator_failures_since(job_id, since: datetime) -> list[str]:
+def generator_failures_since(job_id: ObjectId, since: datetime) -> list[str]:
     """The reasons of up to five ``generator_fail`` alerts of the job written after ``since``."""
-    coll = CrawlerDispatchAlertLog._get_collection()
+    coll = collection(CrawlerDispatchAlertLog)
     match = {"job": job_id, "type": "generator_fail", "add_datetime": {"$gt": since}}
-    return [a["reason"] for a in coll.find(match,
-                                           {"reason": 1}).limit(5)]
+    return [str(a["reason"]) for a in coll.find(match, {"reason": 1}).limit(5)]

@@ -10,7 +10,9 @@ and the indexes.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+from bson import ObjectId
 from mongoengine import (
     BinaryField,
     BooleanField,
@@ -24,8 +26,16 @@ from mongoengine import (
     ReferenceField,
     StringField,
 )
+from pymongo.collection import Collection
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
+from common.store.records import Job as JobRecord
+
+
+def collection(model: Any) -> Collection[dict[str, Any]]:
+    """The pymongo collection of a document class (typed: mongoengine's own calls are not)."""
+    found: Collection[dict[str, Any]] = model._get_collection()
+    return found
 
 
 def utcnow() -> datetime:
@@ -36,7 +46,8 @@ def utcnow() -> datetime:
 def store_now() -> datetime:
     """The source store's clock (naive UTC): the one clock leases and exports are stamped with
     (``$currentDate`` by workers) and judged by (the defender), whatever each machine's clock says."""
-    return CrawlerLease._get_collection().database.command("hello")["localTime"]
+    now: datetime = collection(CrawlerLease).database.command("hello")["localTime"]
+    return now
 
 
 _store_offset = timedelta(0)  # the store's clock minus this machine's, as last measured
@@ -64,15 +75,13 @@ OBJECT_ID_TIMES = (
 )  # what an ObjectId's 4-byte time holds
 
 
-def id_at(when: datetime):
+def id_at(when: datetime) -> ObjectId:
     """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
     outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
-    from bson import ObjectId
-
     return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
 
 
-def iso(value):
+def iso(value: object) -> object:
     """A stored (naive UTC) time as RFC 3339 in one shape, to the millisecond BSON keeps
     (``2026-11-25T09:40:35.120Z``, ``.000Z`` on a whole second); anything else unchanged."""
     return value.isoformat(timespec="milliseconds") + "Z" if isinstance(value, datetime) else value
@@ -111,16 +120,16 @@ class Job(Document):
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
-def job_named(name) -> "Job":
+def job_named(name: object) -> JobRecord:
     """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
     from common.errors import NotFound, ValidationError
 
     if not isinstance(name, str):
         raise ValidationError("job must be a string")
-    job = Job.objects(name=name).first()
+    job = Job._get_collection().find_one({"name": name})
     if job is None:
         raise NotFound(f"no job named {name!r}")
-    return job
+    return JobRecord.from_doc(job)
 
 
 class CrawlerDownloadType(Document):
@@ -140,7 +149,7 @@ class CrawlerDownload(Document):
     meta = {"db_alias": "source"}
 
 
-from common.jobsettings import ENGINES, field_args  # noqa: E402, F401  (ENGINES: re-exported)
+from common.jobsettings import field_args  # noqa: E402
 
 
 class CrawlerDownloadSetting(Document):

@@ -11,16 +11,20 @@ claim whose deliverer died is taken back by ``recover`` (FAIL at MAX_RECOVERIES)
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
+
+from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
-from common.store.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog
+from common.store.models import FAIL, PENDING, SUCCESS, Notification, NotificationLog, collection
+from common.store.records import NotificationRecord
 
 HOLD = 120  # seconds a delivery may take (connect and read timeouts included) before its claim lapses
 
 
-def _coll():
-    return Notification._get_collection()
+def _coll() -> Collection[dict[str, Any]]:
+    return collection(Notification)
 
 
 OUTBOX = claims.Claimed("notification", _coll, owner="worker", ttl=lambda: float(HOLD),
@@ -33,10 +37,10 @@ def add(kind: str, target: str, event: str, body: str, subject: str = "") -> Non
     Notification(kind=kind, target=target, event=event, subject=subject, body=body).save()
 
 
-def claim(now: datetime, owner: str) -> dict | None:
-    """Claim one due notification for ``owner`` (counting the attempt); its document, or None."""
-    return claims.claim(OUTBOX, {"state": PENDING, "next_at": {"$lte": now}, "worker": None}, owner,
-                        {"$inc": {"attempts": 1}})
+def claim(now: datetime, owner: str) -> NotificationRecord | None:
+    """Claim one due notification for ``owner`` (counting the attempt), or None."""
+    due = {"state": PENDING, "next_at": {"$lte": now}, "worker": None}
+    return NotificationRecord.maybe(claims.claim(OUTBOX, due, owner, {"$inc": {"attempts": 1}}))
 
 
 def recover(now: datetime) -> int:
@@ -51,14 +55,14 @@ def recover(now: datetime) -> int:
     return taken
 
 
-def delivered(doc: dict) -> None:
-    _coll().update_one({"_id": doc["_id"], **claims.holding(OUTBOX, doc["worker"])},
+def delivered(claimed: NotificationRecord) -> None:
+    _coll().update_one({"_id": claimed.id, **claims.holding(OUTBOX, claimed.worker or "")},
                        {"$set": {"state": SUCCESS, "last_error": None, **RELEASE}})
 
 
-def failed(doc: dict, error: str, final: bool, next_at: datetime) -> None:
+def failed(claimed: NotificationRecord, error: str, final: bool, next_at: datetime) -> None:
     """An attempt failed: FAIL for good if ``final``, else PENDING again from ``next_at``."""
-    _coll().update_one({"_id": doc["_id"], **claims.holding(OUTBOX, doc["worker"])},
+    _coll().update_one({"_id": claimed.id, **claims.holding(OUTBOX, claimed.worker or "")},
                        {"$set": {"state": FAIL if final else PENDING, "last_error": error, "next_at": next_at,
                                  **RELEASE}})
 
@@ -69,7 +73,7 @@ def upgrade_claims() -> int:
     moved = 0
     for doc in _coll().find({"claimed_until": {"$exists": True}}, {"claimed_until": 1}):
         until = doc.get("claimed_until")
-        change: dict = {"$unset": {"claimed_until": 1}}
+        change: dict[str, Any] = {"$unset": {"claimed_until": 1}}
         if until is not None:
             change["$set"] = {"worker": "earlier version", claims.BEAT: until - timedelta(seconds=HOLD)}
         moved += _coll().update_one({"_id": doc["_id"], "claimed_until": until}, change).modified_count

@@ -13,10 +13,12 @@ every filter value comes from the caller already checked, never as an operator.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Iterator
 
 from bson import ObjectId
 from mongoengine import Document
+from pymongo.collection import Collection
 
 from common.store import counts
 from common.store.data import gridfs_of, shown
@@ -35,8 +37,10 @@ from common.store.models import (
     CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
+    collection,
 )
-from common.store.paging import Span, by_id
+from common.store.paging import Doc, Span, by_id
+from common.store.records import Task
 
 LOGS: dict[str, type[Document]] = {
     "download": CrawlerDownloadLog,
@@ -54,7 +58,8 @@ DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime"
 
 # --- tasks -------------------------------------------------------------------------------
 
-def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest: bool) -> list[dict]:
+def tasks(job_id: ObjectId, status: str | None, limit: int, after: ObjectId | None,
+          newest: bool) -> list[Doc]:
     """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order."""
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
@@ -63,34 +68,34 @@ def tasks(job_id, status: str | None, limit: int, after: ObjectId | None, newest
                  newest=newest, projection=TASK_FIELDS)
 
 
-def task(job_id, task_id: ObjectId | None, uri: str | None) -> dict | None:
+def task(job_id: ObjectId, task_id: ObjectId | None, uri: str | None) -> Task | None:
     """The job's task with id ``task_id``, else the one whose URL is ``uri``, or None."""
     coll = CrawlerTask._get_collection()
     found = coll.find_one({"_id": task_id, "job": job_id}) if task_id is not None else None
-    return found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None)
+    return Task.maybe(found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None))
 
 
-def task_by_id(task_id: ObjectId) -> dict | None:
-    return CrawlerTask._get_collection().find_one({"_id": task_id})
+def task_by_id(task_id: ObjectId) -> Task | None:
+    return Task.maybe(CrawlerTask._get_collection().find_one({"_id": task_id}))
 
 
-def data_of(task: dict) -> ObjectId | None:
+def data_of(task: Task) -> ObjectId | None:
     """The id of the data document of the task's settled lease, or None."""
-    if not task.get("data_lease"):
+    if not task.data_lease:
         return None
-    doc = CrawlerDownloadData._get_collection().find_one({"task": task["_id"], "lease": task["data_lease"]},
+    doc = CrawlerDownloadData._get_collection().find_one({"task": task.id, "lease": task.data_lease},
                                                          {"_id": 1})
     return doc["_id"] if doc else None
 
 
 # --- data --------------------------------------------------------------------------------
 
-def data(job_id, limit: int, after: ObjectId | None, all_versions: bool = False) -> list[dict]:
+def data(job_id: ObjectId, limit: int, after: ObjectId | None, all_versions: bool = False) -> list[Doc]:
     """Up to ``limit`` + 1 of the job's shown data documents after ``after``, oldest first, with
     their body's ``size`` (GridFS bodies too) and without their lease: each page's latest version,
     or with ``all_versions`` its earlier ones too."""
     coll = CrawlerDownloadData._get_collection()
-    docs: list[dict] = []
+    docs: list[Doc] = []
     span = counts.span(job_id, "data")
     while len(docs) <= limit:
         raw = by_id(coll, {"job": job_id}, limit + 1, span=span, after=after, projection=DATA_FIELDS,
@@ -109,7 +114,7 @@ def data(job_id, limit: int, after: ObjectId | None, all_versions: bool = False)
     return docs
 
 
-def body(data_id: ObjectId, job_ids: list | None = None) -> tuple[int, Iterator[bytes]] | None:
+def body(data_id: ObjectId, job_ids: list[ObjectId] | None = None) -> tuple[int, Iterator[bytes]] | None:
     """(length, chunks) of a shown data document's body (of one of ``job_ids``' jobs, when
     given), byte-exact (GridFS bodies streamed), or None."""
     coll = CrawlerDownloadData._get_collection()
@@ -126,9 +131,9 @@ def body(data_id: ObjectId, job_ids: list | None = None) -> tuple[int, Iterator[
 
 # --- logs --------------------------------------------------------------------------------
 
-def logs(log: str, limit: int, after: ObjectId | None, job_id=None,
-         job_name: str | None = None, job_ids: list | None = None,
-         job_names: list[str] | None = None) -> list[dict]:
+def logs(log: str, limit: int, after: ObjectId | None, job_id: ObjectId | None = None,
+         job_name: str | None = None, job_ids: list[ObjectId] | None = None,
+         job_names: list[str] | None = None) -> list[Doc]:
     """Up to ``limit`` of log ``log`` (one of LOGS), newest first: of job ``job_id`` (the
     registration log: of ``job_name``), or of every job — of those of ``job_ids`` (the
     registration log: named ``job_names``) when given."""
@@ -149,7 +154,8 @@ def logs(log: str, limit: int, after: ObjectId | None, job_id=None,
     return by_id(model._get_collection(), flt, limit, span=span, after=after, newest=True)
 
 
-def _newest_of_jobs(coll, job_ids: list | None, limit: int, after: ObjectId | None) -> list[dict]:
+def _newest_of_jobs(coll: Collection[Doc], job_ids: list[ObjectId] | None, limit: int,
+                    after: ObjectId | None) -> list[Doc]:
     """The newest ``limit`` of the jobs' documents (of every job when None) beyond ``after``: each
     job's own newest, read by its (job, ``_id``) index window by window, merged. A filter of
     ``_id`` alone, or of ``job`` ``$in`` a list, makes the embedded store read the whole
@@ -157,7 +163,7 @@ def _newest_of_jobs(coll, job_ids: list | None, limit: int, after: ObjectId | No
     spans = counts.spans(job_ids, "log")
     ids = job_ids if job_ids is not None else sorted(
         {*spans, *(j["_id"] for j in Job._get_collection().find({}, {"_id": 1}))} - {None})
-    found: list[dict] = []
+    found: list[Doc] = []
     for job in ids:
         found += by_id(coll, {"job": job}, limit, span=spans.get(job) or counts.span(job), after=after,
                        newest=True)
@@ -166,44 +172,45 @@ def _newest_of_jobs(coll, job_ids: list | None, limit: int, after: ObjectId | No
 
 # --- leases ------------------------------------------------------------------------------
 
-def running_by_worker() -> dict[str, set]:
+def running_by_worker() -> dict[str, set[ObjectId]]:
     """The jobs of the running leases, by worker."""
-    running: dict[str, set] = {}
+    running: dict[str, set[ObjectId]] = {}
     for lease in CrawlerLease._get_collection().find({"state": RUNNING}, {"worker": 1, "job": 1}):
         running.setdefault(lease.get("worker"), set()).add(lease["job"])
     return running
 
 
-def jobs_queued_in(queue: str) -> list:
+def jobs_queued_in(queue: str) -> list[ObjectId]:
     """The jobs with entries waiting in ``queue``."""
-    return CrawlerLease._get_collection().distinct("job", {"queue": queue, "state": QUEUED})
+    return list(collection(CrawlerLease).distinct("job", {"queue": queue, "state": QUEUED}))
 
 
 # --- what report mails tell --------------------------------------------------------------
 
-def drained(job_id) -> bool:
+def drained(job_id: ObjectId) -> bool:
     """Whether the job has no LIVE, DISPATCH or retryable FAIL task."""
     coll = CrawlerTask._get_collection()
     return (coll.find_one({"job": job_id, "status": {"$in": [LIVE, DISPATCH]}}, {"_id": 1}) is None
             and coll.find_one({"job": job_id, "status": FAIL, "retry_at": {"$ne": None}}, {"_id": 1}) is None)
 
 
-def failure_reasons(job_id, n: int = 5) -> list[dict]:
-    """The job's ``n`` most frequent failure reasons: [{"_id": reason, "n": tasks}]."""
-    return list(CrawlerTask._get_collection().aggregate([
+def failure_reasons(job_id: ObjectId, n: int = 5) -> list[tuple[str | None, int]]:
+    """The job's ``n`` most frequent failure reasons: (reason, tasks), most frequent first."""
+    return [(r["_id"], r["n"]) for r in CrawlerTask._get_collection().aggregate([
         {"$match": {"job": job_id, "status": {"$in": [FAIL, DEAD]}}},
-        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": n}]))
+        {"$group": {"_id": "$failed_reason", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}, {"$limit": n}])]
 
 
-def time_span(job_id) -> dict:
-    """{"first": the first task's add time, "last": the last change}, or {} for a job without tasks."""
-    return next(CrawlerTask._get_collection().aggregate([
+def time_span(job_id: ObjectId) -> tuple[datetime, datetime] | None:
+    """(the first task's add time, the last change), or None for a job without tasks."""
+    span = next(CrawlerTask._get_collection().aggregate([
         {"$match": {"job": job_id}},
         {"$group": {"_id": None, "first": {"$min": "$add_datetime"},
-                    "last": {"$max": "$last_update_datetime"}}}]), {})
+                    "last": {"$max": "$last_update_datetime"}}}]), None)
+    return (span["first"], span["last"]) if span and span.get("first") else None
 
 
-def dead_since(job_id, since) -> int:
+def dead_since(job_id: ObjectId, since: datetime) -> int:
     """How many of the job's tasks became DEAD after ``since``."""
-    return CrawlerTask._get_collection().count_documents(
+    return collection(CrawlerTask).count_documents(
         {"job": job_id, "status": DEAD, "last_update_datetime": {"$gt": since}})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from typing import Any, Iterator
 
 from bson import ObjectId
 from pymongo.collection import Collection
@@ -27,6 +27,7 @@ FIRST_WINDOW = timedelta(seconds=1)
 IN_MAX = 50  # values of one $in: the embedded store matches each document against the list (50: 0.4 ms a
              # value; 3,500 in one list: 13 ms a value)
 SKEW = timedelta(days=1)  # ids made by a host whose clock is behind (or ahead)
+Doc = dict[str, Any]  # a raw document: what the store's own modules read here and make records of
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Span:
 
 
 def windows(span: Span, after: ObjectId | None = None, newest: bool = False,
-            before: ObjectId | None = None) -> Iterator[dict]:
+            before: ObjectId | None = None) -> Iterator[Doc]:
     """``_id`` ranges that partition everything beyond ``after`` (exclusive), in order; oldest
     first, ``before`` (exclusive) ends the last range instead of leaving it open."""
     now = datetime.now(timezone.utc)
@@ -52,7 +53,7 @@ def windows(span: Span, after: ObjectId | None = None, newest: bool = False,
     while True:
         edge = edge - width if newest else edge + width
         last = edge <= low if newest else edge >= high
-        rng = {} if last else {"$gte" if newest else "$lt": ObjectId.from_datetime(edge)}
+        rng: Doc = {} if last else {"$gte" if newest else "$lt": ObjectId.from_datetime(edge)}
         if last and before is not None and not newest:
             rng["$lt"] = before
         if bound is not None:
@@ -63,17 +64,17 @@ def windows(span: Span, after: ObjectId | None = None, newest: bool = False,
         bound, width = ObjectId.from_datetime(edge), width * 2
 
 
-def _within(flt: dict, rng: dict) -> dict:
+def _within(flt: Doc, rng: Doc) -> Doc:
     return {**flt, "_id": rng} if rng else flt
 
 
-def by_id(coll: Collection, flt: dict, limit: int, *, span: Span, after: ObjectId | None = None,
-          newest: bool = False, before: ObjectId | None = None, projection: dict | None = None,
-          computed: bool = False) -> list[dict]:
+def by_id(coll: Collection[Doc], flt: Doc, limit: int, *, span: Span, after: ObjectId | None = None,
+          newest: bool = False, before: ObjectId | None = None, projection: Doc | None = None,
+          computed: bool = False) -> list[Doc]:
     """Up to ``limit`` documents matching ``flt`` (which names no ``_id``) in ``_id`` order — newest
     first if ``newest`` — beyond ``after`` (and, oldest first, below ``before``). ``computed``:
     ``projection`` is an aggregation ``$project`` (fields computed on the server, such as a body's size)."""
-    out: list[dict] = []
+    out: list[Doc] = []
     order = -1 if newest else 1
     for rng in windows(span, after, newest, before):
         query, k = _within(flt, rng), limit - len(out)
@@ -91,8 +92,8 @@ class OutOfTime(Exception):
     """A ``scan`` did not end within its time."""
 
 
-def scan(coll: Collection, flt: dict, *, span: Span, within: float,
-         projection: dict | None = None) -> Iterator[dict]:
+def scan(coll: Collection[Doc], flt: Doc, *, span: Span, within: float,
+         projection: Doc | None = None) -> Iterator[Doc]:
     """The documents matching ``flt``, newest first, window by window; OutOfTime when they take
     longer than ``within`` seconds (a window is not begun that would end beyond them at the pace
     of the last one)."""
@@ -106,7 +107,7 @@ def scan(coll: Collection, flt: dict, *, span: Span, within: float,
         yield from docs
 
 
-def in_chunks(values: list, size: int = IN_MAX) -> Iterator[list]:
+def in_chunks(values: list[Any], size: int = IN_MAX) -> Iterator[list[Any]]:
     """``values`` in lists of at most ``size``, one ``$in`` each."""
     for k in range(0, len(values), size):
         yield values[k:k + size]

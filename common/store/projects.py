@@ -7,46 +7,63 @@ race-free).
 """
 from __future__ import annotations
 
+from typing import Any
+
+from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import ADMIN, DEFAULT_PROJECT, ApiToken, Export, Job, Project, utcnow
+from common.store.models import (
+    ADMIN,
+    DEFAULT_PROJECT,
+    ApiToken,
+    Export,
+    Job,
+    Project,
+    collection,
+    utcnow,
+)
+from common.store.records import Project as ProjectRecord
+from common.store.records import Token
 
 
-def add(name: str, allow_private: bool = False) -> Project:
+def add(name: str, allow_private: bool = False) -> ProjectRecord:
     """A new project ``name`` with the next id (DuplicateKeyError if the name exists)."""
-    coll = Project._get_collection()
+    coll = collection(Project)
     while True:
         last = coll.find_one({}, {"_id": 1}, sort=[("_id", -1)])
-        doc = {"_id": (last["_id"] if last else 0) + 1, "name": name, "add_datetime": utcnow()}
+        doc: dict[str, Any] = {"_id": (last["_id"] if last else 0) + 1, "name": name,
+                               "add_datetime": utcnow()}
         if allow_private:
             doc["allow_private"] = True
         try:
             coll.insert_one(doc)
-            return Project._from_son(doc)
+            return ProjectRecord.from_doc(doc)
         except DuplicateKeyError:
             if by_name(name) is not None:
                 raise
             # another process took that id first: take the next one
 
 
-def by_id(project_id: int) -> Project | None:
-    return Project.objects(id=project_id).first()
+def by_id(project_id: int) -> ProjectRecord | None:
+    return ProjectRecord.maybe(collection(Project).find_one({"_id": project_id}))
 
 
 def allows_private(project_id: int | None) -> bool:
     """Whether the download tasks of project ``project_id`` may pull from private addresses."""
-    found = Project.objects(id=project_id).only("allow_private").first() if project_id is not None else None
-    return bool(found and found.allow_private)
+    if project_id is None:
+        return False
+    found = collection(Project).find_one({"_id": project_id}, {"allow_private": 1})
+    return bool(found and ProjectRecord.from_doc(found).allow_private)
 
 
-def by_name(name: str) -> Project | None:
-    return Project.objects(name=name).first()
+def by_name(name: str) -> ProjectRecord | None:
+    return ProjectRecord.maybe(collection(Project).find_one({"name": name}))
 
 
-def listing(ids: list[int] | None = None) -> list[Project]:
+def listing(ids: list[int] | None = None) -> list[ProjectRecord]:
     """Every project (or those of ``ids``), by id."""
-    query = Project.objects if ids is None else Project.objects(id__in=list(ids))
-    return list(query.order_by("id"))
+    query = {} if ids is None else {"_id": {"$in": list(ids)}}
+    return [ProjectRecord.from_doc(d) for d in collection(Project).find(query).sort("_id", 1)]
 
 
 def default_id() -> int:
@@ -57,31 +74,34 @@ def default_id() -> int:
     try:
         return add(DEFAULT_PROJECT).id
     except DuplicateKeyError:  # made meanwhile by another process
-        return Project.objects.get(name=DEFAULT_PROJECT).id
+        made = by_name(DEFAULT_PROJECT)
+        assert made is not None
+        return made.id
 
 
-def grant(token_id, project_ids: list[int], remove: bool = False) -> list[int]:
+def grant(token_id: ObjectId, project_ids: list[int], remove: bool = False) -> list[int]:
     """Add the projects to (or pull them from) a token; its projects after, sorted."""
     if remove:
         ApiToken.objects(id=token_id).update_one(pull_all__projects=project_ids)
     else:
         ApiToken.objects(id=token_id).update_one(add_to_set__projects=project_ids)
-    return sorted(ApiToken.objects.get(id=token_id).projects)
+    return sorted(Token.from_doc(collection(ApiToken).find_one({"_id": token_id}, {"projects": 1})
+                                 or {"_id": token_id}).projects)
 
 
-def job_ids(project_ids: list[int], default: int) -> list:
+def job_ids(project_ids: list[int], default: int) -> list[ObjectId]:
     """The ids of the jobs of these projects (a job without a project is in ``default``'s)."""
-    query: dict = {"project": {"$in": list(project_ids)}}
+    query: dict[str, Any] = {"project": {"$in": list(project_ids)}}
     if default in project_ids:
         query = {"$or": [query, {"project": None}]}
-    return [doc["_id"] for doc in Job._get_collection().find(query, {"_id": 1})]
+    return [doc["_id"] for doc in collection(Job).find(query, {"_id": 1})]
 
 
 def job_names(project_ids: list[int], default: int) -> list[str]:
-    query: dict = {"project": {"$in": list(project_ids)}}
+    query: dict[str, Any] = {"project": {"$in": list(project_ids)}}
     if default in project_ids:
         query = {"$or": [query, {"project": None}]}
-    return [doc["name"] for doc in Job._get_collection().find(query, {"name": 1})]
+    return [str(doc["name"]) for doc in collection(Job).find(query, {"name": 1})]
 
 
 def upgrade() -> tuple[int, int, int]:
@@ -89,16 +109,16 @@ def upgrade() -> tuple[int, int, int]:
     and every non-admin token that holds no project (an analyst read every job before: it keeps
     reading what ``default`` holds). How many (jobs, exports, tokens) changed. Safe to repeat."""
     default = default_id()
-    jobs = Job._get_collection().update_many({"project": None}, {"$set": {"project": default}}).modified_count
-    by_job = {doc["_id"]: doc.get("project") for doc in Job._get_collection().find({}, {"project": 1})}
+    jobs = collection(Job).update_many({"project": None}, {"$set": {"project": default}}).modified_count
+    by_job = {doc["_id"]: doc.get("project") for doc in collection(Job).find({}, {"project": 1})}
     exports = 0
-    for doc in Export._get_collection().find({"project": None}, {"job": 1}):
-        exports += Export._get_collection().update_one(
+    for doc in collection(Export).find({"project": None}, {"job": 1}):
+        exports += collection(Export).update_one(
             {"_id": doc["_id"], "project": None},
             {"$set": {"project": by_job.get(doc.get("job"), default)}}).modified_count
     # a token stored before projects has no ``projects`` field at all (a newer one holds a list,
     # perhaps empty): only those are given ``default``, so a second run changes nothing
-    tokens = ApiToken._get_collection().update_many(
+    tokens = collection(ApiToken).update_many(
         {"role": {"$ne": ADMIN}, "projects": {"$exists": False}},
         {"$set": {"projects": [default]}}).modified_count
     return jobs, exports, tokens

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Iterator
+from typing import Callable, Iterator
 
 from bson import ObjectId
+from pymongo.collection import Collection
 
 from common.store import counts
 from common.store.data import body_of, gridfs_of, visible
@@ -44,7 +45,8 @@ from common.store.models import (
     NotificationLog,
     id_at,
 )
-from common.store.paging import Span, by_id, in_chunks
+from common.store.paging import Doc, Span, by_id, in_chunks
+from common.store.records import DataDoc
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
             CrawlerGeneratorLog)
@@ -66,7 +68,7 @@ def ensure_ttl(days: float) -> None:
             coll.create_index("add_datetime", expireAfterSeconds=want, name=TTL_INDEX)
 
 
-def overrides() -> dict:
+def overrides() -> dict[ObjectId, tuple[int | None, int | None]]:
     """{job id: (data days, log days)} for every job, None where the job sets no value of its own."""
     own = {d["job"]: d for d in CrawlerDownloadSetting._get_collection().find(
         {"$or": [{"data_retention_days": {"$ne": None}}, {"log_retention_days": {"$ne": None}}]},
@@ -76,13 +78,13 @@ def overrides() -> dict:
             for job in Job._get_collection().find({}, {"_id": 1})}
 
 
-def revisited() -> set:
+def revisited() -> set[ObjectId]:
     """The jobs with revisits (their pages' latest versions outlive the data retention)."""
     found = CrawlerDownloadSetting._get_collection().find({"revisit": {"$gt": 0}}, {"job": 1})
     return {d["job"] for d in found}
 
 
-def drop_data(docs: list[dict]) -> int:
+def drop_data(docs: list[Doc]) -> int:
     """Remove data documents (``_id``, ``response_body_gridfs``) and their GridFS bodies."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
@@ -93,7 +95,8 @@ def drop_data(docs: list[dict]) -> int:
                for ids in in_chunks([d["_id"] for d in docs]))
 
 
-def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=None) -> int:
+def _remove_old(coll: Collection[Doc], job_id: ObjectId, before: ObjectId, span: Span, end: float,
+                drop: Callable[[list[Doc]], int] | None = None) -> int:
     """Remove the job's documents of ``coll`` made before ``before``, oldest first, in batches
     read window by window (``common.store.paging``); ``drop`` removes a batch (default: delete)."""
     removed, after = 0, None
@@ -108,12 +111,12 @@ def _remove_old(coll, job_id, before: ObjectId, span: Span, end: float, drop=Non
     return removed
 
 
-def remove_old_data(job_id, before: ObjectId, span: Span, end: float) -> int:
+def remove_old_data(job_id: ObjectId, before: ObjectId, span: Span, end: float) -> int:
     """The job's data documents made before ``before`` (and their bodies), until ``end``."""
     return _remove_old(CrawlerDownloadData._get_collection(), job_id, before, span, end, drop=drop_data)
 
 
-def remove_old_versions(job_id, before: ObjectId, span: Span, end: float) -> int:
+def remove_old_versions(job_id: ObjectId, before: ObjectId, span: Span, end: float) -> int:
     """A job with revisits: the earlier versions of its pages superseded before ``before`` (listed
     in ``crawler_old_version`` when superseded), oldest first, until ``end``; their tasks forget
     them (``history``). A page's latest version stays while its task does, however old (an
@@ -130,7 +133,7 @@ def remove_old_versions(job_id, before: ObjectId, span: Span, end: float) -> int
     return removed
 
 
-def _drop_versions(listed: list[dict]) -> int:
+def _drop_versions(listed: list[Doc]) -> int:
     """``drop_data`` of the listed versions (task, lease) that are not their task's latest."""
     tasks, data = CrawlerTask._get_collection(), CrawlerDownloadData._get_collection()
     wanted = {(d["task"], d["lease"]) for d in listed}
@@ -146,12 +149,12 @@ def _drop_versions(listed: list[dict]) -> int:
     return removed
 
 
-def remove_old_logs(job_id, before: ObjectId, span: Span, end: float) -> int:
+def remove_old_logs(job_id: ObjectId, before: ObjectId, span: Span, end: float) -> int:
     """The job's download logs made before ``before``, until ``end`` (monotonic time)."""
     return _remove_old(CrawlerDownloadLog._get_collection(), job_id, before, span, end)
 
 
-def remove_final(job_id, before: datetime, span: Span, end: float,
+def remove_final(job_id: ObjectId, before: datetime, span: Span, end: float,
                  revisits: bool = False) -> tuple[int, int, bool]:
     """Remove the job's final tasks last changed before ``before`` (and their data): per final
     status, read window by window by (job, status, _id) — changed before it, so made before it —
@@ -182,7 +185,7 @@ def remove_final(job_id, before: datetime, span: Span, end: float,
     return data, gone_all, True
 
 
-def oldest_left(job_id, before: datetime, span: Span) -> ObjectId:
+def oldest_left(job_id: ObjectId, before: datetime, span: Span) -> ObjectId:
     """The lowest ``_id`` of the job's tasks made before ``before`` that retention left (tasks
     still to download, retried or changed since), else ``before`` itself: the job's new floor."""
     tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
@@ -206,7 +209,7 @@ def remove_notifications(before: ObjectId, end: float) -> int:
 
 # --- the archive: read, then remove --------------------------------------------------------
 
-def old_data(job_id, before: ObjectId) -> Iterator[tuple[dict, bytes]]:
+def old_data(job_id: ObjectId, before: ObjectId) -> Iterator[tuple[DataDoc, bytes]]:
     """(document, body) of the job's earlier versions of pages made before ``before``, in ``_id``
     order: documents their task names in its ``history`` and a later version superseded. A page's
     latest version is never read here (it goes only with its task, ``remove_final``), nor a data
@@ -216,16 +219,16 @@ def old_data(job_id, before: ObjectId) -> Iterator[tuple[dict, bytes]]:
     cursor = coll.find({"job": job_id, "_id": {"$lt": before}}, {"requests_body": 0}).sort("_id", 1)
     for doc in visible(cursor.batch_size(200)):
         if doc.get("superseded"):  # marked once a later version is named: never the latest
-            yield doc, body_of(doc, fs)
+            yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
-def old_logs(job_id, before: ObjectId) -> Iterator[dict]:
+def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[Doc]:
     """The job's download logs made before ``before``, in ``_id`` order."""
     yield from CrawlerDownloadLog._get_collection().find(
         {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000)
 
 
-def remove_data(ids: list) -> None:
+def remove_data(ids: list[ObjectId]) -> None:
     """Remove the data documents ``ids`` (GridFS bodies first) but any that is its page's latest
     version; their tasks forget them (``history``)."""
     coll = CrawlerDownloadData._get_collection()
@@ -242,6 +245,6 @@ def remove_data(ids: list) -> None:
         tasks.update_one({"_id": doc["task"]}, {"$pull": {"history": doc["lease"]}})
 
 
-def remove_logs(ids: list) -> None:
+def remove_logs(ids: list[ObjectId]) -> None:
     """Remove the download logs ``ids``."""
     CrawlerDownloadLog._get_collection().delete_many({"_id": {"$in": ids}})

@@ -26,18 +26,34 @@ leaves the move to its caller (the writer, which knows each entry's statuses).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from bson import ObjectId
 from pymongo import UpdateOne
+from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
 from common.errors import ValidationError
 from common.store import counts
 from common.store.leases import UNSET_LEASE
-from common.store.models import CANCEL, DISPATCH, FAIL, LIVE, SUCCESS, CrawlerTask, Job, store_now, utcnow
+from common.store.models import (
+    CANCEL,
+    DISPATCH,
+    FAIL,
+    LIVE,
+    SUCCESS,
+    CrawlerTask,
+    Job,
+    collection,
+    store_now,
+    utcnow,
+)
 from common.store.paging import by_id, in_chunks
+from common.store.records import Job as JobRecord
+from common.store.records import Prev
 
 DUPLICATE_KEY = 11000
 EPOCH = datetime(1970, 1, 1)
@@ -45,38 +61,46 @@ INTAKE_STALE = timedelta(minutes=10)  # a reservation older than this belongs to
 WINDOW_MIN = 64
 
 
-def _tasks():
-    return CrawlerTask._get_collection()
+def _tasks() -> Collection[dict[str, Any]]:
+    return collection(CrawlerTask)
 
 
 # --- intake ---------------------------------------------------------------------------------
 
-def new_task(job_id, uri: str, host: str, now: datetime, depth: int = 0, parent=None) -> dict:
-    """The document of a task intake adds (LIVE, never sent); ``seq`` and ``_id`` come at insert.
-    A URL found on a page carries its ``depth`` and the ``parent`` task it was found on."""
-    doc = {"job": job_id, "uri": uri, "status": LIVE, "download_times": 0, "recoveries": 0,
-           "host_name": host, "add_datetime": now, "last_update_datetime": now}
-    if parent is not None:
-        doc["depth"], doc["parent"] = depth, parent
-    return doc
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task intake adds (LIVE, never sent): its URL, its host ("" for any) and, for a URL found
+    on a page, its ``depth`` and the ``parent`` task it was found on."""
+
+    uri: str
+    host: str = ""
+    depth: int = 0
+    parent: ObjectId | None = None
 
 
-def depths(ids: list) -> dict:
+def depths(ids: list[ObjectId]) -> dict[ObjectId, int]:
     """{task id: its depth} of ``ids`` (0 for a seed: it has none), by ``_id``."""
     return {d["_id"]: d.get("depth") or 0 for d in _tasks().find({"_id": {"$in": ids}}, {"depth": 1})}
 
 
-def known_uris(job_id, uris: list[str]) -> set[str]:
+def known_uris(job_id: ObjectId, uris: list[str]) -> set[str]:
     """The URLs among ``uris`` the job already has a task for."""
     return {d["uri"] for d in _tasks().find({"job": job_id, "uri": {"$in": uris}}, {"uri": 1})}
 
 
-def insert_numbered(job_id, docs: list[dict], first: int) -> tuple[int, int]:
-    """Insert ``docs`` numbered ``first``, ``first + 1``, ... (a reservation of this intake);
-    a URL stored meanwhile is skipped by the unique index. Returns (added, duplicates)."""
-    for i, doc in enumerate(docs):
-        doc["seq"], doc["_id"] = first + i, ObjectId()
-    lowest = {job_id: min(d["_id"] for d in docs)}
+def insert_numbered(job_id: ObjectId, new: list[NewTask], first: int, now: datetime) -> tuple[int, int]:
+    """Insert the tasks ``new``, LIVE and never sent, numbered ``first``, ``first + 1``, ... (a
+    reservation of this intake); a URL stored meanwhile is skipped by the unique index. Returns
+    (added, duplicates)."""
+    ids = [ObjectId() for _ in new]
+    docs: list[dict[str, Any]] = [
+        {"_id": ids[i], "job": job_id, "uri": t.uri, "seq": first + i, "status": LIVE, "download_times": 0,
+         "recoveries": 0, "host_name": t.host, "add_datetime": now, "last_update_datetime": now}
+        for i, t in enumerate(new)]
+    for doc, t in zip(docs, new):
+        if t.parent is not None:
+            doc["depth"], doc["parent"] = t.depth, t.parent
+    lowest = {job_id: min(ids)}
     try:
         added, dupes = len(_tasks().insert_many(docs, ordered=False).inserted_ids), 0
     except BulkWriteError as exc:
@@ -91,24 +115,24 @@ def insert_numbered(job_id, docs: list[dict], first: int) -> tuple[int, int]:
     return added, dupes
 
 
-def reserve(job_id, count: int) -> int:
+def reserve(job_id: ObjectId, count: int) -> int:
     """Reserve ``count`` seq numbers of a job (compare-and-set on its counter); returns the first."""
-    coll = Job._get_collection()
+    coll = collection(Job)
     while True:
         doc = coll.find_one({"_id": job_id}, {"seq_next": 1})
         if doc is None:
             raise ValidationError("the job was removed while its tasks were being added")
-        top = doc.get("seq_next", 0)
+        top: int = doc.get("seq_next", 0)
         first = top + 1
         change = {"$set": {"seq_next": top + count}, "$push": {"intake": {"seq": first, "at": utcnow()}}}
         if coll.update_one({"_id": job_id, "seq_next": top}, change).modified_count:
             return first
 
 
-def commit(job_id, first: int, count: int) -> None:
+def commit(job_id: ObjectId, first: int, count: int) -> None:
     """Drop the reservation. One that grew old (a stalled intake; the dispatcher stops honouring
     reservations at INTAKE_STALE) may lie below the cursor: its tasks are sent as retries."""
-    before = Job._get_collection().find_one_and_update(
+    before = collection(Job).find_one_and_update(
         {"_id": job_id, "intake.seq": first}, {"$pull": {"intake": {"seq": first}}}, projection={"intake": 1})
     mine = next((r for r in (before or {}).get("intake") or () if r.get("seq") == first), None)
     if mine is not None and utcnow() - mine["at"] < INTAKE_STALE / 2:
@@ -125,45 +149,43 @@ def commit(job_id, first: int, count: int) -> None:
 class Picked:
     """One due task: its id, target host and (fresh tasks) seq."""
 
-    id: object
+    id: ObjectId
     host: str
     seq: int = 0
     uri: str = ""
     attempts: int = 0
     status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
-    prev: dict | None = None  # a stored page visited again: its latest version (``prev_of``)
+    prev: Prev | None = None  # a stored page visited again: its latest version (``prev_of``)
     due: datetime | None = None  # a revisit: when it came due
 
 
 PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
 
 
-def prev_of(doc: dict) -> dict | None:
+def prev_of(doc: Mapping[str, Any]) -> Prev | None:
     """What a visit of a task with a stored version needs of it (validators, digest, version
     count, interval), copied into its entry's lease; None for a task never stored."""
-    if not doc.get("data_lease"):
-        return None
-    return {k: doc.get(k) for k in PREV_FIELDS if doc.get(k) is not None}
+    return Prev.from_doc(doc) if doc.get("data_lease") else None
 
 
-def fresh_limit(job_doc: dict, now: datetime) -> int:
+def fresh_limit(job: JobRecord, now: datetime) -> int:
     """The highest seq whose task is surely inserted: below every live intake reservation."""
-    top = job_doc.get("seq_next", 0)
-    for r in job_doc.get("intake") or ():
+    top = job.seq_next
+    for r in job.intake:
         if r.get("at") and now - r["at"] < INTAKE_STALE:
             top = min(top, r["seq"] - 1)
     return top
 
 
-def due_fresh(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], int]:
+def due_fresh(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], int]:
     """Up to ``need`` fresh LIVE tasks above the cursor, in seq order, and the seq up to which
     the job was read (the cursor's new place if all of them go out)."""
-    lo, top = job_doc.get("seq_sent", 0), fresh_limit(job_doc, now)
+    lo, top = job.seq_sent, fresh_limit(job, now)
     picked: list[Picked] = []
     window = max(need, WINDOW_MIN)
     while lo < top and len(picked) < need:
         hi = min(lo + window, top)
-        flt = {"job": job_doc["_id"], "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
+        flt = {"job": job.id, "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
         docs = sorted(_tasks().find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1}),
                       key=lambda d: d["seq"])
         picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"])
@@ -172,7 +194,7 @@ def due_fresh(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], in
             return picked, picked[-1].seq
         lo = hi
         window *= 2  # gaps (duplicates, cancelled tasks): widen
-    return picked, max(lo, job_doc.get("seq_sent", 0))
+    return picked, max(lo, job.seq_sent)
 
 
 def fresh_cursor(picked: list[Picked], read_to: int, sent: int) -> int:
@@ -181,21 +203,22 @@ def fresh_cursor(picked: list[Picked], read_to: int, sent: int) -> int:
     return picked[sent].seq - 1 if sent < len(picked) else read_to
 
 
-def advance_cursor(job_id, was: int, to: int) -> bool:
+def advance_cursor(job_id: ObjectId, was: int, to: int) -> bool:
     """Move the job's cursor from ``was`` to ``to``; False if another dispatcher moved it first."""
-    return Job._get_collection().update_one({"_id": job_id, "seq_sent": was}, {"$set": {"seq_sent": to}}
-                                            ).matched_count == 1
+    return collection(Job).update_one({"_id": job_id, "seq_sent": was},
+                                      {"$set": {"seq_sent": to}}).matched_count == 1
 
 
+Floor = tuple[datetime, ObjectId | None]  # a job's revisit floor: (due time, _id); None: all of that time
 PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, **dict.fromkeys(PREV_FIELDS, 1)}
 
 
-def _picked(d: dict, status: str, due: datetime | None = None) -> Picked:
+def _picked(d: Mapping[str, Any], status: str, due: datetime | None = None) -> Picked:
     attempts = 0 if status == SUCCESS else d.get("download_times", 0)  # a revisit counts afresh
     return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d), due)
 
 
-def due_again(job_id, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
+def due_again(job_id: ObjectId, max_retry_times: int, need: int, now: datetime) -> list[Picked]:
     """Up to ``need`` tasks that go again: retryable FAIL, then LIVE recovered or requeued.
     Queries name only the fields of the task index (job, status, retry_at): another predicate
     makes some servers scan the collection, so ``download_times`` is checked here."""
@@ -218,7 +241,7 @@ REVISIT_WINDOW = timedelta(minutes=1)      # the first window of due times read
 REVISIT_WINDOW_MAX = timedelta(minutes=15)  # an empty window doubles the next, up to this
 
 
-def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked], tuple | None]:
+def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], Floor | None]:
     """Up to ``need`` SUCCESS tasks whose revisit is due, in (due time, ``_id``) order, and the
     job's new revisit floor once they are sent: (due time, ``_id``) of the last one, every task
     up to which has gone out (``_id`` None: every task due up to that time).
@@ -234,9 +257,9 @@ def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked],
     time this run began."""
     if need <= 0:
         return [], None
-    lo, lo_id = job_doc.get("revisit_from") or EPOCH, job_doc.get("revisit_from_id")
-    fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job_doc["_id"]
-    picked: list[dict] = []
+    lo, lo_id = job.revisit_from or EPOCH, job.revisit_from_id
+    fields, job_id = {**PICK_FIELDS, "retry_at": 1}, job.id
+    picked: list[dict[str, Any]] = []
     if lo_id is not None and lo <= now:  # the rest of the floor's own due time
         same = _tasks().find({"job": job_id, "status": SUCCESS, "retry_at": lo}, fields)
         picked = sorted((d for d in same if d["_id"] > lo_id), key=lambda d: d["_id"])[:need]
@@ -260,14 +283,14 @@ def due_revisits(job_doc: dict, need: int, now: datetime) -> tuple[list[Picked],
     return tasks, (now, None)
 
 
-def start_revisits(job_id, now: datetime) -> bool:
+def start_revisits(job_id: ObjectId, now: datetime) -> bool:
     """The job has revisits. The first time: its floor starts just before ``now`` (a success sets
     a due time after the time it settles, so none is due earlier) and its pages already stored
     are left to the "revisits" chore (``revisit_backlog``); whether this was the first time."""
     floor = {"revisit_from": now - timedelta(milliseconds=1), "revisit_from_id": None,
              "revisit_backlog": FROM_START}
-    return bool(Job._get_collection().update_one({"_id": job_id, "revisit_from": None},
-                                                 {"$set": floor}).modified_count)
+    return bool(collection(Job).update_one({"_id": job_id, "revisit_from": None},
+                                           {"$set": floor}).modified_count)
 
 
 FROM_START = ObjectId("0" * 24)  # a backlog not begun
@@ -280,7 +303,7 @@ def make_due(end: float, batch: int = 2000) -> int:
     took about 12 minutes, once inside the registering request). Due by the store's clock when
     written: after the floor of any dispatcher run begun before. Returns how many came due."""
     made = 0
-    for job in Job._get_collection().find({"revisit_backlog": {"$ne": None}}, {"revisit_backlog": 1}):
+    for job in collection(Job).find({"revisit_backlog": {"$ne": None}}, {"revisit_backlog": 1}):
         job_id, mark = job["_id"], job["revisit_backlog"]
         after, span = (None if mark == FROM_START else mark), counts.span(job_id)
         while time.monotonic() < end:
@@ -292,31 +315,30 @@ def make_due(end: float, batch: int = 2000) -> int:
                                              {"$set": {"retry_at": now}}).modified_count
             done = len(docs) < batch
             after = None if done else docs[-1]["_id"]
-            Job._get_collection().update_one({"_id": job_id}, {"$unset": {"revisit_backlog": ""}} if done
-                                             else {"$set": {"revisit_backlog": after}})
+            collection(Job).update_one({"_id": job_id}, {"$unset": {"revisit_backlog": ""}} if done
+                                       else {"$set": {"revisit_backlog": after}})
             if done:
                 break
     return made
 
 
-def raise_revisit_floor(job_id, at: datetime, last_id) -> None:
+def raise_revisit_floor(job_id: ObjectId, at: datetime, last_id: ObjectId | None) -> None:
     """Every SUCCESS task of the job due up to (``at``, ``last_id``) was sent (``due_revisits``):
     later runs read from there."""
-    Job._get_collection().update_one({"_id": job_id},
-                                     {"$set": {"revisit_from": at, "revisit_from_id": last_id}})
+    collection(Job).update_one({"_id": job_id}, {"$set": {"revisit_from": at, "revisit_from_id": last_id}})
 
 
-def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
+def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], now: datetime) -> None:
     """Tasks that go again, sent in entries (lease, queue, tasks): DISPATCH, if still due
     (``due_again`` checked the rest). By ``_id`` and one status at a time, as an ``$or`` makes
     some servers scan every task; the counts move by what each update changed, in one write."""
-    moves = []
+    moves: list[tuple[ObjectId | None, str | None, str, int]] = []
     for lease, queue, picked in entries:
         for status in (FAIL, LIVE, SUCCESS):
             ids = [t.id for t in picked if t.status == status]
             if not ids:
                 continue
-            sent = {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
+            sent: dict[str, Any] = {"status": DISPATCH, "lease": lease, "queue": queue, "dispatched_at": now,
                     "last_update_datetime": now}
             if status == SUCCESS:  # a revisit: its attempts are counted afresh
                 sent["download_times"] = 0
@@ -329,14 +351,14 @@ def mark_sent(job_id, entries: list[tuple[str, str, list[Picked]]], now: datetim
 
 # --- settle (the worker's writer) -----------------------------------------------------------
 
-def settle(ops: list) -> int:
+def settle(ops: list[UpdateOne]) -> int:
     """Apply guarded settles or hand-backs (``common.store.leases.settle_success``,
     ``settle_failure``, ``hand_back``) in one bulk write; returns how many tasks changed.
     The caller moves the counts (it knows each part's statuses)."""
     return _tasks().bulk_write(ops, ordered=False).modified_count if ops else 0
 
 
-def changed_to(ids: list, status: str, at: datetime) -> int:
+def changed_to(ids: list[ObjectId], status: str, at: datetime) -> int:
     """How many of ``ids`` are in ``status`` and were changed at ``at``: a settle's read-back
     when some guarded updates were refused."""
     return _tasks().count_documents({"_id": {"$in": ids}, "status": status, "last_update_datetime": at})
@@ -344,7 +366,7 @@ def changed_to(ids: list, status: str, at: datetime) -> int:
 
 # --- an administrator's changes: cancel, requeue --------------------------------------------
 
-def cancel(job_id, statuses) -> int:
+def cancel(job_id: ObjectId, statuses: Sequence[str]) -> int:
     """The job's tasks in ``statuses`` become CANCEL, their lease fields cleared; a worker
     holding one then settles nothing for it. One status at a time, so each change's count is
     its move. Returns how many changed."""
@@ -356,7 +378,7 @@ def cancel(job_id, statuses) -> int:
     return sum(n for *_, n in moves)
 
 
-def requeue(job_id, statuses, now: datetime) -> int:
+def requeue(job_id: ObjectId, statuses: Sequence[str], now: datetime) -> int:
     """The job's tasks in ``statuses`` go back to LIVE with fresh counters, due at ``now``; one
     status at a time, as ``cancel``. Returns how many changed."""
     moves = [(job_id, status, LIVE, _tasks().update_many({"job": job_id, "status": status}, {
@@ -368,19 +390,19 @@ def requeue(job_id, statuses, now: datetime) -> int:
 
 # --- migrate: tasks written by an earlier version -------------------------------------------
 
-def unnumbered(job_id, limit: int) -> list:
+def unnumbered(job_id: ObjectId, limit: int) -> list[ObjectId]:
     """Ids of up to ``limit`` of the job's tasks without a ``seq``, in ``_id`` order."""
     found = _tasks().find({"job": job_id, "seq": None}, {"_id": 1}).sort("_id", 1).limit(limit)
     return [d["_id"] for d in found]
 
 
-def number(ids: list, first: int) -> None:
+def number(ids: list[ObjectId], first: int) -> None:
     """Give ``ids`` the seq numbers ``first``, ``first + 1``, ... (those still without one)."""
     _tasks().bulk_write([UpdateOne({"_id": i, "seq": None}, {"$set": {"seq": first + n}})
                          for n, i in enumerate(ids)], ordered=False)
 
 
-def dispatched_leases(before: datetime) -> set:
+def dispatched_leases(before: datetime) -> set[str]:
     """Leases named by DISPATCH tasks sent before ``before``."""
     return {d["_id"] for d in _tasks().aggregate([
         {"$match": {"status": DISPATCH, "dispatched_at": {"$lt": before}}}, {"$group": {"_id": "$lease"}}])}
@@ -400,4 +422,4 @@ def send_again(lease: str, reason: str, now: datetime) -> int:
 
 def forget_watermarks() -> None:
     """Remove the per-job ``_id`` watermark earlier versions kept instead of the cursor."""
-    Job._get_collection().update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})
+    collection(Job).update_many({"live_from": {"$exists": True}}, {"$unset": {"live_from": ""}})

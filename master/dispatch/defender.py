@@ -32,6 +32,7 @@ from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_q
 from common.store import leases
 from common.store.connection import redis_conn
 from common.store.models import LOST, QUEUED, store_now
+from common.store.records import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +67,12 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
         if time.monotonic() > end:
             logger.warning("defender: time budget spent; %s leases left for the next run", len(leases_))
             break
-        here = entry_id(lease["_id"]) in waiting
-        if lease["state"] == QUEUED:
-            if here and lease.get("missing_at"):
-                seen.append(lease["_id"])
-            elif not here and not lease.get("missing_at"):
-                missing.append(lease["_id"])
+        here = entry_id(lease.id) in waiting
+        if lease.state == QUEUED:
+            if here and lease.missing_at:
+                seen.append(lease.id)
+            elif not here and not lease.missing_at:
+                missing.append(lease.id)
         _judge(redis, lease, here, now, report)
     leases.mark_missing(missing, now)
     leases.unmark_missing(seen)
@@ -81,22 +82,22 @@ def recover(redis: Redis | None = None, now: datetime | None = None, budget: flo
     return report
 
 
-def _judge(redis: Redis, lease: dict, here: bool, now: datetime, report: RecoveryReport) -> None:
+def _judge(redis: Redis, lease: Lease, here: bool, now: datetime, report: RecoveryReport) -> None:
     """Give the lease's tasks back if its verdict says so (and it is still what was judged)."""
     verdict = leases.lease_verdict(lease, here, now, leases.LEASE.ttl(), settings.LEASE_TIMEOUT,
                                    settings.ABSENCE_GRACE)
     if verdict is None:
         return
     reason, attempt = verdict
-    if lease["state"] != LOST and not leases.mark_lost(lease, reason):
+    if lease.state != LOST and not leases.mark_lost(lease, reason):
         return  # claimed or beat meanwhile: alive after all
-    recovered, dead, again = leases.release(lease["_id"], reason, attempt, now)
+    recovered, dead, again = leases.release(lease.id, reason, attempt, now)
     report.recovered += recovered
     report.dead += dead
     report.requeued += again
     report.reasons.append(f"{recovered + dead + again} tasks: {reason}")
     try:
-        delete_entry(redis, entry_id(lease["_id"]))
+        delete_entry(redis, entry_id(lease.id))
     except Exception:  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
         pass
 

@@ -32,11 +32,10 @@ from datetime import datetime
 
 from redis import Redis
 
-from common import jobsettings
 from common.config import settings
 from common.errors import ConfigError, DispatchLocked
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
-from common.queue.names import DEFAULT_PRIORITY, LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import (
     FULL,
     NOT_OWNER,
@@ -50,8 +49,9 @@ from common.queue.rqbridge import (
 from common.store import leases, tasks
 from common.store import logs as store_logs
 from common.store.connection import redis_conn
-from common.store.jobs import dispatch_settings, on_jobs
+from common.store.jobs import UNSET, dispatch_settings, on_jobs
 from common.store.models import AGAIN, FRESH, REVISIT, store_now, utcnow
+from common.store.records import Job
 from common.store.tasks import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from master import maintenance as chores
 from master.dispatch import defender
@@ -77,7 +77,7 @@ class PlannedEntry:
 
 @dataclass
 class JobWork:
-    job: dict
+    job: Job
     dispatch_num: int
     max_retry_times: int
     prior: int = 0
@@ -100,13 +100,13 @@ class JobWork:
 
     @property
     def name(self) -> str:
-        return self.job["name"]
+        return self.job.name or ""
 
     def queue_of(self, picked: Picked) -> str:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
-        level = queue_for_priority(self.job.get("priority", DEFAULT_PRIORITY))
-        host = picked.host or self.job.get("host") or ""
+        level = queue_for_priority(self.job.priority)
+        host = picked.host or self.job.host or ""
         return queue_name(level, host, foreign=self.prior == PRIOR_FOREIGN)
 
 
@@ -135,10 +135,9 @@ class DispatchReport:
 
 # --- pure parts --------------------------------------------------------------------------
 
-def order_key(job, order: str = "priority") -> tuple:
+def order_key(job: Job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
-    get = job.get if isinstance(job, dict) else lambda k, d=None: getattr(job, k, d)
-    host, priority, name = get("host", "") or "", get("priority", DEFAULT_PRIORITY), get("name", "")
+    host, priority, name = job.host or "", job.priority, job.name or ""
     host_key = (0 if host else 1, host)
     if order == "host":
         return (*host_key, priority, name)
@@ -223,16 +222,16 @@ def check_settings() -> None:
 
 # --- selection ---------------------------------------------------------------------------
 
-def _load_works(jobs: list[dict], now: datetime) -> list[JobWork]:
-    conf = dispatch_settings([j["_id"] for j in jobs])
+def _load_works(jobs: list[Job], now: datetime) -> list[JobWork]:
+    conf = dispatch_settings([j.id for j in jobs])
 
-    def load(job: dict) -> JobWork:
-        c = jobsettings.resolved(conf.get(job["_id"], {}), settings)
-        work = JobWork(job=job, dispatch_num=c["dispatch_num"], max_retry_times=c["max_retry_times"],
-                       prior=c["prior"])
-        work.again = due_again(job["_id"], work.max_retry_times, work.dispatch_num, now)
+    def load(job: Job) -> JobWork:
+        c = (conf.get(job.id) or UNSET).resolved(settings)  # every setting set: ``or 0`` only says so
+        work = JobWork(job=job, dispatch_num=c.dispatch_num or 0, max_retry_times=c.max_retry_times or 0,
+                       prior=c.prior or 0)
+        work.again = due_again(job.id, work.max_retry_times, work.dispatch_num, now)
         work.fresh, work.read_to = due_fresh(job, work.dispatch_num - len(work.again), now)
-        if c["revisit"]:  # visits again take what retries and fresh tasks left
+        if c.revisit:  # visits again take what retries and fresh tasks left
             need = work.dispatch_num - len(work.again) - len(work.fresh)
             work.revisits, work.revisit_floor = due_revisits(job, need, now)
         return work
@@ -264,17 +263,17 @@ class Run:
             return
         now = self.now
         lease_ids = [uuid.uuid4().hex for _ in work.entries]
-        leases.create([leases.new_lease(lease, work.job["_id"], e.queue, e.kind, e.tasks, now)
+        leases.create([leases.new_lease(lease, work.job.id, e.queue, e.kind, e.tasks, now)
                        for lease, e in zip(lease_ids, work.entries)])
         again = [(lease, e.queue, e.tasks) for lease, e in zip(lease_ids, work.entries) if e.kind == AGAIN]
-        tasks.mark_sent(work.job["_id"], again, now)
+        tasks.mark_sent(work.job.id, again, now)
         if work.fresh:
             new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
-            if not tasks.advance_cursor(work.job["_id"], work.job.get("seq_sent", 0), new):
+            if not tasks.advance_cursor(work.job.id, work.job.seq_sent, new):
                 # another dispatcher sent these fresh tasks: send nothing
                 for lease, e in zip(lease_ids, work.entries):
                     if e.kind == AGAIN:
-                        release_entry(work.job["_id"], lease, e.kind, e.ids, "another dispatcher ran", now)
+                        release_entry(work.job.id, lease, e.kind, e.ids, "another dispatcher ran", now)
                     else:  # the other run owns them now
                         leases.drop(lease)
                 self.lost_lock = True
@@ -282,7 +281,7 @@ class Run:
         self._push(work, lease_ids)
         floor = work.next_revisit_floor()
         if floor is not None:
-            tasks.raise_revisit_floor(work.job["_id"], *floor)
+            tasks.raise_revisit_floor(work.job.id, *floor)
 
     def _push(self, work: JobWork, lease_ids: list[str]) -> None:
         """Push the job's entries (leases ``lease_ids``) and log each; one refused is released."""
@@ -302,7 +301,7 @@ class Run:
         logs = []
         for lease, e, res in zip(lease_ids, work.entries, results):
             if res == PUSHED:
-                logs.append(store_logs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now))
+                logs.append(store_logs.entry_log(work.job.id, e.queue, lease, len(e.tasks), now))
                 with self._mutex:
                     self.report.tasks[e.queue] += len(e.tasks)
                     self.report.entries[e.queue] += 1
@@ -313,8 +312,8 @@ class Run:
                 self.lost_lock = True
             # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
             if res is not None:
-                release_entry(work.job["_id"], lease, e.kind, e.ids, why, now)
-            logs.append(store_logs.entry_log(work.job["_id"], e.queue, lease, len(e.tasks), now, why))
+                release_entry(work.job.id, lease, e.kind, e.ids, why, now)
+            logs.append(store_logs.entry_log(work.job.id, e.queue, lease, len(e.tasks), now, why))
             with self._mutex:
                 self.report.failed_entries += 1
         store_logs.add_entry_logs(logs)
@@ -344,7 +343,7 @@ def _run(redis: Redis, token, defend: bool = True) -> DispatchReport:
     with ThreadPoolExecutor(max_workers=settings.DISPATCH_POOL_SIZE) as pool:
         list(pool.map(run.send, works))
     if alerts:
-        store_logs.add_alerts([(w.job["_id"], alert, reason) for w, alert, reason in alerts], now)
+        store_logs.add_alerts([(w.job.id, alert, reason) for w, alert, reason in alerts], now)
         run.report.alerts = [f"{w.name}: {reason}" for w, _, reason in alerts]
     if run.lost_lock:
         raise DispatchLocked("lost the dispatcher lock during the run; stopped")

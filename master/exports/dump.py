@@ -22,41 +22,42 @@ from common.exports.tabular import WRITERS, csv_row
 from common.store import jobs
 from common.store.data import documents, export_source, text_of
 from common.store.models import iso
+from common.store.records import NO_FILTER, DataDoc, ExportFilter
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime", "version")
 
 
-def data_meta(doc: dict) -> dict:
+def data_meta(doc: DataDoc) -> dict:
     """A data document's fields as every whole-document export writes them (CSV's columns, the
     JSON Lines record's and the archive's): times as RFC 3339 with "Z"."""
     return {
-        "task_id": str(doc["task"]),
-        "url": doc.get("url"),
-        "status_code": doc.get("status_code"),
-        "encoding": doc.get("encoding"),
-        "hostname": doc.get("hostname"),
-        "remote_ip": doc.get("remote_ip"),
-        "add_datetime": iso(doc.get("add_datetime")),
-        "version": doc.get("version") or 1,
+        "task_id": str(doc.task),
+        "url": doc.url,
+        "status_code": doc.status_code,
+        "encoding": doc.encoding,
+        "hostname": doc.hostname,
+        "remote_ip": doc.remote_ip,
+        "add_datetime": iso(doc.add_datetime),
+        "version": doc.version or 1,
     }
 
 
-def data_record(doc: dict, body: bytes) -> dict:
+def data_record(doc: DataDoc, body: bytes) -> dict:
     """A data document whole, as one JSON Lines record: its fields, the response headers and the
     body byte-exact (base64) next to its decoded text."""
-    return {**data_meta(doc), "response_headers": doc.get("response_headers") or {},
+    return {**data_meta(doc), "response_headers": dict(doc.response_headers),
             "body_base64": base64.b64encode(body).decode("ascii"),
-            "body_text": text_of(body, doc.get("encoding"))}
+            "body_text": text_of(body, doc.encoding)}
 
 
-def rows(job_name: str, flt: dict | None = None) -> Iterator[tuple[dict, bytes]]:
+def rows(job_name: str, flt: ExportFilter = NO_FILTER) -> Iterator[tuple[dict, bytes]]:
     """(``data_meta``, body) of each of the job's data documents the filter keeps, oldest first."""
     for doc, body in _documents(job_name, flt):
         yield data_meta(doc), body
 
 
-def _documents(job_name: str, flt: dict | None) -> Iterator[tuple[dict, bytes]]:
-    yield from documents(jobs.named(job_name).id, flt or {})
+def _documents(job_name: str, flt: ExportFilter) -> Iterator[tuple[DataDoc, bytes]]:
+    yield from documents(jobs.named(job_name).id, flt)
 
 
 def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dict | None = None) -> int:
@@ -74,7 +75,7 @@ def export(job_name: str, fmt: str, out: IO[bytes], template: str = "", flt: dic
         text.detach()
 
 
-def _whole_documents(job_name: str, fmt: str, flt: dict, out: IO[str]) -> int:
+def _whole_documents(job_name: str, fmt: str, flt: ExportFilter, out: IO[str]) -> int:
     count = 0
     if fmt == "csv":
         writer = csv.writer(out)

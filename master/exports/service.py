@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from bson import ObjectId
 from redis import Redis
 
 from common.config import settings
@@ -39,13 +40,14 @@ from common.store import exports, projects
 from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import ADMIN, EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
+from common.store.records import ExportFilter, ExportRecord
 from master import access
 from master.views import object_id
 
 
 @dataclass
 class Requested:
-    export: exports.Export
+    export: ExportRecord
     deduplicated: bool
 
 
@@ -76,9 +78,9 @@ def parse_time(value: Any, what: str, plain_date: bool = False) -> datetime | No
     return stamp
 
 
-def check_filter(raw: Any) -> dict:
-    """{"status": [HTTP status codes], "since", "until", "versions"} -> the stored form (codes as
-    ints, naive UTC; ``versions`` "all" kept, "latest" — the default — left out)."""
+def check_filter(raw: Any) -> ExportFilter:
+    """{"status": [HTTP status codes], "since", "until", "versions"} (a request's, checked) -> the
+    filter (codes as ints, naive UTC; ``versions`` "latest" by default): the one place one is made."""
     raw = raw or {}
     if not isinstance(raw, dict) or set(raw) - {"status", "since", "until", "versions"}:
         raise ValidationError("filter takes only status, since, until and versions")
@@ -90,27 +92,19 @@ def check_filter(raw: Any) -> dict:
         if not text.isdigit() or not 100 <= int(text) <= 599:
             raise ValidationError(f"filter.status: {str(code)[:20]!r} is not an HTTP status code")
         codes.append(int(text))
-    out: dict[str, Any] = {}
-    if codes:
-        out["status"] = sorted(set(codes))
-    for key in ("since", "until"):
-        stamp = parse_time(raw.get(key), f"filter.{key}")
-        if stamp:
-            out[key] = stamp
-    if raw.get("versions") == "all":
-        out["versions"] = "all"
-    if out.get("since") and out.get("until") and out["since"] >= out["until"]:
+    since, until = (parse_time(raw.get(key), f"filter.{key}") or None for key in ("since", "until"))
+    if since and until and since >= until:
         raise ValidationError("filter: since must be before until")
-    return out
+    return ExportFilter(tuple(sorted(set(codes))), since, until, raw.get("versions") == "all")
 
 
-def digest(job: str, fmt: str, template_canonical: dict, flt: dict) -> str:
+def digest(job: str, fmt: str, template_canonical: dict, flt: ExportFilter) -> str:
     canonical = json.dumps(
         {
             "job": job,
             "format": fmt,
             "template": template_canonical,
-            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.items()},
+            "filter": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in flt.to_doc().items()},
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -124,7 +118,7 @@ class Checked:
     job: Any
     format: str
     template: Any
-    filter: dict
+    filter: ExportFilter
 
 
 def check(job_name: Any, fmt: Any, template: Any = "", flt: Any = None,
@@ -199,15 +193,16 @@ def request(
         if earlier is not None:
             _join(earlier, callbacks, mails)
             return Requested(earlier, True)
-        export = exports.add(job=job, job_name=job.name, format=fmt, template=template or "", filter=cleaned,
-                             digest=key, callback_urls=callbacks, mails=mails, requested_by=requested_by,
-                             owner=owner, project=access.project_of(job),
-                             created_at=now, retry_at=now, max_exec_time=max_exec_time)
+        export = exports.add(ExportRecord(
+            id=ObjectId(), job=job.id, job_name=job.name, format=fmt, template=template or "",
+            filter=cleaned.to_doc(), digest=key, callback_urls=callbacks, mails=mails,
+            requested_by=requested_by, owner=owner, project=access.project_of(job), created_at=now,
+            retry_at=now, max_exec_time=max_exec_time))
     push(redis, export)
     return Requested(export, False)
 
 
-def _join(export: exports.Export, callbacks: list[str], mails: list[str]) -> None:
+def _join(export: ExportRecord, callbacks: list[str], mails: list[str]) -> None:
     """Add a de-duplicated request's targets; if the export already ended, tell them now."""
     if not callbacks and not mails:
         return
@@ -218,23 +213,24 @@ def _join(export: exports.Export, callbacks: list[str], mails: list[str]) -> Non
         announce(export, callbacks, mails)
 
 
-def push(redis: Redis, export: exports.Export) -> None:
+def push(redis: Redis, export: ExportRecord) -> None:
     """Queue an export's entry on down_export (a real rq job: a plain `rq worker down_export` runs it)."""
     push_export(redis, EXPORT_QUEUE, str(export.id),
                 (export.max_exec_time or settings.EXPORT_MAX_EXEC_TIME) + 300)
     exports.mark_queued(export.id, utcnow())
 
 
-def owns(token: Token, export: exports.Export) -> bool:
+def owns(token: Token, export: ExportRecord) -> bool:
     """Whether ``token`` requested ``export`` (by id; an export stored before owners counts by
     name, if it is not older than the token: see ``common.store.exports.owned_by``)."""
     if export.owner is not None:
         return bool(export.owner == token.id)
     since = token.add_datetime
-    return export.requested_by == token.name and (since is None or export.created_at >= since)
+    made = export.created_at
+    return export.requested_by == token.name and (since is None or (made is not None and made >= since))
 
 
-def may_see(token: Token | None, export: exports.Export) -> bool:
+def may_see(token: Token | None, export: ExportRecord) -> bool:
     """None is the operator at the command line, who sees everything; a user or analyst sees the
     exports of its projects that it requested or whose job it was granted, and every download task
     of the general center (seed 000) of a project it holds: the systems sharing a project share its
@@ -246,7 +242,7 @@ def may_see(token: Token | None, export: exports.Export) -> bool:
     return bool(export.center) or owns(token, export) or export.job_name in token.jobs
 
 
-def get(export_id: Any, token: Token | None = None) -> exports.Export:
+def get(export_id: Any, token: Token | None = None) -> ExportRecord:
     try:
         export = exports.get(object_id(export_id))
     except ValidationError:  # not an id: no such export
@@ -256,7 +252,7 @@ def get(export_id: Any, token: Token | None = None) -> exports.Export:
     return export
 
 
-def describe(export: exports.Export, ttl: int | None = None) -> dict:
+def describe(export: ExportRecord, ttl: int | None = None) -> dict:
     return {
         "id": str(export.id),
         "job": export.job_name,
@@ -277,12 +273,12 @@ def describe(export: exports.Export, ttl: int | None = None) -> dict:
     }
 
 
-def listing(job_name: str | None = None, limit: int = 50, token: Token | None = None) -> list[exports.Export]:
-    seen_by = None
+def listing(job_name: str | None = None, limit: int = 50, token: Token | None = None) -> list[ExportRecord]:
+    viewer = None
     if token is not None and token.role != ADMIN:
-        owned = exports.owned_by(token.id, token.name, token.add_datetime)
-        seen_by = (owned, list(token.jobs), list(token.projects), projects.default_id())
-    return exports.listing(job_name, limit, seen_by)
+        viewer = exports.Viewer(token.id, token.name, token.add_datetime, list(token.jobs),
+                                list(token.projects), projects.default_id())
+    return exports.listing(job_name, limit, viewer)
 
 
 def check_ttl(ttl: Any) -> int:
@@ -304,7 +300,7 @@ def link(export_id: Any, ttl: int | None = None, token: Token | None = None) -> 
     return export_url(str(export.id), seconds), utcnow() + timedelta(seconds=seconds)
 
 
-def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> exports.Export:
+def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> ExportRecord:
     """PENDING or RUNNING -> CANCEL (a running worker sees it at its next progress write, stops
     and removes its partial file)."""
     export = get(export_id, token)
@@ -314,17 +310,17 @@ def cancel(redis: Redis, export_id: Any, token: Token | None = None) -> exports.
         )
     rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
     publish(export.id)
-    return exports.reload(export)
+    return exports.get(export.id) or export
 
 
-def retry(redis: Redis, export_id: Any, token: Token | None = None) -> exports.Export:
+def retry(redis: Redis, export_id: Any, token: Token | None = None) -> ExportRecord:
     """A FAIL export back to PENDING by hand, its attempts counted afresh, and queued again."""
     export = get(export_id, token)
     if token is not None and token.role != ADMIN and not owns(token, export):
         raise Forbidden("only the export's requester or an admin may retry it")
     if not exports.retry(export.id, utcnow()):
         raise Conflict(f"export {export_id} is {export.state}: only a FAIL export can be retried")
-    export = exports.reload(export)
+    export = exports.get(export.id) or export
     push(redis, export)
     publish(export.id)
     return export
@@ -341,15 +337,15 @@ class TendReport:
     notified: int = 0
 
 
-def _stopped(doc: dict, final: bool) -> None:
+def _stopped(export: ExportRecord, final: bool) -> None:
     """An attempt was taken from its worker: remove its file, tell listeners (and, if it is
     final, the export's callbacks and mails)."""
-    drop_export_file(doc.get("file_id"))
-    publish(doc["_id"])
+    drop_export_file(export.file_id)
+    publish(export.id)
     if final:
         from common.exports.events import announce
 
-        announce(exports.get(doc["_id"]))
+        announce(exports.get(export.id))
 
 
 def tend(redis: Redis) -> TendReport:
@@ -357,25 +353,25 @@ def tend(redis: Redis) -> TendReport:
     dispatcher runs this as a chore (master/maintenance.py), which logs it and goes on."""
     report = TendReport()
     now = store_now()  # the clock the exporter stamps beat_at with
-    for doc, final in exports.recover_dead(now):
+    for stopped, final in exports.recover_dead(now):
         report.recovered += 1
-        _stopped(doc, final)
+        _stopped(stopped, final)
     # over its time limit: stopped and retried even if its worker still beats (it finds the
     # export no longer its own at its next progress write and stops); a recovery, as a death
-    for doc, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME):
+    for stopped, final in exports.stop_overrun(now, settings.EXPORT_MAX_EXEC_TIME):
         report.overran += 1
-        _stopped(doc, final)
-    for doc in exports.due(now):
-        if doc.get("queued_at") and entry_exists(redis, export_entry_id(doc["_id"])):
+        _stopped(stopped, final)
+    for due in exports.due(now):
+        if due.queued_at and entry_exists(redis, export_entry_id(due.id)):
             continue  # its entry waits in the queue
-        export = exports.get(doc["_id"])
+        export = exports.get(due.id)
         if export is not None:  # not removed since
             push(redis, export)
             report.sent += 1
-    for doc in exports.expire(now, timedelta(seconds=settings.EXPORT_TTL)):
-        drop_export_file(doc.get("file_id"))
+    for expired in exports.expire(now, timedelta(seconds=settings.EXPORT_TTL)):
+        drop_export_file(expired.file_id)
         report.expired += 1
-        publish(doc["_id"])
+        publish(expired.id)
     report.notified = deliver_due()
     return report
 

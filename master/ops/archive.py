@@ -25,6 +25,7 @@ from bson import ObjectId
 from common.errors import ValidationError
 from common.store import retention as store
 from common.store.models import id_at, iso, job_named
+from common.store.records import DataDoc
 from master.exports.dump import data_record
 
 BATCH = 1000
@@ -68,13 +69,13 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
         with open(partial, "xb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
             for doc, body in store.old_data(job.id, cutoff):
                 out.write(json.dumps(_data_record(doc, body), ensure_ascii=False).encode() + b"\n")
-                data_ids.add(doc["_id"])
+                data_ids.add(doc.id)
                 report.data += 1
-            for doc in store.old_logs(job.id, cutoff):
+            for log in store.old_logs(job.id, cutoff):
                 record = {"kind": "download_log", **{k: (str(v) if isinstance(v, ObjectId) else iso(v))
-                                                     for k, v in doc.items()}}
+                                                     for k, v in log.items()}}
                 out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
-                log_ids.add(doc["_id"])
+                log_ids.add(log["_id"])
                 report.logs += 1
             out.flush()
             raw.flush()
@@ -99,6 +100,6 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
     return report
 
 
-def _data_record(doc: dict, body: bytes) -> dict:
+def _data_record(doc: DataDoc, body: bytes) -> dict:
     """One data document as the archive's line: the record of ``data export --format jsonl``."""
     return {"kind": "data", **data_record(doc, body)}

@@ -18,6 +18,7 @@ from common.notify import queue_mail
 from common.store import counts as tallies
 from common.store import jobs, logs, pages
 from common.store.models import DEAD, FAIL, SUCCESS, utcnow
+from common.store.records import Job
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -32,59 +33,59 @@ def send_reports(now: datetime | None = None) -> int:
     return sent
 
 
-def _summary(job: dict, mails: list[str], now: datetime) -> int:
-    if not pages.drained(job["_id"]):
+def _summary(job: Job, mails: list[str], now: datetime) -> int:
+    if not pages.drained(job.id):
         return 0
-    counts = {k: n for k, n in tallies.of_jobs([job["_id"]]).get(job["_id"], {}).items() if n}
-    if not counts or counts == (job.get("report_counts") or {}):
+    counts = {k: n for k, n in tallies.of_jobs([job.id]).get(job.id, {}).items() if n}
+    if not counts or counts == (job.report_counts or {}):
         return 0  # nothing new since the last summary
     if not jobs.claim_summary(job, counts, now):
         return 0  # another run reported it
     done = sum(counts.get(s, 0) for s in (SUCCESS, FAIL, DEAD))
     rate = f"{100 * counts.get(SUCCESS, 0) / done:.1f}%" if done else "-"
-    reasons = pages.failure_reasons(job["_id"])
-    span = pages.time_span(job["_id"])
-    lines = [f"Job {job['name']} has no task left to download.", "", "Tasks by status:"]
+    reasons = pages.failure_reasons(job.id)
+    span = pages.time_span(job.id)
+    lines = [f"Job {job.name} has no task left to download.", "", "Tasks by status:"]
     lines += [f"  {status:<9}{n}" for status, n in sorted(counts.items())]
     lines += ["", f"Success rate: {rate} ({counts.get(SUCCESS, 0)} of {done} finished tasks)", ""]
     lines += ["Most frequent failure reasons:"] + (
-        [f"  {r['n']:>6}  {r['_id'] or '-'}" for r in reasons] or ["  none"]
+        [f"  {n:>6}  {reason or '-'}" for reason, n in reasons] or ["  none"]
     )
-    if span.get("first"):
-        lines += ["", f"Time span: {span['first']:%Y-%m-%d %H:%M:%S} to {span['last']:%Y-%m-%d %H:%M:%S} UTC"]
+    if span is not None:
+        lines += ["", f"Time span: {span[0]:%Y-%m-%d %H:%M:%S} to {span[1]:%Y-%m-%d %H:%M:%S} UTC"]
     for to in mails:
         queue_mail(
             to,
             "job.report",
-            f"downcluster: job {job['name']} drained, success {rate}",
+            f"downcluster: job {job.name} drained, success {rate}",
             "\n".join(lines) + "\n",
         )
     return len(mails)
 
 
-def _alert(job: dict, mails: list[str], now: datetime) -> int:
-    last = job.get("alert_mail_at")
+def _alert(job: Job, mails: list[str], now: datetime) -> int:
+    last = job.alert_mail_at
     if last and now - last < timedelta(seconds=settings.ALERT_MAIL_INTERVAL):
         return 0
     since = last or EPOCH
-    dead = pages.dead_since(job["_id"], since)
-    full, stalls = logs.alerts_since(job["_id"], since)
-    generator = logs.generator_failures_since(job["_id"], since)
+    dead = pages.dead_since(job.id, since)
+    full, stalls = logs.alerts_since(job.id, since)
+    generator = logs.generator_failures_since(job.id, since)
     if not dead and not full and not stalls and not generator:
         return 0
     if not jobs.claim_alert(job, last, now):
         return 0
-    lines = [f"Job {job['name']} needs attention:"]
+    lines = [f"Job {job.name} needs attention:"]
     if dead:
         lines.append(f"  {dead} task(s) became DEAD (their attempts died {settings.MAX_RECOVERIES} times); "
-                     f"`downcluster task requeue {job['name']} --status DEAD` sends them again.")
+                     f"`downcluster task requeue {job.name} --status DEAD` sends them again.")
     if full:
         lines.append(f"  {full} queue_full alert(s): its queue was at its cap when the dispatcher ran.")
     lines += [f"  {reason}" for reason in stalls]
     lines += [f"  {reason}" for reason in generator]
     if generator:
-        lines.append(f"  (`downcluster generator show {job['name']}` lists its runs.)")
+        lines.append(f"  (`downcluster generator show {job.name}` lists its runs.)")
     lines.append(f"At most one such mail per {settings.ALERT_MAIL_INTERVAL} s per job.")
     for to in mails:
-        queue_mail(to, "job.alert", f"downcluster alert: job {job['name']}", "\n".join(lines) + "\n")
+        queue_mail(to, "job.alert", f"downcluster alert: job {job.name}", "\n".join(lines) + "\n")
     return len(mails)

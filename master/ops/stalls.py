@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from bson import ObjectId
 from redis import Redis
 
 from common.config import settings
@@ -53,7 +54,7 @@ def check_stalls(redis: Redis) -> list[str]:
             continue  # young, or workers are taking from it: a backlog, not a stall
         if not redis.set(QUIET_KEY + q["queue"], "1", nx=True, ex=int(limit)):
             continue  # already told within the period
-        jobs = pages.jobs_queued_in(q["queue"])
+        jobs: list[ObjectId | None] = [*pages.jobs_queued_in(q["queue"])]
         reason = (f"queue {q['queue']} has not drained: its oldest entry waited {q['oldest_age_s']:.0f} s "
                   f"(QUEUE_STALL_ALERT {limit} s) and no worker took from it; {q['depth']} entries wait")
         logs.add_alerts([(job, "queue_stall", reason) for job in jobs or [None]], stamp)

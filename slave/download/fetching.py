@@ -25,6 +25,7 @@ from common.secrets import redact
 from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
+from common.store.records import LeaseTask, Prev
 from slave.download import links
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, chromium, http, sandbox
@@ -42,34 +43,34 @@ logger = logging.getLogger(__name__)
 def _request_shape(ctx: JobContext) -> dict:
     """The job's proxy, cookie, headers, our user agent and the addresses it may reach: what
     every built-in engine is given."""
-    return {"proxy": ctx.settings.get("proxy", ""), "cookie": ctx.settings.get("cookie", ""),
-            "headers": ctx.settings.get("headers") or {}, "user_agent": settings.DOWNLOAD_USER_AGENT,
-            "allow_private": bool(ctx.settings.get("allow_private"))}
+    conf = ctx.settings
+    return {"proxy": conf.proxy or "", "cookie": conf.cookie or "", "headers": dict(conf.headers),
+            "user_agent": settings.DOWNLOAD_USER_AGENT, "allow_private": bool(conf.allow_private)}
 
 
 def _stored_download(data_id: str) -> Download | None:
     """The download an identical request stored (to copy for a coalesced task), or None if gone."""
-    doc = attempts.stored_response(data_id)
-    if doc is None:
+    found = attempts.stored_response(data_id)
+    if found is None:
         return None
-    return Download(status_code=doc["status_code"], headers=doc.get("response_headers") or {},
-                    body=doc["body"], url=doc.get("url") or "", remote_ip=doc.get("remote_ip") or "",
-                    request_headers=doc.get("requests_headers") or {}, encoding=doc.get("encoding"))
+    doc, body = found
+    return Download(status_code=int(doc.status_code or 0), headers=dict(doc.response_headers), body=body,
+                    url=doc.url or "", remote_ip=doc.remote_ip or "",
+                    request_headers=dict(doc.requests_headers), encoding=doc.encoding)
 
 
-def _previous(prev: dict | None) -> dict | None:
+def _previous(prev: Prev | None) -> dict | None:
     """What a python downloader is told of the page's latest version (None on a first visit):
     it may send the validators itself and return ``{"status_code": 304}`` when nothing changed."""
     if not prev:
         return None
-    return {"etag": prev.get("etag"), "last_modified": prev.get("last_modified"),
-            "sha256": prev.get("digest"), "version": prev.get("versions"),
-            "headers": revisit.validators(prev)}
+    return {"etag": prev.etag, "last_modified": prev.last_modified, "sha256": prev.digest,
+            "version": prev.versions, "headers": revisit.validators(prev)}
 
 
-def _etiquette_unavailable(task: dict, exc: Exception) -> Outcome:
+def _etiquette_unavailable(task: LeaseTask, exc: Exception) -> Outcome:
     """The task is handed back (due again in 5 s, no attempt counted): the etiquette's checks failed."""
-    logger.warning("task %s handed back: %s", task["_id"], redact(f"{type(exc).__name__}: {exc}"))
+    logger.warning("task %s handed back: %s", task.id, redact(f"{type(exc).__name__}: {exc}"))
     return Outcome(task=task, download=None, deferred=5.0, spend_us=0,
                           error=DownloadError(f"etiquette unavailable ({type(exc).__name__}): handed back"))
 
@@ -105,7 +106,7 @@ class Engines:
     def coalescing(self, ctx: JobContext) -> bool:
         return ctx.language == "none" and settings.COALESCE_WINDOW > 0 and ctx.engine != "browser"
 
-    async def prepare(self, ctx: JobContext, tasks: list[dict]) -> dict:
+    async def prepare(self, ctx: JobContext, tasks: list[LeaseTask]) -> dict:
         """What an entry asks of Redis once, before its pages start: the site slots its pages
         will take (pooled limits, see SiteSlots.pooled) and whether each task leads its request
         (coalescing). Returns task id -> (coalescing key, True when it leads else the value
@@ -116,27 +117,27 @@ class Engines:
         wanted: dict[str, int] = {}
         if ctx.language not in SANDBOXED and SiteSlots.pooled(*SiteSlots.limits(ctx)):
             for t in tasks:
-                site = site_of(t["uri"])
+                site = site_of(t.uri)
                 wanted[site] = wanted.get(site, 0) + 1
         keys_: list = []
-        shared = [t for t in tasks if not t.get("prev")]  # a revisit asks with its own validators
+        shared = [t for t in tasks if not t.prev]  # a revisit asks with its own validators
         if self.coalescing(ctx) and shared:
-            keys_ = Coalescing.keys([t["uri"] for t in shared], ctx, _request_shape(ctx))
-        task_ids = [str(t["_id"]) for t in shared]
+            keys_ = Coalescing.keys([t.uri for t in shared], ctx, _request_shape(ctx))
+        task_ids = [str(t.id) for t in shared]
         reserved, led = await asyncio.gather(self.etiquette.slots.reserve(wanted),
                                              self.etiquette.coalescing.lead_many(keys_, task_ids),
                                              return_exceptions=True)
         if isinstance(reserved, Exception):  # each page asks for its own slot
             logger.debug("slots not reserved: %s", type(reserved).__name__)
         if isinstance(led, Exception):
-            return {t["_id"]: led for t in tasks}
-        return {t["_id"]: plan for t, plan in zip(shared, zip(keys_, led))}
+            return {t.id: led for t in tasks}
+        return {t.id: plan for t, plan in zip(shared, zip(keys_, led))}
 
-    async def download(self, ctx: JobContext, task: dict, plan=None) -> Outcome:
+    async def download(self, ctx: JobContext, task: LeaseTask, plan=None) -> Outcome:
         """Run the job's downloader on one task, within the cluster's etiquette (robots.txt,
         per-site slots, coalescing as ``plan`` from ``prepare`` says); every failure becomes an Outcome."""
         start = time.monotonic()
-        url, lead = task["uri"], None
+        url, lead = task.uri, None
         if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
             return _etiquette_unavailable(task, plan)
         try:
@@ -154,22 +155,22 @@ class Engines:
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
                               links=await self._links(ctx, task, result))
 
-    async def _links(self, ctx: JobContext, task: dict, result: Download | None) -> links.Found | None:
+    async def _links(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> links.Found | None:
         """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
         if ctx.follow is None or result is None:
             return None
         found = await asyncio.get_running_loop().run_in_executor(
-            None, links.of_download, result, task["uri"], ctx.follow, ctx.language == "none")
+            None, links.of_download, result, task.uri, ctx.follow, ctx.language == "none")
         if found is not None and (found.excess or found.truncated):
-            logger.info("job %s task %s: %d links taken, %d over the cap%s", ctx.name, task["_id"],
+            logger.info("job %s task %s: %d links taken, %d over the cap%s", ctx.name, task.id,
                         len(found.urls), found.excess, ", page read in part" if found.truncated else "")
         return found
 
-    async def _polite(self, ctx: JobContext, task: dict, plan) -> tuple[Download, object, str | None]:
+    async def _polite(self, ctx: JobContext, task: LeaseTask, plan) -> tuple[Download, object, str | None]:
         """(download, task copied from, coalescing key led): robots.txt first (built-in engine,
         unless the job says obey_robots = false), then an identical request's stored download,
         else a site slot and the fetch."""
-        url, builtin = task["uri"], ctx.language == "none"
+        url, builtin = task.uri, ctx.language == "none"
         if not ctx.supported:
             raise DownloadError(f"downloader type {ctx.language} is disabled on this cluster "
                                 f"(`downcluster type enable {ctx.language}` allows it again)",
@@ -179,15 +180,15 @@ class Engines:
         lead = plan[0] if plan is not None and plan[1] is True else None
         token = ""
         try:
-            if builtin and ctx.settings.get("obey_robots") is not False:
+            if builtin and ctx.settings.obey_robots is not False:
                 try:
-                    session = self.client.session("", bool(ctx.settings.get("allow_private")))
+                    session = self.client.session("", bool(ctx.settings.allow_private))
                     crawl_delay = await self.etiquette.robots.delay(url, site, parts.scheme, session)
                 except PermissionError:
                     raise DownloadError("robots.txt disallows", retryable=False) from None
             conc, delay = SiteSlots.limits(ctx)
             if plan is not None and lead is None:
-                copied = await self._follow(plan[0], plan[1], str(task["_id"]))
+                copied = await self._follow(plan[0], plan[1], str(task.id))
                 if copied is not None:
                     return copied
                 lead = plan[0]  # the leader failed or took too long: this task downloads
@@ -231,24 +232,24 @@ class Engines:
             found = None
 
     async def _fetch(
-        self, ctx: JobContext, task: dict, token: str = "", cut: http.Cut | None = None
+        self, ctx: JobContext, task: LeaseTask, token: str = "", cut: http.Cut | None = None
     ) -> Download:
         """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
-        url, limits = task["uri"], self.limits
+        url, limits = task.uri, self.limits
         loop = asyncio.get_running_loop()
-        shape, prev = _request_shape(ctx), task.get("prev")
+        shape, prev = _request_shape(ctx), task.prev
         if prev:  # a visit of a stored page: ask whether it changed (a 304 costs no body)
             shape["headers"] = {**shape["headers"], **revisit.validators(prev)}
         try:
             if ctx.language == "python":
-                payload = {"url": url, "task_id": str(task["_id"]), "job": ctx.name,
-                           "attempt": task.get("download_times", 0) + 1, "settings": ctx.settings,
+                payload = {"url": url, "task_id": str(task.id), "job": ctx.name,
+                           "attempt": task.attempts + 1, "settings": ctx.settings.by_name(),
                            "previous": _previous(prev)}
                 result = await loop.run_in_executor(self.blocking, self._sandboxed, token,
                                                     partial(sandbox.run_python, ctx.code, payload))
             elif ctx.language == "shell":
-                proxy, cookie = ctx.settings.get("proxy") or "", ctx.settings.get("cookie") or ""
-                private = bool(ctx.settings.get("allow_private"))
+                proxy, cookie = ctx.settings.proxy or "", ctx.settings.cookie or ""
+                private = bool(ctx.settings.allow_private)
                 result = await loop.run_in_executor(
                     self.blocking,
                     self._sandboxed,
@@ -263,7 +264,7 @@ class Engines:
                     limits=limits,
                     pool=self.browsers,
                     **_request_shape(ctx),  # a browser sends its own validators: digests tell a change
-                    js=ctx.settings.get("download_js") or "",
+                    js=ctx.settings.download_js or "",
                     idle_max=settings.BROWSER_IDLE_MAX,
                 )
             else:
@@ -275,7 +276,7 @@ class Engines:
         except DownloadError:
             raise
         except Exception as exc:  # an engine bug fails the task, not the entry
-            logger.exception("downloader crashed on task %s of job %s", task["_id"], ctx.name)
+            logger.exception("downloader crashed on task %s of job %s", task.id, ctx.name)
             capture(exc)
             raise DownloadError(redact(f"{type(exc).__name__}: {exc}"), retryable=True) from None
 

@@ -82,10 +82,10 @@ class SiteSlots:
     @staticmethod
     def limits(ctx) -> tuple[int, float]:
         """(concurrency, delay) for a job's requests: the stricter of the job's and the cluster's."""
-        conc, own = settings.HOST_CONCURRENCY, int(ctx.settings.get("host_concurrency") or 0)
+        conc, own = settings.HOST_CONCURRENCY, int(ctx.settings.host_concurrency or 0)
         if own and (conc == 0 or own < conc):
             conc = own
-        return conc, max(float(settings.HOST_DELAY), float(ctx.settings.get("host_delay") or 0.0))
+        return conc, max(float(settings.HOST_DELAY), float(ctx.settings.host_delay or 0.0))
 
     @staticmethod
     def pooled(conc: int, delay: float) -> bool:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from bson import ObjectId
 
-from common import jobsettings
 from common.config import settings
-from common.jobsettings import Follow
+from common.jobsettings import Follow, check_follow
 from common.secrets import remember, secret_header_values
 from common.store import jobs
+from common.store.records import JobSettings
 from slave.download.engines.base import Limits
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
@@ -29,7 +28,7 @@ class JobContext:
     code: str
     engine: str
     max_retry_times: int
-    settings: dict[str, Any]
+    settings: JobSettings
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
     follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
 
@@ -46,13 +45,13 @@ def load_context(job_id: ObjectId) -> JobContext | None:
     job = jobs.context(job_id)
     ctx = None
     if job is not None:
-        conf = jobsettings.resolved(job["settings"], settings)
-        remember(conf.get("proxy"), conf.get("cookie"), *secret_header_values(conf.get("headers")))
+        conf = job.settings.resolved(settings)  # every setting set: ``or 0`` only says so
+        remember(conf.proxy, conf.cookie, *secret_header_values(dict(conf.headers)))
         ctx = JobContext(
-            job_id=job_id, name=job["name"], status=job["status"], download_id=job["download_id"],
-            language=job["language"], code=job["code"], engine=conf["download_engine"],
-            max_retry_times=conf["max_retry_times"], settings=conf,
-            supported=job["supported"], follow=jobsettings.check_follow(job["follow"]))
+            job_id=job_id, name=job.name, status=job.status, download_id=job.download_id,
+            language=job.language, code=job.code, engine=conf.download_engine or "",
+            max_retry_times=conf.max_retry_times or 0, settings=conf, supported=job.supported,
+            follow=check_follow(dict(job.follow) if job.follow else None))
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB

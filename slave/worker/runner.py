@@ -44,6 +44,7 @@ from common.sentry import capture
 from common.store import leases
 from common.store.connection import connect_mongo, redis_conn
 from common.store.models import OFF, store_time
+from common.store.records import Lease
 from slave.download.fetching import Engines
 from slave.worker.context import load_context
 from slave.worker.heartbeat import Heartbeat, new_worker_id
@@ -93,7 +94,7 @@ class Runner:
             return None
         self.active.add(lease_id)
         try:
-            ctx = await self._db(load_context, lease["job"])
+            ctx = await self._db(load_context, lease.job)
             if ctx is None or ctx.status == OFF:
                 return await self._give_back_all(lease)
             tasks = leases.lease_tasks(lease)
@@ -107,7 +108,7 @@ class Runner:
                 if not tasks:
                     self.writer.submit(entry, None)
                 plans = await self.engines.prepare(ctx, tasks)
-                downloads = [self.engines.download(ctx, t, plans.get(t["_id"])) for t in tasks]
+                downloads = [self.engines.download(ctx, t, plans.get(t.id)) for t in tasks]
                 for next_done in asyncio.as_completed(downloads):
                     outcome = await next_done
                     self.inflight, left = self.inflight - 1, left - 1
@@ -122,12 +123,12 @@ class Runner:
             self.active.discard(lease_id)
             self.entries_done += 1
 
-    async def _give_back_all(self, lease: dict) -> dict[str, int]:
+    async def _give_back_all(self, lease: Lease) -> dict[str, int]:
         """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
-        back = await self._db(leases.give_back, lease["job"], lease["ids"], lease["_id"], lease["kind"],
-                              "job disabled before download", store_time(), lease.get("created_at"))
-        logger.info("job %s is off or gone: %s tasks given back", lease["job"], back)
-        await self._db(leases.finish, [lease["_id"]], self.worker_id)
+        back = await self._db(leases.give_back, lease.job, list(lease.ids), lease.id, lease.kind,
+                              "job disabled before download", store_time(), lease.created_at)
+        logger.info("job %s is off or gone: %s tasks given back", lease.job, back)
+        await self._db(leases.finish, [lease.id], self.worker_id)
         return {"success": 0, "fail": 0, "handed_back": back}
 
     def start(self) -> None:

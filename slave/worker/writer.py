@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Callable, TypeVar
@@ -36,6 +36,7 @@ from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
 from common.store.connection import redis_conn
 from common.store.models import FAIL, LIVE, SUCCESS, store_time
+from common.store.records import Lease, LeaseTask
 from slave.download.engines.base import Download
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 @dataclass
 class Outcome:
-    task: dict
+    task: LeaseTask
     download: Download | None
     error: DownloadError | None
     spend_us: int
@@ -88,20 +89,16 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
 
 
 def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    doc = attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now)
-    if Revisit.of(ctx.settings).on or outcome.task.get("prev"):
-        doc["version"] = int((outcome.task.get("prev") or {}).get("versions") or 0) + 1
-    return doc
+    prev = outcome.task.prev
+    version = int(prev.versions or 0 if prev else 0) + 1 if Revisit.of(ctx.settings).on or prev else None
+    return attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now, version)
 
 
 def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    doc = attempts.log_doc(ctx.job_id, outcome.task["_id"], lease,
-                           redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
-                           len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
-                           outcome.coalesced_from, now)
-    if outcome.not_modified:
-        doc["not_modified"] = outcome.not_modified
-    return doc
+    return attempts.log_doc(ctx.job_id, outcome.task.id, lease,
+                            redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
+                            len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
+                            outcome.coalesced_from, now, outcome.not_modified)
 
 
 def _unstorable(outcome: Outcome, doc: dict) -> str | None:
@@ -146,11 +143,11 @@ def _take_version(p: Part, o: Outcome, doc: dict, held: dict | None) -> bool:
     whether ``doc`` is stored; a version that cannot be taken makes the outcome a retryable
     failure, so that no settle names data that is not stored."""
     for _ in range(VERSION_TRIES):
-        if not with_retries(partial(leases.holds, o.task["_id"], p.lease, p.kind, p.sent_at), "task held"):
+        if not with_retries(partial(leases.holds, o.task.id, p.lease, p.kind, p.sent_at), "task held"):
             return False
         stored, held = with_retries(partial(attempts.replace, held, doc), "data replace")
         if stored:
-            logger.info("replaced an orphan of task %s's page version with %s's", o.task["_id"], p.lease)
+            logger.info("replaced an orphan of task %s's page version with %s's", o.task.id, p.lease)
             return True
     o.download, o.error = None, DownloadError("page version held by another attempt", retryable=True)
     return False
@@ -182,10 +179,10 @@ def _counted(parts: list[Part], ok: list, kept: list, bad: list, later: list, se
         return got
     for p in parts:
         c = got[index[id(p)]]
-        ok_ids = [o.task["_id"] for q, o in ok if q is p]
-        kept_ids = [o.task["_id"] for q, o in kept if q is p]
-        bad_ids = [o.task["_id"] for q, o in bad if q is p]
-        back_ids = [o.task["_id"] for q, o in later if q is p]
+        ok_ids = [o.task.id for q, o in ok if q is p]
+        kept_ids = [o.task.id for q, o in kept if q is p]
+        bad_ids = [o.task.id for q, o in bad if q is p]
+        back_ids = [o.task.id for q, o in later if q is p]
         c["success"] = len(leases.settled_of(p.lease, ok_ids))
         if kept_ids:
             c["success"] += tasks.changed_to(kept_ids, SUCCESS, now)
@@ -227,7 +224,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
                     + [(p.ctx.name, "not_modified", "") for p, _ in same]
                     + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
     settles = _settles(ok, same, bad, now)
-    backs = [leases.hand_back(o.task["_id"], p.lease, p.kind,
+    backs = [leases.hand_back(o.task.id, p.lease, p.kind,
                               redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
                               p.sent_at)
              for p, o in later]
@@ -238,7 +235,7 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     _supersede(ok, settled == len(settles))
     moves = []
     for p, c in zip(parts, counted):
-        held = leases.held_by(p.lease, p.kind, p.sent_at)["status"]
+        held = leases.held_status(p.kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
@@ -255,12 +252,12 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None]
     if found and not all_settled:
         held = {i for p in {id(p): p for p, _ in found}.values()
-                for i in leases.settled_of(p.lease, [o.task["_id"] for q, o in found if q is p])}
-        found = [(p, o) for p, o in found if o.task["_id"] in held]
+                for i in leases.settled_of(p.lease, [o.task.id for q, o in found if q is p])}
+        found = [(p, o) for p, o in found if o.task.id in held]
     by_job: dict = {}
     for p, o in found:
         assert o.links is not None
-        by_job.setdefault(p.ctx.job_id, (p.ctx, []))[1].append((o.task["_id"], o.task["uri"], o.links.urls))
+        by_job.setdefault(p.ctx.job_id, (p.ctx, []))[1].append((o.task.id, o.task.uri, o.links.urls))
     for job_id, (ctx, pages) in by_job.items():
         try:
             report = with_retries(partial(intake.add_found, job_id, ctx.follow, pages), "found links")
@@ -289,52 +286,52 @@ def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Par
     for o, d in zip(outs, data_docs):
         if id(d) in lost:
             o.data_id = None  # (nothing for a coalesced waiter to copy)
-        elif attempts.body_file(d) and o.error is None:
+        elif (file_id := attempts.body_file(d)) and o.error is None:
             body = o.download.body if o.download else b""
-            put = partial(attempts.put_body, attempts.body_file(d), body, f"{o.task['_id']}-{d['lease']}")
+            put = partial(attempts.put_body, file_id, body, f"{o.task.id}-{d['lease']}")
             with_retries(put, "GridFS put")
     return [(p, o) for p, o in ok if id(o) in kept]
 
 
 def _retry_at(p: Part, o: Outcome, now: datetime) -> datetime | None:
     assert o.error is not None  # a failure
-    return next_retry_at(o.error, o.task.get("download_times", 0) + 1, p.ctx.max_retry_times, now,
+    return next_retry_at(o.error, o.task.attempts + 1, p.ctx.max_retry_times, now,
                          settings.RETRY_BACKOFF_BASE, settings.RETRY_BACKOFF_MAX)
 
 
 def _kept(p: Part, o: Outcome) -> bool:
     """A failure that is final (``o.retry_at`` None) on a page with a stored version of a job with
     revisits: the task stays SUCCESS, naming that version, and is visited again after its interval."""
-    prev = o.task.get("prev") or {}
-    return bool(prev.get("data_lease")) and Revisit.of(p.ctx.settings).on and o.retry_at is None
+    prev = o.task.prev
+    return bool(prev and prev.data_lease) and Revisit.of(p.ctx.settings).on and o.retry_at is None
 
 
 def _not_modified(p: Part, o: Outcome) -> bool:
     """Whether a success is a revisit that brought nothing new (sets ``o.not_modified``)."""
-    if o.download is None or not o.task.get("prev"):
+    prev = o.task.prev
+    if o.download is None or prev is None:
         return False
-    prev = o.task["prev"]
-    if prev.get("data_lease") and not prev.get("digest") and o.download.status_code != revisit.NOT_MODIFIED:
-        prev["digest"] = with_retries(partial(attempts.stored_digest, o.task["_id"], prev["data_lease"]),
-                                      "stored digest")
-    o.not_modified = revisit.unchanged(o.task["prev"], o.download.status_code, o.download.body)
+    if prev.data_lease and not prev.digest and o.download.status_code != revisit.NOT_MODIFIED:
+        prev = replace(prev, digest=with_retries(partial(attempts.stored_digest, o.task.id, prev.data_lease),
+                                                 "stored digest"))
+    o.not_modified = revisit.unchanged(prev, o.download.status_code, o.download.body)
     return o.not_modified is not None
 
 
 def _visit(p: Part, o: Outcome, now: datetime):
     """The settle of a visit of a job with revisits (``leases.settle_visit``)."""
-    rv, prev = Revisit.of(p.ctx.settings), o.task.get("prev") or {}
+    rv, prev = Revisit.of(p.ctx.settings), o.task.prev
     changed = o.error is None and not o.not_modified
-    every = rv.next_interval(prev.get("revisit_every"), changed)
+    every = rv.next_interval(prev.revisit_every if prev else None, changed)
     stored = seen = None
     if o.download is not None and o.download.status_code != revisit.NOT_MODIFIED:
         etag, last_modified = revisit.response_validators(o.download.headers)
         seen = {"etag": etag, "last_modified": last_modified, "digest": revisit.digest(o.download.body)}
         if changed:
-            stored = {**seen, "prev_lease": prev.get("data_lease")}
+            stored = {**seen, "prev_lease": prev.data_lease if prev else None}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
     due = now + timedelta(seconds=every) if rv.on else None  # (revisits turned off meanwhile: none)
-    return leases.settle_visit(o.task["_id"], p.lease, p.kind, now, due, every,
+    return leases.settle_visit(o.task.id, p.lease, p.kind, now, due, every,
                                stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
@@ -345,10 +342,10 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
     settles: list = []
     ok_by_part: dict[int, tuple[Part, list]] = {}
     for p, o in [*ok, *same]:
-        if Revisit.of(p.ctx.settings).on or o.task.get("prev"):  # a page with versions keeps its history
+        if Revisit.of(p.ctx.settings).on or o.task.prev:  # a page with versions keeps its history
             settles.append(_visit(p, o, now))
         else:
-            ok_by_part.setdefault(id(p), (p, []))[1].append(o.task["_id"])
+            ok_by_part.setdefault(id(p), (p, []))[1].append(o.task.id)
     for p, ids in ok_by_part.values():
         settles.extend(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
     for p, o in bad:
@@ -356,7 +353,7 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
         if o.kept:
             settles.append(_visit(p, o, now))
             continue
-        settles.append(leases.settle_failure(o.task["_id"], p.lease, p.kind, redact(o.error.reason),
+        settles.append(leases.settle_failure(o.task.id, p.lease, p.kind, redact(o.error.reason),
                                              o.retry_at, now, p.sent_at))
     return settles
 
@@ -364,13 +361,13 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
 def _supersede(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     """New versions now named by their tasks: mark the earlier ones (``leases.mark_superseded``);
     where some settles were refused, only the versions whose task names them."""
-    news = [(p, o) for p, o in ok if (o.task.get("prev") or {}).get("data_lease")]
+    news = [(p, o, o.task.prev) for p, o in ok if o.task.prev and o.task.prev.data_lease]
     if not all_settled:
-        named = {i for p in {id(p): p for p, _ in news}.values()
-                 for i in leases.settled_of(p.lease, [o.task["_id"] for q, o in news if q is p])}
-        news = [(p, o) for p, o in news if o.task["_id"] in named]
-    marks = [(p.ctx.job_id, o.task["_id"], int(o.task["prev"].get("versions") or 0) + 1,
-              o.task["prev"]["data_lease"]) for p, o in news]
+        named = {i for p in {id(p): p for p, _, _ in news}.values()
+                 for i in leases.settled_of(p.lease, [o.task.id for q, o, _ in news if q is p])}
+        news = [(p, o, prev) for p, o, prev in news if o.task.id in named]
+    marks = [(p.ctx.job_id, o.task.id, int(prev.versions or 0) + 1, prev.data_lease)
+             for p, o, prev in news]
     if marks:
         with_retries(partial(leases.mark_superseded, marks), "superseded marks")
 
@@ -380,9 +377,9 @@ def _supersede(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
 class RunningEntry:
     """A queue entry this worker runs: its lease, job, tasks, and what the writer has stored of it."""
 
-    def __init__(self, lease: dict, ctx: JobContext, tasks: list[dict], loop) -> None:
-        self.lease_id, self.kind, self.ctx, self.total = lease["_id"], lease["kind"], ctx, len(tasks)
-        self.sent_at = lease.get("created_at")
+    def __init__(self, lease: Lease, ctx: JobContext, tasks: list[LeaseTask], loop) -> None:
+        self.lease_id, self.kind, self.ctx, self.total = lease.id, lease.kind, ctx, len(tasks)
+        self.sent_at = lease.created_at
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
         self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
         self.done = loop.create_future()
@@ -457,7 +454,7 @@ class Writer(threading.Thread):
         """Leaders of identical requests whose data is now stored: their waiters may copy it
         (handed to each entry's event loop, which sends it with its other Redis commands)."""
         for entry, outs in groups.items():
-            leaders = [(o.coalesce_key, o.task["_id"], o.data_id) for o in outs
+            leaders = [(o.coalesce_key, o.task.id, o.data_id) for o in outs
                        if o.coalesce_key and o.error is None and o.data_id is not None]
             if leaders and entry.etiquette is not None:
                 entry.loop.call_soon_threadsafe(entry.etiquette.coalescing.publish_all, leaders)

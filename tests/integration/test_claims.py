@@ -32,9 +32,9 @@ def test_a_generator_run_is_beaten_and_given_up_when_its_worker_stops(cluster, t
     assert generators.tend(cluster.redis)["started"] == 1
     run_id = CrawlerGeneratorLog.objects.get().run
     taken = store_generators.start_run(run_id, "h1", store_now())
-    assert taken is not None and taken["generator"]["beat_at"] is not None  # the worker's claim
+    assert taken is not None and taken[1].beat_at is not None  # the worker's claim
     assert store_generators.start_run(run_id, "h2", store_now()) is None  # delivered twice: runs once
-    gen_id = taken["generator"]["_id"]
+    gen_id = taken[1].id
     assert claims.beat(store_generators.RUN, [gen_id], run_id) == 1
     assert generators.tend(cluster.redis)["lost"] == 0  # beating: alive
 
@@ -48,7 +48,7 @@ def test_a_generator_run_is_beaten_and_given_up_when_its_worker_stops(cluster, t
 
     # the worker wakes up: it holds nothing, and its end changes nothing
     assert claims.beat(store_generators.RUN, [gen_id], run_id) == 0
-    store_generators.end_run(run_id, gen.job.id, {"status": "SUCCESS"}, store_now())
+    store_generators.end_run(run_id, gen.job.id, store_now(), status="SUCCESS")
     assert CrawlerGeneratorLog.objects.get(run=run_id).status == "FAIL"
     assert CrawlerGenerator.objects.get(id=gen_id).last_status == "FAIL"
 
@@ -58,13 +58,13 @@ def test_the_outbox_takes_a_dead_deliverers_claim_back_then_gives_up(cluster):
     coll = Notification._get_collection()
     for recovery in range(1, settings.MAX_RECOVERIES + 1):
         doc = notifications.claim(utcnow(), f"dead-{recovery}")
-        assert doc is not None and doc["worker"] == f"dead-{recovery}" and doc["attempts"] == recovery
+        assert doc is not None and doc.worker == f"dead-{recovery}" and doc.attempts == recovery
         assert notifications.claim(utcnow(), "other") is None  # held: one deliverer at a time
         assert notifications.recover(store_now()) == 0  # not yet lapsed
-        _silence(coll, doc["_id"], notifications.HOLD + 5)
+        _silence(coll, doc.id, notifications.HOLD + 5)
         assert notifications.recover(store_now()) == 1
         notifications.delivered(doc)  # the dead deliverer's late write: fenced out
-        after = coll.find_one({"_id": doc["_id"]})
+        after = coll.find_one({"_id": doc.id})
         assert after["worker"] is None and after["recoveries"] == recovery
         assert after["state"] == ("FAIL" if recovery == settings.MAX_RECOVERIES else "PENDING")
     assert notifications.claim(utcnow(), "other") is None
@@ -82,4 +82,5 @@ def test_a_claim_of_an_earlier_version_is_held_until_it_lapses(cluster):
     assert notifications.recover(store_now()) == 1  # the lapsed one only
     assert coll.find_one({"_id": lapsed})["worker"] is None
     assert coll.find_one({"_id": held})["worker"] == "earlier version"
-    assert notifications.claim(utcnow(), "new")["_id"] == lapsed
+    taken = notifications.claim(utcnow(), "new")
+    assert taken is not None and taken.id == lapsed

@@ -23,6 +23,7 @@ from common.store.models import (
     Job,
     utcnow,
 )
+from common.store.records import JobSettings, LeaseTask
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
 from slave.download.engines.base import Download
@@ -63,7 +64,8 @@ def test_follow_and_sitemaps_checked_at_registration(cluster, tmp_path, tables, 
 def _context(language: str = "none", engine: str = "aiohttp", code: str = "", **follow) -> JobContext:
     return JobContext(job_id=ObjectId(), name="crawl", status="ON", download_id=None, language=language,
                       code=code, engine=engine, max_retry_times=0,
-                      settings={"allow_private": True, "obey_robots": False, "download_engine": engine},
+                      settings=JobSettings.from_doc({"allow_private": True, "obey_robots": False,
+                                                     "download_engine": engine}),
                       follow=Follow(**follow))
 
 
@@ -71,7 +73,7 @@ def _download(ctx: JobContext, url: str):
     async def run():
         engines = Engines()
         try:
-            return await engines.download(ctx, {"_id": ObjectId(), "uri": url})
+            return await engines.download(ctx, LeaseTask(ObjectId(), url))
         finally:
             await engines.close()
     return asyncio.run(run())

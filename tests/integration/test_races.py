@@ -100,11 +100,11 @@ def _claimed_entry(cluster, tmp_path, name: str, n: int = 3):
     dispatch_once(cluster.redis)
     lease = CrawlerLease._get_collection().find_one({})
     lease = leases.claim(lease["_id"], "w1")
-    ctx = context.load_context(lease["job"])
+    ctx = context.load_context(lease.job)
     outcomes = [
         writer.Outcome(
             task=t,
-            download=Download(200, {"X": "1"}, b"body-" + str(t["_id"]).encode(), t["uri"]),
+            download=Download(200, {"X": "1"}, b"body-" + str(t.id).encode(), t.uri),
             error=None,
             spend_us=5,
         )
@@ -129,11 +129,11 @@ def _success_has_its_data() -> None:
 
 def test_worker_settles_while_the_defender_releases(cluster, tmp_path, monkeypatch):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "d1")
-    _stale(lease["_id"])
+    _stale(lease.id)
     real_release = leases.release
 
     def settle_then_release(*args, **kw):  # the lease is LOST; the worker settles just now
-        assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+        assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 3
         return real_release(*args, **kw)
 
     monkeypatch.setattr(leases, "release", settle_then_release)
@@ -145,9 +145,9 @@ def test_worker_settles_while_the_defender_releases(cluster, tmp_path, monkeypat
 
 def test_defender_releases_before_the_worker_settles(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "d2")
-    _stale(lease["_id"])
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
-    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())  # the zombie worker comes back
+    got = store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())  # the zombie worker comes back
     assert got["success"] == 0
     assert statuses("d2") == {"LIVE": 3} and all(t.recoveries == 1 for t in CrawlerTask.objects)
     _success_has_its_data()
@@ -246,9 +246,9 @@ def test_a_lock_left_behind_while_redis_was_away_is_taken_back_at_once(cluster):
 def test_one_unstorable_result_fails_alone(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "w1")
     outcomes[1].download.headers = {"bad\0name": "x"}  # BSON refuses NUL in a key
-    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    got = store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())
     assert got == {"success": 2, "fail": 1, "handed_back": 0}
-    bad = CrawlerTask.objects.get(id=outcomes[1].task["_id"])
+    bad = CrawlerTask.objects.get(id=outcomes[1].task.id)
     assert (
         bad.status == "FAIL"
         and bad.retry_at is None
@@ -263,12 +263,12 @@ def test_unsettled_large_bodies_leave_no_gridfs_file(cluster, tmp_path, monkeypa
     monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "16")
     load()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g1", n=2)
-    CrawlerTask._get_collection().update_one({"_id": outcomes[0].task["_id"]}, {"$set": {"status": "CANCEL"}})
-    store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    CrawlerTask._get_collection().update_one({"_id": outcomes[0].task.id}, {"$set": {"status": "CANCEL"}})
+    store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())
     fs = gridfs_of(CrawlerDownloadData._get_collection().database)
     kept = CrawlerDownloadData.objects.get()
     assert (
-        kept.task.id == outcomes[1].task["_id"]
+        kept.task.id == outcomes[1].task.id
         and fs.get(kept.response_body_gridfs).read() == outcomes[1].download.body
     )
     assert len(list(fs.find())) == 1  # the cancelled task's file went with its document
@@ -281,12 +281,12 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
     load()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g2", n=2)
     data = CrawlerDownloadData._get_collection()
-    docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     data.insert_many(docs)  # the worker stored data and files, then died before settling
     fs = gridfs_of(data.database)
     for o, d in zip(outcomes, docs):
         fs.put(o.download.body, _id=d["response_body_gridfs"])
-    _stale(lease["_id"])
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 2
     assert data.count_documents({}) == 0 and len(list(fs.find())) == 0
 
@@ -294,7 +294,7 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
 def test_a_download_error_is_never_stored_as_data(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "e1", n=2)
     outcomes[0].download, outcomes[0].error = None, DownloadError("HTTP 503", retryable=True)
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow()) == {
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow()) == {
         "success": 1,
         "fail": 1,
         "handed_back": 0,

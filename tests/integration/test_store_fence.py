@@ -15,6 +15,7 @@ from common.queue import rqbridge
 from common.store import attempts, leases
 from common.store.data import data_filter, data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from common.store.records import ExportFilter, Lease
 from master import views
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
@@ -26,11 +27,11 @@ from tests.helpers import add_urls, register, statuses, store_outcomes
 from tests.integration.test_races import _claimed_entry, _stale
 
 
-def _outcomes(lease: dict, body: bytes = b"body-") -> list[writer.Outcome]:
+def _outcomes(lease: Lease, body: bytes = b"body-") -> list[writer.Outcome]:
     return [
         writer.Outcome(
             task=t,
-            download=Download(200, {"X": "1"}, body + str(t["_id"]).encode(), t["uri"]),
+            download=Download(200, {"X": "1"}, body + str(t.id).encode(), t.uri),
             error=None,
             spend_us=5,
         )
@@ -42,7 +43,7 @@ def _visible_everywhere(name: str) -> dict:
     """What every reader shows of job ``name``: task id -> the data's lease (one per task)."""
     job = Job.objects.get(name=name)
     by_export = [str(m["task_id"]) for m, _ in export_rows(name)]
-    by_rows = [r["task"] for r in data_rows(data_filter(job.id, {}), needs_body=True)]
+    by_rows = [r["task"] for r in data_rows(data_filter(job.id, ExportFilter()), needs_body=True)]
     page = views.data_page(name, limit=1000)["data"]
     assert sorted(by_export) == sorted(by_rows) == sorted(d["task"] for d in page)
     assert len(set(by_rows)) == len(by_rows)  # never two for one task
@@ -67,24 +68,24 @@ def test_a_late_insert_after_the_lease_was_lost_is_refused_by_the_store(cluster,
     page is refused by the store itself: the raw collection (what an analyst reads with plain
     pymongo) holds one document per page version, the one readers show."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "late")
-    _stale(lease["_id"])
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
-    stale_docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
+    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     for doc, o in zip(stale_docs, outcomes):
         doc["_id"] = o.data_id  # the very insert the writer sent first, arriving over the old connection
     # the tasks go again and another worker stores them
     assert dispatch_once(cluster.redis).total == 3
     again = CrawlerLease._get_collection().find_one({"kind": AGAIN})
     again = leases.claim(again["_id"], "w2")
-    assert store_outcomes(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
+    assert store_outcomes(ctx, again.id, AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
     with pytest.raises(BulkWriteError) as refused:  # late: after cleanup and the new settle
         CrawlerDownloadData._get_collection().insert_many(stale_docs, ordered=False)
     assert [e["code"] for e in refused.value.details["writeErrors"]] == [11000] * 3
     assert len(attempts.insert_data(stale_docs)) == 3  # the writer's insert: each version held by another
     _one_named_document_per_success("late")  # in the raw collection
     seen = _visible_everywhere("late")
-    assert len(seen) == 3 and set(seen.values()) == {again["_id"]}
+    assert len(seen) == 3 and set(seen.values()) == {again.id}
     for doc in stale_docs:
         with pytest.raises(NotFound):
             views.body(str(doc["_id"]))
@@ -95,35 +96,35 @@ def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_
     """The other order: the lost attempt's insert lands first; the attempt that holds the task
     replaces it (body included), and a lost attempt that comes after loses the version."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "first")
-    stale_docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
-    _stale(lease["_id"])
+    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
     CrawlerDownloadData._get_collection().insert_many(stale_docs)  # the zombie's insert, landed late
     assert dispatch_once(cluster.redis).total == 3
     again = leases.claim(CrawlerLease._get_collection().find_one({"kind": AGAIN})["_id"], "w2")
-    assert store_outcomes(ctx, again["_id"], AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
+    assert store_outcomes(ctx, again.id, AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
     _one_named_document_per_success("first")
-    assert set(_visible_everywhere("first").values()) == {again["_id"]}
+    assert set(_visible_everywhere("first").values()) == {again.id}
     for d in CrawlerDownloadData._get_collection().find({}):
         assert bytes(d["response_body"]).startswith(b"new-")
     # the zombie's writer, back: its version is held and its settle refused; nothing changes
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0
     _one_named_document_per_success("first")
-    assert set(_visible_everywhere("first").values()) == {again["_id"]}
+    assert set(_visible_everywhere("first").values()) == {again.id}
 
 
 def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "alive")
-    docs = [writer._data_doc(ctx, lease["_id"], o, utcnow()) for o in outcomes]
+    docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     CrawlerDownloadData._get_collection().insert_many(docs)  # inserted, its settle not yet come
-    ids = [o.task["_id"] for o in outcomes]
+    ids = [o.task.id for o in outcomes]
     leases.tombstone(
-        lease["_id"], lease["job"], "a settle was refused", ids
+        lease.id, lease.job, "a settle was refused", ids
     )  # as the writer does, then ends it
     later = utcnow() + timedelta(seconds=5)
     assert leases.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
     assert _visible_everywhere("alive") == {}
-    CrawlerLease._get_collection().delete_one({"_id": lease["_id"]})  # the lease ends without settling them
+    CrawlerLease._get_collection().delete_one({"_id": lease.id})  # the lease ends without settling them
     assert leases.sweep_orphans(now=later, grace=1) == 3  # its tombstone is looked at again: found
     assert CrawlerDownloadData.objects.count() == 0
     assert leases.sweep_orphans(now=later, grace=1) == 0  # each tombstone once
@@ -132,8 +133,8 @@ def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
 def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
     """A store of settled data costs the sweep nothing: it finds orphans by their tombstone."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "many")
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
-    leases.finish([lease["_id"]], "w1")
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 3
+    leases.finish([lease.id], "w1")
     assert (
         leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0
     )  # no tombstone: nothing read
@@ -150,18 +151,18 @@ def _two_claimed_entries(cluster, tmp_path, name: str):
         for doc in CrawlerLease._get_collection().find({}).sort("created_at", 1)
     ]
     assert len(got) == 2
-    return got, context.load_context(got[0]["job"])
+    return got, context.load_context(got[0].job)
 
 
 def test_hand_backs_sharing_a_bulk_write_with_refused_settles(cluster, tmp_path):
     (stale, live), ctx = _two_claimed_entries(cluster, tmp_path, "mix")
-    _stale(stale["_id"])
+    _stale(stale.id)
     assert defender.recover(cluster.redis).recovered == 2  # the returning worker has lost ``stale``
     ok = _outcomes(stale)
     later = [writer.Outcome(task=t, download=None, error=DownloadError("host busy"), spend_us=0, deferred=5.0)
              for t in leases.lease_tasks(live)]
-    counts = writer.store_many([writer.Part(ctx, stale["_id"], FRESH, ok),
-                                writer.Part(ctx, live["_id"], FRESH, later)], utcnow())
+    counts = writer.store_many([writer.Part(ctx, stale.id, FRESH, ok),
+                                writer.Part(ctx, live.id, FRESH, later)], utcnow())
     assert counts == [
         {"success": 0, "fail": 0, "handed_back": 0},
         {"success": 0, "fail": 0, "handed_back": 2},
@@ -173,14 +174,14 @@ def test_hand_backs_sharing_a_bulk_write_with_refused_settles(cluster, tmp_path)
 
 def test_a_task_cancelled_mid_download_in_a_batch_with_hand_backs(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "cx", n=4)
-    cancelled = outcomes[0].task["_id"]
+    cancelled = outcomes[0].task.id
     CrawlerTask._get_collection().update_one({"_id": cancelled}, {"$set": {"status": "CANCEL"}})
     outcomes[3] = writer.Outcome(task=outcomes[3].task, download=None, error=DownloadError("host busy"),
                                  spend_us=0, deferred=5.0)
     outcomes[2] = writer.Outcome(
         task=outcomes[2].task, download=None, error=DownloadError("HTTP 404", retryable=False), spend_us=3
     )
-    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    got = store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())
     assert got == {"success": 1, "fail": 1, "handed_back": 1}
     assert CrawlerDownloadData._get_collection().count_documents({"task": cancelled}) == 0
     assert statuses("cx") == {"CANCEL": 1, "SUCCESS": 1, "FAIL": 1, "LIVE": 1}
@@ -224,12 +225,12 @@ def test_an_entry_settled_in_several_groups_with_refused_settles_in_two_of_them(
 
     n = 2 * leases.SETTLE_GROUP + 8
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "groups", n=n)
-    assert len(outcomes) == n and len(leases.settle_success([o.task["_id"] for o in outcomes], lease["_id"],
+    assert len(outcomes) == n and len(leases.settle_success([o.task.id for o in outcomes], lease.id,
                                                             FRESH, utcnow())) == 3
-    cancelled = [outcomes[leases.SETTLE_GROUP + 1].task["_id"], outcomes[-1].task["_id"]]
+    cancelled = [outcomes[leases.SETTLE_GROUP + 1].task.id, outcomes[-1].task.id]
     for task_id in cancelled:
         CrawlerTask._get_collection().update_one({"_id": task_id}, {"$set": {"status": "CANCEL"}})
-    got = store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())
+    got = store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())
     assert got == {"success": n - 2, "fail": 0, "handed_back": 0}
     assert CrawlerDownloadData._get_collection().count_documents({"task": {"$in": cancelled}}) == 0
     assert statuses("groups") == {"SUCCESS": n - 2, "CANCEL": 2}
@@ -246,7 +247,7 @@ def test_migrate_keeps_one_document_per_version_of_an_earlier_store(cluster, tmp
     from master.ops.migrate import migrate
 
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "old")
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 3
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 3
     data = CrawlerDownloadData._get_collection()
     data.drop_index("task_1_version_1")
     data.create_index([("task", 1), ("lease", 1)])

@@ -26,6 +26,7 @@ from common.store.models import (
     Job,
     utcnow,
 )
+from common.store.records import ExportFilter
 from master import maintenance as chores
 from master.dispatch.dispatcher import dispatch_once
 from master.ops import retention
@@ -284,9 +285,10 @@ def test_fifty_thousand_tasks_counted_paged_and_dispatched(cluster, tmp_path):
     # the synchronous download's decision: 45,000 successes, unfiltered, is too many without a count;
     # one HTTP status asked is counted, up to the limit only
     start = time.perf_counter()
-    assert not export_fits(job.id, {}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
+    assert not export_fits(job.id, ExportFilter(), parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
     timings["sync decision"] = time.perf_counter() - start
-    assert export_fits(job.id, {"status": [404]}, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
+    one_status = ExportFilter(status=(404,))
+    assert export_fits(job.id, one_status, parse_template(None), settings.EXPORT_SYNC_MAX_ROWS)
     print("\n50,000 tasks: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 

@@ -3,17 +3,23 @@ fresh tasks and the fresh cursor, intake reservations, and the order jobs are se
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from types import SimpleNamespace
+
+from bson import ObjectId
 
 from common.store.models import AGAIN, FRESH, REVISIT
+from common.store.records import Job
 from common.store.tasks import Picked, fresh_cursor, fresh_limit
 from master.dispatch.dispatcher import JobWork, order_key, plan
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
 
+def _job(name: str, priority: int, host: str) -> Job:
+    return Job(id=ObjectId(), name=name, priority=priority, host=host)
+
+
 def _work(name: str, priority: int, n: int, again: int = 0, host: str = "") -> JobWork:
-    job = {"_id": name, "name": name, "priority": priority, "host": host}
+    job = Job(id=ObjectId(), name=name, priority=priority, host=host)
     return JobWork(job=job, dispatch_num=n + again, max_retry_times=5,
                    again=[Picked(f"{name}-a{i}", "") for i in range(again)],
                    fresh=[Picked(f"{name}-{i}", "", i + 1) for i in range(n)])
@@ -56,17 +62,18 @@ def test_retries_go_first_and_fresh_tasks_stop_at_the_first_that_does_not_fit():
 
 def test_fresh_limit_stops_below_intake_in_progress():
     now = NOW
-    job = {"seq_next": 500, "intake": [{"seq": 301, "at": now}, {"seq": 101, "at": now - timedelta(hours=1)}]}
+    job = Job(id=ObjectId(), name="a", seq_next=500,
+              intake=[{"seq": 301, "at": now}, {"seq": 101, "at": now - timedelta(hours=1)}])
     assert fresh_limit(job, now) == 300  # the stale reservation (a dead intake) no longer holds it
-    assert fresh_limit({"seq_next": 7}, now) == 7
+    assert fresh_limit(Job(id=ObjectId(), name="a", seq_next=7), now) == 7
 
 
 def test_order_by_priority_host_or_both():
-    jobs = [SimpleNamespace(name="x", priority=5, host=""), SimpleNamespace(name="y", priority=0, host="h2"),
-            SimpleNamespace(name="z", priority=0, host="")]
+    jobs = [_job(name="x", priority=5, host=""), _job(name="y", priority=0, host="h2"),
+            _job(name="z", priority=0, host="")]
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "priority"))] == ["y", "z", "x"]
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "host"))] == ["y", "z", "x"]
-    jobs.append(SimpleNamespace(name="w", priority=5, host="h1"))
+    jobs.append(_job(name="w", priority=5, host="h1"))
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "host"))] == ["w", "y", "z", "x"]
     assert [j.name for j in sorted(jobs, key=lambda j: order_key(j, "priority,host"))] == ["y", "z", "w", "x"]
 

@@ -11,6 +11,7 @@ import pytest
 
 from common.errors import ValidationError
 from common.exports.templates import parse_template, place
+from common.store.records import ExportFilter
 from master.exports import service as exports
 from tests.helpers import TEMPLATE
 
@@ -117,13 +118,15 @@ def test_seed_short_forms_are_one_template():
 
 
 def test_filter_checks():
-    assert exports.check_filter({"status": ["200", 404], "since": "2026-01-01T00:00:00Z"}) == {
-        "status": [200, 404], "since": datetime(2026, 1, 1)}
+    flt = exports.check_filter({"status": ["200", 404, 200], "since": "2026-01-01T00:00:00Z"})
+    assert flt == ExportFilter(status=(200, 404), since=datetime(2026, 1, 1))
+    assert flt.to_doc() == {"status": [200, 404], "since": datetime(2026, 1, 1)}  # as stored
+    assert ExportFilter.from_doc(flt.to_doc()) == flt
     assert exports.check_filter(
         {"since": "2016-12-31t23:59:60.5+01:00"}
-    ) == {  # RFC 3339: a leap second, lower case
-        "since": datetime(2016, 12, 31, 22, 59, 59, 999999)
-    }
+    ) == ExportFilter(since=datetime(2016, 12, 31, 22, 59, 59, 999999))  # RFC 3339: a leap second, lower case
+    assert exports.check_filter({"versions": "all"}).to_doc() == {"versions": "all"}
+    assert exports.check_filter(None) == exports.check_filter({"versions": "latest"}) == ExportFilter()
     for bad in ({"status": ["ok"]}, {"status": [{"$ne": 1}]}, {"since": "yesterday"}, {"since": {"$gt": ""}},
                 {"where": 1}, {"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
                 {"since": "2026-02-01"}, {"until": ""}):

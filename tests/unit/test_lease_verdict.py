@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from common.store.leases import lease_verdict
+from common.store.records import Lease
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
@@ -59,7 +60,15 @@ NOW = datetime(2026, 1, 1, 12, 0, 0)
     ],
 )
 def test_lease_verdict(lease, in_queue, broken, attempt):
-    verdict = lease_verdict(lease, in_queue, NOW, 20, 3600, 10)
+    verdict = lease_verdict(Lease.from_doc({"_id": "l1", **lease}), in_queue, NOW, 20, 3600, 10)
     assert (verdict is not None) == broken
     if broken:
         assert verdict[1] == attempt
+
+
+def test_the_status_an_entry_holds_its_tasks_in_is_its_guards():
+    from common.store.leases import held_by, held_status
+    from common.store.models import AGAIN, FRESH, REVISIT
+
+    for kind in (FRESH, AGAIN, REVISIT):
+        assert held_status(kind) == held_by("l1", kind, NOW)["status"]

@@ -17,6 +17,7 @@ from common.errors import ValidationError
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import ADMIN, iso
+from common.store.records import DownloadType
 from master import access, audit, generators, projects, registry, tokens, views
 from master.dispatch.runs import dispatch_in_child
 from master.intake import add_tasks
@@ -343,21 +344,23 @@ def list_types(token: Reader) -> dict:
         used: dict[str, int] = {}
         for j in views.job_rows(names):
             used[j["type"]] = used.get(j["type"], 0) + 1
-        rows = [{**t, "jobs": used.get(t["language"], 0)} for t in rows]
-    return {"types": [{**t, "add_datetime": iso(t["add_datetime"])} for t in rows]}
+        rows = [(t, used.get(t.language, 0)) for t, _ in rows]
+    return {"types": [_type_row(t, n) | {"add_datetime": iso(t.add_datetime)} for t, n in rows]}
+
+
+def _type_row(t: DownloadType, used: int) -> dict:
+    return {"language": t.language, "is_support": t.is_support, "jobs": used}
 
 
 @router.post("/types/{language}/enable", tags=["cluster"], responses=answers(401, 403, 404))
 def enable_type(language: Language, _: Admin) -> dict:
-    t = registry.set_type_support(language, True)
-    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
+    return _type_row(*registry.set_type_support(language, True))
 
 
 @router.post("/types/{language}/disable", tags=["cluster"], responses=answers(401, 403, 404))
 def disable_type(language: Language, _: Admin) -> dict:
     """New jobs of it are refused; workers fail its tasks with that reason (not retried)."""
-    t = registry.set_type_support(language, False)
-    return {"language": t["language"], "is_support": t["is_support"], "jobs": t["jobs"]}
+    return _type_row(*registry.set_type_support(language, False))
 
 
 # --- dispatch, stats ---------------------------------------------------------------------

@@ -282,9 +282,7 @@ def _ws_token(websocket: WebSocket):
 
 def _current(export_id: str, token) -> dict | None:
     try:
-        return snapshot(
-            exports.get(export_id, token).to_mongo()
-        )  # one read: the same fields its events carry
+        return snapshot(exports.get(export_id, token))  # one read: the same fields its events carry
     except NotFound:
         return None
 

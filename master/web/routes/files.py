@@ -12,6 +12,7 @@ from common.exports.tabular import CONTENT_TYPES, file_name
 from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
+from common.store.records import ExportRecord
 from master.center import disposition
 from master.center import file_name as center_file_name
 from master.exports.service import get
@@ -51,7 +52,7 @@ def export_file(
     return stream_file(get(export_id))
 
 
-def stream_file(export: exports.Export) -> StreamingResponse:
+def stream_file(export: ExportRecord) -> StreamingResponse:
     """A finished export's file from GridFS, streamed 256 KiB at a time."""
     if export.state != SUCCESS:
         raise ApiError(410 if export.state in ("EXPIRED", "CANCEL") else 409, f"the export is {export.state}")

@@ -1,0 +1,518 @@
+"""The store's records: each stored thing as a typed, frozen value, converted to and from its
+MongoDB document here and nowhere else (``from_doc`` / ``to_doc``), as rq keeps a job's hash in
+``Job.to_dict`` / ``Job.restore``. Store functions take and return these; no module outside
+``common/store/`` names a field of a document (``tests/unit/test_store_fields.py``).
+
+An attribute is its document's field of the same name (``id`` is ``_id``); a field a document
+lacks or holds null (an older document, or a read that projects it out) takes the attribute's
+default, the model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
+attributes hold what the driver read (not copied: a record is built thousands of times a second
+on the worker's hot path, see ``docs/layout.md``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields, replace
+from datetime import datetime
+from typing import Any, Callable, ClassVar, TypeVar
+
+from bson import ObjectId
+
+from common.queue.names import DEFAULT_PRIORITY
+
+
+class _Empty(Mapping[str, Any]):
+    """The empty mapping a missing mapping field reads as: immutable, so one may be shared
+    (hashable, so a dataclass takes it as a default)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+EMPTY: Mapping[str, Any] = _Empty()
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """The conversions every record shares; ``_spec`` is (document key, default) per attribute,
+    in the order of the dataclass's fields (set once below)."""
+
+    __slots__ = ()
+    _spec: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    _attrs: ClassVar[tuple[str, ...]] = ()
+    _from_doc: ClassVar[Callable[[Mapping[str, Any]], Any]]  # made below from _spec, per record
+
+    @classmethod
+    def from_doc(cls: type[R], doc: Mapping[str, Any]) -> R:
+        """The record of a document read from MongoDB (a projection: the rest takes defaults)."""
+        made: R = cls._from_doc(doc)
+        return made
+
+    @classmethod
+    def maybe(cls: type[R], doc: Mapping[str, Any] | None) -> R | None:
+        """``from_doc``, or None for no document."""
+        return None if doc is None else cls.from_doc(doc)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document to store: every attribute that is not None (None: the field is absent)."""
+        return {key: value for (key, _), attr in zip(self._spec, self._attrs)
+                if (value := getattr(self, attr)) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Record):
+    """A downloader job (``job``): its queue level, worker host, project, the fresh-task cursor (``seq_next``,
+    ``seq_sent``, ``intake``), the revisit cursor and its report marks."""
+
+    id: ObjectId
+    name: str
+    status: str = "ON"
+    priority: int = DEFAULT_PRIORITY
+    host: str = ""
+    project: int | None = None
+    seq_next: int = 0
+    seq_sent: int = 0
+    intake: Sequence[Mapping[str, Any]] = ()
+    revisit_from: datetime | None = None
+    revisit_from_id: ObjectId | None = None
+    revisit_backlog: ObjectId | None = None  # revisits turned on: its stored pages made due from here
+    follow: Mapping[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+    report_at: datetime | None = None
+    report_counts: Mapping[str, Any] | None = None  # None: no summary sent yet (compared as stored)
+    alert_mail_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(Record):
+    """A job's settings (``crawler_download_setting``): each field of ``common.jobsettings.SETTINGS``; None
+    where the document does not set it (the cluster's default applies)."""
+
+    id: ObjectId
+    job: ObjectId
+    dispatch_num: int | None = None
+    max_retry_times: int | None = None
+    proxy: str | None = None
+    cookie: str | None = None
+    headers: Mapping[str, Any] = EMPTY
+    download_engine: str | None = None
+    download_js: str | None = None
+    prior: int | None = None
+    report_mails: str | None = None
+    host_concurrency: int | None = None
+    host_delay: float | None = None
+    obey_robots: bool | None = None
+    allow_private: bool | None = None
+    data_retention_days: int | None = None
+    log_retention_days: int | None = None
+    revisit: float | None = None
+    revisit_max: float | None = None
+    last_update_datetime: datetime | None = None
+    add_datetime: datetime | None = None
+
+
+    def by_name(self) -> dict[str, Any]:
+        """The settings of ``common.jobsettings.SETTINGS``, by name (what a python downloader is
+        given as its ``settings``)."""
+        from common.jobsettings import SETTING_NAMES
+
+        values = {name: getattr(self, name) for name in SETTING_NAMES if name in self._attrs}
+        return {name: dict(v) if isinstance(v, Mapping) else v for name, v in values.items()}
+
+    def resolved(self, cluster: Any) -> JobSettings:
+        """The same with every setting left unset (missing, null or "") at its default, the one
+        declared in ``common.jobsettings`` (the cluster's own where it names one)."""
+        from common.jobsettings import resolved
+
+        given = resolved(self.by_name(), cluster)
+        return replace(self, **{name: value for name, value in given.items() if name in self._attrs})
+
+
+@dataclass(frozen=True, slots=True)
+class Task(Record):
+    """One URL of one job (``crawler_task``): its status, attempts, lease and, for revisits, its latest
+    version."""
+
+    id: ObjectId
+    job: ObjectId
+    uri: str
+    seq: int | None = None
+    status: str = "LIVE"
+    download_times: int = 0
+    recoveries: int = 0
+    host_name: str = ""
+    lease: str | None = None
+    queue: str | None = None
+    dispatched_at: datetime | None = None
+    retry_at: datetime | None = None
+    failed_reason: str | None = None
+    data_lease: str | None = None
+    history: Sequence[str] = ()
+    versions: int | None = None
+    visits: int | None = None
+    not_modified: int | None = None
+    revisit_every: float | None = None
+    changed_at: datetime | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: str | None = None
+    depth: int | None = None  # a URL found on a page: its depth (a seed has none: 0)
+    parent: ObjectId | None = None  # ... and the task whose page it was found on
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease(Record):
+    """A queue entry's hold on its tasks (``crawler_lease``), from enqueue to settle."""
+
+    id: str
+    job: ObjectId
+    queue: str
+    kind: str
+    ids: Sequence[ObjectId] = ()
+    uris: Sequence[str] = ()
+    attempts: Sequence[int] = ()
+    prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
+    state: str = "QUEUED"
+    worker: str | None = None
+    hostname: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    beat_at: datetime | None = None
+    lost_reason: str | None = None
+    missing_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prev(Record):
+    """A stored page's latest version as its next visit needs it (its task's ``data_lease``, the
+    validators, digest, version count and interval), copied from the task into its entry's lease
+    (``common.store.tasks.prev_of``)."""
+
+    data_lease: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    digest: str | None = None
+    versions: int | None = None
+    revisit_every: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTask:
+    """One task as its entry's lease carries it, what a worker downloads (it reads no task):
+    ``attempts`` is its ``download_times`` when sent, ``prev`` its page's latest version (a visit
+    of a stored page)."""
+
+    id: ObjectId
+    uri: str
+    attempts: int = 0
+    prev: Prev | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataDoc(Record):
+    """A successful attempt's response (``crawler_download_data``)."""
+
+    id: ObjectId
+    job: ObjectId
+    task: ObjectId
+    lease: str
+    downloader: ObjectId | None = None
+    url: str | None = None
+    status_code: int | None = None
+    requests_headers: Mapping[str, Any] = EMPTY
+    response_headers: Mapping[str, Any] = EMPTY
+    requests_body: bytes | None = None
+    response_body: bytes | None = None
+    response_body_gridfs: ObjectId | None = None
+    encoding: str | None = None
+    hostname: str | None = None
+    remote_ip: str | None = None
+    version: int | None = None
+    superseded: bool | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadLog(Record):
+    """One download attempt (``crawler_download_log``, log database)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    task: ObjectId | None = None
+    lease: str | None = None
+    status: str | None = None
+    requests_size: int = 0
+    response_size: int = 0
+    failed_reason: str | None = None
+    downloads_hostname: str | None = None
+    spend_time: int = 0
+    coalesced_from: ObjectId | None = None
+    not_modified: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRecord(Record):
+    """An export of a job's data, or a download task of the general center (``export``)."""
+
+    id: ObjectId
+    format: str
+    digest: str
+    job: ObjectId | None = None
+    job_name: str = ""
+    center: Mapping[str, Any] = EMPTY
+    template: str = ""
+    filter: Mapping[str, Any] = EMPTY
+    callback_urls: Sequence[str] = ()
+    mails: Sequence[str] = ()
+    requested_by: str = ""
+    owner: ObjectId | None = None
+    project: int | None = None
+    state: str = "PENDING"
+    rows_done: int = 0
+    rows_total: int | None = None
+    bytes: int = 0
+    attempts: int = 0
+    recoveries: int = 0
+    error: str | None = None
+    retry_at: datetime | None = None
+    queued_at: datetime | None = None
+    file_id: ObjectId | None = None
+    worker: str | None = None
+    beat_at: datetime | None = None
+    max_exec_time: int | None = None
+    deadline_at: datetime | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    expires_at: datetime | None = None
+
+    def rows_filter(self) -> ExportFilter:
+        """Its ``filter`` as a record."""
+        return ExportFilter.from_doc(self.filter)
+
+
+@dataclass(frozen=True, slots=True)
+class Generator(Record):
+    """A job's generator (``crawler_generator``): its code, schedule, state and the run under way."""
+
+    id: ObjectId
+    job: ObjectId
+    type: str
+    code: str
+    schedule: str
+    digest: str
+    schemes: Sequence[str] = ()
+    state: str = "test"
+    tested_digest: str | None = None
+    next_at: datetime | None = None
+    running_run: str | None = None
+    running_since: datetime | None = None
+    beat_at: datetime | None = None  # the run's claim (common/store/claims.py): its last beat
+    recoveries: int = 0
+    last_run_at: datetime | None = None
+    last_status: str | None = None
+    add_datetime: datetime | None = None
+    last_update_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorRun(Record):
+    """One generator run (``crawler_generator_log``, log database)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    run: str | None = None
+    trigger: str | None = None
+    status: str | None = None
+    added: int = 0
+    duplicate: int = 0
+    rejected: int = 0
+    lines: int = 0
+    errors: Sequence[Mapping[str, Any]] = ()
+    bytes: int = 0
+    spend_time: int = 0
+    hostname: str | None = None
+    failed_reason: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    add_datetime: datetime | None = None
+
+    def rejected_lines(self) -> list[tuple[int, str]]:
+        """``errors`` as (line number, reason)."""
+        return [(int(e.get("line", 0)), str(e.get("reason", ""))) for e in self.errors]
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationRecord(Record):
+    """A webhook or mail of the outbox (``notification``)."""
+
+    id: ObjectId
+    kind: str
+    target: str
+    event: str
+    subject: str = ""
+    body: str = ""
+    state: str = "PENDING"
+    attempts: int = 0
+    next_at: datetime | None = None
+    worker: str | None = None
+    beat_at: datetime | None = None
+    recoveries: int = 0
+    last_error: str | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token(Record):
+    """An API token (``api_token``, control database): only its SHA-256 is stored."""
+
+    id: ObjectId
+    name: str
+    role: str
+    digest: str
+    jobs: Sequence[str] = ()
+    projects: Sequence[int] = ()
+    add_datetime: datetime | None = None
+    last_used_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Project(Record):
+    """A project (``project``, control database)."""
+
+    id: int
+    name: str
+    allow_private: bool = False
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry(Record):
+    """One change in the audit log (``audit_log``, control database)."""
+
+    id: ObjectId
+    actor: str
+    action: str
+    at: datetime | None = None
+    actor_id: ObjectId | None = None
+    role: str | None = None
+    target: str = ""
+    project: int | None = None
+    detail: Mapping[str, Any] = EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadType(Record):
+    """A downloader language (``crawler_download_type``) and whether it is supported."""
+
+    id: ObjectId
+    language: str
+    is_support: str = "support"
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchLog(Record):
+    """One queue entry a dispatcher run wrote, or failed to write (``crawler_dispatch_log``, log
+    database): SUCCESS, or FAIL with ``reason``."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    status: str | None = None
+    queue: str | None = None
+    lease: str | None = None
+    count: int = 0
+    reason: str | None = None
+    hostname: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Session(Record):
+    """A console sign-in (``web_session``, control database): ``id`` is the SHA-256 of the
+    cookie's secret, ``token`` the digest of the token it signed in with."""
+
+    id: str
+    token: str = ""
+    csrf: str = ""
+    expires_at: datetime = datetime.min  # none stored: expired
+
+
+@dataclass(frozen=True, slots=True)
+class ExportFilter:
+    """Which data an export takes (an export's ``filter``): the HTTP status codes (none: all),
+    stored from ``since`` until ``until`` (naive UTC), every stored version of a page or only its
+    latest. Built from a request by ``master.exports.service.check_filter`` alone."""
+
+    status: tuple[int, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    all_versions: bool = False
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any] | None) -> ExportFilter:
+        doc = doc or {}
+        return cls(tuple(doc.get("status") or ()), doc.get("since"), doc.get("until"),
+                   doc.get("versions") == "all")
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored form: only what narrows (``versions`` only when "all")."""
+        doc: dict[str, Any] = {}
+        if self.status:
+            doc["status"] = list(self.status)
+        if self.since:
+            doc["since"] = self.since
+        if self.until:
+            doc["until"] = self.until
+        if self.all_versions:
+            doc["versions"] = "all"
+        return doc
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it keeps fewer documents than the job holds (by code or by time)."""
+        return bool(self.status or self.since or self.until)
+
+
+NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
+
+ALL_RECORDS: tuple[type[Record], ...] = (
+    Job, JobSettings, Task, Lease, Prev, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
+    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog)
+
+
+def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
+    """``from_doc`` for ``cls`` written out field by field, setting each slot through its
+    descriptor: a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, three
+    times the cost (25 fields: 2 µs against 6, measured in docs/layout.md), and the worker makes
+    records of every task it settles."""
+    names: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    lines = ["def from_doc(doc):", "    get = doc.get", "    made = new(cls)"]
+    for i, ((key, default), attr) in enumerate(zip(cls._spec, cls._attrs)):
+        names[f"set{i}"], names[f"default{i}"] = getattr(cls, attr).__set__, default
+        lines += [f"    value = get({key!r})", f"    set{i}(made, default{i} if value is None else value)"]
+    exec("\n".join([*lines, "    return made"]), names)  # our own text, made from the fields above
+    made: Callable[[Mapping[str, Any]], Any] = names["from_doc"]
+    return made
+
+
+for _cls in ALL_RECORDS:
+    _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
+    _cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
+                       for f in fields(_cls))  # type: ignore[arg-type]
+    _cls._from_doc = staticmethod(_fast_from_doc(_cls))
