@@ -8,13 +8,15 @@ are skipped; bad lines are reported with their line number and skipped.
 The one intake of the cluster: ``downcluster task add``, the API and generator runs on workers
 (``slave/generate.py``) all come through ``add_tasks``; a generator's dry run asks ``preview``,
 which says what ``add_tasks`` would do and stores nothing; the URLs a following job's worker
-found on its pages come through ``add_found``, judged by ``common.scope``. ``master/intake.py``
-re-exports it.
+found on its pages come through ``add_found``, judged by ``common.scope``; a job with
+``[sitemaps]`` gets its sitemaps as tasks (``add_sitemaps`` at registration, a robots.txt task per
+site of its seeds with ``robots = true``), and what a worker read in them comes through
+``add_from_sitemaps``. ``master/intake.py`` re-exports it.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -22,7 +24,7 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import ValidationError
-from common.jobsettings import Follow
+from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
 from common.store.models import job_named, utcnow
@@ -30,6 +32,7 @@ from common.store.tasks import NewTask, commit, depths, insert_numbered, known_u
 from common.urls import check_url
 
 CHUNK = 1000
+MAX_ROBOTS = 1000  # robots.txt tasks one add_tasks call adds (the sites of its first seeds)
 MAX_ERRORS = 1000  # rejected lines reported one by one; the count goes on
 HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -93,6 +96,8 @@ def add_tasks(
     report = IntakeReport()
     seen: set[str] = set()
     chunk: list[NewTask] = []
+    sitemaps = check_sitemaps(dict(job.sitemaps) if job.sitemaps else None)
+    robots: dict[str, None] = {}  # the robots.txt of the seeds' sites, read for Sitemap: lines
 
     def flush() -> None:
         if not chunk:
@@ -108,9 +113,22 @@ def add_tasks(
             continue
         seen.add(url)
         chunk.append(NewTask(url, own or host))
+        if sitemaps is not None and sitemaps.robots and len(robots) < MAX_ROBOTS:
+            parts = urlsplit(url)
+            robots.setdefault(f"{parts.scheme}://{parts.netloc}/robots.txt")
         if len(chunk) >= CHUNK:
             flush()
     flush()
+    if robots:
+        _insert(job.id, [NewTask(u, "", 0, None, "robots") for u in robots], IntakeReport())
+    return report
+
+
+def add_sitemaps(job_id: ObjectId, urls: Iterable[str]) -> IntakeReport:
+    """Add the sitemaps ``urls`` (a job's ``[sitemaps] urls``, checked) as its sitemap tasks; one
+    the job has is left as it is."""
+    report = IntakeReport()
+    _insert(job_id, [NewTask(u, "", 0, None, "xml") for u in dict.fromkeys(urls)], report)
     return report
 
 
@@ -172,6 +190,42 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
                 chunk.clear()
     if chunk and room > 0:
         _insert(job_id, chunk, report, room)
+    return report
+
+
+def add_from_sitemaps(job_id: ObjectId, follow: Follow | None,
+                      read: list[tuple[ObjectId, str, int, list[str], list[str]]]) -> IntakeReport:
+    """Add what a worker read in a job's sitemap tasks: ``read`` are (task id, its URL, its
+    depth, page URLs, sitemap URLs). Pages become tasks at depth 0, sitemaps sitemap tasks one
+    index deeper, both with the sitemap as ``parent``, each checked as any line (``check_url``)
+    and, for a following job, judged by its scope against the sitemap's URL and kept within its
+    ``max_pages`` (as ``add_found``)."""
+    report = IntakeReport()
+    room = None if follow is None else follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
+    seen: set[str] = set()
+    chunk: list[NewTask] = []
+    for task_id, sitemap_url, depth, pages, sitemaps in read:
+        for url, new in [*((u, NewTask(u, "", 0, task_id)) for u in pages),
+                         *((u, NewTask(u, "", depth + 1, task_id, "xml")) for u in sitemaps)]:
+            try:
+                url = check_url(url, settings.MAX_URL_LENGTH)
+            except ValidationError:
+                report.rejected += 1
+                continue
+            if url in seen:
+                report.duplicate += 1
+                continue
+            seen.add(url)
+            if follow is not None and refusal(follow, sitemap_url, url, 0):
+                report.refused += 1
+                continue
+            chunk.append(replace(new, uri=url))
+            if len(chunk) >= CHUNK:
+                added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
+                room = None if room is None else room - added
+                chunk.clear()
+    if chunk:
+        _insert(job_id, chunk, report, None if room is None else max(room, 0))
     return report
 
 

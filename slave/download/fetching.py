@@ -17,6 +17,7 @@ from functools import partial
 from urllib.parse import urlsplit
 
 from bson import ObjectId
+from pymongo.errors import PyMongoError
 
 from common import revisit
 from common.config import settings
@@ -26,7 +27,8 @@ from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
 from common.store.records import LeaseTask, Prev
-from slave.download import links
+from common.store.tasks import sitemap_of
+from slave.download import links, sitemaps
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, chromium, http, sandbox
 from slave.download.engines.base import Download
@@ -151,9 +153,38 @@ class Engines:
         except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
+        sitemap = await self._sitemap(ctx, task, result)
         return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
-                              links=await self._links(ctx, task, result))
+                              links=None if sitemap is not None else await self._links(ctx, task, result),
+                              sitemap=sitemap)
+
+    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> sitemaps.Read | None:
+        """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse); None for a
+        page. A sitemap that is not one we read (malformed, a bomb, nested too deep) or not a 2xx
+        reads as empty, logged in one line: the task stays a success, its body stored."""
+        if ctx.sitemaps is None or result is None:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            kind = await loop.run_in_executor(None, sitemap_of, task.id)
+        except PyMongoError as exc:
+            logger.warning("job %s task %s: not known as a sitemap or a page: %s", ctx.name, task.id,
+                           type(exc).__name__)
+            return None
+        if kind is None:
+            return None
+        if not 200 <= result.status_code < 300:
+            return sitemaps.Read(kind[1])
+        try:
+            read = await loop.run_in_executor(None, sitemaps.read, result.body, task.uri, *kind)
+        except sitemaps.SitemapError as exc:
+            logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id, redact(task.uri)[:200], exc)
+            return sitemaps.Read(kind[1])
+        if read.excess:
+            logger.info("job %s task %s: sitemap of more than %d entries, %d left out", ctx.name, task.id,
+                        sitemaps.MAX_ENTRIES, read.excess)
+        return read
 
     async def _links(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> links.Found | None:
         """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
