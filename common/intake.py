@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -28,13 +29,15 @@ from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
 from common.store.models import job_named, utcnow
-from common.store.tasks import NewTask, commit, depths, insert_numbered, known_uris, reserve
+from common.store.tasks import NewTask, commit, depths, due_by_lastmod, insert_numbered, known_uris, reserve
 from common.urls import check_url
 
 CHUNK = 1000
 MAX_ROBOTS = 1000  # robots.txt tasks one add_tasks call adds (the sites of its first seeds)
 MAX_ERRORS = 1000  # rejected lines reported one by one; the count goes on
 HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# what a worker read in a sitemap task: (task id, its URL, its depth, pages, sitemaps, {URL: lastmod})
+SitemapRead = tuple[ObjectId, str, int, list[str], list[str], dict[str, datetime]]
 
 
 @dataclass
@@ -44,6 +47,7 @@ class IntakeReport:
     rejected: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)
     refused: int = 0  # found URLs out of the job's scope or past its caps (``add_found``)
+    due: int = 0      # stored pages made due by a newer sitemap lastmod (``add_from_sitemaps``)
 
 
 def _reject(report: IntakeReport, number: int, reason: str) -> None:
@@ -193,18 +197,21 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
     return report
 
 
-def add_from_sitemaps(job_id: ObjectId, follow: Follow | None,
-                      read: list[tuple[ObjectId, str, int, list[str], list[str]]]) -> IntakeReport:
+def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[SitemapRead]) -> IntakeReport:
     """Add what a worker read in a job's sitemap tasks: ``read`` are (task id, its URL, its
-    depth, page URLs, sitemap URLs). Pages become tasks at depth 0, sitemaps sitemap tasks one
-    index deeper, both with the sitemap as ``parent``, each checked as any line (``check_url``)
-    and, for a following job, judged by its scope against the sitemap's URL and kept within its
-    ``max_pages`` (as ``add_found``)."""
+    depth, page URLs, sitemap URLs, {URL: lastmod} to revisit by). Pages become tasks at depth
+    0, sitemaps sitemap tasks one index deeper, both with the sitemap as ``parent``, each
+    checked as any line (``check_url``) and, for a following job, judged by its scope against
+    the sitemap's URL and kept within its ``max_pages`` (as ``add_found``). A stored page (or
+    sitemap) whose lastmod is newer than its last visit is made due now."""
     report = IntakeReport()
-    room = None if follow is None else follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
+    stamped: dict[str, datetime] = {}
+    room = None
+    if follow is not None:  # the job's tasks, from its kept counts
+        room = follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
     seen: set[str] = set()
     chunk: list[NewTask] = []
-    for task_id, sitemap_url, depth, pages, sitemaps in read:
+    for task_id, sitemap_url, depth, pages, sitemaps, lastmods in read:
         for url, new in [*((u, NewTask(u, "", 0, task_id)) for u in pages),
                          *((u, NewTask(u, "", depth + 1, task_id, "xml")) for u in sitemaps)]:
             try:
@@ -219,6 +226,8 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None,
             if follow is not None and refusal(follow, sitemap_url, url, 0):
                 report.refused += 1
                 continue
+            if url in lastmods:
+                stamped[url] = lastmods[url].astimezone(timezone.utc).replace(tzinfo=None)
             chunk.append(replace(new, uri=url))
             if len(chunk) >= CHUNK:
                 added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
@@ -226,6 +235,8 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None,
                 chunk.clear()
     if chunk:
         _insert(job_id, chunk, report, None if room is None else max(room, 0))
+    if stamped:
+        report.due = due_by_lastmod(job_id, stamped)
     return report
 
 

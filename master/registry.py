@@ -296,8 +296,6 @@ def ensure_download_types() -> None:
 
 def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
-    if spec.sitemaps is not None and spec.sitemaps.lastmod:  # checked, not yet in effect (invariant 6)
-        raise ValidationError("sitemaps.lastmod is checked but not yet in effect on this cluster")
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":

@@ -221,7 +221,8 @@ class WorkerJob:
 
 def context(job_id: ObjectId) -> WorkerJob | None:
     """What a worker needs of a job (None if it is gone)."""
-    job = JobDoc._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1, "follow": 1, "sitemaps": 1})
+    job = JobDoc._get_collection().find_one({"_id": job_id},
+                                            {"name": 1, "status": 1, "follow": 1, "sitemaps": 1})
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})

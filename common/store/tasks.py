@@ -91,6 +91,23 @@ def sitemap_of(task_id: ObjectId) -> tuple[str, int] | None:
     return (d["sitemap"], d.get("depth") or 0) if d and d.get("sitemap") else None
 
 
+def due_by_lastmod(job_id: ObjectId, lastmods: dict[str, datetime]) -> int:
+    """Make due now the job's stored pages among ``lastmods`` (URL: its sitemap ``lastmod``,
+    naive UTC) whose last visit (its settle) is older than their lastmod and whose revisit is
+    later; due by the store's clock when written (after the floor of any dispatcher run begun
+    before, as ``make_due``). Returns how many came due."""
+    made, now = 0, store_now()
+    for part in in_chunks(list(lastmods)):
+        later = {"job": job_id, "uri": {"$in": part}, "status": SUCCESS, "retry_at": {"$gt": now}}
+        stored = _tasks().find(later, {"uri": 1, "last_update_datetime": 1})
+        ids = [d["_id"] for d in stored
+               if d.get("last_update_datetime") and d["last_update_datetime"] < lastmods[d["uri"]]]
+        if ids:
+            made += _tasks().update_many({"_id": {"$in": ids}, "status": SUCCESS, "retry_at": {"$gt": now}},
+                                         {"$set": {"retry_at": now}}).modified_count
+    return made
+
+
 def known_uris(job_id: ObjectId, uris: list[str]) -> set[str]:
     """The URLs among ``uris`` the job already has a task for."""
     return {d["uri"] for d in _tasks().find({"job": job_id, "uri": {"$in": uris}}, {"uri": 1})}

@@ -159,7 +159,8 @@ class Engines:
                               links=None if sitemap is not None else await self._links(ctx, task, result),
                               sitemap=sitemap)
 
-    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> sitemaps.Read | None:
+    async def _sitemap(self, ctx: JobContext, task: LeaseTask,
+                       result: Download | None) -> sitemaps.Read | None:
         """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse); None for a
         page. A sitemap that is not one we read (malformed, a bomb, nested too deep) or not a 2xx
         reads as empty, logged in one line: the task stays a success, its body stored."""
@@ -177,16 +178,19 @@ class Engines:
         if not 200 <= result.status_code < 300:
             return sitemaps.Read(kind[1])
         try:
-            read = await loop.run_in_executor(None, sitemaps.read, result.body, task.uri, *kind)
+            read = await loop.run_in_executor(None, sitemaps.read, result.body, task.uri, *kind,
+                                              ctx.sitemaps.lastmod)
         except sitemaps.SitemapError as exc:
-            logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id, redact(task.uri)[:200], exc)
+            logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id,
+                           redact(task.uri)[:200], exc)
             return sitemaps.Read(kind[1])
         if read.excess:
             logger.info("job %s task %s: sitemap of more than %d entries, %d left out", ctx.name, task.id,
                         sitemaps.MAX_ENTRIES, read.excess)
         return read
 
-    async def _links(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> links.Found | None:
+    async def _links(self, ctx: JobContext, task: LeaseTask,
+                     result: Download | None) -> links.Found | None:
         """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
         if ctx.follow is None or result is None:
             return None

@@ -38,6 +38,7 @@ class Read:
     depth: int                      # the sitemap task's: how many indexes led to it
     pages: list[str] = field(default_factory=list)
     sitemaps: list[str] = field(default_factory=list)
+    lastmods: dict[str, datetime] = field(default_factory=dict)  # of entries that have one (asked for)
     excess: int = 0                 # entries beyond MAX_ENTRIES, not kept
 
 
@@ -209,16 +210,18 @@ def lastmod(text: str | None) -> datetime | None:
     return at.astimezone(timezone.utc)
 
 
-def read(body: bytes, url: str, kind: str, depth: int) -> Read:
+def read(body: bytes, url: str, kind: str, depth: int, with_lastmod: bool = False) -> Read:
     """The pages and sitemaps of a sitemap task's ``body`` fetched from ``url``: ``kind`` "xml"
-    (a urlset's pages, an index's sitemaps) or "robots" (its Sitemap: lines); SitemapError."""
+    (a urlset's pages, an index's sitemaps) or "robots" (its Sitemap: lines), and their
+    ``lastmod`` if ``with_lastmod``; SitemapError."""
     if kind == "robots":
         return Read(depth, sitemaps=robots_sitemaps(body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace"), url))
     found = parse(body, url, depth)
     urls = [e.url for e in found.entries]
+    stamps = {e.url: e.lastmod for e in found.entries if e.lastmod is not None} if with_lastmod else {}
     if found.kind == "sitemapindex":
-        return Read(depth, sitemaps=urls, excess=found.excess)
-    return Read(depth, pages=urls, excess=found.excess)
+        return Read(depth, sitemaps=urls, lastmods=stamps, excess=found.excess)
+    return Read(depth, pages=urls, lastmods=stamps, excess=found.excess)
 
 
 def robots_sitemaps(text: str, robots_url: str) -> list[str]:

@@ -253,7 +253,7 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     among them: its links are those of its stored version, followed when it was stored. A job
     removed meanwhile, or MongoDB away past the retries, takes none (logged; the pages stay stored)."""
     found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None
-             or o.sitemap is not None and (o.sitemap.pages or o.sitemap.sitemaps)]
+             or o.sitemap is not None and (o.sitemap.pages or o.sitemap.sitemaps or o.sitemap.lastmods)]
     if found and not all_settled:
         held = {i for p in {id(p): p for p, _ in found}.values()
                 for i in leases.settled_of(p.lease, [o.task.id for q, o in found if q is p])}
@@ -262,7 +262,8 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
     for p, o in found:
         pages, read = by_job.setdefault(p.ctx.job_id, (p.ctx, [], []))[1:]
         if o.sitemap is not None:
-            read.append((o.task.id, o.task.uri, o.sitemap.depth, o.sitemap.pages, o.sitemap.sitemaps))
+            s = o.sitemap
+            read.append((o.task.id, o.task.uri, s.depth, s.pages, s.sitemaps, s.lastmods))
         elif o.links is not None:
             pages.append((o.task.id, o.task.uri, o.links.urls))
     for job_id, (ctx, pages, read) in by_job.items():
@@ -272,11 +273,11 @@ def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
                 continue
             try:
                 report = with_retries(partial(add, job_id, ctx.follow, items), what)
-            except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past the retries
+            except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past retries
                 logger.warning("job %s: %s not added: %s", ctx.name, what, exc)  # the pages stay stored
                 continue
-            logger.debug("job %s: %d %s added, %d known, %d refused", ctx.name, report.added, what,
-                         report.duplicate, report.refused + report.rejected)
+            logger.debug("job %s: %d %s added, %d known, %d refused, %d due by lastmod", ctx.name,
+                         report.added, what, report.duplicate, report.refused + report.rejected, report.due)
 
 
 def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:

@@ -10,14 +10,15 @@ import os
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from common.store.models import CrawlerTask, Job
+from common.store.models import CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, cli, wait_for, write_job
+from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 URLSET = ('<?xml version="1.0" encoding="UTF-8"?>'
@@ -26,8 +27,11 @@ BOMB = ('<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
         '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">]><urlset>&lol2;</urlset>')
 
 
-def urlset(*urls: str) -> str:
-    return URLSET.format("".join(f"<url><loc>{u}</loc><lastmod>2024-05-17</lastmod></url>" for u in urls))
+LASTMOD = {"now": "2024-05-17"}  # /lastmod.xml's lastmod of /lm/1 (that of /lm/2 stays)
+
+
+def urlset(*urls: str, lastmod: str = "2024-05-17") -> str:
+    return URLSET.format("".join(f"<url><loc>{u}</loc><lastmod>{lastmod}</lastmod></url>" for u in urls))
 
 
 class Site(BaseHTTPRequestHandler):
@@ -53,6 +57,8 @@ class Site(BaseHTTPRequestHandler):
             "/bad.xml": "<urlset><url><loc>/never</loc></url>",
             "/bomb.xml": BOMB,
             "/other-site.xml": urlset(f"http://localhost:{port}/elsewhere", f"{me}/here"),
+            "/lastmod.xml": urlset(f"{me}/lm/1", lastmod=LASTMOD["now"])[:-len("</urlset>")]
+                            + f"<url><loc>{me}/lm/2</loc><lastmod>2024-05-17</lastmod></url></urlset>",
         }
         if self.path == "/b.xml.gz":
             self._send(gzip.compress(urlset(f"{me}/b/1", "/b/2").encode()), "application/gzip")
@@ -72,8 +78,8 @@ def site():
     server.shutdown()
 
 
-def register(tmp_path, name: str, tables: str) -> Job:
-    manifest = write_job(tmp_path, name)
+def register(tmp_path, name: str, tables: str, **settings) -> Job:
+    manifest = write_job(tmp_path, name, **settings)
     manifest.write_text(manifest.read_text() + tables)
     result = cli("job", "register", str(manifest))
     assert result.exit_code == 0, result.output
@@ -122,7 +128,8 @@ def test_robots_sitemap_lines_seed_too(cluster, tmp_path, site):
 
 
 def test_a_malformed_sitemap_and_a_bomb_are_logged_and_the_worker_goes_on(cluster, tmp_path, site):
-    register(tmp_path, "broken", f'[sitemaps]\nurls = ["{site}/bad.xml", "{site}/bomb.xml", "{site}/a.xml"]\n')
+    urls = ", ".join(f'"{site}/{p}"' for p in ("bad.xml", "bomb.xml", "a.xml"))
+    register(tmp_path, "broken", f"[sitemaps]\nurls = [{urls}]\n")
     tasks, logged = crawl(cluster, "broken")
     assert sorted(tasks) == sorted(f"{site}/{p}" for p in ("bad.xml", "bomb.xml", "a.xml", "a/1", "a/2"))
     assert all(t["status"] == "SUCCESS" for t in tasks.values())
@@ -135,3 +142,20 @@ def test_a_following_job_takes_no_sitemap_entry_out_of_its_scope(cluster, tmp_pa
     tasks, _ = crawl(cluster, "scoped")
     # localhost is another site than 127.0.0.1; max_depth 0 follows no link of the pages
     assert sorted(tasks) == sorted(f"{site}/{p}" for p in ("other-site.xml", "here"))
+
+
+def test_a_newer_lastmod_makes_its_page_due(cluster, tmp_path, site):
+    job = register(tmp_path, "lastmod", f'[sitemaps]\nurls = ["{site}/lastmod.xml"]\nlastmod = true\n',
+                   revisit=86400)
+    tasks, _ = crawl(cluster, "lastmod")
+    assert sorted(tasks) == sorted(f"{site}/{p}" for p in ("lastmod.xml", "lm/1", "lm/2"))
+    # /lm/1 changes after its visit; the sitemap says so when it is read again (made due here)
+    LASTMOD["now"] = (store_now() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    CrawlerTask.objects(job=job, uri=site + "/lastmod.xml").update(set__retry_at=store_now())
+
+    def visits(path: str) -> int:
+        return CrawlerTask.objects.get(job=job, uri=site + path).visits or 0
+
+    wait_for(lambda: visits("/lm/1") == 2 or (dispatch_once(cluster.redis).total and burst_worker(cluster)),
+             what="the page of a newer lastmod revisited")
+    assert visits("/lastmod.xml") == 2 and visits("/lm/2") == 1  # its lastmod is older than its visit
