@@ -11,7 +11,7 @@ import pytest
 from bson import ObjectId
 
 from common.intake import add_found
-from common.jobsettings import Follow
+from common.jobsettings import Follow, Sitemaps
 from common.store import counts, leases
 from common.store.models import (
     FRESH,
@@ -47,8 +47,6 @@ def _nothing_stored() -> bool:
     ('[follow]\nscope = "internet"\n', "follow.scope must be one of"),
     ('[sitemaps]\nurls = ["file:///etc/passwd"]\n', "scheme must be http or https"),
     ('[sitemaps]\nrobots = true\nlastmod = true\n', "needs settings.revisit"),
-    # valid, but nothing keeps it yet: refused rather than stored and ignored (invariant 6)
-    ('[follow]\nscope = "domain"\n[sitemaps]\nrobots = true\n', "[sitemaps] is checked but not yet"),
 ])
 def test_follow_and_sitemaps_checked_at_registration(cluster, tmp_path, tables, why):
     manifest = tmp_path / "job.toml"
@@ -163,6 +161,22 @@ def test_follow_is_stored_with_the_job_and_read_by_its_workers(cluster, tmp_path
     assert Job._get_collection().find_one({"_id": job.id}).get("follow") is None
     context._contexts.clear()
     assert context.load_context(job.id).follow is None
+
+
+def test_sitemaps_are_stored_with_the_job_and_its_sitemaps_become_tasks(cluster, tmp_path):
+    manifest = write_job(tmp_path, "mapped", revisit=3600)
+    manifest.write_text(manifest.read_text() + '[sitemaps]\nurls = ["https://a.org/s.xml", "https://a.org/s.xml"]\n'
+                        'robots = true\nlastmod = true\n')
+    assert cli("job", "register", str(manifest)).exit_code == 0, "registered"
+    job = Job.objects.get(name="mapped")
+    assert context.load_context(job.id).sitemaps == Sitemaps(urls=("https://a.org/s.xml",), robots=True,
+                                                             lastmod=True)
+    add_urls("mapped", ["https://b.org/x", "https://b.org/y"])  # robots = true: one robots.txt a site
+    kinds = {t.uri: (t.sitemap, t.depth) for t in CrawlerTask.objects(job=job)}
+    assert kinds == {"https://a.org/s.xml": ("xml", 0), "https://b.org/robots.txt": ("robots", 0),
+                     "https://b.org/x": (None, None), "https://b.org/y": (None, None)}
+    assert cli("job", "register", str(manifest)).exit_code == 0  # again: its sitemap task is kept as it is
+    assert CrawlerTask.objects(job=job).count() == 4
 
 
 def _claimed(cluster, name: str, seeds: list[str]) -> tuple[dict, JobContext, list[writer.Outcome]]:
