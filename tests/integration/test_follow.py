@@ -23,7 +23,7 @@ from common.store.models import (
     Job,
     utcnow,
 )
-from common.store.records import JobSettings, LeaseTask
+from common.store.records import JobSettings, Lease, LeaseTask
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
 from slave.download.engines.base import Download
@@ -179,12 +179,12 @@ def test_sitemaps_are_stored_with_the_job_and_its_sitemaps_become_tasks(cluster,
     assert CrawlerTask.objects(job=job).count() == 4
 
 
-def _claimed(cluster, name: str, seeds: list[str]) -> tuple[dict, JobContext, list[writer.Outcome]]:
+def _claimed(cluster, name: str, seeds: list[str]) -> tuple[Lease, JobContext, list[writer.Outcome]]:
     add_urls(name, seeds)
     dispatch_once(cluster.redis)
     lease = leases.claim(CrawlerLease._get_collection().find_one({"state": "QUEUED"})["_id"], "w1")
-    ctx = context.load_context(lease["job"])
-    return lease, ctx, [writer.Outcome(task=t, download=Download(200, {}, b"<html>", t["uri"]), error=None,
+    ctx = context.load_context(lease.job)
+    return lease, ctx, [writer.Outcome(task=t, download=Download(200, {}, b"<html>", t.uri), error=None,
                                        spend_us=5) for t in leases.lease_tasks(lease)]
 
 
@@ -199,7 +199,7 @@ def test_links_of_a_stored_page_become_tasks_with_depth_and_parent(cluster, tmp_
     lease, ctx, (outcome,) = _claimed(cluster, "crawl", [seed])
     outcome.links = Found(urls=["http://a.test/one", "http://a.test/private/x", "http://b.test/other",
                                 "https://a.test:8443/two", seed])
-    assert store_outcomes(ctx, lease["_id"], FRESH, [outcome], utcnow())["success"] == 1
+    assert store_outcomes(ctx, lease.id, FRESH, [outcome], utcnow())["success"] == 1
     tasks = _tasks("crawl")
     assert sorted(tasks) == ["http://a.test/one", seed, "https://a.test:8443/two"]  # the seed is known
     seed_id = tasks[seed]["_id"]
@@ -235,7 +235,7 @@ def test_a_lost_leases_page_adds_no_links(cluster, tmp_path):
     lease, ctx, outcomes = _claimed(cluster, "crawl", ["http://a.test/0", "http://a.test/1"])
     for n, o in enumerate(outcomes):
         o.links = Found(urls=[f"http://a.test/found/{n}"])
-    _stale(lease["_id"])
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 2  # the worker has lost its lease
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0
     assert sorted(_tasks("crawl")) == ["http://a.test/0", "http://a.test/1"]
