@@ -17,7 +17,6 @@ from functools import partial
 from urllib.parse import urlsplit
 
 from bson import ObjectId
-from pymongo.errors import PyMongoError
 
 from common import revisit
 from common.config import settings
@@ -143,6 +142,9 @@ class Engines:
         if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
             return _etiquette_unavailable(task, plan)
         try:
+            kind = None  # (kind, depth) of a sitemap task of a job with [sitemaps]; None for a page
+            if ctx.sitemaps is not None:
+                kind = await asyncio.get_running_loop().run_in_executor(None, sitemap_of, task.id)
             result, copied_from, lead = await self._polite(ctx, task, plan)
             error = None
         except Handback as back:
@@ -150,40 +152,30 @@ class Engines:
                                   spend_us=int((time.monotonic() - start) * 1_000_000))
         except DownloadError as exc:
             result, copied_from, error = None, None, exc
-        except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
+        except Exception as exc:  # Redis or the store (etiquette, sitemap_of) failed: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
-        sitemap = await self._sitemap(ctx, task, result)
+        sitemap = None if kind is None else await self._sitemap(ctx, task, result, *kind)
         return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
                               links=None if sitemap is not None else await self._links(ctx, task, result),
                               sitemap=sitemap)
 
-    async def _sitemap(self, ctx: JobContext, task: LeaseTask,
-                       result: Download | None) -> sitemaps.Read | None:
-        """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse); None for a
-        page. A sitemap that is not one we read (malformed, a bomb, nested too deep) or not a 2xx
-        reads as empty, logged in one line: the task stays a success, its body stored."""
-        if ctx.sitemaps is None or result is None:
-            return None
-        loop = asyncio.get_running_loop()
+    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None, kind: str,
+                       depth: int) -> sitemaps.Read:
+        """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse). A sitemap
+        that is not one we read (malformed, a bomb, nested too deep), a failure or not a 2xx reads
+        as empty, logged in one line: the task stays a success, its body stored."""
+        if result is None or not 200 <= result.status_code < 300:
+            return sitemaps.Read(depth)
         try:
-            kind = await loop.run_in_executor(None, sitemap_of, task.id)
-        except PyMongoError as exc:
-            logger.warning("job %s task %s: not known as a sitemap or a page: %s", ctx.name, task.id,
-                           type(exc).__name__)
-            return None
-        if kind is None:
-            return None
-        if not 200 <= result.status_code < 300:
-            return sitemaps.Read(kind[1])
-        try:
-            read = await loop.run_in_executor(None, sitemaps.read, result.body, task.uri, *kind,
-                                              ctx.sitemaps.lastmod)
+            with_lastmod = bool(ctx.sitemaps and ctx.sitemaps.lastmod)
+            read = await asyncio.get_running_loop().run_in_executor(
+                None, sitemaps.read, result.body, task.uri, kind, depth, with_lastmod)
         except sitemaps.SitemapError as exc:
             logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id,
                            redact(task.uri)[:200], exc)
-            return sitemaps.Read(kind[1])
+            return sitemaps.Read(depth)
         if read.excess:
             logger.info("job %s task %s: sitemap of more than %d entries, %d left out", ctx.name, task.id,
                         sitemaps.MAX_ENTRIES, read.excess)

@@ -169,6 +169,7 @@ def test_sitemaps_are_stored_with_the_job_and_its_sitemaps_become_tasks(cluster,
                         'robots = true\nlastmod = true\n')
     assert cli("job", "register", str(manifest)).exit_code == 0, "registered"
     job = Job.objects.get(name="mapped")
+    assert "sitemaps: 1 urls, robots.txt yes, lastmod feeds revisits\n" in cli("job", "show", "mapped").output
     assert context.load_context(job.id).sitemaps == Sitemaps(urls=("https://a.org/s.xml",), robots=True,
                                                              lastmod=True)
     add_urls("mapped", ["https://b.org/x", "https://b.org/y"])  # robots = true: one robots.txt a site
