@@ -8,13 +8,16 @@ are skipped; bad lines are reported with their line number and skipped.
 The one intake of the cluster: ``downcluster task add``, the API and generator runs on workers
 (``slave/generate.py``) all come through ``add_tasks``; a generator's dry run asks ``preview``,
 which says what ``add_tasks`` would do and stores nothing; the URLs a following job's worker
-found on its pages come through ``add_found``, judged by ``common.scope``. ``master/intake.py``
-re-exports it.
+found on its pages come through ``add_found``, judged by ``common.scope``; a job with
+``[sitemaps]`` gets its sitemaps as tasks (``add_sitemaps`` at registration, a robots.txt task per
+site of its seeds with ``robots = true``), and what a worker read in them comes through
+``add_from_sitemaps``. ``master/intake.py`` re-exports it.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -22,16 +25,19 @@ from bson import ObjectId
 
 from common.config import settings
 from common.errors import ValidationError
-from common.jobsettings import Follow
+from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
 from common.store.models import job_named, utcnow
-from common.store.tasks import NewTask, commit, depths, insert_numbered, known_uris, reserve
+from common.store.tasks import NewTask, commit, depths, due_by_lastmod, insert_numbered, known_uris, reserve
 from common.urls import check_url
 
 CHUNK = 1000
+MAX_ROBOTS = 1000  # robots.txt tasks one add_tasks call adds (the sites of its first seeds)
 MAX_ERRORS = 1000  # rejected lines reported one by one; the count goes on
 HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# what a worker read in a sitemap task: (task id, its URL, its depth, pages, sitemaps, {URL: lastmod})
+SitemapRead = tuple[ObjectId, str, int, list[str], list[str], dict[str, datetime]]
 
 
 @dataclass
@@ -41,6 +47,7 @@ class IntakeReport:
     rejected: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)
     refused: int = 0  # found URLs out of the job's scope or past its caps (``add_found``)
+    due: int = 0      # stored pages made due by a newer sitemap lastmod (``add_from_sitemaps``)
 
 
 def _reject(report: IntakeReport, number: int, reason: str) -> None:
@@ -93,6 +100,8 @@ def add_tasks(
     report = IntakeReport()
     seen: set[str] = set()
     chunk: list[NewTask] = []
+    sitemaps = check_sitemaps(dict(job.sitemaps) if job.sitemaps else None)
+    robots: dict[str, None] = {}  # the robots.txt of the seeds' sites, read for Sitemap: lines
 
     def flush() -> None:
         if not chunk:
@@ -108,9 +117,22 @@ def add_tasks(
             continue
         seen.add(url)
         chunk.append(NewTask(url, own or host))
+        if sitemaps is not None and sitemaps.robots and len(robots) < MAX_ROBOTS:
+            parts = urlsplit(url)
+            robots.setdefault(f"{parts.scheme}://{parts.netloc}/robots.txt")
         if len(chunk) >= CHUNK:
             flush()
     flush()
+    if robots:
+        _insert(job.id, [NewTask(u, "", 0, None, "robots") for u in robots], IntakeReport())
+    return report
+
+
+def add_sitemaps(job_id: ObjectId, urls: Iterable[str]) -> IntakeReport:
+    """Add the sitemaps ``urls`` (a job's ``[sitemaps] urls``, checked) as its sitemap tasks; one
+    the job has is left as it is."""
+    report = IntakeReport()
+    _insert(job_id, [NewTask(u, "", 0, None, "xml") for u in dict.fromkeys(urls)], report)
     return report
 
 
@@ -172,6 +194,49 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
                 chunk.clear()
     if chunk and room > 0:
         _insert(job_id, chunk, report, room)
+    return report
+
+
+def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[SitemapRead]) -> IntakeReport:
+    """Add what a worker read in a job's sitemap tasks: ``read`` are (task id, its URL, its
+    depth, page URLs, sitemap URLs, {URL: lastmod} to revisit by). Pages become tasks at depth
+    0, sitemaps sitemap tasks one index deeper, both with the sitemap as ``parent``, each
+    checked as any line (``check_url``) and, for a following job, judged by its scope against
+    the sitemap's URL and kept within its ``max_pages`` (as ``add_found``). A stored page (or
+    sitemap) whose lastmod is newer than its last visit is made due now."""
+    report = IntakeReport()
+    stamped: dict[str, datetime] = {}
+    room = None
+    if follow is not None:  # the job's tasks, from its kept counts
+        room = follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
+    seen: set[str] = set()
+    chunk: list[NewTask] = []
+    for task_id, sitemap_url, depth, pages, sitemaps, lastmods in read:
+        for url, new in [*((u, NewTask(u, "", 0, task_id)) for u in pages),
+                         *((u, NewTask(u, "", depth + 1, task_id, "xml")) for u in sitemaps)]:
+            try:
+                url = check_url(url, settings.MAX_URL_LENGTH)
+            except ValidationError:
+                report.rejected += 1
+                continue
+            if url in seen:
+                report.duplicate += 1
+                continue
+            seen.add(url)
+            if follow is not None and refusal(follow, sitemap_url, url, 0):
+                report.refused += 1
+                continue
+            if url in lastmods:
+                stamped[url] = lastmods[url].astimezone(timezone.utc).replace(tzinfo=None)
+            chunk.append(replace(new, uri=url))
+            if len(chunk) >= CHUNK:
+                added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
+                room = None if room is None else room - added
+                chunk.clear()
+    if chunk:
+        _insert(job_id, chunk, report, None if room is None else max(room, 0))
+    if stamped:
+        report.due = due_by_lastmod(job_id, stamped)
     return report
 
 

@@ -90,6 +90,10 @@ def job_show(name: str, as_json: bool) -> None:
                    f"max_pages {f['max_pages']}, links_per_page {f['links_per_page']}, "
                    f"{len(f['allow'])} allow and {len(f['deny'])} deny "
                    f"patterns, parses {', '.join(f['content_types'])}")
+    m = j.get("sitemaps")
+    if m:
+        click.echo(f"sitemaps: {len(m['urls'])} urls, robots.txt {'yes' if m['robots'] else 'no'}, "
+                   f"lastmod {'feeds revisits' if m['lastmod'] else 'ignored'}")
 
 
 def _job_exists(manifest: str) -> bool:

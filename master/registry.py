@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from common import jobsettings
+from common import intake, jobsettings
 from common.config import settings
 from common.cron import check_schedule
 from common.errors import Forbidden, NotFound, ValidationError
@@ -296,8 +296,6 @@ def ensure_download_types() -> None:
 
 def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     """Create or update the job, its downloader and its settings; (job, created)."""
-    if spec.sitemaps is not None:  # checked, not yet kept (invariant 6)
-        raise ValidationError("[sitemaps] is checked but not yet in effect on this cluster")
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
@@ -305,7 +303,12 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     fields = jobsettings.resolved(spec.settings, settings)
     follow = None if spec.follow is None else {k: list(v) if isinstance(v, tuple) else v
                                                for k, v in asdict(spec.follow).items()}
-    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project, follow)
+    sitemaps = None if spec.sitemaps is None else {k: list(v) if isinstance(v, tuple) else v
+                                                   for k, v in asdict(spec.sitemaps).items()}
+    job, created = jobs.store(spec.name, spec.priority, spec.host, spec.code, dtype, fields, project, follow,
+                              sitemaps)
+    if spec.sitemaps is not None and spec.sitemaps.urls:  # a worker reads them (never the master)
+        intake.add_sitemaps(job.id, spec.sitemaps.urls)
     if fields.get("revisit"):  # its stored pages come due again: the "revisits" chore's work
         tasks.start_revisits(job.id, utcnow())
     g = spec.generator

@@ -117,6 +117,7 @@ def job_detail(name: Any) -> dict:
     row["code_chars"] = jobs.code_chars(job)
     row["generator"] = generators.summary(job.id)
     row["follow"] = dict(job.follow) if job.follow else None  # its [follow] table (None: follows no links)
+    row["sitemaps"] = dict(job.sitemaps) if job.sitemaps else None  # its [sitemaps] table (None: none)
     row["recent_failures"] = task_page(job.name, status="FAIL", limit=20, newest=True)["tasks"]
     return row
 

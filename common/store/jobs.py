@@ -90,15 +90,17 @@ def download_type(language: str) -> DownloadType:
 
 
 def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
-          project: int | None = None, follow: dict[str, Any] | None = None) -> tuple[Job, bool]:
+          project: int | None = None, follow: dict[str, Any] | None = None,
+          sitemaps: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
-    ``dtype``), its settings (``fields``) and what it follows (``follow``, the checked
-    ``[follow]`` table; None: nothing); (job, created)."""
+    ``dtype``), its settings (``fields``), what it follows (``follow``, the checked ``[follow]``
+    table; None: nothing) and its sitemaps (``sitemaps``, the checked ``[sitemaps]``); (job, created)."""
     now = utcnow()
     doc = JobDoc.objects(name=name).first()
     created = doc is None
     doc = doc or JobDoc(name=name, add_datetime=now)
     doc.priority, doc.host, doc.follow, doc.last_update_datetime = priority, host, follow, now
+    doc.sitemaps = sitemaps
     if project is not None:
         doc.project = project
     doc.save()
@@ -214,11 +216,13 @@ class WorkerJob:
     supported: bool
     settings: JobSettings
     follow: dict[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
+    sitemaps: dict[str, Any] | None = None  # the checked [sitemaps] table (None: no sitemap)
 
 
 def context(job_id: ObjectId) -> WorkerJob | None:
     """What a worker needs of a job (None if it is gone)."""
-    job = JobDoc._get_collection().find_one({"_id": job_id}, {"name": 1, "status": 1, "follow": 1})
+    job = JobDoc._get_collection().find_one({"_id": job_id},
+                                            {"name": 1, "status": 1, "follow": 1, "sitemaps": 1})
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})
@@ -234,4 +238,4 @@ def context(job_id: ObjectId) -> WorkerJob | None:
     return WorkerJob(name=job["name"], status=OFF if off else job.get("status", OFF),
                      download_id=download["_id"] if download else None,
                      code=(download or {}).get("code", ""), language=language, supported=supported,
-                     settings=conf, follow=job.get("follow"))
+                     settings=conf, follow=job.get("follow"), sitemaps=job.get("sitemaps"))

@@ -117,6 +117,7 @@ class Job(Document):
     report_counts = DictField()       # report_mails: task counts the last summary reported
     alert_mail_at = DateTimeField()   # report_mails: when the last alert mail went out
     follow = DictField(default=None)  # the [follow] table registration checked (None: follows nothing)
+    sitemaps = DictField(default=None)  # the [sitemaps] table registration checked (None: no sitemap)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
 
 
@@ -219,6 +220,9 @@ class CrawlerTask(Document):
     # whose page it was found on
     depth = IntField()
     parent = ObjectIdField()
+    # a job with [sitemaps]: "xml" for a sitemap (its depth: the indexes that led to it), "robots"
+    # for a robots.txt read for its Sitemap: lines; absent for a page
+    sitemap = StringField()
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {

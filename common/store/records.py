@@ -88,6 +88,7 @@ class Job(Record):
     revisit_from_id: ObjectId | None = None
     revisit_backlog: ObjectId | None = None  # revisits turned on: its stored pages made due from here
     follow: Mapping[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
+    sitemaps: Mapping[str, Any] | None = None  # the checked [sitemaps] table (None: no sitemap)
     add_datetime: datetime | None = None
     last_update_datetime: datetime | None = None
     report_at: datetime | None = None
@@ -170,6 +171,7 @@ class Task(Record):
     digest: str | None = None
     depth: int | None = None  # a URL found on a page: its depth (a seed has none: 0)
     parent: ObjectId | None = None  # ... and the task whose page it was found on
+    sitemap: str | None = None  # "xml": a sitemap, "robots": a robots.txt read for its sitemaps
     add_datetime: datetime | None = None
     last_update_datetime: datetime | None = None
 

@@ -70,17 +70,42 @@ def _tasks() -> Collection[dict[str, Any]]:
 @dataclass(frozen=True, slots=True)
 class NewTask:
     """A task intake adds (LIVE, never sent): its URL, its host ("" for any) and, for a URL found
-    on a page, its ``depth`` and the ``parent`` task it was found on."""
+    on a page, its ``depth`` and the ``parent`` task it was found on; ``sitemap`` for a sitemap
+    ("xml", ``depth``: the indexes that led to it) or a robots.txt read for its ("robots")."""
 
     uri: str
     host: str = ""
     depth: int = 0
     parent: ObjectId | None = None
+    sitemap: str = ""
 
 
 def depths(ids: list[ObjectId]) -> dict[ObjectId, int]:
     """{task id: its depth} of ``ids`` (0 for a seed: it has none), by ``_id``."""
     return {d["_id"]: d.get("depth") or 0 for d in _tasks().find({"_id": {"$in": ids}}, {"depth": 1})}
+
+
+def sitemap_of(task_id: ObjectId) -> tuple[str, int] | None:
+    """(kind, depth) of a sitemap task (``NewTask.sitemap``); None for a page."""
+    d = _tasks().find_one({"_id": task_id}, {"sitemap": 1, "depth": 1})
+    return (d["sitemap"], d.get("depth") or 0) if d and d.get("sitemap") else None
+
+
+def due_by_lastmod(job_id: ObjectId, lastmods: dict[str, datetime]) -> int:
+    """Make due now the job's stored pages among ``lastmods`` (URL: its sitemap ``lastmod``,
+    naive UTC) whose last visit (its settle) is older than their lastmod and whose revisit is
+    later; due by the store's clock when written (after the floor of any dispatcher run begun
+    before, as ``make_due``). Returns how many came due."""
+    made, now = 0, store_now()
+    for part in in_chunks(list(lastmods)):
+        later = {"job": job_id, "uri": {"$in": part}, "status": SUCCESS, "retry_at": {"$gt": now}}
+        stored = _tasks().find(later, {"uri": 1, "last_update_datetime": 1})
+        ids = [d["_id"] for d in stored
+               if d.get("last_update_datetime") and d["last_update_datetime"] < lastmods[d["uri"]]]
+        if ids:
+            made += _tasks().update_many({"_id": {"$in": ids}, "status": SUCCESS, "retry_at": {"$gt": now}},
+                                         {"$set": {"retry_at": now}}).modified_count
+    return made
 
 
 def known_uris(job_id: ObjectId, uris: list[str]) -> set[str]:
@@ -100,6 +125,8 @@ def insert_numbered(job_id: ObjectId, new: list[NewTask], first: int, now: datet
     for doc, t in zip(docs, new):
         if t.parent is not None:
             doc["depth"], doc["parent"] = t.depth, t.parent
+        if t.sitemap:
+            doc["sitemap"], doc["depth"] = t.sitemap, t.depth
     lowest = {job_id: min(ids)}
     try:
         added, dupes = len(_tasks().insert_many(docs, ordered=False).inserted_ids), 0

@@ -26,7 +26,8 @@ from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
 from common.store.records import LeaseTask, Prev
-from slave.download import links
+from common.store.tasks import sitemap_of
+from slave.download import links, sitemaps
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, chromium, http, sandbox
 from slave.download.engines.base import Download
@@ -141,6 +142,9 @@ class Engines:
         if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
             return _etiquette_unavailable(task, plan)
         try:
+            kind = None  # (kind, depth) of a sitemap task of a job with [sitemaps]; None for a page
+            if ctx.sitemaps is not None:
+                kind = await asyncio.get_running_loop().run_in_executor(None, sitemap_of, task.id)
             result, copied_from, lead = await self._polite(ctx, task, plan)
             error = None
         except Handback as back:
@@ -148,14 +152,37 @@ class Engines:
                                   spend_us=int((time.monotonic() - start) * 1_000_000))
         except DownloadError as exc:
             result, copied_from, error = None, None, exc
-        except Exception as exc:  # Redis (or the store) failed the etiquette's checks: try again later
+        except Exception as exc:  # Redis or the store (etiquette, sitemap_of) failed: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
+        sitemap = None if kind is None else await self._sitemap(ctx, task, result, *kind)
         return Outcome(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                               spend_us=int((time.monotonic() - start) * 1_000_000), request_size=request_size,
-                              links=await self._links(ctx, task, result))
+                              links=None if sitemap is not None else await self._links(ctx, task, result),
+                              sitemap=sitemap)
 
-    async def _links(self, ctx: JobContext, task: LeaseTask, result: Download | None) -> links.Found | None:
+    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None, kind: str,
+                       depth: int) -> sitemaps.Read:
+        """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse). A sitemap
+        that is not one we read (malformed, a bomb, nested too deep), a failure or not a 2xx reads
+        as empty, logged in one line: the task stays a success, its body stored."""
+        if result is None or not 200 <= result.status_code < 300:
+            return sitemaps.Read(depth)
+        try:
+            with_lastmod = bool(ctx.sitemaps and ctx.sitemaps.lastmod)
+            read = await asyncio.get_running_loop().run_in_executor(
+                None, sitemaps.read, result.body, task.uri, kind, depth, with_lastmod)
+        except sitemaps.SitemapError as exc:
+            logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id,
+                           redact(task.uri)[:200], exc)
+            return sitemaps.Read(depth)
+        if read.excess:
+            logger.info("job %s task %s: sitemap of more than %d entries, %d left out", ctx.name, task.id,
+                        sitemaps.MAX_ENTRIES, read.excess)
+        return read
+
+    async def _links(self, ctx: JobContext, task: LeaseTask,
+                     result: Download | None) -> links.Found | None:
         """A following job's links on this page (in a thread: a page takes a parse), the excess logged."""
         if ctx.follow is None or result is None:
             return None

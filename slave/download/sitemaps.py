@@ -26,9 +26,20 @@ MAX_BYTES = 50 * 1024 * 1024  # a sitemap's XML, after decompression (the protoc
 MAX_ENTRIES = 50_000          # entries kept from one sitemap (the protocol's limit)
 MAX_INDEX_DEPTH = 3           # a sitemap named by the job is at depth 0; deeper indexes are refused
 MAX_ROBOTS_SITEMAPS = 100     # Sitemap: lines taken from one robots.txt
+MAX_ROBOTS_BYTES = 512 * 1024  # of a robots.txt read (as slave.download.robots reads it)
 GZIP_MAGIC = b"\x1f\x8b"
 PIECE = 64 * 1024             # bytes decompressed and parsed at a time
 MAX_TEXT = 4 * MAX_URL_LENGTH  # characters kept of one <loc> or <lastmod>
+
+
+@dataclass
+class Read:
+    """What a worker read in a sitemap task's body: its pages and the sitemaps it names."""
+    depth: int                      # the sitemap task's: how many indexes led to it
+    pages: list[str] = field(default_factory=list)
+    sitemaps: list[str] = field(default_factory=list)
+    lastmods: dict[str, datetime] = field(default_factory=dict)  # of entries that have one (asked for)
+    excess: int = 0                 # entries beyond MAX_ENTRIES, not kept
 
 
 class SitemapError(ValueError):
@@ -197,6 +208,20 @@ def lastmod(text: str | None) -> datetime | None:
     if at.tzinfo is None:
         return at.replace(tzinfo=timezone.utc)
     return at.astimezone(timezone.utc)
+
+
+def read(body: bytes, url: str, kind: str, depth: int, with_lastmod: bool = False) -> Read:
+    """The pages and sitemaps of a sitemap task's ``body`` fetched from ``url``: ``kind`` "xml"
+    (a urlset's pages, an index's sitemaps) or "robots" (its Sitemap: lines), and their
+    ``lastmod`` if ``with_lastmod``; SitemapError."""
+    if kind == "robots":
+        return Read(depth, sitemaps=robots_sitemaps(body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace"), url))
+    found = parse(body, url, depth)
+    urls = [e.url for e in found.entries]
+    stamps = {e.url: e.lastmod for e in found.entries if e.lastmod is not None} if with_lastmod else {}
+    if found.kind == "sitemapindex":
+        return Read(depth, sitemaps=urls, lastmods=stamps, excess=found.excess)
+    return Read(depth, pages=urls, lastmods=stamps, excess=found.excess)
 
 
 def robots_sitemaps(text: str, robots_url: str) -> list[str]:

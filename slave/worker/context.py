@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import Follow, check_follow
+from common.jobsettings import Follow, Sitemaps, check_follow, check_sitemaps
 from common.secrets import remember, secret_header_values
 from common.store import jobs
 from common.store.records import JobSettings
@@ -31,6 +31,7 @@ class JobContext:
     settings: JobSettings
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
     follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
+    sitemaps: Sitemaps | None = None  # the job's [sitemaps]: its sitemap tasks are read as sitemaps
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
@@ -51,7 +52,8 @@ def load_context(job_id: ObjectId) -> JobContext | None:
             job_id=job_id, name=job.name, status=job.status, download_id=job.download_id,
             language=job.language, code=job.code, engine=conf.download_engine or "",
             max_retry_times=conf.max_retry_times or 0, settings=conf, supported=job.supported,
-            follow=check_follow(dict(job.follow) if job.follow else None))
+            follow=check_follow(dict(job.follow) if job.follow else None),
+            sitemaps=check_sitemaps(dict(job.sitemaps) if job.sitemaps else None))
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB

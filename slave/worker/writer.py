@@ -6,8 +6,9 @@ Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after i
 stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
 the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
 (the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
-The links found on a following job's pages go to intake last (``common.intake.add_found``), of
-the pages settled alone: a lost lease's page adds no task. A result
+The links found on a following job's pages go to intake last (``common.intake.add_found``), as
+do the pages and sitemaps read in sitemap tasks (``add_from_sitemaps``), of the pages settled
+alone: a lost lease's page adds no task. A result
 MongoDB cannot store fails that task alone. MongoDB hiccups are retried with backoff; if it stays
 away the entry raises and the defender recovers it. The counts returned are what was settled.
 """
@@ -42,6 +43,7 @@ from slave.download.engines.base import Download
 if TYPE_CHECKING:
     from slave.download.etiquette import Etiquette
     from slave.download.links import Found
+    from slave.download.sitemaps import Read
     from slave.worker.context import JobContext
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Outcome:
     retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
     kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
     links: Found | None = None           # a following job's links found on the page (store_many adds them)
+    sitemap: Read | None = None          # a sitemap task's pages and sitemaps (store_many adds them)
 
 
 def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
@@ -244,28 +247,37 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
 
 
 def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
-    """Add the links found on the pages just stored to their jobs' tasks, of the pages whose
-    task names their data (every one when all settles matched): a page whose lease was lost
-    adds nothing. A page "not modified" is not among them: its links are those of its stored
-    version, followed when it was stored. A job removed meanwhile, or MongoDB away past the
-    retries, takes none (logged; the pages stay stored)."""
-    found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None]
+    """Add the links found on the pages just stored, and what was read in the sitemaps just
+    stored, to their jobs' tasks, of the pages whose task names their data (every one when all
+    settles matched): a page whose lease was lost adds nothing. A page "not modified" is not
+    among them: its links are those of its stored version, followed when it was stored. A job
+    removed meanwhile, or MongoDB away past the retries, takes none (logged; the pages stay stored)."""
+    found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None
+             or o.sitemap is not None and (o.sitemap.pages or o.sitemap.sitemaps or o.sitemap.lastmods)]
     if found and not all_settled:
         held = {i for p in {id(p): p for p, _ in found}.values()
                 for i in leases.settled_of(p.lease, [o.task.id for q, o in found if q is p])}
         found = [(p, o) for p, o in found if o.task.id in held]
     by_job: dict = {}
     for p, o in found:
-        assert o.links is not None
-        by_job.setdefault(p.ctx.job_id, (p.ctx, []))[1].append((o.task.id, o.task.uri, o.links.urls))
-    for job_id, (ctx, pages) in by_job.items():
-        try:
-            report = with_retries(partial(intake.add_found, job_id, ctx.follow, pages), "found links")
-        except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past the retries
-            logger.warning("job %s: found links not added: %s", ctx.name, exc)  # the pages stay stored
-            continue
-        logger.debug("job %s: %d found links added, %d known, %d refused", ctx.name, report.added,
-                     report.duplicate, report.refused + report.rejected)
+        pages, read = by_job.setdefault(p.ctx.job_id, (p.ctx, [], []))[1:]
+        if o.sitemap is not None:
+            s = o.sitemap
+            read.append((o.task.id, o.task.uri, s.depth, s.pages, s.sitemaps, s.lastmods))
+        elif o.links is not None:
+            pages.append((o.task.id, o.task.uri, o.links.urls))
+    for job_id, (ctx, pages, read) in by_job.items():
+        for what, add, items in (("found links", intake.add_found, pages),
+                                 ("sitemap entries", intake.add_from_sitemaps, read)):
+            if not items:
+                continue
+            try:
+                report = with_retries(partial(add, job_id, ctx.follow, items), what)
+            except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past retries
+                logger.warning("job %s: %s not added: %s", ctx.name, what, exc)  # the pages stay stored
+                continue
+            logger.debug("job %s: %d %s added, %d known, %d refused, %d due by lastmod", ctx.name,
+                         report.added, what, report.duplicate, report.refused + report.rejected, report.due)
 
 
 def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:

@@ -11,7 +11,7 @@ import pytest
 from bson import ObjectId
 
 from common.intake import add_found
-from common.jobsettings import Follow
+from common.jobsettings import Follow, Sitemaps
 from common.store import counts, leases
 from common.store.models import (
     FRESH,
@@ -23,7 +23,7 @@ from common.store.models import (
     Job,
     utcnow,
 )
-from common.store.records import JobSettings, LeaseTask
+from common.store.records import JobSettings, Lease, LeaseTask
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
 from slave.download.engines.base import Download
@@ -47,8 +47,6 @@ def _nothing_stored() -> bool:
     ('[follow]\nscope = "internet"\n', "follow.scope must be one of"),
     ('[sitemaps]\nurls = ["file:///etc/passwd"]\n', "scheme must be http or https"),
     ('[sitemaps]\nrobots = true\nlastmod = true\n', "needs settings.revisit"),
-    # valid, but nothing keeps it yet: refused rather than stored and ignored (invariant 6)
-    ('[follow]\nscope = "domain"\n[sitemaps]\nrobots = true\n', "[sitemaps] is checked but not yet"),
 ])
 def test_follow_and_sitemaps_checked_at_registration(cluster, tmp_path, tables, why):
     manifest = tmp_path / "job.toml"
@@ -165,12 +163,29 @@ def test_follow_is_stored_with_the_job_and_read_by_its_workers(cluster, tmp_path
     assert context.load_context(job.id).follow is None
 
 
-def _claimed(cluster, name: str, seeds: list[str]) -> tuple[dict, JobContext, list[writer.Outcome]]:
+def test_sitemaps_are_stored_with_the_job_and_its_sitemaps_become_tasks(cluster, tmp_path):
+    manifest = write_job(tmp_path, "mapped", revisit=3600)
+    manifest.write_text(manifest.read_text() + '[sitemaps]\nurls = ["https://a.org/s.xml", "https://a.org/s.xml"]\n'
+                        'robots = true\nlastmod = true\n')
+    assert cli("job", "register", str(manifest)).exit_code == 0, "registered"
+    job = Job.objects.get(name="mapped")
+    assert "sitemaps: 1 urls, robots.txt yes, lastmod feeds revisits\n" in cli("job", "show", "mapped").output
+    assert context.load_context(job.id).sitemaps == Sitemaps(urls=("https://a.org/s.xml",), robots=True,
+                                                             lastmod=True)
+    add_urls("mapped", ["https://b.org/x", "https://b.org/y"])  # robots = true: one robots.txt a site
+    kinds = {t.uri: (t.sitemap, t.depth) for t in CrawlerTask.objects(job=job)}
+    assert kinds == {"https://a.org/s.xml": ("xml", 0), "https://b.org/robots.txt": ("robots", 0),
+                     "https://b.org/x": (None, None), "https://b.org/y": (None, None)}
+    assert cli("job", "register", str(manifest)).exit_code == 0  # again: its sitemap task is kept as it is
+    assert CrawlerTask.objects(job=job).count() == 4
+
+
+def _claimed(cluster, name: str, seeds: list[str]) -> tuple[Lease, JobContext, list[writer.Outcome]]:
     add_urls(name, seeds)
     dispatch_once(cluster.redis)
     lease = leases.claim(CrawlerLease._get_collection().find_one({"state": "QUEUED"})["_id"], "w1")
-    ctx = context.load_context(lease["job"])
-    return lease, ctx, [writer.Outcome(task=t, download=Download(200, {}, b"<html>", t["uri"]), error=None,
+    ctx = context.load_context(lease.job)
+    return lease, ctx, [writer.Outcome(task=t, download=Download(200, {}, b"<html>", t.uri), error=None,
                                        spend_us=5) for t in leases.lease_tasks(lease)]
 
 
@@ -185,7 +200,7 @@ def test_links_of_a_stored_page_become_tasks_with_depth_and_parent(cluster, tmp_
     lease, ctx, (outcome,) = _claimed(cluster, "crawl", [seed])
     outcome.links = Found(urls=["http://a.test/one", "http://a.test/private/x", "http://b.test/other",
                                 "https://a.test:8443/two", seed])
-    assert store_outcomes(ctx, lease["_id"], FRESH, [outcome], utcnow())["success"] == 1
+    assert store_outcomes(ctx, lease.id, FRESH, [outcome], utcnow())["success"] == 1
     tasks = _tasks("crawl")
     assert sorted(tasks) == ["http://a.test/one", seed, "https://a.test:8443/two"]  # the seed is known
     seed_id = tasks[seed]["_id"]
@@ -221,7 +236,7 @@ def test_a_lost_leases_page_adds_no_links(cluster, tmp_path):
     lease, ctx, outcomes = _claimed(cluster, "crawl", ["http://a.test/0", "http://a.test/1"])
     for n, o in enumerate(outcomes):
         o.links = Found(urls=[f"http://a.test/found/{n}"])
-    _stale(lease["_id"])
+    _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 2  # the worker has lost its lease
-    assert store_outcomes(ctx, lease["_id"], FRESH, outcomes, utcnow())["success"] == 0
+    assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0
     assert sorted(_tasks("crawl")) == ["http://a.test/0", "http://a.test/1"]
