@@ -205,7 +205,8 @@ class CrawlBench:
                     next_print += 15
                 time.sleep(POLL)
             elapsed = time.monotonic() - start
-            cpu = {"store": cpu_tree(store_pid) - cpu0["store"], "worker": cpu_tree(worker.pid) - cpu0["worker"]}
+            cpu = {"store": cpu_tree(store_pid) - cpu0["store"],
+                   "worker": cpu_tree(worker.pid) - cpu0["worker"]}
         finally:
             self.procs.stop([p for p in (loop, worker) if p is not None])
         tasks = CrawlerTask._get_collection()
@@ -234,7 +235,8 @@ def memory(samples: list[dict], pages: int) -> dict:
             peak[k] = max(peak[k], s[k])
         while mark is not None and s["settled"] >= mark * pages:
             points.append({"share": mark, "settled": s["settled"], "frontier": s["frontier"], "s": s["s"],
-                           **{k: round(s[k], 1) for k in peak}, **{f"peak_{k}": round(peak[k], 1) for k in peak}})
+                           **{k: round(s[k], 1) for k in peak},
+                           **{f"peak_{k}": round(peak[k], 1) for k in peak}})
             mark = next(marks, None)
     out: dict = {"checkpoints": points, "largest_frontier": max((s["frontier"] for s in samples), default=0),
                  **{f"peak_{k}": round(v, 1) for k, v in peak.items()}}
@@ -275,8 +277,9 @@ def print_report(r: dict) -> None:
               f"(peak {p['peak_worker_mb']})")
     for k in ("dispatcher", "worker"):
         if f"{k}_flat" in m:
-            print(f"  {k} peak RSS {m[f'peak_{k}_mb']} MB: "
-                  f"{'flat' if m[f'{k}_flat'] else 'GREW'} (within {FLAT - 1:.0%} of its peak at 10 % of the pages)")
+            verdict = "flat" if m[f"{k}_flat"] else "GREW"
+            print(f"  {k} peak RSS {m[f'peak_{k}_mb']} MB: {verdict} "
+                  f"(flat: within {FLAT - 1:.0%} of its peak at 10 % of the pages)")
 
 
 def main(argv=None) -> int:

@@ -72,7 +72,8 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--delay-ms", type=int, default=0)
     p.add_argument("--hosts", type=int, default=32)
-    p.add_argument("--tree", type=int, default=0, help="also serve /tree/<n>: a site of this many linked pages")
+    p.add_argument("--tree", type=int, default=0,
+                   help="also serve /tree/<n>: a site of this many linked pages")
     a = p.parse_args()
     asyncio.run(serve(a.port, a.delay_ms, a.hosts, a.tree))
 
