@@ -1,6 +1,8 @@
 """The comparison's site for pages that answer after a delay: ``/page/<n>`` (scripts/sample_site.py's
 ~2 KB ``page_body(n)``, ``text/html; charset=utf-8``, each body built once) after ``--delay-ms``,
-on an asyncio event loop (aiohttp), listening on 127.0.0.1 .. 127.0.0.<hosts>.
+on an asyncio event loop (aiohttp), listening on 127.0.0.1 .. 127.0.0.<hosts>. With ``--tree N``
+also ``/tree/<n>`` for n < N: a finite site of N linked pages (``tree_links``; every page reachable
+from ``/tree/0``), the crawl phase's (scripts/bench_crawl.py).
 
 scripts/sample_site.py answers from one thread per connection and rebuilds each page: with 128
 connections open at once, its own CPU competes with both crawlers on a 2-core host. Here a
@@ -26,20 +28,39 @@ def _page(n: int) -> bytes:
     return page_body(n)
 
 
-def app(delay_ms: int) -> web.Application:
+def tree_links(n: int, total: int) -> list[int]:
+    """The pages ``/tree/<n>`` links to: 2n+1 and 2n+2 (a binary tree holding every page) and n+1
+    (already found, mostly: work for the intake's dedup), those below ``total``, each once."""
+    return sorted({m for m in (2 * n + 1, 2 * n + 2, n + 1) if m < total})
+
+
+def tree_page(n: int, total: int) -> bytes:
+    links = " ".join(f"<a href='/tree/{m}'>page {m}</a>" for m in tree_links(n, total))
+    return page_body(n).replace(b"<body>", f"<body><p>{links}</p>".encode(), 1)
+
+
+def app(delay_ms: int, tree: int = 0) -> web.Application:
     async def page(request: web.Request) -> web.Response:
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)
         return web.Response(body=_page(int(request.match_info["n"])), content_type="text/html",
                             charset="utf-8")
 
+    async def tree_node(request: web.Request) -> web.Response:
+        n = int(request.match_info["n"])
+        if n >= tree:
+            raise web.HTTPNotFound()
+        return web.Response(body=tree_page(n, tree), content_type="text/html", charset="utf-8")
+
     a = web.Application()
     a.router.add_get("/page/{n:[0-9]+}", page)
+    if tree:
+        a.router.add_get("/tree/{n:[0-9]+}", tree_node)
     return a
 
 
-async def serve(port: int, delay_ms: int, hosts: int) -> None:
-    runner = web.AppRunner(app(delay_ms), access_log=None)
+async def serve(port: int, delay_ms: int, hosts: int, tree: int = 0) -> None:
+    runner = web.AppRunner(app(delay_ms, tree), access_log=None)
     await runner.setup()
     for i in range(1, hosts + 1):
         await web.TCPSite(runner, f"127.0.0.{i}", port, backlog=1024).start()
@@ -51,8 +72,10 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--delay-ms", type=int, default=0)
     p.add_argument("--hosts", type=int, default=32)
+    p.add_argument("--tree", type=int, default=0,
+                   help="also serve /tree/<n>: a site of this many linked pages")
     a = p.parse_args()
-    asyncio.run(serve(a.port, a.delay_ms, a.hosts))
+    asyncio.run(serve(a.port, a.delay_ms, a.hosts, a.tree))
 
 
 if __name__ == "__main__":
