@@ -22,9 +22,9 @@ import pytest
 import requests
 
 import sample_site
-from services import free_port
 from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, Export, Job
 from master.dispatch.dispatcher import dispatch_once
+from services import free_port
 from tests.e2e.test_revisits import keys, task_of, url, visit_again
 from tests.helpers import add_urls, burst_worker, cli, register, statuses, wait_for
 
@@ -200,7 +200,8 @@ class Wayback:
 
     def raw(self, timestamp: str, url: str) -> requests.Response:
         """The capture of ``url`` at ``timestamp`` as recorded (``id_``: no rewriting)."""
-        return requests.get(f"{self.base}/{self.coll}/{timestamp}id_/{url}", timeout=60, allow_redirects=False)
+        return requests.get(f"{self.base}/{self.coll}/{timestamp}id_/{url}", timeout=60,
+                            allow_redirects=False)
 
     def __exit__(self, *exc) -> None:
         self.proc.terminate()
