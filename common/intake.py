@@ -157,6 +157,26 @@ def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: 
     return added
 
 
+def _judged(url: str, seen: set[str], report: IntakeReport, follow: Follow | None, from_url: str,
+            depth: int) -> str | None:
+    """A URL found on a page or read in a sitemap, checked as any line (``check_url``), once per
+    call (``seen``) and, for a following job, judged by its scope from ``from_url`` at ``depth``:
+    the URL to add, or None (counted in ``report``)."""
+    try:
+        url = check_url(url, settings.MAX_URL_LENGTH)
+    except ValidationError:
+        report.rejected += 1
+        return None
+    if url in seen:
+        report.duplicate += 1
+        return None
+    seen.add(url)
+    if follow is not None and refusal(follow, from_url, url, depth):
+        report.refused += 1
+        return None
+    return url
+
+
 def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str, list[str]]]) -> IntakeReport:
     """Add the URLs found on stored pages of a following job: ``pages`` are (task id, task URL,
     URLs found on its page). Each URL is checked as any line (``check_url``), judged against its
@@ -176,19 +196,10 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
             if room <= 0:
                 report.refused += 1
                 continue
-            try:
-                url = check_url(url, settings.MAX_URL_LENGTH)
-            except ValidationError:
-                report.rejected += 1
+            taken = _judged(url, seen, report, follow, page_url, depth)
+            if taken is None:
                 continue
-            if url in seen:
-                report.duplicate += 1
-                continue
-            seen.add(url)
-            if refusal(follow, page_url, url, depth):
-                report.refused += 1
-                continue
-            chunk.append(NewTask(url, "", depth, task_id))
+            chunk.append(NewTask(taken, "", depth, task_id))
             if len(chunk) >= CHUNK:
                 room -= _insert(job_id, chunk, report, room)
                 chunk.clear()
@@ -214,21 +225,12 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[Sitema
     for task_id, sitemap_url, depth, pages, sitemaps, lastmods in read:
         for url, new in [*((u, NewTask(u, "", 0, task_id)) for u in pages),
                          *((u, NewTask(u, "", depth + 1, task_id, "xml")) for u in sitemaps)]:
-            try:
-                url = check_url(url, settings.MAX_URL_LENGTH)
-            except ValidationError:
-                report.rejected += 1
+            taken = _judged(url, seen, report, follow, sitemap_url, 0)
+            if taken is None:
                 continue
-            if url in seen:
-                report.duplicate += 1
-                continue
-            seen.add(url)
-            if follow is not None and refusal(follow, sitemap_url, url, 0):
-                report.refused += 1
-                continue
-            if url in lastmods:
-                stamped[url] = lastmods[url].astimezone(timezone.utc).replace(tzinfo=None)
-            chunk.append(replace(new, uri=url))
+            if taken in lastmods:
+                stamped[taken] = lastmods[taken].astimezone(timezone.utc).replace(tzinfo=None)
+            chunk.append(replace(new, uri=taken))
             if len(chunk) >= CHUNK:
                 added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
                 room = None if room is None else room - added
