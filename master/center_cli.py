@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from common.store.connection import connect_mongo, redis_conn
+from common.store.connection import redis_conn
+from master.cli import connect
 
 JSON_TEXT = "JSON text, or @FILE to read it from a file"
 
@@ -52,7 +53,7 @@ def center_request(**options) -> None:
     params = {k: _text(v) if isinstance(v, str) else v for k, v in options.items() if v is not None}
     if "kind" in params:
         params["type"] = params.pop("kind")
-    connect_mongo(ensure_indexes=True)
+    connect()
     export = deliver(redis_conn(), params)
     click.echo(str(export.id))
 
@@ -63,7 +64,7 @@ def center_show(task_id: str) -> None:
     """A task as GET /v1/task/ID answers it (JSON)."""
     from master.center import describe, get
 
-    connect_mongo(ensure_indexes=True)
+    connect()
     click.echo(json.dumps(describe(get(task_id)), indent=2, ensure_ascii=False))
 
 
@@ -76,7 +77,7 @@ def center_list(project_ids: str, status: str | None, page: int | None, page_siz
     """Tasks of these projects, newest first."""
     from master.center import listing
 
-    connect_mongo(ensure_indexes=True)
+    connect()
     params = {"project_ids": project_ids, "status": status, "page": page, "page_size": page_size}
     got = listing({k: v for k, v in params.items() if v is not None})
     click.echo(f"{'task_id':<26}{'project':>8}  {'status':<12}{'rows':>10}  name")
@@ -93,6 +94,6 @@ def center_delete(project_ids: str, task_ids: tuple[str, ...]) -> None:
     """Delete tasks and their files (a running one stops)."""
     from master.center import delete
 
-    connect_mongo(ensure_indexes=True)
+    connect()
     got = delete(redis_conn(), list(task_ids), project_ids)
     click.echo(f"deleted {len(got['deleted'])}; not found: {', '.join(got['not_found']) or '-'}")

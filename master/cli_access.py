@@ -6,11 +6,7 @@ import json
 
 import click
 
-from common.store.connection import connect_mongo
-
-
-def _connect() -> None:
-    connect_mongo(ensure_indexes=True)
+from master.cli import connect
 
 
 @click.group()
@@ -27,7 +23,7 @@ def project_create(name: str, allow_private: bool) -> None:
     """Create project NAME; the cluster assigns its id, printed alone on the last line."""
     from master.projects import create
 
-    _connect()
+    connect()
     made = create(name, allow_private=allow_private)
     click.echo(f"created project {made['name']}", err=True)
     click.echo(str(made["id"]))
@@ -39,7 +35,7 @@ def project_list(as_json: bool) -> None:
     """Every project: id, name, created."""
     from master.projects import listing
 
-    _connect()
+    connect()
     rows = listing()
     if as_json:
         click.echo(json.dumps({"projects": rows}, indent=2))
@@ -56,7 +52,7 @@ def project_show(key: str, as_json: bool) -> None:
     """One project, its jobs and the tokens that hold it."""
     from master.projects import detail
 
-    _connect()
+    connect()
     shown = detail(key)
     if as_json:
         click.echo(json.dumps(shown, indent=2))
@@ -76,7 +72,7 @@ def audit(limit: int, action: str | None, as_json: bool) -> None:
     """Who changed what, and when, newest first: jobs, tokens, projects, grants, exports."""
     from master.audit import page
 
-    _connect()
+    connect()
     shown = page(limit, None, action)
     if as_json:
         click.echo(json.dumps(shown, indent=2))
