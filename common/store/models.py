@@ -270,6 +270,7 @@ class CrawlerLease(Document):
     uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
     attempts = ListField(IntField())  # their download_times when sent
     prev = ListField(DictField())     # revisits: each task's latest version (``common.store.tasks.Prev``)
+    sitemaps = ListField(ListField())  # jobs with [sitemaps]: each sitemap task's [kind, depth] ([]: a page)
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
     hostname = StringField()

@@ -188,6 +188,7 @@ class Lease(Record):
     uris: Sequence[str] = ()
     attempts: Sequence[int] = ()
     prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
+    sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [kind, depth] ([]: a page)
     state: str = "QUEUED"
     worker: str | None = None
     hostname: str | None = None
@@ -222,6 +223,7 @@ class LeaseTask:
     uri: str
     attempts: int = 0
     prev: Prev | None = None
+    sitemap: tuple[str, int] | None = None  # a sitemap task: (kind, depth); None: a page
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,12 +85,6 @@ def depths(ids: list[ObjectId]) -> dict[ObjectId, int]:
     return {d["_id"]: d.get("depth") or 0 for d in _tasks().find({"_id": {"$in": ids}}, {"depth": 1})}
 
 
-def sitemap_of(task_id: ObjectId) -> tuple[str, int] | None:
-    """(kind, depth) of a sitemap task (``NewTask.sitemap``); None for a page."""
-    d = _tasks().find_one({"_id": task_id}, {"sitemap": 1, "depth": 1})
-    return (d["sitemap"], d.get("depth") or 0) if d and d.get("sitemap") else None
-
-
 def due_by_lastmod(job_id: ObjectId, lastmods: dict[str, datetime]) -> int:
     """Make due now the job's stored pages among ``lastmods`` (URL: its sitemap ``lastmod``,
     naive UTC) whose last visit (its settle) is older than their lastmod and whose revisit is
@@ -184,6 +178,8 @@ class Picked:
     status: str = LIVE  # what it was when picked (a task that goes again: FAIL, LIVE or SUCCESS)
     prev: Prev | None = None  # a stored page visited again: its latest version (``prev_of``)
     due: datetime | None = None  # a revisit: when it came due
+    sitemap: str | None = None  # a sitemap task's kind (``NewTask.sitemap``) ...
+    depth: int = 0              # ... and its depth, carried in its entry's lease
 
 
 PREV_FIELDS = ("data_lease", "etag", "last_modified", "digest", "versions", "revisit_every")
@@ -213,9 +209,10 @@ def due_fresh(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked], i
     while lo < top and len(picked) < need:
         hi = min(lo + window, top)
         flt = {"job": job.id, "status": LIVE, "retry_at": None, "seq": {"$gt": lo, "$lte": hi}}
-        docs = sorted(_tasks().find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1}),
-                      key=lambda d: d["seq"])
-        picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"])
+        docs = sorted(_tasks().find(flt, {"_id": 1, "host_name": 1, "seq": 1, "uri": 1, "sitemap": 1,
+                                          "depth": 1}), key=lambda d: d["seq"])
+        picked.extend(Picked(d["_id"], d.get("host_name") or "", d["seq"], d["uri"],
+                             sitemap=d.get("sitemap"), depth=d.get("depth") or 0)
                       for d in docs[: need - len(picked)])
         if len(picked) >= need:
             return picked, picked[-1].seq
@@ -237,12 +234,14 @@ def advance_cursor(job_id: ObjectId, was: int, to: int) -> bool:
 
 
 Floor = tuple[datetime, ObjectId | None]  # a job's revisit floor: (due time, _id); None: all of that time
-PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, **dict.fromkeys(PREV_FIELDS, 1)}
+PICK_FIELDS = {"_id": 1, "host_name": 1, "download_times": 1, "uri": 1, "sitemap": 1, "depth": 1,
+               **dict.fromkeys(PREV_FIELDS, 1)}
 
 
 def _picked(d: Mapping[str, Any], status: str, due: datetime | None = None) -> Picked:
     attempts = 0 if status == SUCCESS else d.get("download_times", 0)  # a revisit counts afresh
-    return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d), due)
+    return Picked(d["_id"], d.get("host_name") or "", 0, d["uri"], attempts, status, prev_of(d), due,
+                  d.get("sitemap"), d.get("depth") or 0)
 
 
 def due_again(job_id: ObjectId, max_retry_times: int, need: int, now: datetime) -> list[Picked]:

@@ -26,7 +26,6 @@ from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
 from common.store.records import LeaseTask, Prev
-from common.store.tasks import sitemap_of
 from slave.download import links, sitemaps
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, chromium, http, sandbox
@@ -142,9 +141,7 @@ class Engines:
         if isinstance(plan, Exception):  # Redis failed the entry's etiquette call
             return _etiquette_unavailable(task, plan)
         try:
-            kind = None  # (kind, depth) of a sitemap task of a job with [sitemaps]; None for a page
-            if ctx.sitemaps is not None:
-                kind = await asyncio.get_running_loop().run_in_executor(None, sitemap_of, task.id)
+            kind = task.sitemap if ctx.sitemaps is not None else None  # carried in the lease
             result, copied_from, lead = await self._polite(ctx, task, plan)
             error = None
         except Handback as back:
@@ -152,7 +149,7 @@ class Engines:
                                   spend_us=int((time.monotonic() - start) * 1_000_000))
         except DownloadError as exc:
             result, copied_from, error = None, None, exc
-        except Exception as exc:  # Redis or the store (etiquette, sitemap_of) failed: try again later
+        except Exception as exc:  # Redis (etiquette) failed: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
         sitemap = None if kind is None else await self._sitemap(ctx, task, result, *kind)
