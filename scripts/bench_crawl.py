@@ -298,6 +298,8 @@ def main(argv=None) -> int:
         bench.start()
         print(f"crawl phase: {a.pages:,} pages (logs in {logdir})", flush=True)
         crawl = bench.run("crawl", follow=True)
+        if a.json:  # the crawl's figures kept even if the fed run does not finish
+            Path(a.json).write_text(json.dumps({"pages": a.pages, "crawl": crawl}, indent=2))
         fed = bench.run("fed", follow=False)
     finally:
         procs.stop_all()
