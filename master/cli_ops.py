@@ -82,7 +82,8 @@ def migrate() -> None:
                f"{report.projects_filled[0]} jobs, {report.projects_filled[1]} exports and "
                f"{report.projects_filled[2]} tokens into project default; "
                f"moved {report.claims_moved} notification claims to the one claim protocol; dropped "
-               f"{report.indexes_retired} indexes an earlier version kept")
+               f"{report.indexes_retired} indexes an earlier version kept (made {report.keys_made} "
+               f"keys of tasks first)")
     for left in report.secrets_kept or []:
         click.echo(
             f"  left in the source database (the control database has another of that name): {left}", err=True

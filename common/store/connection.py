@@ -67,6 +67,11 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
                 # a unique index this version adds, over data an earlier one stored twice
                 logger.warning("an index of %s is not made (%s): run `downcluster migrate`",
                                model._get_collection_name(), str(exc).split(",")[0])
+        from common.store.upgrade import retired_left
+
+        for index in retired_left():
+            logger.warning("the store keeps an index of an earlier version, %s: run `downcluster migrate`",
+                           index)
 
 
 def disconnect_mongo_unlocked() -> None:

@@ -227,8 +227,9 @@ class CrawlerTask(Document):
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",
+        # no unique (job, uri): a URL is a task of its job once by its key (``CrawlerTaskKey``),
+        # which settles never touch (on the embedded store every update rewrites every index)
         "indexes": [
-            {"fields": ("job", "uri"), "unique": True},
             # fresh selection (job, LIVE, null, seq range), retry selection (job, FAIL, <= now)
             ("job", "status", "retry_at", "seq"),
             # a job's tasks of one status in _id order (pages, reports, cancel/requeue, and
@@ -237,6 +238,16 @@ class CrawlerTask(Document):
             ("job", "_id"),  # a job's tasks in _id order (pages)
         ],
     }
+
+
+class CrawlerTaskKey(Document):
+    """A URL of a job that has a task: ``_id`` is the job's id (24 hex digits) followed by the URL
+    (``common.store.tasks.key_of``), ``task`` the task's id. Written by intake only, before the
+    task; removed after it (``common/store/tasks.py``)."""
+
+    id = StringField(primary_key=True)
+    task = ObjectIdField(required=True)
+    meta = {"db_alias": "source", "collection": "crawler_task_key"}
 
 
 class CrawlerTaskCount(Document):
@@ -625,6 +636,7 @@ ALL_MODELS = (
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerTask,
+    CrawlerTaskKey,
     CrawlerTaskCount,
     CrawlerLease,
     LostLease,

@@ -41,6 +41,7 @@ from common.store.models import (
 )
 from common.store.paging import Doc, Span, by_id
 from common.store.records import Task
+from common.store.tasks import task_by_uri
 
 LOGS: dict[str, type[Document]] = {
     "download": CrawlerDownloadLog,
@@ -72,7 +73,9 @@ def task(job_id: ObjectId, task_id: ObjectId | None, uri: str | None) -> Task | 
     """The job's task with id ``task_id``, else the one whose URL is ``uri``, or None."""
     coll = CrawlerTask._get_collection()
     found = coll.find_one({"_id": task_id, "job": job_id}) if task_id is not None else None
-    return Task.maybe(found or (coll.find_one({"job": job_id, "uri": uri}) if uri is not None else None))
+    if found is None and uri is not None:
+        return task_by_uri(job_id, uri)
+    return Task.maybe(found)
 
 
 def task_by_id(task_id: ObjectId) -> Task | None:

@@ -1,7 +1,7 @@
 """Removal by age: what ``master/ops/retention.py`` and ``master/ops/archive.py`` remove, and
 the TTL indexes of the event logs. Owns no collection of its own; it removes from
 ``crawler_download_data`` (and its GridFS bodies), ``crawler_download_log``, ``crawler_task``
-(final tasks), ``notification`` and reads the jobs' retention settings.
+(final tasks, and their keys), ``notification`` and reads the jobs' retention settings.
 
 Indexes used, all (equality fields..., ``_id``): an ObjectId begins with the second it was made,
 so ``_id`` ranges are ages and no page pays for an index on a time field; reads go window by
@@ -11,7 +11,8 @@ notification delivery logs) get a TTL index on ``add_datetime`` instead (``ensur
 Invariants: a GridFS body is removed before its document (a body is never left without its
 document unless this is cut short, and then the next pass finds the document again); a final
 task removed takes its data with it, the data first (a data document counts only while its task
-names it); every task removed moves its job's counts.
+names it), and its key after it (``crawler_task_key``: one left by a pass cut short is taken over
+by the next intake of its URL); every task removed moves its job's counts.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 from common.store import counts
+from common.store import tasks as store_tasks
 from common.store.data import body_of, gridfs_of, visible
 from common.store.data import named as named_by_tasks
 from common.store.models import (
@@ -168,19 +170,24 @@ def remove_final(job_id: ObjectId, before: datetime, span: Span, end: float,
             if time.monotonic() >= end:
                 return data, gone_all, False
             docs = by_id(tasks, {"job": job_id, "status": final["status"]}, BATCH, span=span, after=after,
-                         before=cutoff, projection={"_id": 1, "retry_at": 1, "last_update_datetime": 1})
+                         before=cutoff,
+                         projection={"_id": 1, "uri": 1, "retry_at": 1, "last_update_datetime": 1})
             if not docs:
                 break
             after = docs[-1]["_id"]
             ids = [d["_id"] for d in docs if (d.get("last_update_datetime") or before) < before
                    and all(d.get(k) == v for k, v in final.items() if k != "status")
                    and not (revisits and final["status"] == SUCCESS and d.get("retry_at"))]
+            uris = {d["_id"]: d["uri"] for d in docs}
             for part in in_chunks(ids):
                 data += drop_data(list(CrawlerDownloadData._get_collection().find(
                     {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))
                 gone = tasks.delete_many({"_id": {"$in": part}, **final,
                                           "last_update_datetime": {"$lt": before}}).deleted_count
                 counts.move([(job_id, final["status"], None, gone)])
+                left = {d["_id"] for d in tasks.find({"_id": {"$in": part}}, {"_id": 1})} \
+                    if gone < len(part) else set()
+                store_tasks.forget(job_id, [(i, uris[i]) for i in part if i not in left])  # then keys
                 gone_all += gone
     return data, gone_all, True
 

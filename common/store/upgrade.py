@@ -1,7 +1,8 @@
 """What ``downcluster migrate`` moves between databases: the cluster's secrets, token digests
 and console sessions (``cluster_secret``, ``api_token``, ``web_session``) out of the source
 database, which analysts read, into the control database (``MONGO_CONTROL_URI``); and the
-indexes an earlier version made that this one no longer keeps (``retire_indexes``).
+indexes an earlier version made that this one no longer keeps (``retire_indexes``), with what
+replaces them (the keys of tasks stored before ``crawler_task_key``).
 
 No index of its own: documents are read whole and written by ``_id`` (the target collections'
 indexes are the models').
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import ApiToken, ClusterSecret, CrawlerDownloadData, CrawlerTask, WebSession
+from common.store.models import ApiToken, ClusterSecret, CrawlerDownloadData, CrawlerTask, Job, WebSession
 
 
 def move_secrets() -> tuple[int, list[str]]:
@@ -42,23 +43,42 @@ def move_secrets() -> tuple[int, list[str]]:
 # indexes of earlier versions, dropped by ``migrate``: each costs every write of its collection
 RETIRED_INDEXES = (
     (CrawlerDownloadData, [("task", 1), ("lease", 1)]),  # the unique (task, version) finds them
+    (CrawlerTask, [("job", 1), ("uri", 1)]),  # a URL once per job: its key (crawler_task_key)
 )
 
 
-def retire_indexes() -> int:
+def retired_left() -> list[str]:
+    """The RETIRED_INDEXES the store still has, as "collection (fields)": until ``migrate`` drops
+    them, this version runs on a store it has not finished upgrading (and says so)."""
+    left = []
+    for model, keys in RETIRED_INDEXES:
+        coll = model._get_collection()
+        if any(list(ix["key"].items()) == keys for ix in coll.list_indexes()):
+            left.append(f"{coll.name} ({', '.join(k for k, _ in keys)})")
+    return left
+
+
+def retire_indexes() -> tuple[int, int]:
     """Drop the RETIRED_INDEXES a store still has, then make the indexes this version keeps: data
     written before one document per page version was kept may hold a lost attempt's document
     beside its task's (until the orphan sweep): such documents, named by no task, go first
-    (``common.store.leases.drop_orphans_of_versions``). Returns the indexes dropped."""
+    (``common.store.leases.drop_orphans_of_versions``); tasks stored before their URLs had keys
+    get them first (``common.store.tasks.build_keys``, in batches), while the unique (job, uri)
+    still holds their URLs unique. Returns (indexes dropped, keys made)."""
     from common.store.leases import drop_orphans_of_versions
+    from common.store.tasks import build_keys
 
+    made = 0
+    if "crawler_task (job, uri)" in retired_left():
+        for job in Job._get_collection().find({}, {"_id": 1}):
+            made += build_keys(job["_id"])
     dropped = 0
-    for model, keys in RETIRED_INDEXES:
+    for model, fields in RETIRED_INDEXES:
         coll = model._get_collection()
         for ix in coll.list_indexes():
-            if list(ix["key"].items()) == keys:
+            if list(ix["key"].items()) == fields:
                 coll.drop_index(ix["name"])
                 dropped += 1
     drop_orphans_of_versions()
     CrawlerDownloadData.ensure_indexes()
-    return dropped
+    return dropped, made

@@ -17,7 +17,9 @@ admins' stored before projects is given ``default`` (an analyst read every job b
 A notification an earlier version held by ``claimed_until`` is held, as the one claim protocol
 holds it (``common.store.claims``), until the same moment.
 Indexes an earlier version made and this one no longer keeps are dropped, and a page version
-stored twice (before one document per version was kept) keeps the document its task names.
+stored twice (before one document per version was kept) keeps the document its task names;
+before the unique (job, uri) of ``crawler_task`` is dropped, every task gets its key
+(``crawler_task_key``), a job's tasks in batches.
 
 Idempotent: a second run finds nothing to do.
 """
@@ -42,6 +44,7 @@ class MigrationReport:
     claims_moved: int = 0  # notifications an earlier version held (``claimed_until``)
     projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
     indexes_retired: int = 0
+    keys_made: int = 0  # keys of tasks stored before crawler_task_key (their URLs unique by an index)
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -67,6 +70,6 @@ def migrate() -> MigrationReport:
     report.owners_filled = exports.fill_owners({t.name: (t.id, t.add_datetime) for t in control.tokens()})
     report.projects_filled = projects.upgrade()
     report.claims_moved = notifications.upgrade_claims()
-    report.indexes_retired = retire_indexes()
+    report.indexes_retired, report.keys_made = retire_indexes()
     return report
 
