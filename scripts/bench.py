@@ -298,21 +298,27 @@ class Bench:
 
     def add_tasks_raw(self, job_id, base: str, count: int, prefix: str, hosts: int = 1,
                       urls: list[str] | None = None) -> float:
-        """LIVE tasks as master/intake.py builds them (numbered from the job's counter), raw
-        insert_many in chunks of 5,000; returns the seconds taken. ``urls``: these, not pages."""
-        from common.store.models import LIVE, CrawlerTask, utcnow
+        """LIVE tasks as master/intake.py builds them (numbered from the job's counter, their keys
+        first), raw insert_many in chunks of 5,000; returns the seconds taken. ``urls``: these, not pages."""
+        from bson import ObjectId
+
+        from common.store.models import LIVE, CrawlerTask, CrawlerTaskKey, utcnow
+        from common.store.tasks import key_of
         from master.intake import commit, reserve
 
-        coll, now = CrawlerTask._get_collection(), utcnow()
+        coll, keys, now = CrawlerTask._get_collection(), CrawlerTaskKey._get_collection(), utcnow()
         started = time.monotonic()
         for start in range(0, count, 5000):
             n = min(count, start + 5000) - start
             first = reserve(job_id, n)
             uris = (urls[start:start + n] if urls
                     else [f"{spread(base, start + i, hosts)}/{prefix}/{start + i}" for i in range(n)])
-            docs = [{"job": job_id, "uri": uri, "seq": first + i, "status": LIVE,
+            docs = [{"_id": ObjectId(), "job": job_id, "uri": uri, "seq": first + i, "status": LIVE,
                      "download_times": 0, "recoveries": 0, "host_name": "", "add_datetime": now,
                      "last_update_datetime": now} for i, uri in enumerate(uris)]
+            marks = [{"_id": key_of(job_id, d["uri"]), "task": d["_id"]} for d in docs]  # keys first
+            run_bounded(lambda marks=marks: keys.insert_many(marks, ordered=False),
+                        max(60.0, len(marks) / 50), "key insert")
             run_bounded(lambda docs=docs: coll.insert_many(docs, ordered=False), max(60.0, len(docs) / 50),
                         "task insert")
             commit(job_id, first, n)

@@ -128,6 +128,7 @@ def _run(bench, tasks: int) -> dict:
         utcnow,
     )
     from common.store.records import ExportFilter
+    from common.store.tasks import build_keys
     from master import maintenance as chores
     from master import views
     from master.dispatch import defender
@@ -143,6 +144,7 @@ def _run(bench, tasks: int) -> dict:
     Job._get_collection().update_one({"_id": job.id}, {"$set": {"seq_next": tasks, "seq_sent": 0}})
     # what `downcluster migrate` does once for a store filled before counts
     recount_s = _timed(counts.recount)
+    keys_s = _timed(lambda: build_keys(job.id))  # ... and the tasks' keys (the URL of each once)
     tcoll = CrawlerTask._get_collection()
     deep_seq = min(62_000, tasks // 2)  # ids follow seq here
     deep = tcoll.find_one({"job": job.id, "seq": deep_seq}, {"_id": 1})["_id"]
@@ -211,7 +213,7 @@ def _run(bench, tasks: int) -> dict:
     retention_rate = round((kept.tasks + kept.data + kept.download_logs) / max(1e-6, took), 1)
     removed = {"tasks": kept.tasks, "data": kept.data, "download_logs": kept.download_logs,
                "seconds": round(took, 1), "finished": kept.finished}
-    return {**filled, "recount_s": recount_s, "figures": figures, "due_retries": due,
+    return {**filled, "recount_s": recount_s, "keys_s": keys_s, "figures": figures, "due_retries": due,
             "dispatched": sent[0] if sent else 0, "orphans_swept": swept, "sweep_docs_per_s": sweep_rate,
             "retention_removed": kept.tasks, "retention": removed, "retention_docs_per_s": retention_rate,
             "store_rss_mb": round(hwm_mb(bench.mongo.proc.pid)), "live_from_seq": live_from}
@@ -249,7 +251,8 @@ def rows(s: dict) -> list[tuple[str, str, str, str]]:
     """The scale phase's lines of the bench table: (what, measured, target, verdict)."""
     ok = lambda good: "ok" if good else "MISSED"  # noqa: E731
     out = [(f"scale: a store of {s['tasks']:,} tasks ({s['success']:,} SUCCESS with data and logs)",
-            f"filled in {s['fill_s']} s; counts built in {s['recount_s']} s", "", "")]
+            f"filled in {s['fill_s']} s; counts built in {s['recount_s']} s, keys in {s.get('keys_s')} s",
+            "", "")]
     for name, seconds in s["figures"].items():
         if "decision" in name:
             target = TARGETS["decision_s"]

@@ -9,7 +9,8 @@ one UpdateOne each, with a retry time). Repeat with ``--repeat``; the median is 
 happy path (an entry's data documents of ``--body`` bytes in one insert, its download logs in
 one, its settles), with the store CPU per page and per collection (``top``). ``--indexes``:
 compare index sets, alternated (``models``: the models' own; ``before``: those of issue 40's
-first step — crawler_task's four, data's (task, lease) — kept for the comparison).
+first step — crawler_task's four, data's (task, lease) — kept for the comparison; ``uri``: the
+models' and crawler_task's unique (job, uri), as before the keys of ``crawler_task_key``).
 
     .venv/bin/python scripts/bench_settle.py --tasks 4096 --batch 64 --repeat 3
     .venv/bin/python scripts/bench_settle.py --pages --indexes before,models --repeat 4
@@ -45,10 +46,11 @@ BEFORE = {
 
 
 def _use_indexes(db, variant: str) -> None:
-    """Replace the models' indexes of the collections in BEFORE by that set (``before``), or drop
-    crawler_task's unique (job, uri) (``no-uri``: what that index costs the settles)."""
-    if variant == "no-uri":
-        db["crawler_task"].drop_index("job_1_uri_1")
+    """Replace the models' indexes of the collections in BEFORE by that set (``before``), or add
+    crawler_task's unique (job, uri) to the models' (``uri``: the set before a URL's uniqueness
+    moved to its key in crawler_task_key)."""
+    if variant == "uri":
+        db["crawler_task"].create_index([("job", 1), ("uri", 1)], unique=True)
     if variant != "before":
         return
     for name, indexes in BEFORE.items():
@@ -164,7 +166,7 @@ def main() -> None:
                     help="the whole write of each page (data, log, settle) instead of the settle alone")
     ap.add_argument("--body", type=int, default=2400, help="--pages: bytes of each page's body")
     ap.add_argument("--indexes", default="models",
-                    help="comma-separated index sets to compare, alternated: models, before, no-uri")
+                    help="comma-separated index sets to compare, alternated: models, before, uri")
     args = ap.parse_args()
     groups = [int(g) for g in args.groups.split(",") if g] or [0]
     variants = [(g, ix) for g in groups for ix in args.indexes.split(",")]
