@@ -70,13 +70,15 @@ def _write_pages(job, entries: list, body: int) -> None:
     from common.store import attempts, counts, leases
     from common.store import tasks as store_tasks
     from common.store.models import FRESH, LIVE, SUCCESS, utcnow
+    from common.store.records import LeaseTask
     from slave.download.engines.base import Download
 
     page = Download(200, {"Content-Type": "text/html", "Content-Length": str(body)}, b"x" * body, "",
                     "127.0.0.1", {"User-Agent": "bench"}, b"", "utf-8")
     for n, docs in enumerate(entries):
         lease, at = f"bench-{n}", utcnow()
-        attempts.insert_data([attempts.data_doc(job, None, d, lease, page, at) for d in docs])
+        attempts.insert_data([attempts.data_doc(job, None, LeaseTask(d["_id"], d["uri"]), lease, page, at)
+                              for d in docs])
         attempts.insert_logs([attempts.log_doc(job, d["_id"], lease, None, 0, body, 5, None, at)
                               for d in docs])
         settled = store_tasks.settle(leases.settle_success([d["_id"] for d in docs], lease, FRESH, at))
