@@ -4,6 +4,7 @@ add each URL once; a key whose task never came is taken over once stale; removal
 keys after the tasks; ``migrate`` makes the keys of a store written before them."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from bson import ObjectId
 
 from common.store import counts, pages
 from common.store import tasks as task_store
+from common.store.connection import connect_mongo, disconnect_mongo
 from common.store.models import SUCCESS, CrawlerTask, CrawlerTaskKey, Job, utcnow
 from common.store.upgrade import retired_left
 from master import intake
@@ -175,7 +177,7 @@ def test_retention_removes_the_keys_of_the_tasks_it_removes(cluster, tmp_path):
     _each_once(job.id, urls)
 
 
-def test_migrate_makes_the_keys_of_a_store_written_before_them(cluster, tmp_path, monkeypatch):
+def test_migrate_makes_the_keys_of_a_store_written_before_them(cluster, tmp_path, monkeypatch, caplog):
     """A store of the version before: tasks with no keys, a unique (job, uri). Until ``migrate``
     runs, processes say so and no URL is added twice (the old index refuses it, the key written
     for it is removed); ``migrate`` makes every key in batches, then drops the index."""
@@ -188,14 +190,23 @@ def test_migrate_makes_the_keys_of_a_store_written_before_them(cluster, tmp_path
     tasks.create_index([("job", 1), ("uri", 1)], unique=True)
     CrawlerTaskKey._get_collection().delete_many({})  # as the version before wrote them
     assert retired_left() == ["crawler_task (job, uri)"]
+    disconnect_mongo()
+    with caplog.at_level(logging.WARNING, logger="common.store.connection"):
+        connect_mongo(ensure_indexes=True)  # as every process starts
+    assert "an index of an earlier version, crawler_task (job, uri): run `downcluster migrate`" in caplog.text
     report = intake.add_tasks("old", [*urls[:3], "http://127.0.0.1:1/new"])
     assert (report.added, report.duplicate) == (1, 3)
     assert sorted(_keys(job.id)) == ["http://127.0.0.1:1/new"]  # the refused ones' keys removed
     monkeypatch.setattr(task_store.build_keys, "__defaults__", (7,))  # batches of 7
     got = migrate_mod.migrate()
     assert got.keys_made == 25 and got.indexes_retired == 1 and retired_left() == []
-    assert not any(list(ix["key"]) == ["job", "uri"] for ix in tasks.list_indexes())
+    assert not any(list(ix["key"]) == ["job", "uri"] for ix in CrawlerTask._get_collection().list_indexes())
     _each_once(job.id, [*urls, "http://127.0.0.1:1/new"])
     assert intake.add_tasks("old", urls).duplicate == 25
     again = migrate_mod.migrate()
     assert (again.keys_made, again.indexes_retired) == (0, 0)  # idempotent
+    caplog.clear()
+    disconnect_mongo()
+    with caplog.at_level(logging.WARNING, logger="common.store.connection"):
+        connect_mongo(ensure_indexes=True)
+    assert "earlier version" not in caplog.text
