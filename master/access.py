@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.errors import Forbidden, NotFound
 from common.store import jobs, projects
-from common.store.models import ADMIN, ANALYST
+from common.store.control_models import ADMIN, ANALYST
 from common.store.records import Job
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from datetime import timedelta
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.store import control
-from common.store.models import ROLES, utcnow
+from common.store.control_models import ROLES
+from common.store.models import utcnow
 
 TOKEN_PREFIX = "dct_"
 RESERVED = "cli"  # ``requested_by`` of the command line's exports (read by name before owners)

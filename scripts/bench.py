@@ -423,14 +423,8 @@ class Bench:
         ``at_once``: the first dispatcher run sends every task (as the peer's start pushes every
         URL to Redis), then the loop runs each second (retries, leases); otherwise 1,000 tasks a
         run every 0.2 s."""
-        from common.store.models import (
-            SUCCESS,
-            CrawlerDownloadData,
-            CrawlerDownloadLog,
-            CrawlerLease,
-            CrawlerTask,
-            Job,
-        )
+        from common.store.log_models import CrawlerDownloadLog
+        from common.store.models import SUCCESS, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job
 
         phase_start = time.monotonic()
         self.fresh_store()

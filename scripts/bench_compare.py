@@ -221,7 +221,8 @@ class Compare:
     # one run of each side
     def ours(self, label: str, urls: list[str], timeout: float) -> dict:
         from common.metrics import PAGES
-        from common.store.models import SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+        from common.store.log_models import CrawlerDownloadLog
+        from common.store.models import SUCCESS, CrawlerDownloadData, CrawlerTask
 
         bench = self.bench
         bench.fresh_store()

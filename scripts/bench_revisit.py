@@ -45,7 +45,8 @@ def _day(env: dict, base: str, pages: int, hour: float, size: int, site) -> dict
 
     from common.config import load
     from common.store.connection import connect_mongo
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import CrawlerDownloadData, CrawlerTask
     from master.dispatch.dispatcher import dispatch_once
     from master.intake import add_tasks
     from master.registry import register

@@ -29,7 +29,8 @@ def _oid(at: datetime, n: int) -> ObjectId:
 def _fill(job_id, tasks: int, now) -> dict:
     """Insert ``tasks`` tasks: 75 % SUCCESS (each with its data and download log), 10 % FAIL
     (DUE_RETRIES of them due again), 1 % DEAD, the rest LIVE above the dispatch cursor."""
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import CrawlerDownloadData, CrawlerTask
 
     t_coll, d_coll, l_coll = (m._get_collection()
                               for m in (CrawlerTask, CrawlerDownloadData, CrawlerDownloadLog))

@@ -28,7 +28,8 @@ from pymongo.errors import BulkWriteError
 
 from common.config import settings
 from common.store.data import body_of, gridfs_of
-from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, CrawlerDownloadLog, collection
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, collection
 from common.store.paging import Doc
 from common.store.records import DataDoc, LeaseTask
 

@@ -56,7 +56,7 @@ def connect_mongo(ensure_indexes: bool = False) -> None:
         mongoengine.connect(alias="control", host=control_uri(), **opts)
         _mongo_pid = os.getpid()
     if ensure_indexes:
-        from common.store.models import ALL_MODELS
+        from common.store.schema import ALL_MODELS
 
         for model in ALL_MODELS:
             try:

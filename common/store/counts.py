@@ -22,10 +22,10 @@ from typing import Any, Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
+from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
     TASK_STATUSES,
     CrawlerDownloadData,
-    CrawlerDownloadLog,
     CrawlerTask,
     CrawlerTaskCount,
     collection,

@@ -29,6 +29,7 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.log_models import CrawlerGeneratorLog
 from common.store.models import (
     FAIL,
     GEN_ON,
@@ -36,7 +37,6 @@ from common.store.models import (
     RUN_RUNNING,
     RUN_SKIPPED,
     CrawlerGenerator,
-    CrawlerGeneratorLog,
     collection,
 )
 from common.store.records import Generator, GeneratorRun

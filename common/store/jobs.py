@@ -18,13 +18,13 @@ from typing import Any
 
 from bson import ObjectId
 
+from common.store.log_models import CrawlerRegistrationErrorLog
 from common.store.models import (
     OFF,
     ON,
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerDownloadType,
-    CrawlerRegistrationErrorLog,
     job_named,
     utcnow,
 )

@@ -19,14 +19,8 @@ from typing import Any, Iterator
 from bson import ObjectId
 
 from common.config import settings
-from common.store.models import (
-    FAIL,
-    SUCCESS,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
-    CrawlerDownloadLog,
-    collection,
-)
+from common.store.log_models import CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadLog
+from common.store.models import FAIL, SUCCESS, collection
 from common.store.records import DispatchLog, DownloadLog
 
 DOWNLOAD_FIELDS = {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,

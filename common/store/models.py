@@ -1,6 +1,9 @@
-"""MongoDB documents (mongoengine) in three databases, one per connection alias: "source" (jobs,
-tasks, data, leases, exports, notifications), "log" (download, dispatch, alert, registration error
-and notification logs) and "control" (API tokens, web sessions, cluster secrets).
+"""MongoDB documents (mongoengine) of the "source" database (jobs, tasks and their keys, data,
+leases, exports, notifications, generators), the statuses they hold and the store's clock. The
+other two databases, one per connection alias, have modules of their own: "log"
+(``common.store.log_models``: download, dispatch, alert, registration error, notification and
+generator run logs) and "control" (``common.store.control_models``: projects, the audit log, API
+tokens, web sessions, cluster secrets); ``common.store.schema`` lists every class.
 
 Collection names are mongoengine's defaults for the class names unless ``meta`` names them;
 analysts query them directly, so field names and status strings are part of the interface (README "Schema").
@@ -357,114 +360,6 @@ class CrawlerOldVersion(Document):
     meta = {"db_alias": "source", "collection": "crawler_old_version", "indexes": [("job", "_id")]}
 
 
-class CrawlerDownloadLog(Document):
-    job = ReferenceField(Job)
-    task = ReferenceField(CrawlerTask)
-    lease = StringField()
-    status = StringField(choices=(SUCCESS, FAIL))
-    requests_size = IntField(default=0)
-    response_size = IntField(default=0)
-    failed_reason = StringField(max_length=10240)
-    downloads_hostname = StringField()
-    spend_time = IntField(default=0)  # microseconds
-    coalesced_from = ReferenceField("CrawlerTask")  # the task whose download this one reused
-    not_modified = StringField()  # a revisit that stored nothing: "HTTP 304" or "same content"
-    add_datetime = DateTimeField(default=utcnow)
-    # no index on add_datetime: the _id (made when the log is written) orders and ranges by time,
-    # and on this store each index costs every insert
-    meta = {"db_alias": "log", "indexes": ["task", ("job", "_id")]}  # a task's logs; a job's, by time
-
-
-class CrawlerDispatchAlertLog(Document):
-    job = ReferenceField(Job)
-    type = StringField(max_length=128)
-    reason = StringField(max_length=10240, required=True)
-    content_bytes = IntField(default=0)
-    hostname = StringField(required=True)
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log"}
-
-
-class CrawlerDispatchLog(Document):
-    """One record per queue entry a dispatcher run wrote (or failed to write)."""
-
-    job = ReferenceField(Job)
-    status = StringField(choices=(SUCCESS, FAIL))
-    queue = StringField()
-    lease = StringField()
-    count = IntField(default=0)
-    reason = StringField(max_length=10240)
-    hostname = StringField()
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log"}
-
-
-class CrawlerRegistrationErrorLog(Document):
-    """A rejected ``job register``: nothing else was stored."""
-
-    name = StringField()
-    manifest = StringField()
-    reason = StringField(max_length=10240, required=True)
-    hostname = StringField()
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log"}
-
-
-ADMIN, USER, ANALYST = "admin", "user", "analyst"
-ROLES = (ADMIN, USER, ANALYST)
-DEFAULT_PROJECT = "default"  # the project of jobs registered before projects
-
-
-class Project(Document):
-    """A team's or system's share of the cluster: its jobs, exports and the tokens granted it.
-    The id is assigned by the cluster (1, 2, ...), never chosen by the caller."""
-
-    id = IntField(primary_key=True)
-    name = StringField(required=True, unique=True, max_length=64)
-    allow_private = BooleanField(default=False)  # its download tasks may pull from private addresses
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "control"}
-
-
-class AuditEntry(Document):
-    """One change made by a person or system: who (the token's name and id, or the command line),
-    what (``action``: job.register, token.create, export.retry ...), on what, and when."""
-
-    at = DateTimeField(default=utcnow)
-    actor = StringField(required=True)      # a token's name, or "cli:<os user>"
-    actor_id = ObjectIdField()              # the token's id (null: the command line)
-    role = StringField()
-    action = StringField(required=True)
-    target = StringField(default="")
-    project = IntField()
-    detail = DictField()
-    meta = {"db_alias": "control", "collection": "audit_log", "indexes": [("-at", "-_id")]}
-
-
-class ApiToken(Document):
-    """A token of the HTTP API and console: only its SHA-256 is stored (shown once at creation)."""
-
-    name = StringField(required=True, unique=True, max_length=64)
-    role = StringField(choices=ROLES, required=True)
-    digest = StringField(required=True, unique=True)  # hex SHA-256 of the token
-    jobs = ListField(StringField())  # an analyst's grants: it sees every export of these jobs
-    projects = ListField(IntField())  # the projects it holds (an admin holds every project)
-    add_datetime = DateTimeField(default=utcnow)
-    last_used_at = DateTimeField()
-    meta = {"db_alias": "control"}
-
-
-class WebSession(Document):
-    """A console sign-in: the cookie holds a random secret whose SHA-256 is ``_id``; kept in
-    MongoDB so that any web process behind a load balancer knows it and signing out ends it."""
-
-    id = StringField(primary_key=True)
-    token = StringField(required=True)  # ApiToken.digest: revoking the token ends its sessions
-    csrf = StringField(required=True)
-    expires_at = DateTimeField(required=True)
-    meta = {"db_alias": "control", "indexes": ["token"]}
-
-
 # export states
 PENDING, EXPORT_RUNNING, CANCELLED, EXPIRED = "PENDING", "RUNNING", "CANCEL", "EXPIRED"
 EXPORT_STATES = (PENDING, EXPORT_RUNNING, SUCCESS, FAIL, CANCELLED, EXPIRED)
@@ -540,30 +435,6 @@ class Notification(Document):
     meta = {"db_alias": "source", "indexes": [("state", "next_at")]}
 
 
-class NotificationLog(Document):
-    """One delivery attempt of a webhook or mail."""
-
-    target = StringField()
-    kind = StringField()
-    event = StringField()
-    status = StringField()                       # SENT or FAIL
-    attempt = IntField()
-    error = StringField(max_length=2048)
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {
-        "db_alias": "log",
-        "collection": "notification_log",
-    }  # add_datetime: a TTL index (master/ops/retention.py)
-
-
-class ClusterSecret(Document):
-    """Random keys generated once for the cluster when SECRET_KEY / WEBHOOK_SECRET are unset."""
-
-    id = StringField(primary_key=True)
-    value = StringField(required=True)
-    meta = {"db_alias": "control"}
-
-
 # generator states and run statuses (common/store/generators.py)
 GEN_TEST, GEN_ON, GEN_OFF = "test", "on", "off"
 GENERATOR_STATES = (GEN_TEST, GEN_ON, GEN_OFF)
@@ -597,56 +468,3 @@ claimed by its worker (``beat_at``) once it starts."""
     add_datetime = DateTimeField(default=utcnow)
     last_update_datetime = DateTimeField(default=utcnow)
     meta = {"db_alias": "source", "collection": "crawler_generator", "indexes": [("state", "next_at")]}
-
-
-class CrawlerGeneratorLog(Document):
-    """One generator run: RUNNING, then SUCCESS or FAIL; SKIPPED when it came due while the
-    previous run was still under way. ``errors``: the first rejected lines ({line, reason})."""
-
-    job = ReferenceField(Job)
-    run = StringField()
-    trigger = StringField()                     # schedule | manual
-    status = StringField(choices=RUN_STATUSES)
-    added = IntField(default=0)
-    duplicate = IntField(default=0)
-    rejected = IntField(default=0)
-    lines = IntField(default=0)
-    errors = ListField(DictField())
-    bytes = IntField(default=0)
-    spend_time = IntField(default=0)            # microseconds
-    hostname = StringField()
-    failed_reason = StringField(max_length=10240)
-    started_at = DateTimeField()
-    finished_at = DateTimeField()
-    add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log", "collection": "crawler_generator_log", "indexes": [("job", "_id")]}
-
-
-ALL_MODELS = (
-    Project,
-    AuditEntry,
-    Export,
-    Notification,
-    NotificationLog,
-    ClusterSecret,
-    ApiToken,
-    WebSession,
-    Job,
-    CrawlerDownloadType,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerTask,
-    CrawlerTaskKey,
-    CrawlerTaskCount,
-    CrawlerLease,
-    LostLease,
-    DefenderState,
-    CrawlerDownloadData,
-    CrawlerDownloadLog,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
-    CrawlerRegistrationErrorLog,
-    CrawlerGenerator,
-    CrawlerGeneratorLog,
-    CrawlerOldVersion,
-)

@@ -22,6 +22,12 @@ from pymongo.collection import Collection
 
 from common.store import counts
 from common.store.data import gridfs_of, shown
+from common.store.log_models import (
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadLog,
+    CrawlerRegistrationErrorLog,
+)
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -29,12 +35,8 @@ from common.store.models import (
     LIVE,
     QUEUED,
     RUNNING,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
     CrawlerDownloadData,
-    CrawlerDownloadLog,
     CrawlerLease,
-    CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
     collection,

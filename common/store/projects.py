@@ -12,16 +12,8 @@ from typing import Any
 from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import (
-    ADMIN,
-    DEFAULT_PROJECT,
-    ApiToken,
-    Export,
-    Job,
-    Project,
-    collection,
-    utcnow,
-)
+from common.store.control_models import ADMIN, DEFAULT_PROJECT, ApiToken, Project
+from common.store.models import Export, Job, collection, utcnow
 from common.store.records import Project as ProjectRecord
 from common.store.records import Token
 

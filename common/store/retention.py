@@ -27,24 +27,26 @@ from common.store import counts
 from common.store import tasks as store_tasks
 from common.store.data import body_of, gridfs_of, visible
 from common.store.data import named as named_by_tasks
+from common.store.log_models import (
+    CrawlerDispatchAlertLog,
+    CrawlerDispatchLog,
+    CrawlerDownloadLog,
+    CrawlerGeneratorLog,
+    CrawlerRegistrationErrorLog,
+    NotificationLog,
+)
 from common.store.models import (
     CANCEL,
     DEAD,
     FAIL,
     SUCCESS,
     TASK_STATUSES,
-    CrawlerDispatchAlertLog,
-    CrawlerDispatchLog,
     CrawlerDownloadData,
-    CrawlerDownloadLog,
     CrawlerDownloadSetting,
-    CrawlerGeneratorLog,
     CrawlerOldVersion,
-    CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
     Notification,
-    NotificationLog,
     id_at,
 )
 from common.store.paging import Doc, Span, by_id, in_chunks

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pymongo.errors import DuplicateKeyError
 
-from common.store.models import ApiToken, ClusterSecret, CrawlerDownloadData, CrawlerTask, Job, WebSession
+from common.store.control_models import ApiToken, ClusterSecret, WebSession
+from common.store.models import CrawlerDownloadData, CrawlerTask, Job
 
 
 def move_secrets() -> tuple[int, list[str]]:

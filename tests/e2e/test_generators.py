@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from common.store.models import CrawlerGenerator, CrawlerGeneratorLog, CrawlerTask, Job, store_now
+from common.store.log_models import CrawlerGeneratorLog
+from common.store.models import CrawlerGenerator, CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import cli, statuses, wait_for, write_job
 

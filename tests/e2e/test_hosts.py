@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from common.config import load, settings
-from common.store.models import CrawlerDownloadLog, CrawlerLease, CrawlerTask
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import CrawlerLease, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import TRAFFIC
 from tests.helpers import add_urls, clock_skew, register, statuses

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import CrawlerDownloadData, CrawlerTask
 from services import RedisServer, free_port
 from tests.helpers import add_urls, register
 

@@ -21,7 +21,8 @@ import pytest
 import requests
 
 import sample_site
-from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, Export, Job
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import CrawlerDownloadData, Export, Job
 from master.dispatch.dispatcher import dispatch_once
 from services import free_port
 from tests.e2e.test_revisits import keys, task_of, url, visit_again

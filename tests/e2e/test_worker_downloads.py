@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job, store_now
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import CrawlerDownloadData, CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from tests.helpers import add_urls, register, sent, statuses, wait_for

@@ -17,13 +17,8 @@ import sample_site
 from common.config import load, settings
 from common.queue.names import QUEUE_NAMES, cap
 from common.store.connection import connect_mongo, disconnect_mongo
-from common.store.models import (
-    CrawlerDispatchAlertLog,
-    CrawlerDownloadData,
-    CrawlerLease,
-    CrawlerTask,
-    utcnow,
-)
+from common.store.log_models import CrawlerDispatchAlertLog
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
 from master.dispatch.dispatcher import dispatch_once
 from services import MongoServer
 from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for, with_settings

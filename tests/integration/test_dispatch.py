@@ -9,13 +9,15 @@ from rq import Queue
 from common.config import load
 from common.errors import DispatchLocked
 from common.queue.names import LOCK_KEY
-from common.store.models import (
+from common.store.log_models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
+    CrawlerRegistrationErrorLog,
+)
+from common.store.models import (
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerLease,
-    CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
 )

@@ -22,13 +22,13 @@ from bson import ObjectId
 
 from common.config import load, settings
 from common.errors import ValidationError
+from common.store.log_models import NotificationLog
 from common.store.models import (
     CrawlerDownloadData,
     CrawlerTask,
     Export,
     Job,
     Notification,
-    NotificationLog,
     store_now,
     utcnow,
 )

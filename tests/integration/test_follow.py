@@ -13,12 +13,12 @@ from bson import ObjectId
 from common.intake import add_found
 from common.jobsettings import Follow, Sitemaps
 from common.store import counts, leases
+from common.store.log_models import CrawlerRegistrationErrorLog
 from common.store.models import (
     FRESH,
     CrawlerDownload,
     CrawlerDownloadSetting,
     CrawlerLease,
-    CrawlerRegistrationErrorLog,
     CrawlerTask,
     Job,
     utcnow,

@@ -12,7 +12,8 @@ import pytest
 from mongoengine.errors import NotUniqueError
 
 from common.config import load, settings
-from common.store.models import CrawlerDispatchAlertLog, Job
+from common.store.log_models import CrawlerDispatchAlertLog
+from common.store.models import Job
 from sample_site import INVALID_UTF8_BODY, PDF_BODY, SHIFT_JIS_BODY, bytes_body, page_body
 
 

@@ -6,7 +6,7 @@ import json
 
 import pymongo
 
-from common.store.models import ApiToken, ClusterSecret, WebSession
+from common.store.control_models import ApiToken, ClusterSecret, WebSession
 from master import tokens
 from tests.helpers import burst_worker, cli
 
@@ -61,7 +61,8 @@ def test_migrate_moves_an_earlier_clusters_secrets_out_of_the_source(cluster):
 # --- retention and archive -------------------------------------------------------------------
 
 def _counts(job) -> dict:
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import CrawlerDownloadData, CrawlerTask
 
     db = CrawlerDownloadData._get_collection().database
     return {
@@ -76,14 +77,8 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     from datetime import timedelta
 
     from common.config import load, settings
-    from common.store.models import (
-        CrawlerDispatchLog,
-        CrawlerDownloadSetting,
-        Job,
-        Notification,
-        NotificationLog,
-        utcnow,
-    )
+    from common.store.log_models import CrawlerDispatchLog, NotificationLog
+    from common.store.models import CrawlerDownloadSetting, Job, Notification, utcnow
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
@@ -229,7 +224,7 @@ def test_a_stalled_queue_writes_an_alert_and_mails_the_job_once(cluster, tmp_pat
 
     from common.config import load, settings
     from common.notify import deliver_due
-    from common.store.models import CrawlerDispatchAlertLog
+    from common.store.log_models import CrawlerDispatchAlertLog
     from master.dispatch.dispatcher import dispatch_once
     from master.ops import reports
     from master.ops.stalls import check_stalls
@@ -335,7 +330,8 @@ def test_task_show_by_url_or_id_cli_and_api(cluster, tmp_path):
 
 
 def test_shell_downloaders_get_the_jobs_proxy_and_cookie_in_their_environment(cluster, tmp_path, caplog):
-    from common.store.models import CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import CrawlerDownloadData, CrawlerTask
     from master.dispatch.dispatcher import dispatch_once
     from tests.helpers import add_urls, register
 
@@ -414,7 +410,8 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
 def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnight_utc(cluster, tmp_path):
     from datetime import timedelta
 
-    from common.store.models import CrawlerDownloadLog, utcnow
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import utcnow
     from tests.integration.test_exports import _job_with_pages
 
     _job_with_pages(cluster, tmp_path, n=2, name="dated")

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from bson import ObjectId
 
-from common.store.models import ApiToken, Export, Job, Project
+from common.store.control_models import ApiToken, Project
+from common.store.models import Export, Job
 from master.dispatch.dispatcher import dispatch_once
 from master.exports import service as exports
 from slave.exporter import run_export

@@ -13,11 +13,11 @@ from common.errors import DispatchLocked, DownloadError
 from common.queue.names import LOCK_KEY
 from common.store import leases
 from common.store import tasks as task_store
+from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
     FRESH,
     LIVE,
     CrawlerDownloadData,
-    CrawlerDownloadLog,
     CrawlerLease,
     CrawlerTask,
     Job,

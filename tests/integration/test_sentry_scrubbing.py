@@ -11,7 +11,8 @@ from sentry_sdk.transport import Transport
 
 from common.secrets import install_logging_filter, remember
 from common.sentry import init_sentry
-from common.store.models import CrawlerDownloadLog, CrawlerTask
+from common.store.log_models import CrawlerDownloadLog
+from common.store.models import CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, register
 

@@ -14,10 +14,10 @@ from pymongo import monitoring
 from common.config import load, settings
 from common.store import counts
 from common.store.leases import claim
+from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
     TASK_STATUSES,
     CrawlerDownloadData,
-    CrawlerDownloadLog,
     CrawlerDownloadSetting,
     CrawlerLease,
     CrawlerOldVersion,

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.store.models import ApiToken, CrawlerRegistrationErrorLog, CrawlerTask, Job, WebSession
+from common.store.control_models import ApiToken, WebSession
+from common.store.log_models import CrawlerRegistrationErrorLog
+from common.store.models import CrawlerTask, Job
 from services import env_for, free_port
 from tests.helpers import add_urls, cli, register, statuses
 from tests.web_helpers import WebServer

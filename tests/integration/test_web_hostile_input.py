@@ -11,7 +11,8 @@ from urllib.parse import quote
 import pytest
 import requests
 
-from common.store.models import CrawlerRegistrationErrorLog, Export, Job
+from common.store.log_models import CrawlerRegistrationErrorLog
+from common.store.models import Export, Job
 from services import env_for
 from tests.helpers import cli, register
 from tests.integration.test_web_api import new_token

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pymongo
 
-from common.store.models import ALL_MODELS
+from common.store.schema import ALL_MODELS
 from tests.schema_doc import documented
 
 GRIDFS_SUFFIXES = (".files", ".chunks")  # GridFS buckets, described in prose beside their documents
@@ -67,7 +67,8 @@ def test_every_departure_from_seed_003s_models_is_stated_with_its_reason():
 
     from mongoengine import BinaryField, DictField, StringField
 
-    from common.store.models import CrawlerDownload, CrawlerDownloadData, CrawlerDownloadLog, CrawlerTask, Job
+    from common.store.log_models import CrawlerDownloadLog
+    from common.store.models import CrawlerDownload, CrawlerDownloadData, CrawlerTask, Job
     from master.dispatch import dispatcher
     from tests.schema_doc import SCHEMA
 

@@ -9,26 +9,23 @@ Two rules:
     subscript ``v["status"]``, ``v.get("status")`` or ``getattr(v, "status")`` where ``v`` is the
     result of a call into ``common.store`` (or a name bound from one: assigned, unpacked, looped
     over or taken out of one, or a parameter of a function of the same module that is passed
-    one), and the key is a field of a document in ``common.store.models``.
+    one), and the key is a field of a document of ``common.store.schema.ALL_MODELS``.
 """
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from mongoengine import Document
 
-from common.store import models
+from common.store.schema import ALL_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("master", "slave", "common")
 STORE = ROOT / "common" / "store"
-DOCUMENT_CLASSES = {name for name, obj in vars(models).items()
-                    if inspect.isclass(obj) and issubclass(obj, Document) and obj is not Document}
-FIELDS = {f.db_field or name for cls in DOCUMENT_CLASSES for name, f in getattr(models, cls)._fields.items()}
+MODELS = {m.__name__: m for m in ALL_MODELS}  # every document class, of the three databases
+FIELDS = {f.db_field or name for cls in MODELS.values() for name, f in cls._fields.items()}
 FIELDS.add("_id")
 READS = ("get", "pop", "setdefault")
 DRIVER = ("Collection", "MongoClient")
@@ -52,7 +49,7 @@ def _document_like(annotation: ast.expr, records: set[str], aliases: frozenset[s
     for node in ast.walk(annotation):
         if isinstance(node, ast.Name) and node.id in aliases:
             return True
-        if isinstance(node, ast.Name) and node.id in (DOCUMENT_CLASSES - records) | {"dict"}:
+        if isinstance(node, ast.Name) and node.id in (set(MODELS) - records) | {"dict"}:
             if node.id != "dict":
                 return True
             parent = next((p for p in ast.walk(annotation)
@@ -349,7 +346,7 @@ def test_a_record_holds_its_documents_fields(model, record):
 
     from common.store import records
 
-    assert {f.name for f in fields(getattr(records, record))} == set(getattr(models, model)._fields)
+    assert {f.name for f in fields(getattr(records, record))} == set(MODELS[model]._fields)
 
 
 def test_a_record_goes_to_its_document_and_back():

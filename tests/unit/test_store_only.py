@@ -7,29 +7,28 @@ A module outside the store may not
   * change a document through mongoengine: ``.save()``, ``.modify()``, ``.delete()`` without
     arguments, ``.update()`` with mongoengine's operator keywords (``set__name=...``);
   * import a mongoengine Document class, or ``collection`` (a class's pymongo collection), from
-    ``common.store.models`` (status constants, clocks and plain helpers such as ``job_named`` may
-    be imported);
+    ``common.store.models``, ``log_models``, ``control_models`` or ``schema`` (status constants,
+    roles, clocks and plain helpers such as ``job_named`` may be imported);
   * make a MongoDB client or a GridFS bucket (``MongoClient``, ``GridFS``, ``GridFSBucket``):
     the store's connection module holds the connections.
 """
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 
 import pytest
-from mongoengine import Document
 
-from common.store import models
+from common.store.schema import ALL_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("master", "slave", "common")
 STORE = ROOT / "common" / "store"
 RAW = {"_get_collection", "get_collection", "get_database"}
 CLIENTS = {"MongoClient", "GridFS", "GridFSBucket"}
-DOCUMENT_CLASSES = {name for name, obj in vars(models).items()
-                    if inspect.isclass(obj) and issubclass(obj, Document) and obj is not Document}
+DOCUMENT_CLASSES = {m.__name__ for m in ALL_MODELS}
+MODEL_MODULES = ("common.store.models", "common.store.log_models", "common.store.control_models",
+                 "common.store.schema")
 UPDATE_OPS = ("set__", "unset__", "inc__", "dec__", "push__", "pull__", "add_to_set__", "pop__", "max__",
               "min__")
 
@@ -58,14 +57,15 @@ def breaches(source: str) -> list[str]:
             found.append(f"{node.lineno}: .{node.func.attr}() on a document")
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("pymongo", "gridfs"):
             found += [f"{node.lineno}: imports {a.name}" for a in node.names if a.name in CLIENTS]
-        elif isinstance(node, ast.ImportFrom) and node.module == "common.store.models":
+        elif isinstance(node, ast.ImportFrom) and node.module in MODEL_MODULES:
             found += [f"{node.lineno}: imports {a.name}" for a in node.names
-                      if a.name in DOCUMENT_CLASSES | {"collection"}]
+                      if a.name in DOCUMENT_CLASSES | {"collection", "ALL_MODELS"}]
         elif isinstance(node, ast.ImportFrom) and node.module == "common.store":
-            found += [f"{node.lineno}: imports the models module" for a in node.names if a.name == "models"]
+            found += [f"{node.lineno}: imports the models module" for a in node.names
+                      if f"common.store.{a.name}" in MODEL_MODULES]
         elif isinstance(node, ast.Import):
             found += [f"{node.lineno}: imports the models module" for a in node.names
-                      if a.name == "common.store.models"]
+                      if a.name in MODEL_MODULES]
     return found
 
 
@@ -88,6 +88,10 @@ def test_only_the_store_touches_mongodb():
     "from common.store.models import CrawlerTask\n",
     "from common.store.models import collection\n",
     "from common.store import models\n",
+    "from common.store.log_models import CrawlerDownloadLog\n",
+    "from common.store.control_models import ApiToken\n",
+    "from common.store.schema import ALL_MODELS\n",
+    "from common.store import log_models\n",
     "x = Job.objects(name='a').first()\n",
     "coll = thing._get_collection()\n",
     "from pymongo import MongoClient\n",
@@ -104,6 +108,7 @@ def test_the_rule_catches(source):
 
 @pytest.mark.parametrize("source", [
     "from common.store.models import LIVE, store_now, job_named\n",
+    "from common.store.control_models import ADMIN, ROLES\n",
     "redis.delete(key)\n",
     "fs.delete(file_id)\n",
     "d.update(other)\n",

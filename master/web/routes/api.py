@@ -16,7 +16,8 @@ from common.config import settings
 from common.errors import ValidationError
 from common.store.connection import redis_conn
 from common.store.control import Token
-from common.store.models import ADMIN, iso
+from common.store.control_models import ADMIN
+from common.store.models import iso
 from common.store.records import DownloadType
 from master import access, audit, generators, projects, registry, tokens, views
 from master.dispatch.runs import dispatch_in_child

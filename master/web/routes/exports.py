@@ -26,8 +26,8 @@ from common.exports.events import FINAL_STATES, channel, snapshot
 from common.exports.tabular import CONTENT_TYPES, WRITERS, file_name
 from common.notify import MAIL_RE
 from common.store.connection import redis_client, redis_conn
+from common.store.control_models import ADMIN
 from common.store.data import export_fits, export_source
-from common.store.models import ADMIN
 from master import audit, tokens, views
 from master.exports import service as exports
 from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, Versions, answers
