@@ -175,7 +175,8 @@ def test_redis_restart_mid_download_is_not_a_death(fast, tmp_path):
     """The heartbeat lives in MongoDB: a Redis restart while entries run recovers nothing, and
     the running entry settles its tasks with their data (issue 13, item 2)."""
     slow = (  # fetches first (the site counts it: the download is under way), then takes its time
-        "import time, urllib.request\ndef download(task):\n    body = urllib.request.urlopen(task['url']).read()\n"
+        "import time, urllib.request\ndef download(task):\n"
+        "    body = urllib.request.urlopen(task['url']).read()\n"
         '    time.sleep(2.5)\n    return {"status_code": 200, "headers": {}, "body": body}\n'
     )
     register(tmp_path, "rr", priority=1, kind="python", code=slow, allow_private=True)
