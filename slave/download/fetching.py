@@ -25,6 +25,7 @@ from common.secrets import redact
 from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
+from common.store.models import store_time
 from common.store.records import LeaseTask, Prev
 from slave.download import links, sitemaps
 from slave.download.coalescing import Coalescing
@@ -56,7 +57,8 @@ def _stored_download(data_id: str) -> Download | None:
     doc, body = found
     return Download(status_code=int(doc.status_code or 0), headers=dict(doc.response_headers), body=body,
                     url=doc.url or "", remote_ip=doc.remote_ip or "",
-                    request_headers=dict(doc.requests_headers), encoding=doc.encoding)
+                    request_headers=dict(doc.requests_headers), encoding=doc.encoding,
+                    fetched_at=doc.fetched_at or doc.add_datetime)  # the leader's fetch: when it was fetched
 
 
 def _previous(prev: Prev | None) -> dict | None:
@@ -261,6 +263,7 @@ class Engines:
         """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
         url, limits = task.uri, self.limits
         loop = asyncio.get_running_loop()
+        started = store_time()  # the fetch's time (WARC-Date), on the clock its store stamp is on
         shape, prev = _request_shape(ctx), task.prev
         if prev:  # a visit of a stored page: ask whether it changed (a 304 costs no body)
             shape["headers"] = {**shape["headers"], **revisit.validators(prev)}
@@ -296,6 +299,7 @@ class Engines:
                                          large_gate=self.large_gate)
             if len(result.body) > limits.maxsize:
                 raise too_big(limits.maxsize)
+            result.fetched_at = started
             return result
         except DownloadError:
             raise
