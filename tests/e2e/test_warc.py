@@ -259,6 +259,7 @@ def test_a_revisit_refers_to_the_version_it_matched_not_an_earlier_one(cluster, 
     versions = {d.version or 1: d for d in CrawlerDownloadData.objects(job=Job.objects.get(name="wv"))}
     revisits = [h for h, kind, _, _ in records if kind == "revisit"]
     assert [h["WARC-Refers-To"] for h in revisits] == [record_id(versions[v].id, "response") for v in (1, 2)]
-    payloads = {h["WARC-Record-ID"]: h["WARC-Payload-Digest"] for h, kind, _, _ in records if kind == "response"}
+    payloads = {h["WARC-Record-ID"]: h["WARC-Payload-Digest"]
+                for h, kind, _, _ in records if kind == "response"}
     assert [h["WARC-Payload-Digest"] for h in revisits] == [payloads[h["WARC-Refers-To"]] for h in revisits]
     assert len(set(payloads.values())) == 2  # the two versions' bodies differ
