@@ -8,6 +8,7 @@ its own under ``var/`` (no test reaches a package index); the replay test is ski
 only when that venv could not be built on the machine."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -144,6 +145,25 @@ def test_the_export_center_writes_the_same_archive(cluster, crawled, tmp_path):
     with open_file(export.file_id) as src, open(path, "wb") as out:
         shutil.copyfileobj(src, out)
     _assert_archive(path, crawled)
+    info = read(path)[0]
+    assert info[0]["WARC-Filename"] == "wa.warc.gz" and b"isPartOf: wa\r\n" in info[3]  # the job's name
+
+
+def test_records_stream_each_written_before_the_next_is_read(cluster, crawled):
+    """A WARC export holds one record at a time: the writer writes each download's records before
+    it takes the next (the documents come from a cursor, in batches)."""
+    from common.exports.warc import write_job
+    from common.store.records import ExportFilter
+
+    out, written = io.BytesIO(), []
+
+    def wrap(items):
+        for item in items:
+            written.append(out.tell())  # the bytes out before this item was taken
+            yield item
+
+    assert write_job(Job.objects.get(name="wa").id, "wa", ExportFilter(), out, wrap) == 10 == len(written)
+    assert 0 < written[0] and all(a < b for a, b in zip(written, written[1:])) and written[-1] < out.tell()
 
 
 def test_a_template_with_warc_is_refused_and_nothing_is_written(cluster, crawled, tmp_path):
