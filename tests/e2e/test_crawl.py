@@ -57,6 +57,15 @@ class Site(BaseHTTPRequestHandler):
             self._html("".join(f"<a href='/item/{i}'>{i}</a>" for i in range(100_000)))
         elif path == "/changing":
             self._html(f"<a href='/version/{CHANGING['version']}'>now</a>")
+        elif path == "/robots.txt":
+            data = b"User-agent: *\nDisallow: /robots-denied\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif path == "/polite":
+            self._html("<a href='/robots-denied'>denied by robots.txt</a> <a href='/allowed'>allowed</a>")
         else:
             self._html("no links")
 
@@ -147,6 +156,16 @@ def test_out_of_scope_denied_and_other_schemes_are_never_tasks(cluster, tmp_path
     assert "/landing" not in REQUESTED and "/redirect" in REQUESTED
     shown = cli("task", "show", "scope", own_site + "/redirect").output
     assert "status: FAIL\n" in shown and "redirect out of the job's scope" in shown
+
+
+def test_robots_txt_holds_for_found_urls(cluster, tmp_path, own_site):
+    following(tmp_path, "polite", "max_depth = 1\n")
+    REQUESTED.clear()
+    tasks = crawl(cluster, "polite", own_site + "/polite")
+    assert {u[len(own_site):]: t["status"] for u, t in tasks.items()} == {
+        "/polite": "SUCCESS", "/allowed": "SUCCESS", "/robots-denied": "FAIL"}
+    assert tasks[own_site + "/robots-denied"]["failed_reason"] == "robots.txt disallows"
+    assert "/robots-denied" not in REQUESTED and "/allowed" in REQUESTED and "/robots.txt" in REQUESTED
 
 
 @pytest.mark.parametrize("follow,months", [
