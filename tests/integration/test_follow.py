@@ -146,7 +146,7 @@ def test_a_python_downloader_returning_a_million_links_costs_the_caps_only(clust
                             "https://example.org/start")
     assert outcome.error is None, outcome.error
     logged = [r.getMessage() for r in caplog.records if "over the cap" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].endswith(": 100 links taken, 999903 over the cap")  # the excess, once
+    assert len(logged) == 1 and logged[0].endswith(": 100 links taken, 999903 over the cap")  # once
     found = outcome.links
     assert found.urls[:3] == ["https://example.org/relative", "https://example.org/page/0",
                               "https://example.org/page/1"]
