@@ -171,6 +171,7 @@ def _task(task: Task, job_name: str) -> dict:
         "host": task.host_name or "",
         "depth": task.depth or 0,
         "parent": str(task.parent) if task.parent else None,
+        "sitemap": task.sitemap,  # "xml": a sitemap, "robots": a robots.txt (for its sitemaps); None: a page
         "queue": task.queue,
         "data_id": str(data) if data else None,
         "visits": task.visits or 0,

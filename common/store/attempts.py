@@ -38,8 +38,8 @@ DUPLICATE_KEY = 11000
 def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, lease: str, download: Any,
              now: datetime, version: int | None = None) -> Doc:
     """The data document of one successful download (``download``: status_code, headers, body,
-    request_headers, request_body, encoding, remote_ip) of ``version`` of its page (revisits);
-    a large body goes to GridFS."""
+    request_headers, request_body, encoding, remote_ip, fetched_at) of ``version`` of its page
+    (revisits); a large body goes to GridFS."""
     d = download
     doc: Doc = {
         "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
@@ -51,6 +51,8 @@ def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, 
     }
     if version is not None:
         doc["version"] = version
+    if getattr(d, "fetched_at", None) is not None:
+        doc["fetched_at"] = d.fetched_at
     if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
         doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
         doc["response_body"] = None

@@ -117,14 +117,17 @@ def versions_of(task_id: ObjectId) -> list[tuple[DataDoc, bool]]:
             for d in sorted(found, key=lambda d: d["_id"])]
 
 
-def version_at(task_id: ObjectId, at: datetime) -> tuple[DataDoc, bytes] | None:
-    """The version of a task's page that was its latest at time ``at`` (the newest stored no later
-    than ``at``), with its body; None if it has none (or none is kept)."""
-    before = [d for d, _ in versions_of(task_id) if d.add_datetime and d.add_datetime <= at]
-    if not before:
-        return None
+def latest_at(versions: list[tuple[DataDoc, bool]], at: datetime) -> DataDoc | None:
+    """Of a task's ``versions`` (``versions_of``), the one that was its latest at time ``at``: the
+    newest stored no later than ``at``; None if none was."""
+    before = [d for d, _ in versions if d.add_datetime and d.add_datetime <= at]
+    return before[-1] if before else None
+
+
+def with_body(data_id: ObjectId) -> tuple[DataDoc, bytes] | None:
+    """A data document (without its request body) and its response body; None if it is gone."""
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": before[-1].id}, {"requests_body": 0})
+    doc = coll.find_one({"_id": data_id}, {"requests_body": 0})
     return (DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))) if doc else None
 
 

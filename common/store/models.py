@@ -325,6 +325,7 @@ class CrawlerDownloadData(Document):
     remote_ip = StringField()
     version = IntField()          # revisits: 1, 2, ... the page's versions in order
     superseded = BooleanField()   # revisits: a later version of the page is stored (and named)
+    fetched_at = DateTimeField()  # when its fetch started (absent before 2026-11-27: add_datetime)
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",

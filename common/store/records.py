@@ -247,6 +247,7 @@ class DataDoc(Record):
     remote_ip: str | None = None
     version: int | None = None
     superseded: bool | None = None
+    fetched_at: datetime | None = None  # when its fetch started (None before 2026-11-27)
     add_datetime: datetime | None = None
 
 

@@ -20,6 +20,7 @@ from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 CHANGING = {"version": 1}  # what /changing links to (a page that changes between visits)
+REQUESTED: list[str] = []  # the paths the site was asked for
 
 
 class Site(BaseHTTPRequestHandler):
@@ -39,6 +40,7 @@ class Site(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         port = self.server.server_address[1]
         path = self.path
+        REQUESTED.append(path)
         if path == "/start":
             self._html(f"<a href='/a'>a</a> <a href='http://localhost:{port}/other'>other site</a> "
                        "<a href='/private/secret'>denied</a> <a href='/redirect'>off the site</a> "
@@ -55,6 +57,15 @@ class Site(BaseHTTPRequestHandler):
             self._html("".join(f"<a href='/item/{i}'>{i}</a>" for i in range(100_000)))
         elif path == "/changing":
             self._html(f"<a href='/version/{CHANGING['version']}'>now</a>")
+        elif path == "/robots.txt":
+            data = b"User-agent: *\nDisallow: /robots-denied\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif path == "/polite":
+            self._html("<a href='/robots-denied'>denied by robots.txt</a> <a href='/allowed'>allowed</a>")
         else:
             self._html("no links")
 
@@ -130,11 +141,31 @@ def test_an_endless_tree_stops_at_max_pages(cluster, tmp_path):
 
 def test_out_of_scope_denied_and_other_schemes_are_never_tasks(cluster, tmp_path, own_site):
     following(tmp_path, "scope", "deny = ['/private/']\n")
+    REQUESTED.clear()
     tasks = crawl(cluster, "scope", own_site + "/start")
-    # not: another host name, a denied path, javascript:, mailto:, file:, a URL over 2048
-    # characters, nor the links of a page that redirected off the site (judged against its task URL)
+    # not: another host name, a denied path, javascript:, mailto:, file:, a URL over 2048 characters
     assert sorted(tasks) == [own_site + p for p in ("/a", "/redirect", "/start")]
-    assert all(t["status"] == "SUCCESS" for t in tasks.values())
+    assert {u[len(own_site):]: t["status"] for u, t in tasks.items()} == {
+        "/a": "SUCCESS", "/start": "SUCCESS", "/redirect": "FAIL"}
+    # a redirect off the site is not followed: its page fails for good, saying where it led and why
+    off = f"http://localhost:{own_site.rsplit(':', 1)[1]}/landing"
+    redirect = tasks[own_site + "/redirect"]
+    why = f"redirect out of the job's scope to {off}: another site than 127.0.0.1"
+    assert redirect["failed_reason"] == why
+    assert redirect.get("retry_at") is None and redirect["download_times"] == 1
+    assert "/landing" not in REQUESTED and "/redirect" in REQUESTED
+    shown = cli("task", "show", "scope", own_site + "/redirect").output
+    assert "status: FAIL\n" in shown and "redirect out of the job's scope" in shown
+
+
+def test_robots_txt_holds_for_found_urls(cluster, tmp_path, own_site):
+    following(tmp_path, "polite", "max_depth = 1\n")
+    REQUESTED.clear()
+    tasks = crawl(cluster, "polite", own_site + "/polite")
+    assert {u[len(own_site):]: t["status"] for u, t in tasks.items()} == {
+        "/polite": "SUCCESS", "/allowed": "SUCCESS", "/robots-denied": "FAIL"}
+    assert tasks[own_site + "/robots-denied"]["failed_reason"] == "robots.txt disallows"
+    assert "/robots-denied" not in REQUESTED and "/allowed" in REQUESTED and "/robots.txt" in REQUESTED
 
 
 @pytest.mark.parametrize("follow,months", [

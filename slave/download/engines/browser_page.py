@@ -3,6 +3,7 @@ paused, the job's cookie host-only), then fed the session's events, each answere
 
 Requests (``Fetch.requestPaused``): http/https only, so a redirect or a script navigating to
 ``file://`` is refused; the job's headers are added to requests to the task's own site alone;
+a following job's page is not redirected out of its scope (the hop refused before it goes);
 proxy credentials answered, dialogs dismissed.
 
 Addresses (``common/netguard.py``): every paused request's host is resolved and judged before it
@@ -21,10 +22,12 @@ from urllib.parse import urlsplit
 from common import netguard
 from common.errors import AddressRefused, DownloadError
 from common.secrets import keeps_credentials
+from slave.download.engines.rules import out_of_scope
 
 if TYPE_CHECKING:
     from slave.download.engines.base import Limits
     from slave.download.engines.chromium import Browser
+    from slave.download.engines.rules import Scope
 
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 # Chromium's net errors (after those named in ``_net_error``) that another try cannot mend
@@ -49,7 +52,7 @@ class Page:
 
     def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str,
                  allow_private: bool = False, proxied: bool = False, site: str = "",
-                 headers: dict | None = None) -> None:
+                 headers: dict | None = None, scope: Scope | None = None) -> None:
         self.b, self.session, self.limits = b, session, limits
         self.user, self.password = user, password
         self.site, self.headers = site, headers or {}  # the job's headers go to the task's site only
@@ -58,12 +61,16 @@ class Page:
         self.main_frame = self.loader = None
         self.response: dict = {}
         self.refused: list[str] = []
+        self.scope = scope
+        self.out_of_scope: DownloadError | None = None  # a redirect of the page out of the job's scope
         self.inflight: set[str] = set()
         self.redirects = 0
         self.loaded_at: float | None = None
         self.idle_since: float | None = None
 
     def failed_navigation(self, text: str) -> DownloadError:
+        if self.out_of_scope is not None:
+            return self.out_of_scope
         refused = next((why for why in self.judged.values() if why), None)
         if refused and "ERR_ADDRESS_UNREACHABLE" in text:
             return AddressRefused(refused)
@@ -78,7 +85,10 @@ class Page:
             raise DownloadError("page crashed (out of memory?)", retryable=True)
         if method == "Fetch.requestPaused":
             scheme = urlsplit(p["request"]["url"]).scheme.lower()
-            if scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
+            if self.redirected_out(p):
+                await b.call("Fetch.failRequest",
+                             {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
+            elif scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
                 await b.call("Fetch.failRequest",
                              {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
             elif scheme in ("http", "https", "data", "blob"):
@@ -104,6 +114,10 @@ class Page:
                     if self.redirects > self.limits.max_redirects:
                         raise DownloadError(f"too many redirects (more than {self.limits.max_redirects})",
                                             retryable=False)
+                    # the hop's request, if paused before this event told of it, was refused there
+                    refused = out_of_scope(self.scope, p["request"]["url"])
+                    if refused is not None:
+                        raise refused
                 self.loader = p["requestId"]
         elif method == "Network.responseReceived":
             if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
@@ -119,6 +133,15 @@ class Page:
                 raise self.failed_navigation(p.get("errorText", "failed"))
         elif method == "Page.loadEventFired":
             self.loaded_at = time.monotonic()
+
+    def redirected_out(self, paused: dict) -> bool:
+        """Whether a paused request is a redirect of the page out of the job's scope (noted in
+        ``out_of_scope``: the navigation then fails with it)."""
+        if self.scope is None or not paused.get("redirectedRequestId") \
+                or paused.get("resourceType") != "Document" or paused.get("frameId") != self.main_frame:
+            return False
+        self.out_of_scope = out_of_scope(self.scope, paused["request"]["url"])
+        return self.out_of_scope is not None
 
     def continued(self, paused: dict) -> dict:
         """Fetch.continueRequest's parameters for a paused request: the job's headers added when
