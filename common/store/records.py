@@ -447,6 +447,32 @@ class DispatchLog(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class AlertLog(Record):
+    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall`` or
+    ``generator_fail``, of a job (None: cluster-wide)."""
+
+    id: ObjectId
+    job: ObjectId | None = None
+    type: str | None = None
+    reason: str = ""
+    content_bytes: int = 0
+    hostname: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationError(Record):
+    """A rejected ``job register`` (``crawler_registration_error_log``, log database)."""
+
+    id: ObjectId
+    name: str | None = None
+    manifest: str | None = None
+    reason: str = ""
+    hostname: str | None = None
+    add_datetime: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Session(Record):
     """A console sign-in (``web_session``, control database): ``id`` is the SHA-256 of the
     cookie's secret, ``token`` the digest of the token it signed in with."""
@@ -497,7 +523,8 @@ NO_FILTER = ExportFilter()  # every document of the job, each page's latest vers
 
 ALL_RECORDS: tuple[type[Record], ...] = (
     Job, JobSettings, Task, Lease, Prev, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
-    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog)
+    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog, AlertLog,
+    RegistrationError)
 
 
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:

@@ -46,7 +46,7 @@ from common.store.models import (
     id_at,
 )
 from common.store.paging import Doc, Span, by_id, in_chunks
-from common.store.records import DataDoc
+from common.store.records import DataDoc, DownloadLog
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
             CrawlerGeneratorLog)
@@ -222,10 +222,10 @@ def old_data(job_id: ObjectId, before: ObjectId) -> Iterator[tuple[DataDoc, byte
             yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
-def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[Doc]:
+def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[DownloadLog]:
     """The job's download logs made before ``before``, in ``_id`` order."""
-    yield from CrawlerDownloadLog._get_collection().find(
-        {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000)
+    yield from map(DownloadLog.from_doc, CrawlerDownloadLog._get_collection().find(
+        {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000))
 
 
 def remove_data(ids: list[ObjectId]) -> None:

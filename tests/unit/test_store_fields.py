@@ -38,10 +38,10 @@ DRIVER = ("Collection", "MongoClient")
 PLUMBING = {"paging.py", "claims.py"}
 # Store modules not converted yet: each still returns documents (the list only shrinks).
 NOT_YET_RETURNS: set[str] = {
-    "attempts.py", "data.py", "leases.py", "pages.py", "retention.py",
+    "attempts.py", "data.py", "leases.py",
 }
 # Modules outside the store that still read documents by key (the list only shrinks).
-NOT_YET_READS: set[str] = {"master/ops/archive.py", "master/views.py"}
+NOT_YET_READS: set[str] = set()
 
 
 # --- the store's results ----------------------------------------------------------------------
@@ -340,7 +340,8 @@ RECORD_OF = {"Job": "Job", "CrawlerDownloadSetting": "JobSettings", "CrawlerTask
              "CrawlerGenerator": "Generator", "CrawlerGeneratorLog": "GeneratorRun",
              "Notification": "NotificationRecord", "ApiToken": "Token", "Project": "Project",
              "AuditEntry": "AuditEntry", "CrawlerDownloadType": "DownloadType",
-             "CrawlerDispatchLog": "DispatchLog", "WebSession": "Session"}
+             "CrawlerDispatchLog": "DispatchLog", "WebSession": "Session",
+             "CrawlerDispatchAlertLog": "AlertLog", "CrawlerRegistrationErrorLog": "RegistrationError"}
 
 
 @pytest.mark.parametrize("model, record", sorted(RECORD_OF.items()))
