@@ -41,7 +41,8 @@ from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
 from common.store import claims, counts
-from common.store.data import gridfs_of, named
+from common.store.data import gridfs_of
+from common.store.fence import named
 from common.store.models import (
     DEAD,
     DISPATCH,

@@ -8,7 +8,7 @@ of one status or all, in ``_id`` order), ``(job, uri)`` (a task by its URL);
 task's settled lease); the logs' ``(job, _id)`` (the download log of several jobs: job by job,
 merged); ``crawler_lease`` ``(state, beat_at)``. The embedded store serves a range only behind an
 equality on an index's first field: ``_id`` alone or ``job`` ``$in`` reads the whole collection.
-Invariant: data pages and bodies show only documents their task names (``common.store.data.shown``);
+Invariant: data pages and bodies show only documents their task names (``common.store.fence.shown``);
 every filter value comes from the caller already checked, never as an operator.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from mongoengine import Document
 from pymongo.collection import Collection
 
 from common.store import counts
-from common.store.data import gridfs_of, shown
+from common.store.data import gridfs_of
+from common.store.fence import shown
 from common.store.models import (
     DEAD,
     DISPATCH,

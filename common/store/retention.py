@@ -23,8 +23,9 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 from common.store import counts
-from common.store.data import body_of, gridfs_of, visible
-from common.store.data import named as named_by_tasks
+from common.store.data import body_of, gridfs_of
+from common.store.fence import named as named_by_tasks
+from common.store.fence import visible
 from common.store.models import (
     CANCEL,
     DEAD,

@@ -13,7 +13,7 @@ from common.config import load, settings
 from common.errors import DownloadError, NotFound
 from common.queue import rqbridge
 from common.store import attempts, leases
-from common.store.data import data_filter, data_rows
+from common.store.data import data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.store.records import ExportFilter, Lease
 from master import views
@@ -43,7 +43,7 @@ def _visible_everywhere(name: str) -> dict:
     """What every reader shows of job ``name``: task id -> the data's lease (one per task)."""
     job = Job.objects.get(name=name)
     by_export = [str(m["task_id"]) for m, _ in export_rows(name)]
-    by_rows = [r["task"] for r in data_rows(data_filter(job.id, ExportFilter()), needs_body=True)]
+    by_rows = [r.task for r in data_rows(job.id, ExportFilter(), needs_body=True)]
     page = views.data_page(name, limit=1000)["data"]
     assert sorted(by_export) == sorted(by_rows) == sorted(d["task"] for d in page)
     assert len(set(by_rows)) == len(by_rows)  # never two for one task

@@ -35,10 +35,10 @@ DRIVER = ("Collection", "MongoClient")
 
 # The store's plumbing: raw documents for the other store modules to make records of (a test below
 # keeps its document-returning functions inside the store).
-PLUMBING = {"paging.py", "claims.py"}
+PLUMBING = {"paging.py", "claims.py", "fence.py"}
 # Store modules not converted yet: each still returns documents (the list only shrinks).
 NOT_YET_RETURNS: set[str] = {
-    "attempts.py", "data.py", "leases.py",
+    "attempts.py", "leases.py",
 }
 # Modules outside the store that still read documents by key (the list only shrinks).
 NOT_YET_READS: set[str] = set()
