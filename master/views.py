@@ -208,7 +208,7 @@ def _version(doc: DataDoc, latest: bool) -> dict:
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None, versions: str = "latest") -> dict:
-    """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first:
+    """A page of the job's data that its tasks name (``common.store.fence.visible``), oldest first:
     each page's latest version, or (``versions`` "all") every stored version."""
     job = jobs.named(name)
     n = clamp(limit)

@@ -5,7 +5,7 @@ bodies byte-exact, the export rows, and writing export files.
 Indexes: ``(task, lease)`` finds the data of a task's settled lease; ``(job, _id)`` reads a job's
 data in ``_id`` (time) order, window by window (``common.store.paging``).
 Invariant: data is read through ``visible`` / ``shown``: only documents that their task names
-(the fence, ``common/store/leases.py``); an export file without a files document is a dead
+(the fence, ``common/store/fence.py``); an export file without a files document is a dead
 writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 

@@ -36,12 +36,6 @@ DRIVER = ("Collection", "MongoClient")
 # The store's plumbing: raw documents for the other store modules to make records of (a test below
 # keeps its document-returning functions inside the store).
 PLUMBING = {"paging.py", "claims.py", "fence.py"}
-# Store modules not converted yet: each still returns documents (the list only shrinks).
-NOT_YET_RETURNS: set[str] = {
-    "attempts.py", "leases.py",
-}
-# Modules outside the store that still read documents by key (the list only shrinks).
-NOT_YET_READS: set[str] = set()
 
 
 # --- the store's results ----------------------------------------------------------------------
@@ -94,11 +88,9 @@ def document_results(source: str) -> list[str]:
 
 def test_store_functions_return_records():
     found = {p.name: document_results(p.read_text()) for p in sorted(STORE.glob("*.py"))}
-    wrong = {name: got for name, got in found.items() if got and name not in NOT_YET_RETURNS | PLUMBING}
+    wrong = {name: got for name, got in found.items() if got and name not in PLUMBING}
     assert not wrong, "return a record of common/store/records.py:\n" + "\n".join(
         f"  common/store/{name}:{line}" for name, lines in sorted(wrong.items()) for line in lines)
-    done = sorted(name for name in NOT_YET_RETURNS if not found.get(name))
-    assert not done, f"converted: take {done} off NOT_YET_RETURNS"
 
 
 def _raw_uses(tree: ast.Module, raw: dict[str, set[str]]) -> Iterator[str]:
@@ -285,11 +277,9 @@ def _modules() -> list[Path]:
 
 def test_no_module_outside_the_store_names_a_stored_field():
     found = {str(p.relative_to(ROOT)): field_reads(p.read_text()) for p in _modules()}
-    wrong = {path: got for path, got in found.items() if got and path not in NOT_YET_READS}
+    wrong = {path: got for path, got in found.items() if got}
     assert not wrong, "read the record's attribute (common/store/records.py) instead:\n" + "\n".join(
         f"  {path}:{line}" for path, lines in sorted(wrong.items()) for line in lines)
-    done = sorted(path for path in NOT_YET_READS if not found.get(path))
-    assert not done, f"converted: take {done} off NOT_YET_READS"
 
 
 @pytest.mark.parametrize("source", [
