@@ -521,12 +521,6 @@ class ExportFilter:
 
 NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
 
-ALL_RECORDS: tuple[type[Record], ...] = (
-    Job, JobSettings, Task, Lease, Prev, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
-    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog, AlertLog,
-    RegistrationError)
-
-
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     """``from_doc`` for ``cls`` written out field by field, setting each slot through its
     descriptor: a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, three
@@ -542,8 +536,16 @@ def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     return made
 
 
-for _cls in ALL_RECORDS:
-    _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
-    _cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
-                       for f in fields(_cls))  # type: ignore[arg-type]
-    _cls._from_doc = staticmethod(_fast_from_doc(_cls))
+def generated() -> None:
+    """Give each record defined so far (a subclass of ``Record``) its conversions, made once from
+    its fields: every module of records calls it after its last record."""
+    for cls in Record.__subclasses__():
+        if "_from_doc" in cls.__dict__ or "__slots__" not in cls.__dict__:
+            continue  # done, or the class a slotted dataclass was made from (not the record)
+        cls._attrs = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
+                          for f in fields(cls))  # type: ignore[arg-type]
+        cls._from_doc = staticmethod(_fast_from_doc(cls))
+
+
+generated()
