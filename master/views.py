@@ -20,8 +20,9 @@ from common.queue.names import WORKER_KEY_PREFIX
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
 from common.store.connection import as_text
+from common.store.logrecords import DownloadLog
 from common.store.models import TASK_STATUSES, iso
-from common.store.records import DataDoc, DownloadLog, Task
+from common.store.records import DataDoc, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
 

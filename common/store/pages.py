@@ -23,6 +23,7 @@ from pymongo.collection import Collection
 from common.store import counts
 from common.store.data import gridfs_of
 from common.store.fence import shown
+from common.store.logrecords import AlertLog, DispatchLog, DownloadLog, RegistrationError
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -41,7 +42,7 @@ from common.store.models import (
     collection,
 )
 from common.store.paging import Doc, Span, by_id
-from common.store.records import AlertLog, DataDoc, DispatchLog, DownloadLog, RegistrationError, Task
+from common.store.records import DataDoc, Task
 
 LogRecord = DownloadLog | DispatchLog | AlertLog | RegistrationError
 Shown = Task | DataDoc | LogRecord  # what a page shows

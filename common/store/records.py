@@ -251,25 +251,6 @@ class DataDoc(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class DownloadLog(Record):
-    """One download attempt (``crawler_download_log``, log database)."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    task: ObjectId | None = None
-    lease: str | None = None
-    status: str | None = None
-    requests_size: int = 0
-    response_size: int = 0
-    failed_reason: str | None = None
-    downloads_hostname: str | None = None
-    spend_time: int = 0
-    coalesced_from: ObjectId | None = None
-    not_modified: str | None = None
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ExportRecord(Record):
     """An export of a job's data, or a download task of the general center (``export``)."""
 
@@ -332,33 +313,6 @@ class Generator(Record):
     last_status: str | None = None
     add_datetime: datetime | None = None
     last_update_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratorRun(Record):
-    """One generator run (``crawler_generator_log``, log database)."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    run: str | None = None
-    trigger: str | None = None
-    status: str | None = None
-    added: int = 0
-    duplicate: int = 0
-    rejected: int = 0
-    lines: int = 0
-    errors: Sequence[Mapping[str, Any]] = ()
-    bytes: int = 0
-    spend_time: int = 0
-    hostname: str | None = None
-    failed_reason: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    add_datetime: datetime | None = None
-
-    def rejected_lines(self) -> list[tuple[int, str]]:
-        """``errors`` as (line number, reason)."""
-        return [(int(e.get("line", 0)), str(e.get("reason", ""))) for e in self.errors]
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,48 +381,6 @@ class DownloadType(Record):
     id: ObjectId
     language: str
     is_support: str = "support"
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchLog(Record):
-    """One queue entry a dispatcher run wrote, or failed to write (``crawler_dispatch_log``, log
-    database): SUCCESS, or FAIL with ``reason``."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    status: str | None = None
-    queue: str | None = None
-    lease: str | None = None
-    count: int = 0
-    reason: str | None = None
-    hostname: str | None = None
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AlertLog(Record):
-    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall`` or
-    ``generator_fail``, of a job (None: cluster-wide)."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    type: str | None = None
-    reason: str = ""
-    content_bytes: int = 0
-    hostname: str | None = None
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RegistrationError(Record):
-    """A rejected ``job register`` (``crawler_registration_error_log``, log database)."""
-
-    id: ObjectId
-    name: str | None = None
-    manifest: str | None = None
-    reason: str = ""
-    hostname: str | None = None
     add_datetime: datetime | None = None
 
 

@@ -26,6 +26,7 @@ from common.store import counts
 from common.store.data import body_of, gridfs_of
 from common.store.fence import named as named_by_tasks
 from common.store.fence import visible
+from common.store.logrecords import DownloadLog
 from common.store.models import (
     CANCEL,
     DEAD,
@@ -47,7 +48,7 @@ from common.store.models import (
     id_at,
 )
 from common.store.paging import Doc, Span, by_id, in_chunks
-from common.store.records import DataDoc, DownloadLog
+from common.store.records import DataDoc
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
             CrawlerGeneratorLog)
