@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from bson import ObjectId
 
 from common.config import settings
+from common.store.logrecords import DispatchLog, DownloadLog
 from common.store.models import (
     FAIL,
     SUCCESS,
@@ -27,7 +28,6 @@ from common.store.models import (
     CrawlerDownloadLog,
     collection,
 )
-from common.store.records import DispatchLog, DownloadLog
 
 DOWNLOAD_FIELDS = {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
                    "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}

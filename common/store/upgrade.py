@@ -49,8 +49,8 @@ def retire_indexes() -> int:
     """Drop the RETIRED_INDEXES a store still has, then make the indexes this version keeps: data
     written before one document per page version was kept may hold a lost attempt's document
     beside its task's (until the orphan sweep): such documents, named by no task, go first
-    (``common.store.leases.drop_orphans_of_versions``). Returns the indexes dropped."""
-    from common.store.leases import drop_orphans_of_versions
+    (``common.store.orphans.drop_orphans_of_versions``). Returns the indexes dropped."""
+    from common.store.orphans import drop_orphans_of_versions
 
     dropped = 0
     for model, keys in RETIRED_INDEXES:

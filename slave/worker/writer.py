@@ -3,7 +3,7 @@ every running entry, in bulk: data documents (and GridFS files of large bodies),
 then the settle of the tasks — on the happy path one insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
-stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
+stored, and only if it still belongs to this entry (``common.store.leases._held_by``). Data of a task
 the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
 (the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
 The links found on a following job's pages go to intake last (``common.intake.add_found``), as
@@ -23,7 +23,6 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from bson import BSON
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure, PyMongoError
 
@@ -37,7 +36,7 @@ from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
 from common.store.connection import redis_conn
 from common.store.models import FAIL, LIVE, SUCCESS, store_time
-from common.store.records import Lease, LeaseTask
+from common.store.records import DataDoc, Lease, LeaseTask
 from slave.download.engines.base import Download
 
 if TYPE_CHECKING:
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_BSON = 16 * 1024 * 1024
 WRITE_BATCH = 256   # outcomes per bulk write at most
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
@@ -91,31 +89,21 @@ def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
             time.sleep(delay)
 
 
-def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
+def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> attempts.Insert:
     prev = outcome.task.prev
     version = int(prev.versions or 0 if prev else 0) + 1 if Revisit.of(ctx.settings).on or prev else None
     return attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now, version)
 
 
-def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
+def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> attempts.Insert:
     return attempts.log_doc(ctx.job_id, outcome.task.id, lease,
                             redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
                             len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
                             outcome.coalesced_from, now, outcome.not_modified)
 
 
-def _unstorable(outcome: Outcome, doc: dict) -> str | None:
-    """Why one data document cannot be stored (None if it can)."""
-    try:
-        size = len(BSON.encode(doc))
-    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
-        return f"response not storable: {type(exc).__name__}: {exc}"
-    if size > MAX_BSON:
-        return f"response not storable: document of {size} bytes exceeds MongoDB's 16 MiB limit"
-    return None
-
-
-def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> list[tuple[dict, dict | None]]:
+def _insert_data(outcomes: list[Outcome],
+                 docs: list[attempts.Insert]) -> list[tuple[attempts.Insert, DataDoc | None]]:
     """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
     failure instead of failing the others. Returns those refused because another document holds
     their page version (``attempts.insert_data``)."""
@@ -125,7 +113,7 @@ def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> list[tuple[dict, 
         logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
     keep_o, keep_d = [], []
     for o, d in zip(outcomes, docs):
-        why = _unstorable(o, d)
+        why = attempts.unstorable(d)
         if why:
             o.download, o.error = None, DownloadError(why, retryable=False)
         else:
@@ -139,7 +127,7 @@ def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> list[tuple[dict, 
 VERSION_TRIES = 3  # replacements of a page version's orphan before the attempt is tried again later
 
 
-def _take_version(p: Part, o: Outcome, doc: dict, held: dict | None) -> bool:
+def _take_version(p: Part, o: Outcome, doc: attempts.Insert, held: DataDoc | None) -> bool:
     """A data document refused because ``held`` holds its page version. If this entry still
     holds the task, ``held`` is an orphan of a lost attempt (no other can settle the task): it
     is replaced. Else this attempt lost the task, and its settle will be refused. Returns
@@ -286,7 +274,7 @@ def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Par
     page version another attempt holds (their guarded settle is refused: they lost the task)."""
     data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
     for (_, o), d in zip(ok, data_docs):
-        o.data_id = d["_id"]
+        o.data_id = d.id
     if not data_docs:
         return ok
     outs = [o for _, o in ok]
@@ -298,9 +286,9 @@ def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Par
     for o, d in zip(outs, data_docs):
         if id(d) in lost:
             o.data_id = None  # (nothing for a coalesced waiter to copy)
-        elif (file_id := attempts.body_file(d)) and o.error is None:
+        elif (file_id := d.body_file) and o.error is None:
             body = o.download.body if o.download else b""
-            put = partial(attempts.put_body, file_id, body, f"{o.task.id}-{d['lease']}")
+            put = partial(attempts.put_body, file_id, body, f"{o.task.id}-{d.lease}")
             with_retries(put, "GridFS put")
     return [(p, o) for p, o in ok if id(o) in kept]
 

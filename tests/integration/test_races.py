@@ -282,10 +282,10 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g2", n=2)
     data = CrawlerDownloadData._get_collection()
     docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
-    data.insert_many(docs)  # the worker stored data and files, then died before settling
+    data.insert_many([d.doc for d in docs])  # the worker stored data and files, then died before settling
     fs = gridfs_of(data.database)
     for o, d in zip(outcomes, docs):
-        fs.put(o.download.body, _id=d["response_body_gridfs"])
+        fs.put(o.download.body, _id=d.body_file)
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 2
     assert data.count_documents({}) == 0 and len(list(fs.find())) == 0
