@@ -162,10 +162,11 @@ def _read_back(p: Part, ok: list[Pair], kept: list[Pair], failed: list[Pair], la
     names their data (``leases.settled_of``), the rest read back (``tasks.changed_to``). Refused
     successes tombstone the lease (readers check its data one by one) and their data goes now."""
     ok_ids = _ids_of(p, ok)
-    got = {"success": len(leases.settled_of(p.lease, ok_ids)) + _changed(_ids_of(p, kept), SUCCESS, now),
+    named = len(leases.settled_of(p.lease, ok_ids))
+    got = {"success": named + _changed(_ids_of(p, kept), SUCCESS, now),
            "fail": _changed(_ids_of(p, failed), FAIL, now),
            "handed_back": _changed(_ids_of(p, later), LIVE, now)}
-    if got["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
+    if named < len(ok_ids):  # refused settles: readers check this lease's data one by one
         refused = partial(leases.tombstone, p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now)
         with_retries(refused, "tombstone")
     dropped = with_retries(partial(leases.drop_unsettled, p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
