@@ -255,13 +255,18 @@ def _supersede(ok: list[Pair], all_settled: bool) -> None:
     where some settles were refused, only the versions whose task names them."""
     news = [(p, o, o.task.prev) for p, o in ok if o.task.prev and o.task.prev.data_lease]
     if not all_settled:
-        named = {i for p in {id(p): p for p, _, _ in news}.values()
-                 for i in leases.settled_of(p.lease, [o.task.id for q, o, _ in news if q is p])}
+        named = _named([(p, o) for p, o, _ in news])
         news = [(p, o, prev) for p, o, prev in news if o.task.id in named]
     marks = [(p.ctx.job_id, o.task.id, int(prev.versions or 0) + 1, prev.data_lease)
              for p, o, prev in news]
     if marks:
         with_retries(partial(leases.mark_superseded, marks), "superseded marks")
+
+
+def _named(pairs: list[Pair]) -> set:
+    """The tasks among ``pairs`` that name their entry's data (one read per entry)."""
+    return {i for p in {id(p): p for p, _ in pairs}.values()
+            for i in leases.settled_of(p.lease, _ids_of(p, pairs))}
 
 
 # --- the writer thread ----------------------------------------------------------------------
@@ -352,21 +357,9 @@ class Writer(threading.Thread):
                 entry.loop.call_soon_threadsafe(entry.etiquette.coalescing.publish_all, leaders)
 
     def _write(self, batch: list) -> None:
-        groups: dict[RunningEntry, list[Outcome]] = {}
-        for entry, outcome in batch:
-            groups.setdefault(entry, [])
-            if outcome is not None:
-                groups[entry].append(outcome)
-        entries = [e for e, outs in groups.items() if outs]
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        groups = _by_entry(batch)
         try:
-            if parts:
-                for e, got in zip(entries, store_many(parts, store_time())):
-                    for name, n in got.items():
-                        e.counts[name] += n
-                for e, outs in groups.items():
-                    e.written += len(outs)
-                self._publish(groups)
+            self._store(groups)
             finished = [e for e in groups if e.written >= e.total]
             if finished:
                 with_retries(
@@ -377,6 +370,29 @@ class Writer(threading.Thread):
         except Exception as exc:  # MongoDB gone past the retries: these entries are given up
             for e in groups:
                 e.resolve(exc)
+
+    def _store(self, groups: dict[RunningEntry, list[Outcome]]) -> None:
+        """Store the outcomes of the entries that have some; each entry counts what it settled."""
+        entries = [e for e, outs in groups.items() if outs]
+        if not entries:
+            return
+        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        for e, got in zip(entries, store_many(parts, store_time())):
+            for name, n in got.items():
+                e.counts[name] += n
+        for e, outs in groups.items():
+            e.written += len(outs)
+        self._publish(groups)
+
+
+def _by_entry(batch: list) -> dict[RunningEntry, list[Outcome]]:
+    """A batch's outcomes by entry; an entry with none left (its None) is there too, to finish."""
+    groups: dict[RunningEntry, list[Outcome]] = {}
+    for entry, outcome in batch:
+        groups.setdefault(entry, [])
+        if outcome is not None:
+            groups[entry].append(outcome)
+    return groups
 
 
 def _size(outcome) -> int:
