@@ -62,7 +62,7 @@ def _yields(p: Part, o: Outcome) -> bool:
 
 
 def _yielding(ok: list[Pair]) -> list[Pair]:
-    return [(p, o) for p, o in ok if _yields(p, o)]
+    return [(p, o) for p, o in ok if (o.links is not None or o.sitemap is not None) and _yields(p, o)]
 
 
 def _held(found: list[Pair]) -> list[Pair]:
