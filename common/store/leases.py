@@ -88,8 +88,15 @@ def held_status(kind: str) -> str:
 
 def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
     """Whether the entry ``lease`` still holds the task (``_held_by``)."""
-    return CrawlerTask._get_collection().find_one(
-        {"_id": task_id, **_held_by(lease, kind, sent_at)}, {"_id": 1}) is not None
+    return bool(held_of([task_id], lease, kind, sent_at))
+
+
+def held_of(ids: list[ObjectId], lease: str, kind: str, sent_at: datetime | None = None) -> set[ObjectId]:
+    """The tasks among ``ids`` that the entry ``lease`` still holds (``_held_by``)."""
+    if not ids:
+        return set()
+    return {d["_id"] for d in CrawlerTask._get_collection().find(
+        {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)}, {"_id": 1})}
 
 
 # --- create, claim, beat, finish ------------------------------------------------------------

@@ -36,7 +36,7 @@ from slave.download.engines.rules import OUT_OF_SCOPE, Scope, too_big
 from slave.download.etiquette import Etiquette
 from slave.download.siteslots import SANDBOXED, Handback, SiteSlots, long_lease
 from slave.worker.context import JobContext, limits_from_settings
-from slave.worker.writer import Outcome
+from slave.worker.outcome import Outcome
 
 logger = logging.getLogger(__name__)
 

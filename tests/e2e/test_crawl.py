@@ -6,6 +6,7 @@ page that changes) and a python downloader returning a million links."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from common.config import settings
+from common.store import counts
 from common.store.models import CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
+from tests.helpers import add_urls, burst_worker, cli, heartbeats_stale, wait_for, with_settings, write_job
 
 pytestmark = pytest.mark.slow
 CHANGING = {"version": 1}  # what /changing links to (a page that changes between visits)
@@ -90,6 +93,11 @@ def crawl(cluster, name: str, seed: str) -> dict[str, dict]:
     """Add ``seed`` and run dispatcher and worker rounds until the job has nothing left to do;
     its tasks by URL."""
     add_urls(name, [seed])
+    return crawled(cluster, name)
+
+
+def crawled(cluster, name: str) -> dict[str, dict]:
+    """Run dispatcher and worker rounds until the job has nothing left to do; its tasks by URL."""
     job = Job.objects.get(name=name)
     for _ in range(200):
         if not CrawlerTask.objects(job=job, status__in=["LIVE", "DISPATCH"]).count():
@@ -137,6 +145,43 @@ def test_an_endless_tree_stops_at_max_pages(cluster, tmp_path):
     tasks = crawl(cluster, "pages", cluster.site + "/links/0")
     assert len(tasks) == 20  # one worker process: one writer, the cap exact
     check_lineage(tasks, 10000)
+
+
+KILLPOINT = Path(__file__).resolve().parents[1] / "killpoint"
+FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3",
+                 "DOWNCLUSTER_ABSENCE_GRACE": "0"}
+
+
+@pytest.mark.parametrize("follow, pages", [("max_depth = 2\n", 7), ("max_depth = 10000\nmax_pages = 3\n", 3)])
+@pytest.mark.parametrize("kill_after", ["common.intake:add_found", "common.store.tasks:settle"])
+def test_a_worker_killed_around_its_settle_loses_no_link(cluster, tmp_path, monkeypatch, kill_after, follow,
+                                                         pages):
+    """A real worker SIGKILLed right after it handed the seed's links to intake (its task not
+    settled yet), or right after its settle: the links are tasks either way; the recovered seed
+    runs again and offers them again, known by then; the crawl ends with exactly its pages, each
+    found once, at its depth, within max_pages, and the job's kept counts hold every task."""
+    with_settings(cluster, monkeypatch, FAST_RECOVERY)
+    job = following(tmp_path, "killed", follow)
+    seed = cluster.site + "/links/0"
+    add_urls("killed", [seed])
+    assert dispatch_once(cluster.redis).total == 1
+    env = {**os.environ, **cluster.env, "PYTHONPATH": str(KILLPOINT),
+           "DOWNCLUSTER_TEST_KILL_AFTER": kill_after}
+    died = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "worker", "--burst"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    at_death = {d["uri"]: d for d in CrawlerTask._get_collection().find({"job": job.id})}
+    assert sorted(at_death) == sorted(f"{cluster.site}/links/{n}" for n in range(3))  # the seed's links
+    assert at_death[seed]["status"] == ("SUCCESS" if kill_after.endswith(":settle") else "LIVE")
+    wait_for(lambda: heartbeats_stale(settings.HEARTBEAT_TTL), what="the killed worker to be judged dead")
+    tasks = crawled(cluster, "killed")
+    assert len(tasks) == pages
+    check_lineage(tasks, 10000)
+    assert tasks[seed]["recoveries"] == (0 if kill_after.endswith(":settle") else 1)
+    kept = counts.of_jobs([job.id])[job.id]
+    assert sum(kept.values()) == pages  # (killed after its settle, before its counts' move: seed LIVE)
+    if kill_after.endswith(":add_found"):
+        assert kept["SUCCESS"] == pages
 
 
 def test_out_of_scope_denied_and_other_schemes_are_never_tasks(cluster, tmp_path, own_site):

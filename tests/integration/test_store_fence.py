@@ -22,7 +22,7 @@ from master.dispatch.dispatcher import dispatch_once
 from master.exports.dump import rows as export_rows
 from master.ops import tasks
 from slave.download.engines.base import Download
-from slave.worker import context, writer
+from slave.worker import context, page_data, writer
 from tests.helpers import add_urls, register, statuses, store_outcomes
 from tests.integration.test_races import _claimed_entry, _stale
 
@@ -71,7 +71,7 @@ def test_a_late_insert_after_the_lease_was_lost_is_refused_by_the_store(cluster,
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
     assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
-    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    stale_docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     stale_docs = [d._replace(id=o.data_id, doc={**d.doc, "_id": o.data_id})  # the very insert the writer
                   for d, o in zip(stale_docs, outcomes)]  # sent first, arriving over the old connection
     # the tasks go again and another worker stores them
@@ -96,7 +96,7 @@ def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_
     """The other order: the lost attempt's insert lands first; the attempt that holds the task
     replaces it (body included), and a lost attempt that comes after loses the version."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "first")
-    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    stale_docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
     CrawlerDownloadData._get_collection().insert_many([d.doc for d in stale_docs])  # the zombie's, late
@@ -115,7 +115,7 @@ def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_
 
 def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "alive")
-    docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     CrawlerDownloadData._get_collection().insert_many([d.doc for d in docs])  # inserted, not yet settled
     ids = [o.task.id for o in outcomes]
     orphans.tombstone(
@@ -251,7 +251,7 @@ def test_migrate_keeps_one_document_per_version_of_an_earlier_store(cluster, tmp
     data = CrawlerDownloadData._get_collection()
     data.drop_index("task_1_version_1")
     data.create_index([("task", 1), ("lease", 1)])
-    stale = writer._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
+    stale = page_data._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
     data.insert_one(stale.doc)
     assert migrate().indexes_retired == 1
     _one_named_document_per_success("old")
