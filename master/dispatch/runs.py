@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from common import heap
 from common.config import settings
 from common.errors import DispatchLocked, http_status
 from common.secrets import redact
@@ -96,7 +95,6 @@ def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on
 
     signal.signal(signal.SIGTERM, terminate)
     loop = _Loop(max_runs)
-    heap.settle()
     while not stopping.is_set() and not loop.finished:
         if _take(lock, stopping, loop):
             _hold(redis, lock, stopping, interval, loop, on_run)
