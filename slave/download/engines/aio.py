@@ -172,7 +172,7 @@ def _transfer_failure(exc: BaseException) -> tuple[str, bool] | None:
 
 
 def _header_ok(value: str) -> bool:
-    return not any(c in value for c in "\r\n\0")
+    return "\r" not in value and "\n" not in value and "\0" not in value
 
 
 LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a ``large_gate`` slot
