@@ -76,6 +76,7 @@ def parse_ip(text: str) -> Address | None:
     return ip
 
 
+@lru_cache(maxsize=4096)  # a pure function of the text, asked for every page's host
 def literal_ip(host: str) -> Address | None:
     """``host`` as an address when it is one in any form a resolver takes as a number without
     asking DNS: dotted quads, and ``127.1``, ``2130706433``, ``0x7f000001``, ``0177.0.0.1``

@@ -11,8 +11,9 @@ import ipaddress
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from common.errors import ValidationError
 from common.jobsettings import MAX_URL_LENGTH, Follow
-from common.urls import url_pattern
+from common.urls import canonical, url_pattern
 
 
 def refusal(follow: Follow, page_url: str, url: str, depth: int, pages: int = 0) -> str | None:
@@ -31,6 +32,17 @@ def refusal(follow: Follow, page_url: str, url: str, depth: int, pages: int = 0)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "not an http(s) URL"
     return _outside(follow, parts.hostname, page.hostname or "") or _unmatched(follow, url)
+
+
+def redirect_refusal(follow: Follow, page_url: str, target: str) -> str | None:
+    """Why a redirect of the page of task URL ``page_url`` to ``target`` leaves the job's scope,
+    or None: judged as a link found on that page would be (hosts, patterns, length), the depth
+    and pages caps aside (the redirect is that page's own fetch, not a new page)."""
+    try:
+        url = canonical(target, MAX_URL_LENGTH)
+    except ValidationError as exc:
+        return str(exc)
+    return refusal(follow, page_url, url, 0)
 
 
 def _outside(follow: Follow, host: str, page_host: str) -> str | None:

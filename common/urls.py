@@ -1,11 +1,33 @@
 """URL checks shared by task intake and the engines."""
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from common.errors import ValidationError
 
 ALLOWED_SCHEMES = ("http", "https")
+# the ASCII characters check_url refuses (whitespace, controls, DEL): what its per-character
+# test finds in an ASCII URL, found by one search (every page's URL is checked on the worker)
+_ASCII_REFUSED = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _refused_char(url: str) -> bool:
+    """Whether ``url`` holds whitespace or a control character."""
+    if url.isascii():
+        return _ASCII_REFUSED.search(url) is not None
+    return any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url)
+
+
+@lru_cache(maxsize=4096)
+def _idna_ok(host: str) -> bool:
+    """Whether ``host`` is IDNA-encodable (remembered per host: pages share their hosts)."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 def check_url(url: str, max_length: int = 8192) -> str:
@@ -18,7 +40,7 @@ def check_url(url: str, max_length: int = 8192) -> str:
         raise ValidationError("empty URL")
     if len(url) > max_length:
         raise ValidationError(f"URL longer than {max_length} characters")
-    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in url):
+    if _refused_char(url):
         raise ValidationError("URL contains whitespace or control characters")
     try:
         parts = urlsplit(url)
@@ -30,10 +52,8 @@ def check_url(url: str, max_length: int = 8192) -> str:
     host = parts.hostname
     if not host:
         raise ValidationError("URL has no host")
-    try:
-        host.encode("idna")
-    except UnicodeError:
-        raise ValidationError(f"invalid host name {host!r}") from None
+    if not _idna_ok(host):
+        raise ValidationError(f"invalid host name {host!r}")
     if port == 0:
         raise ValidationError("port 0 is not valid")
     return url

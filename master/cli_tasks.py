@@ -61,6 +61,7 @@ def task_show(name: str, key: str, as_json: bool) -> None:
         "host",
         "depth",
         "parent",
+        "sitemap",
         "data_id",
         "add_datetime",
         "last_update_datetime",

@@ -8,7 +8,7 @@ it goes into a query, so no caller can smuggle a MongoDB operator in.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from bson import ObjectId
 from bson.errors import InvalidId
@@ -20,8 +20,9 @@ from common.queue.names import WORKER_KEY_PREFIX
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
 from common.store.connection import as_text
+from common.store.logrecords import DownloadLog
 from common.store.models import TASK_STATUSES, iso
-from common.store.records import DataDoc, DownloadLog, Task
+from common.store.records import DataDoc, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
 
@@ -56,22 +57,32 @@ def clamp(limit: Any, default: int = 100) -> int:
     return min(n, settings.API_MAX_LIMIT)
 
 
-def _clean(doc: dict) -> dict:
-    out = {}
-    for key, value in doc.items():
-        key = "id" if key == "_id" else key
-        if isinstance(value, ObjectId):
+def as_json(record: pages.Shown, shape: pages.Shape, names: dict[ObjectId, str] | None = None,
+            id_key: str = "id") -> dict:
+    """A record as people read it (the one conversion of a record to JSON: pages, the archive):
+    its id (as ``id_key``), then the attributes of ``shape`` (``common.store.pages.SHOWN``) in its
+    order, ObjectIds as text, times as RFC 3339; with ``names``, a ``job`` is the job's name."""
+    out: dict[str, Any] = {id_key: str(record.id)}
+    for attr, always in shape:
+        value = getattr(record, attr)
+        if value is None and not always:
+            continue
+        if attr == "job" and names is not None:
+            value = names.get(value, str(value))
+        elif isinstance(value, ObjectId):
             value = str(value)
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple)):
             value = [str(v) if isinstance(v, ObjectId) else iso(v) for v in value]
-        out[key] = iso(value)
+        out[attr] = iso(value)
     return out
 
 
-def _page(cursor_docs: list[dict], limit: int) -> dict:
-    more = len(cursor_docs) > limit
-    docs = cursor_docs[:limit]
-    return {"items": [_clean(d) for d in docs], "next": str(docs[-1]["_id"]) if more else None}
+def _page(records: Sequence[pages.Shown], limit: int, shape: pages.Shape,
+          names: dict[ObjectId, str] | None = None) -> dict:
+    """Up to ``limit`` of ``records`` as JSON, and the cursor of the next page (None: the last)."""
+    shown = records[:limit]
+    return {"items": [as_json(r, shape, names) for r in shown],
+            "next": str(shown[-1].id) if len(records) > limit else None}
 
 
 # --- jobs --------------------------------------------------------------------------------
@@ -132,8 +143,7 @@ def task_page(
         raise ValidationError(f"status must be one of {', '.join(TASK_STATUSES)}")
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = pages.tasks(job.id, status, n + 1, mark, newest)
-    page = _page(docs, n)
+    page = _page(pages.tasks(job.id, status, n + 1, mark, newest), n, pages.SHOWN["tasks"])
     return {"tasks": page["items"], "next": page["next"]}
 
 
@@ -171,6 +181,7 @@ def _task(task: Task, job_name: str) -> dict:
         "host": task.host_name or "",
         "depth": task.depth or 0,
         "parent": str(task.parent) if task.parent else None,
+        "sitemap": task.sitemap,  # "xml": a sitemap, "robots": a robots.txt (for its sitemaps); None: a page
         "queue": task.queue,
         "data_id": str(data) if data else None,
         "visits": task.visits or 0,
@@ -199,13 +210,15 @@ def _version(doc: DataDoc, latest: bool) -> dict:
 
 
 def data_page(name: Any, limit: Any = None, after: Any = None, versions: str = "latest") -> dict:
-    """A page of the job's data that its tasks name (``common.store.data.visible``), oldest first:
+    """A page of the job's data that its tasks name (``common.store.fence.visible``), oldest first:
     each page's latest version, or (``versions`` "all") every stored version."""
     job = jobs.named(name)
     n = clamp(limit)
     mark = object_id(after, "after") if after is not None else None
-    page = _page(pages.data(job.id, n, mark, all_versions=versions == "all"), n)
-    return {"data": page["items"], "next": page["next"]}
+    found = pages.data(job.id, n, mark, all_versions=versions == "all")
+    page = _page([doc for doc, _ in found], n, pages.SHOWN["data"])
+    items = [{**item, "size": size} for item, (_, size) in zip(page["items"], found)]
+    return {"data": items, "next": page["next"]}
 
 
 def body(data_id: Any, job_ids: list | None = None) -> tuple[int, Iterator[bytes]]:
@@ -234,13 +247,9 @@ def log_page(log: Any, job: Any = None, limit: Any = None, after: Any = None,
         job_id = jobs.named(job).id
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
-    docs = pages.logs(log, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
-                      job_names=None if job_names is None else sorted(job_names))
-    names = jobs.names()
-    for d in docs:
-        if "job" in d:
-            d["job"] = names.get(d["job"], str(d["job"]))
-    page = _page(docs, n)
+    found = pages.logs(log, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
+                       job_names=None if job_names is None else sorted(job_names))
+    page = _page(found, n, pages.SHOWN[log], jobs.names())
     return {"logs": page["items"], "next": page["next"]}
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from bench_common import (  # noqa: E402  (scripts/ on the path first)
     nginx_binary,
     run_bounded,
     spread,
+    stop_on_sigterm,
 )
 
 # Exports measured: every field flat in each format, and an Excel report (a
@@ -1049,10 +1049,7 @@ def main(argv=None) -> int:
     procs = Procs(logdir)
     bench = Bench(args, procs)
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
+    stop_on_sigterm()
     try:
         Run(args, bench, results).all()
     except KeyboardInterrupt as exc:

@@ -23,6 +23,15 @@ CAP = 100_000              # queue caps (entries) during the bench: never the li
 
 # --- processes -----------------------------------------------------------------------------
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a CI timeout) unwinds like Ctrl-C, so the ``finally`` that stops the
+    bench's processes runs: without it Python dies at once and leaves them running."""
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+
+
 class Procs:
     """Every process the bench starts, so all of them (and their children) can be stopped."""
 

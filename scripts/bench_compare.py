@@ -199,8 +199,9 @@ class Compare:
                 "store_ms_per_page_by_collection": {k[4:]: round(v / 1000 / n, 3) for k, v in d.items()
                                                     if k.startswith("top_") and v}}
 
-    def wait(self, progress, pages: int, timeout: float, procs: list) -> tuple[int, bool]:
-        """Poll ``progress()`` (a Redis read) until it reaches ``pages``, stalls or times out."""
+    def wait(self, progress, pages: int, timeout: float, procs: list, first=None) -> tuple[int, bool]:
+        """Poll ``progress()`` (a Redis read) until it reaches ``pages``, stalls or times out;
+        ``first(done)`` is called at the first poll that counts a page."""
         done, last, last_t = 0, -1, time.monotonic()
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -209,6 +210,8 @@ class Compare:
                     raise RuntimeError(f"{p.bench_name} exited {p.returncode}: "
                                        f"{self.bench.procs.tail(p.bench_name)}")
             done = progress()
+            if done and first is not None:
+                first, _ = None, first(done)
             if done >= pages:
                 return done, True
             if done != last:
@@ -244,11 +247,15 @@ class Compare:
                                    f"cmp-worker-{label}-{i}") for i in range(self.workers)]
         procs.append(bench.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval", "1"],
                                        env, f"cmp-dispatch-{label}"))
+        # each process's CPU seconds when the first pages are counted, then how many were
+        start_cpus: list[float] = []
         try:
-            counted, complete = self.wait(progress, pages, timeout, procs)
+            counted, complete = self.wait(progress, pages, timeout, procs, lambda done: start_cpus.extend(
+                [*(cpu_tree(p.pid) for p in procs), done]))
             time.sleep(SETTLE)
             s1 = self.store()
-            client_cpu = sum(cpu_tree(p.pid) for p in procs)
+            cpus = [cpu_tree(p.pid) for p in procs]  # the workers', then the dispatcher's
+            client_cpu = sum(cpus)
         finally:
             bench.procs.stop(procs)
         stamps = [epoch(d["add_datetime"]) for d in
@@ -259,7 +266,10 @@ class Compare:
         return {"side": "ours", "pages": pages, "done": done, "data_docs": len(stamps), "log_docs": logs,
                 "complete": complete and done >= pages, "host_limit": self.host_limit,
                 **steady(stamps, t0), **self.costs(s0, s1, len(stamps), held),
-                "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3)}
+                "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3),
+                "worker_cpu_ms_per_page": round(1000 * sum(cpus[:-1]) / max(1, len(stamps)), 3),
+                "dispatch_cpu_ms_per_page": round(1000 * cpus[-1] / max(1, len(stamps)), 3),
+                **marginal(cpus, start_cpus, len(stamps))}
 
     def peer(self, label: str, urls: list[str], timeout: float) -> dict:
         import pymongo
@@ -319,6 +329,18 @@ class Compare:
                   flush=True)
         out.update(summarize(out["ours"], out["peer"]))
         return out
+
+
+def marginal(cpus: list[float], start: list[float], pages: int) -> dict:
+    """The workers' and the dispatcher's CPU seconds at the first counted pages, and their CPU a
+    page after them (ms): what a page costs once the processes are up."""
+    if not start or pages <= start[-1]:
+        return {}
+    n = pages - start[-1]
+    return {"worker_cpu_s_at_first_pages": round(sum(start[:-2]), 3),
+            "dispatch_cpu_s_at_first_pages": round(start[-2], 3), "pages_at_first": start[-1],
+            "worker_cpu_ms_per_page_after": round(1000 * (sum(cpus[:-1]) - sum(start[:-2])) / n, 3),
+            "dispatch_cpu_ms_per_page_after": round(1000 * (cpus[-1] - start[-2]) / n, 3)}
 
 
 def _med(runs: list[dict], key: str) -> float | None:

@@ -119,7 +119,6 @@ def _run(bench, tasks: int) -> dict:
     from common.queue.rqbridge import queue_key
     from common.store import counts
     from common.store.data import export_fits
-    from common.store.leases import tombstone
     from common.store.models import (
         CrawlerDownloadData,
         CrawlerDownloadSetting,
@@ -128,6 +127,7 @@ def _run(bench, tasks: int) -> dict:
         store_now,
         utcnow,
     )
+    from common.store.orphans import tombstone
     from common.store.records import ExportFilter
     from common.store.tasks import build_keys
     from master import maintenance as chores

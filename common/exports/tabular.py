@@ -85,10 +85,11 @@ def write_warc(template: Template, source: Any, out: IO[bytes]) -> int:
     """The job's stored downloads as WARC 1.1 records (``common.exports.warc``): the template has
     no say; ``source`` is the export's ``WholeDocuments``."""
     from common.exports import warc
+    from common.store.jobs import name_of
 
     if not isinstance(source, WholeDocuments):
         raise TypeError("a WARC file is written from whole documents")
-    return warc.write_job(source.job_id, str(source.job_id), source.filter, out, source.wrap)
+    return warc.write_job(source.job_id, name_of(source.job_id), source.filter, out, source.wrap)
 
 
 WRITERS = {"csv": write_csv, "jsonl": write_jsonl, "xlsx": write_xlsx, "warc": write_warc}

@@ -3,10 +3,12 @@ Heritrix and wget write it), one gzip member per record.
 
 A job's stored pages become, in the order they were stored: a ``warcinfo`` record first; for each
 download a ``request`` record and a ``response`` record, concurrent to each other
-(``WARC-Concurrent-To``), with the page's URL, the time it was stored, the address it came from
-and the digests of the block and the payload; for each revisit that stored nothing (see
+(``WARC-Concurrent-To``), with the page's URL, the time its fetch started (a document stored before
+the store kept it: the time it was stored), the address it came from and the digests of the block
+and the payload; for each revisit that stored nothing (see
 docs/revisits.md) a ``revisit`` record that refers to the version it matched: the standard's
-``server-not-modified`` profile for a 304, ``identical-payload-digest`` for the same body again.
+``server-not-modified`` profile for a 304, ``identical-payload-digest`` for the same body again
+(dated when its download log was stored: the log keeps no fetch time).
 
 What is stored is what is written: the body byte-exact as the store keeps it. The store keeps
 bodies decoded (after ``Content-Encoding``), so the HTTP header section written with it has no
@@ -154,7 +156,7 @@ class WarcWriter:
 
 def capture_of(doc: DataDoc, body: bytes) -> Capture:
     """A stored data document as a Capture."""
-    date = doc.add_datetime or doc.id.generation_time.replace(tzinfo=None)
+    date = doc.fetched_at or doc.add_datetime or doc.id.generation_time.replace(tzinfo=None)
     return Capture(key=str(doc.id), url=doc.url or "", date=date, status=int(doc.status_code or 200),
                    body=body, response_headers=dict(doc.response_headers),
                    request_headers=dict(doc.requests_headers), ip=doc.remote_ip or "")
@@ -162,19 +164,23 @@ def capture_of(doc: DataDoc, body: bytes) -> Capture:
 
 def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     """The job's visits that stored nothing, each with the version it matched (the latest a page
-    had then); one whose version is no longer kept is left out (nothing to refer to)."""
-    last: tuple[object, Capture] | None = None  # a page revisited again and again: read once
+    had when the visit was stored); one whose version is no longer kept is left out (nothing to
+    refer to)."""
+    task, versions, ref = None, [], None  # a page revisited again and again: its versions read once
     for log in logs.not_modified(job_id, flt.since, flt.until):
         if log.task is None:
             continue
         at = log.add_datetime or log.id.generation_time.replace(tzinfo=None)
-        ref = last[1] if last is not None and last[0] == log.task and last[1].date <= at else None
-        if ref is None:
-            found = data.version_at(log.task, at)
+        if log.task != task:
+            task, versions, ref = log.task, data.versions_of(log.task), None
+        matched = data.latest_at(versions, at)
+        if matched is None:
+            continue
+        if ref is None or ref.key != str(matched.id):  # a newer version stored since the last visit
+            found = data.with_body(matched.id)
             if found is None:
                 continue
             ref = capture_of(*found)
-            last = (log.task, ref)
         yield Revisit(key=str(log.id), date=at, not_modified=(log.not_modified or "").startswith("HTTP 304"),
                       refers_to=ref)
 

@@ -311,7 +311,27 @@ def oldest_enqueued_at(redis: Redis, name: str) -> datetime | None:
     """When the head of queue ``name`` was enqueued (UTC), or None if it is empty or unreadable:
     one field of its hash, read as text (never the entry's data)."""
     head = redis.lindex(queue_key(name), 0)
-    raw = redis.hget(RqJob.key_for(_decoded(head)), "enqueued_at") if head else None
+    return _enqueued_at(redis.hget(RqJob.key_for(_decoded(head)), "enqueued_at") if head else None)
+
+
+def depths_and_oldest(redis: Redis, names: list[str]) -> list[tuple[int, datetime | None]]:
+    """Each queue's depth and ``oldest_enqueued_at``, read in two round trips for all of them."""
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(queue_key(name))
+        pipe.lindex(queue_key(name), 0)
+    got = pipe.execute()
+    depths, heads = got[0::2], got[1::2]
+    pipe = redis.pipeline(transaction=False)
+    for head in heads:
+        if head:
+            pipe.hget(RqJob.key_for(_decoded(head)), "enqueued_at")
+    stamps = iter(pipe.execute())
+    return [(int(depth), _enqueued_at(next(stamps)) if head else None) for depth, head in zip(depths, heads)]
+
+
+def _enqueued_at(raw) -> datetime | None:
+    """An entry's ``enqueued_at`` field as UTC; None when absent or unreadable."""
     try:
         stamp = str_to_date(raw) if raw else None
     except ValueError:

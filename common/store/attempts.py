@@ -20,9 +20,10 @@ the document names, so a retry finds it there.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from bson import Binary, ObjectId
+from bson import BSON, Binary, ObjectId
+from bson.errors import InvalidDocument
 from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
@@ -34,13 +35,28 @@ from common.store.paging import Doc
 from common.store.records import DataDoc, LeaseTask
 
 DUPLICATE_KEY = 11000
+MAX_BSON = 16 * 1024 * 1024
+
+
+class Insert(NamedTuple):
+    """A document made here for one insert (``data_doc``, ``log_doc``) and handed back to
+    ``insert_data`` / ``insert_logs``: what the writer reads of it (its ``id``, the ``lease`` that
+    stored it, the GridFS file its body goes to), and the document the insert sends, read here
+    alone. Made once, never converted: a record made and turned into its document for the insert
+    would cost the writer several µs more for every page it stores (docs/layout.md)."""
+
+    id: ObjectId
+    lease: str
+    body_file: ObjectId | None
+    doc: Doc
 
 
 def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, lease: str, download: Any,
-             now: datetime, version: int | None = None) -> Doc:
+             now: datetime, version: int | None = None) -> Insert:
     """The data document of one successful download (``download``: status_code, headers, body,
-    request_headers, request_body, encoding, remote_ip) of ``version`` of its page (revisits);
-    a large body goes to GridFS."""
+    request_headers, request_body, encoding, remote_ip, fetched_at) of ``version`` of its page
+    (revisits); a large body goes to GridFS (``body_file``: the file to write once the document
+    is stored)."""
     d = download
     doc: Doc = {
         "_id": ObjectId(),  # made here: an insert retried after a lost reply is a duplicate, ignored
@@ -52,34 +68,44 @@ def data_doc(job_id: ObjectId, downloader_id: ObjectId | None, task: LeaseTask, 
     }
     if version is not None:
         doc["version"] = version
+    if getattr(d, "fetched_at", None) is not None:
+        doc["fetched_at"] = d.fetched_at
+    body_file = None
     if len(d.body) + len(d.request_body or b"") >= settings.GRIDFS_THRESHOLD:
-        doc["response_body_gridfs"] = ObjectId()  # the file is written after this document
+        doc["response_body_gridfs"] = body_file = ObjectId()  # the file is written after this document
         doc["response_body"] = None
     else:
         doc["response_body"] = Binary(d.body)
-    return doc
+    return Insert(doc["_id"], lease, body_file, doc)
 
 
-def body_file(doc: Doc) -> ObjectId | None:
-    """The GridFS file id ``doc`` (a ``data_doc``) names for its body, or None."""
-    found: ObjectId | None = doc.get("response_body_gridfs")
-    return found
+def unstorable(made: Insert) -> str | None:
+    """Why a document made here cannot be stored (None if it can): not BSON, or beyond MongoDB's
+    16 MiB."""
+    try:
+        size = len(BSON.encode(made.doc))
+    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
+        return f"response not storable: {type(exc).__name__}: {exc}"
+    if size > MAX_BSON:
+        return f"response not storable: document of {size} bytes exceeds MongoDB's 16 MiB limit"
+    return None
 
 
 def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str | None, request_size: int,
             response_size: int, spend_us: int, coalesced_from: object, now: datetime,
-            not_modified: str | None = None) -> Doc:
+            not_modified: str | None = None) -> Insert:
     """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``; ``not_modified``:
     a revisit that stored nothing ("HTTP 304" or "same content")."""
-    return {
-        "_id": ObjectId(), "job": job_id, "task": task_id, "lease": lease,
+    made = ObjectId()
+    return Insert(made, lease, None, {
+        "_id": made, "job": job_id, "task": task_id, "lease": lease,
         "status": SUCCESS if failed_reason is None else FAIL,
         "requests_size": request_size, "response_size": response_size,
         "failed_reason": failed_reason[:10240] if failed_reason is not None else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": spend_us, "add_datetime": now,
         **({"coalesced_from": coalesced_from} if coalesced_from is not None else {}),
         **({"not_modified": not_modified} if not_modified else {}),
-    }
+    })
 
 
 def _insert_ignoring_duplicates(coll: Collection[Doc], docs: list[Doc]) -> None:
@@ -95,46 +121,47 @@ def _insert_ignoring_duplicates(coll: Collection[Doc], docs: list[Doc]) -> None:
 HOLDER_FIELDS = {"lease": 1, "response_body_gridfs": 1}
 
 
-def _holder(coll: Collection[Doc], doc: Doc) -> Doc | None:
-    """The document holding ``doc``'s page version (task, version), if any."""
-    return coll.find_one({"task": doc["task"], "version": doc.get("version")}, HOLDER_FIELDS)
+def _holder(coll: Collection[Doc], made: Insert) -> DataDoc | None:
+    """The document holding ``made``'s page version (task, version), if any (its lease and body)."""
+    return DataDoc.maybe(coll.find_one({"task": made.doc["task"], "version": made.doc.get("version")},
+                                       HOLDER_FIELDS))
 
 
-def insert_data(docs: list[Doc]) -> list[tuple[Doc, Doc | None]]:
-    """Insert data documents; those already stored (a retry) are ignored. Returns those refused
-    because another document holds their page version, each with that document (None: it went
-    meanwhile). Raises BulkWriteError or InvalidDocument / DocumentTooLarge when MongoDB refuses
-    one for another reason."""
+def insert_data(docs: list[Insert]) -> list[tuple[Insert, DataDoc | None]]:
+    """Insert data documents (``data_doc``); those already stored (a retry) are ignored. Returns
+    those refused because another document holds their page version, each with that document
+    (None: it went meanwhile). Raises BulkWriteError or InvalidDocument / DocumentTooLarge when
+    MongoDB refuses one for another reason."""
     coll = collection(CrawlerDownloadData)
     if not docs:
         return []
     try:
-        coll.insert_many(docs, ordered=False)
+        coll.insert_many([made.doc for made in docs], ordered=False)
         return []
     except BulkWriteError as exc:
         errors = exc.details["writeErrors"]
         if any(e["code"] != DUPLICATE_KEY for e in errors):
             raise
-    taken: list[tuple[Doc, Doc | None]] = []
+    taken: list[tuple[Insert, DataDoc | None]] = []
     for e in errors:
-        doc = docs[e["index"]]
-        held = _holder(coll, doc)
-        if held is None or held["_id"] != doc["_id"]:  # (its own _id: a retried insert, stored)
-            taken.append((doc, held))
+        made = docs[e["index"]]
+        held = _holder(coll, made)
+        if held is None or held.id != made.id:  # (its own _id: a retried insert, stored)
+            taken.append((made, held))
     return taken
 
 
-def replace(held: Doc | None, doc: Doc) -> tuple[bool, Doc | None]:
-    """Put ``doc`` in the place of ``held`` (the document that held its page version, an orphan:
+def replace(held: DataDoc | None, made: Insert) -> tuple[bool, DataDoc | None]:
+    """Put ``made`` in the place of ``held`` (the document that held its page version, an orphan:
     the caller's attempt holds the task, so no other attempt can settle it): its GridFS body,
-    then it, go, and ``doc`` is inserted. Returns (stored, the document now holding the version
+    then it, go, and ``made`` is inserted. Returns (stored, the document now holding the version
     if another took it meanwhile)."""
     coll = collection(CrawlerDownloadData)
     if held is not None:
-        if held.get("response_body_gridfs"):
-            gridfs_of(coll.database).delete(held["response_body_gridfs"])
-        coll.delete_one({"_id": held["_id"], "lease": held["lease"]})
-    taken = insert_data([doc])
+        if held.response_body_gridfs:
+            gridfs_of(coll.database).delete(held.response_body_gridfs)
+        coll.delete_one({"_id": held.id, "lease": held.lease})
+    taken = insert_data([made])
     return (not taken), (taken[0][1] if taken else None)
 
 
@@ -146,9 +173,9 @@ def put_body(file_id: ObjectId, body: bytes, filename: str) -> None:
     fs.put(body, _id=file_id, filename=filename)
 
 
-def insert_logs(docs: list[Doc]) -> None:
-    """Insert download logs; those already stored (a retry) are ignored."""
-    _insert_ignoring_duplicates(collection(CrawlerDownloadLog), docs)
+def insert_logs(docs: list[Insert]) -> None:
+    """Insert download logs (``log_doc``); those already stored (a retry) are ignored."""
+    _insert_ignoring_duplicates(collection(CrawlerDownloadLog), [made.doc for made in docs])
 
 
 def stored_response(data_id: str) -> tuple[DataDoc, bytes] | None:

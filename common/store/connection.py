@@ -8,23 +8,26 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+import time
+from typing import Any, Callable, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import mongoengine
 from pymongo import MongoClient
-from pymongo.errors import OperationFailure
+from pymongo.errors import ConnectionFailure, OperationFailure
 from redis import Redis
 from redis.maint_notifications import MaintNotificationsConfig
 
 from common.config import settings
 from common.errors import ConfigError
+from common.queue.retry import backoff
 
 logger = logging.getLogger(__name__)
 DUPLICATE_KEY = 11000
 _lock = threading.Lock()
 _mongo_pid: int | None = None
 _redis: tuple[int, str, Redis] | None = None
+T = TypeVar("T")
 
 
 def control_uri() -> str:
@@ -117,7 +120,6 @@ def _hosts_of(url: str) -> str:
 def unreachable(exc: BaseException) -> str | None:
     """One line naming the service ``exc`` says is unreachable and its host:port, or None when
     ``exc`` is not a connection failure."""
-    from pymongo.errors import ConnectionFailure, OperationFailure
     from redis.exceptions import AuthenticationError, ResponseError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeout
@@ -135,6 +137,35 @@ def unreachable(exc: BaseException) -> str | None:
 
 
 MONGO_AUTH_CODES = (13, 18)  # Unauthorized, AuthenticationFailed
+TRANSIENT_CODES = (91, 189, 11600, 11602, 10107, 13435, 13436)  # shutdown, stepdown, not primary
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says MongoDB is away for a while (a lost connection, a primary stepping
+    down): the same command may succeed when tried again."""
+    if isinstance(exc, OperationFailure):
+        return exc.has_error_label("RetryableWriteError") or exc.code in TRANSIENT_CODES
+    return isinstance(exc, ConnectionFailure)
+
+
+def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
+    """Call ``fn`` until it stops failing on a lost connection (``transient``), for up to
+    ``deadline`` seconds, with backoff; any other failure, or the last one, is raised."""
+    end, attempt = time.monotonic() + deadline, 0
+    while True:
+        try:
+            return fn()
+        except (ConnectionFailure, OperationFailure) as exc:
+            if not transient(exc):
+                raise
+            attempt += 1
+            delay = backoff(attempt, base=0.2, cap=5.0, jitter=False)
+            if time.monotonic() + delay > end:
+                raise
+            logger.warning(
+                "MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay
+            )
+            time.sleep(delay)
 
 
 # redis-py 8 asks every new RESP3 connection for maintenance notifications (a Redis Enterprise

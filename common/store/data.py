@@ -5,28 +5,29 @@ bodies byte-exact, the export rows, and writing export files.
 Indexes: ``(task, lease)`` finds the data of a task's settled lease; ``(job, _id)`` reads a job's
 data in ``_id`` (time) order, window by window (``common.store.paging``).
 Invariant: data is read through ``visible`` / ``shown``: only documents that their task names
-(the fence, ``common/store/leases.py``); an export file without a files document is a dead
+(the fence, ``common/store/fence.py``); an export file without a files document is a dead
 writer's and is removed by ``drop_export_file``."""
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import gridfs
 from bson import ObjectId
 from pymongo.database import Database
 
-from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
+from common.store.fence import latest_only, visible
+from common.store.models import CrawlerDownloadData, CrawlerTask
 from common.store.paging import OutOfTime, scan
 from common.store.records import DataDoc, ExportFilter
 
 if TYPE_CHECKING:
     from common.exports.templates import Table, Template
 
-Doc = dict[str, Any]  # a raw document, a query, or an export's row (its fields by name, for the writers)
-Rows = Callable[["Table"], Iterator[Doc]]  # an export's rows of one table
+Doc = dict[str, Any]  # a raw document or a query
+Rows = Callable[["Table"], Iterator["ExportRow"]]  # an export's rows of one table
 GRIDFS_BUCKET = "crawler_download_data_fs"
 EXPORT_BUCKET = "export_fs"
 
@@ -88,17 +89,17 @@ def export_upload(file_id: ObjectId, filename: str, metadata: Doc) -> Upload:
 def documents(job_id: ObjectId, flt: ExportFilter,
               request_headers: bool = False) -> Iterator[tuple[DataDoc, bytes]]:
     """(document without its request — but its headers with ``request_headers`` —, body) of each
-    of the job's shown data documents matching ``flt`` (see ``data_filter``), oldest first."""
+    of the job's shown data documents matching ``flt`` (see ``_data_filter``), oldest first."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     unread = {"requests_body": 0} if request_headers else {"requests_body": 0, "requests_headers": 0}
-    cursor = coll.find(data_filter(job_id, flt), unread)
+    cursor = coll.find(_data_filter(job_id, flt), unread)
     cursor = cursor.sort("_id", 1).batch_size(200)
-    for doc in versions_kept(visible(cursor), flt):
+    for doc in _versions_kept(visible(cursor), flt):
         yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
-def versions_kept(docs: Iterable[Doc], flt: ExportFilter) -> Iterable[Doc]:
+def _versions_kept(docs: Iterable[Doc], flt: ExportFilter) -> Iterable[Doc]:
     """``docs`` as an export's filter asks: every version, else each page's latest."""
     return docs if flt.all_versions else latest_only(docs)
 
@@ -117,14 +118,17 @@ def versions_of(task_id: ObjectId) -> list[tuple[DataDoc, bool]]:
             for d in sorted(found, key=lambda d: d["_id"])]
 
 
-def version_at(task_id: ObjectId, at: datetime) -> tuple[DataDoc, bytes] | None:
-    """The version of a task's page that was its latest at time ``at`` (the newest stored no later
-    than ``at``), with its body; None if it has none (or none is kept)."""
-    before = [d for d, _ in versions_of(task_id) if d.add_datetime and d.add_datetime <= at]
-    if not before:
-        return None
+def latest_at(versions: list[tuple[DataDoc, bool]], at: datetime) -> DataDoc | None:
+    """Of a task's ``versions`` (``versions_of``), the one that was its latest at time ``at``: the
+    newest stored no later than ``at``; None if none was."""
+    before = [d for d, _ in versions if d.add_datetime and d.add_datetime <= at]
+    return before[-1] if before else None
+
+
+def with_body(data_id: ObjectId) -> tuple[DataDoc, bytes] | None:
+    """A data document (without its request body) and its response body; None if it is gone."""
     coll = CrawlerDownloadData._get_collection()
-    doc = coll.find_one({"_id": before[-1].id}, {"requests_body": 0})
+    doc = coll.find_one({"_id": data_id}, {"requests_body": 0})
     return (DataDoc.from_doc(doc), body_of(doc, gridfs_of(coll.database))) if doc else None
 
 
@@ -138,64 +142,7 @@ def drop_export_file(file_id: ObjectId | None) -> None:
     db[EXPORT_BUCKET + ".chunks"].delete_many({"files_id": file_id})
 
 
-def named(docs: list[Doc], latest: bool = False) -> set[ObjectId]:
-    """Ids of the documents among ``docs`` (each with ``task`` and ``lease``) that their task
-    names, as its latest version (``data_lease``) or an earlier one (``history``; not with
-    ``latest``): the exact check, one task lookup per document."""
-    if not docs:
-        return set()
-    owner = {t["_id"]: {t.get("data_lease"), *(() if latest else t.get("history") or ())}
-             for t in CrawlerTask._get_collection().find(
-                 {"_id": {"$in": list({d["task"] for d in docs})}}, {"data_lease": 1, "history": 1})}
-    return {d["_id"] for d in docs if d.get("lease") is not None and d["lease"] in owner.get(d["task"], ())}
-
-
-def latest_only(docs: Iterable[Doc]) -> Iterator[Doc]:
-    """The documents (already ``visible``) that are their page's latest version: a document a
-    later version superseded is skipped (the writer marks it once that version is named)."""
-    return (d for d in docs if not d.get("superseded"))
-
-
-def shown(docs: list[Doc]) -> set[ObjectId]:
-    """Ids of the documents among ``docs`` that readers show: those their task names.
-
-    The exact check costs a task lookup per document, so it is made only where an orphan can
-    be: a document whose lease is still open (``crawler_lease``: its settle may not have come)
-    or was ever refused or given back (``crawler_lease_lost``, written before the lease ends).
-    The lease of any other document ended with every one of its settles matched, and a settled
-    task never names other data. Leases are read first, then tombstones: a lease that ends in
-    between was tombstoned before it ended, so it is found in one or the other."""
-    if not docs:
-        return set()
-    leases = list({d.get("lease") for d in docs})
-    open_ = {x["_id"] for x in CrawlerLease._get_collection().find({"_id": {"$in": leases}}, {"_id": 1})}
-    lost = {x["_id"] for x in LostLease._get_collection().find({"_id": {"$in": leases}}, {"_id": 1})}
-    doubtful = [d for d in docs if d.get("lease") in open_ or d.get("lease") in lost]
-    doubtful_ids, keep = {d["_id"] for d in doubtful}, named(doubtful)
-    return {
-        d["_id"]
-        for d in docs
-        if d.get("lease") is not None and (d["_id"] not in doubtful_ids or d["_id"] in keep)
-    }
-
-
-def visible(cursor: Iterable[Doc], batch: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> Iterator[Doc]:
-    """The data documents of ``cursor`` (projected with ``task`` and ``lease``) that their task
-    names, in cursor order: looked up ``batch`` documents (or ``max_bytes`` of bodies) at a time."""
-    chunk: list[Doc] = []
-    size = 0
-    for doc in cursor:
-        chunk.append(doc)
-        size += len(doc.get("response_body") or b"")
-        if len(chunk) >= batch or size >= max_bytes:
-            keep = shown(chunk)
-            yield from (d for d in chunk if d["_id"] in keep)
-            chunk, size = [], 0
-    keep = shown(chunk)
-    yield from (d for d in chunk if d["_id"] in keep)
-
-
-def data_filter(job_id: ObjectId, flt: ExportFilter) -> Doc:
+def _data_filter(job_id: ObjectId, flt: ExportFilter) -> Doc:
     """The MongoDB filter of an export's rows: the job's data documents, by HTTP status code
     and stored time (``flt`` was checked when the export was requested)."""
     query: dict[str, Any] = {"job": job_id}
@@ -221,7 +168,7 @@ def body_of(doc: Doc, fs: gridfs.GridFS) -> bytes:
     return bytes(doc.get("response_body") or b"")
 
 
-def restrict(query: Doc, status: tuple[int, ...]) -> Doc:
+def _restrict(query: Doc, status: tuple[int, ...]) -> Doc:
     """``query`` kept to the HTTP status codes ``status`` too (a table's own filter)."""
     if not status:
         return query
@@ -231,14 +178,43 @@ def restrict(query: Doc, status: tuple[int, ...]) -> Doc:
     return {**query, "status_code": {"$in": sorted(codes)}}
 
 
-def data_rows(
-    query: Doc, needs_body: bool, needs_headers: bool = False, task_order: bool = False,
-    all_versions: bool = False,
-) -> Iterator[Doc]:
-    """The export fields of each data document matching ``query``, one at a time (a small cursor
-    batch; a GridFS body is read only when a body field is asked for): in the order they were
-    stored, or with ``task_order`` in the order their URLs were added (what a printed sheet
-    wants; it costs the store a sort, about twice the reading time on SecantusDB)."""
+@dataclass(slots=True)
+class ExportRow:
+    """One data document as an export's writers read it: the export fields of
+    ``common.exports.templates.FIELDS`` (and the page's ``version``), by name through ``get``, as
+    the writers read any source's rows. The body's fields are set only when the export asks for
+    one, the response headers only when it asks for them. Made once per row exported and never
+    changed, but not frozen: a frozen dataclass's ``__init__`` costs three times as much (1.5 µs
+    against 0.45, a dict's cost; measured in docs/layout.md)."""
+
+    url: str | None
+    status_code: int | None
+    encoding: str | None
+    remote_ip: str | None
+    hostname: str | None
+    task: str
+    add_datetime: datetime | None
+    version: int
+    response_headers: Mapping[str, Any] | None = None
+    response_size: int | None = None
+    body_sha256: str | None = None
+    body_text: str | None = None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field ``name`` (``default`` for a name the row does not have)."""
+        return getattr(self, name) if name in _ROW_FIELDS else default
+
+
+_ROW_FIELDS = frozenset(ExportRow.__dataclass_fields__)
+
+
+def data_rows(job_id: ObjectId, flt: ExportFilter, status: tuple[int, ...] = (), needs_body: bool = False,
+              needs_headers: bool = False, task_order: bool = False) -> Iterator[ExportRow]:
+    """The export row of each of the job's data documents that ``flt`` keeps (and, when given, of
+    the HTTP status codes ``status``: a table's own filter), one at a time (a small cursor batch;
+    a GridFS body is read only when a body field is asked for): in the order they were stored,
+    or with ``task_order`` in the order their URLs were added (what a printed sheet wants; it
+    costs the store a sort, about twice the reading time on SecantusDB)."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     projection = {"requests_body": 0, "requests_headers": 0}
@@ -247,20 +223,16 @@ def data_rows(
     if not needs_body:
         projection["response_body"] = 0
     order = [("task", 1), ("_id", 1)] if task_order else [("_id", 1)]
+    query = _restrict(_data_filter(job_id, flt), status)
     cursor = coll.find(query, projection, allow_disk_use=task_order).sort(order)
-    docs = visible(cursor.batch_size(100 if needs_body else 1000))
-    for doc in docs if all_versions else latest_only(docs):
-        row: Doc = {"url": doc.get("url"), "status_code": doc.get("status_code"),
-                    "encoding": doc.get("encoding"), "remote_ip": doc.get("remote_ip"),
-                    "hostname": doc.get("hostname"), "task": str(doc["task"]),
-                    "add_datetime": doc.get("add_datetime"), "version": doc.get("version") or 1}
-        if needs_headers:
-            row["response_headers"] = doc.get("response_headers") or {}
-        if needs_body:
-            body = body_of(doc, fs)
-            row.update(response_size=len(body), body_sha256=hashlib.sha256(body).hexdigest(),
-                       body_text=text_of(body, doc.get("encoding")))
-        yield row
+    for doc in _versions_kept(visible(cursor.batch_size(100 if needs_body else 1000)), flt):
+        body = body_of(doc, fs) if needs_body else None
+        yield ExportRow(
+            doc.get("url"), doc.get("status_code"), doc.get("encoding"), doc.get("remote_ip"),
+            doc.get("hostname"), str(doc["task"]), doc.get("add_datetime"), doc.get("version") or 1,
+            (doc.get("response_headers") or {}) if needs_headers else None,
+            *((len(body), hashlib.sha256(body).hexdigest(), text_of(body, doc.get("encoding")))
+              if body is not None else ()))
 
 
 def export_total(job_id: ObjectId, flt: ExportFilter, template: Template, upto: int | None = None) -> int:
@@ -269,7 +241,7 @@ def export_total(job_id: ObjectId, flt: ExportFilter, template: Template, upto: 
     ``upto``: stop counting there (a decision against a threshold costs no more than it, whatever
     the job's size)."""
     coll = CrawlerDownloadData._get_collection()
-    base = data_filter(job_id, flt)
+    base = _data_filter(job_id, flt)
     total = 0
     for table in template.tables:
         limits = [n for n in (sum(leaf.row_count for leaf in table.row_leaves) if table.row else None,
@@ -277,7 +249,7 @@ def export_total(job_id: ObjectId, flt: ExportFilter, template: Template, upto: 
         cap = min(limits) if limits else None
         if cap == 0:  # (a count's limit 0 means none)
             continue
-        total += coll.count_documents(restrict(base, table.status), **({"limit": cap} if cap else {}))
+        total += coll.count_documents(_restrict(base, table.status), **({"limit": cap} if cap else {}))
         if upto is not None and total >= upto:
             break
     return total
@@ -353,10 +325,9 @@ def export_source(job_id: ObjectId, flt: ExportFilter, template: Template, fmt: 
     WARC file, the documents whole (``WholeDocuments``)."""
     if fmt == "warc":
         return WholeDocuments(job_id, flt, wrap)
-    base = data_filter(job_id, flt)
 
-    def rows_for(table: Table) -> Iterator[Doc]:
-        return wrap(data_rows(restrict(base, table.status), template.needs_body, template.needs_headers,
-                              task_order=fmt == "xlsx", all_versions=flt.all_versions))
+    def rows_for(table: Table) -> Iterator[ExportRow]:
+        return wrap(data_rows(job_id, flt, table.status, template.needs_body, template.needs_headers,
+                              task_order=fmt == "xlsx"))
 
     return rows_for

@@ -30,6 +30,7 @@ from pymongo.collection import Collection
 from common.config import settings
 from common.store import claims
 from common.store.log_models import CrawlerGeneratorLog
+from common.store.logrecords import GeneratorRun
 from common.store.models import (
     FAIL,
     GEN_ON,
@@ -39,7 +40,7 @@ from common.store.models import (
     CrawlerGenerator,
     collection,
 )
-from common.store.records import Generator, GeneratorRun
+from common.store.records import Generator
 
 LOG_FIELDS = {"run": 1, "trigger": 1, "status": 1, "added": 1, "duplicate": 1, "rejected": 1, "lines": 1,
               "errors": 1, "bytes": 1, "spend_time": 1, "hostname": 1, "failed_reason": 1,

@@ -1,5 +1,4 @@
-"""The lease: a queue entry's hold on its tasks, from dispatch to settle, and the fence that
-keeps a worker whose lease was given back from changing anything a reader sees.
+"""The lease: a queue entry's hold on its tasks, from dispatch to settle.
 
 One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
 
@@ -7,32 +6,20 @@ One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
     claim   (worker)      QUEUED -> RUNNING, compare-and-set: at most one worker runs an entry
     beat    (worker)      RUNNING: ``beat_at`` refreshed every HEARTBEAT_INTERVAL
                           (claim, beat and the verdict's CAS are ``common.store.claims``, as ``LEASE``)
-    settle  (worker)      each task SUCCESS (naming its data), FAIL, or handed back, under ``held_by``
+    settle  (worker)      each task SUCCESS (naming its data), FAIL, or handed back, under ``_held_by``
     finish  (worker)      the lease is deleted once every outcome is stored
     verdict (defender)    QUEUED and in no queue (seen so twice, ABSENCE_GRACE apart), or
                           RUNNING without a beat for HEARTBEAT_TTL, or older than LEASE_TIMEOUT
     release (defender)    LOST (compare-and-set), its tasks given back under the same guard, deleted
 
-Invariant: every change to a task sent in an entry is guarded by ``held_by(lease, kind)``, so
+Invariant: every change to a task sent in an entry is guarded by ``_held_by(lease, kind)``, so
 each task ends settled by the worker or released by the defender, never both.
 
-The fence (why a returning worker changes nothing a reader sees). A task names its data: on
-SUCCESS its ``data_lease`` is the lease whose attempt stored it, and an entry stores at most one
-outcome per task, so (task, data_lease) names exactly one ``crawler_download_data`` document.
-Data is inserted before the settle (a settle must never name data that is not stored), so an
-insert is not itself guarded: a stale worker's insert, or one retried or delivered late over a
-connection that a partition held, may land after its lease was given back. Such a document is
-an orphan that no task names. Readers read data only through ``common.store.data.visible``
-(the data export, the export center, the API and console), so an orphan is never read,
-whatever the interleaving (the check is made document by document only for leases still open or
-tombstoned, ``tombstone``); the writer removes its own refused data at once, and
-``sweep_orphans`` (the defender's share) removes whatever is left once its lease is gone and
-DATA_SWEEP_GRACE has passed, longer than an in-flight write can live.
+The fence (why a returning worker changes nothing a reader sees) is ``common.store.orphans``:
+data an attempt stored that no task names is never read, and is removed.
 """
 from __future__ import annotations
 
-import logging
-import time
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -41,7 +28,6 @@ from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
 from common.store import claims, counts
-from common.store.data import gridfs_of, named
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -57,14 +43,15 @@ from common.store.models import (
     CrawlerLease,
     CrawlerOldVersion,
     CrawlerTask,
-    LostLease,
     collection,
-    utcnow,
 )
+
+# the writer reaches these here, with the settles (re-exported)
+from common.store.orphans import drop_unsettled as drop_unsettled
+from common.store.orphans import settled_of as settled_of
+from common.store.orphans import tombstone as tombstone
 from common.store.paging import Doc
 from common.store.records import Lease, LeaseTask, Prev
-
-logger = logging.getLogger(__name__)
 
 UNSET_LEASE = {"lease": "", "queue": "", "dispatched_at": ""}  # a task's fields while it is DISPATCH
 
@@ -78,7 +65,7 @@ LEASE = claims.Claimed("download lease", CrawlerLease._get_collection, owner="wo
 
 # --- the guard --------------------------------------------------------------------------
 
-def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
+def _held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
     """What a task must still look like to belong to the entry ``lease``: the one guard of
     every change that settles or gives back an entry's tasks (worker, defender, dispatcher).
     Fresh tasks and revisits are sent without a write of their own: a fresh task is LIVE and
@@ -95,14 +82,21 @@ def held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
 
 
 def held_status(kind: str) -> str:
-    """The status of a task while an entry of ``kind`` holds it (``held_by``)."""
+    """The status of a task while an entry of ``kind`` holds it (``_held_by``)."""
     return {FRESH: LIVE, REVISIT: SUCCESS}.get(kind, DISPATCH)
 
 
 def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
-    """Whether the entry ``lease`` still holds the task (``held_by``)."""
-    return CrawlerTask._get_collection().find_one(
-        {"_id": task_id, **held_by(lease, kind, sent_at)}, {"_id": 1}) is not None
+    """Whether the entry ``lease`` still holds the task (``_held_by``)."""
+    return bool(held_of([task_id], lease, kind, sent_at))
+
+
+def held_of(ids: list[ObjectId], lease: str, kind: str, sent_at: datetime | None = None) -> set[ObjectId]:
+    """The tasks among ``ids`` that the entry ``lease`` still holds (``_held_by``)."""
+    if not ids:
+        return set()
+    return {d["_id"] for d in CrawlerTask._get_collection().find(
+        {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)}, {"_id": 1})}
 
 
 # --- create, claim, beat, finish ------------------------------------------------------------
@@ -180,7 +174,7 @@ def settle_success(ids: list[ObjectId], lease: str, kind: str, now: datetime,
     change = {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                        "last_update_datetime": now},
               "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}
-    guard = held_by(lease, kind, sent_at)
+    guard = _held_by(lease, kind, sent_at)
     return [UpdateMany({"_id": {"$in": ids[i:i + SETTLE_GROUP]}, **guard}, change)
             for i in range(0, len(ids), SETTLE_GROUP)]
 
@@ -209,7 +203,7 @@ def settle_visit(task_id: ObjectId, lease: str, kind: str, now: datetime, retry_
     elif not_modified:
         change["$inc"]["not_modified"] = 1
         change["$set"].update(seen or {})  # the same body again: its validators, for the next visit
-    return UpdateOne({"_id": task_id, **held_by(lease, kind, sent_at)}, change)
+    return UpdateOne({"_id": task_id, **_held_by(lease, kind, sent_at)}, change)
 
 
 def mark_superseded(settled: list[tuple[ObjectId, ObjectId, int, str | None]]) -> None:
@@ -242,7 +236,7 @@ def settle_failure(
 ) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
     return UpdateOne(
-        {"_id": task_id, **held_by(lease, kind, sent_at)},
+        {"_id": task_id, **_held_by(lease, kind, sent_at)},
         {
             "$set": {
                 "status": FAIL,
@@ -260,7 +254,7 @@ def hand_back(task_id: ObjectId, lease: str, kind: str, reason: str, after: floa
               sent_at: datetime | None = None) -> UpdateOne:
     """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
     return UpdateOne(
-        {"_id": task_id, **held_by(lease, kind, sent_at)},
+        {"_id": task_id, **_held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=after), "last_update_datetime": now,
                   "failed_reason": reason[:10240]},
          "$unset": UNSET_LEASE})
@@ -270,7 +264,7 @@ def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reas
               sent_at: datetime | None = None) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
     given = CrawlerTask._get_collection().update_many(
-        {"_id": {"$in": ids}, **held_by(lease, kind, sent_at)},
+        {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
     counts.move([(job_id, held_status(kind), LIVE, given)])
@@ -362,7 +356,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
         return 0, 0, 0
     ids = lease.get("ids") or []
     tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, **held_by(lease_id, lease["kind"], lease.get("created_at"))}
+    flt = {"_id": {"$in": ids}, **_held_by(lease_id, lease["kind"], lease.get("created_at"))}
     recovered = dead = again = 0
     if attempt:
         dead = tasks.update_many(
@@ -391,7 +385,7 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
                 "$unset": UNSET_LEASE,
             },
         ).modified_count
-        held = held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
+        held = _held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
         counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
         if dead:
             claims.give_up_alert(LEASE, lease.get("job"), f"{dead} task(s) of entry {lease_id} DEAD after "
@@ -400,110 +394,8 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
         again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now,
                           lease.get("created_at"))
     # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
-    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (common.store.data.shown)
+    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (fence.shown)
     drop_unsettled(lease_id, ids)
     remark_versions(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
     return recovered, dead, again
-
-
-# --- data: what readers see, and the orphans --------------------------------------------------
-
-def _drop_data(docs: list[Doc]) -> int:
-    """Delete data documents (GridFS bodies first: a body is never left without its document
-    unless this is cut short, and then the sweep finds the document again)."""
-    if not docs:
-        return 0
-    coll = CrawlerDownloadData._get_collection()
-    fs = None
-    for d in docs:
-        if d.get("response_body_gridfs"):
-            fs = fs or gridfs_of(coll.database)
-            fs.delete(d["response_body_gridfs"])
-    return int(coll.delete_many({"_id": {"$in": [d["_id"] for d in docs]}}).deleted_count)
-
-
-def tombstone(lease: str, job_id: ObjectId | None, reason: str, ids: list[ObjectId],
-              now: datetime | None = None) -> None:
-    """Mark ``lease`` as one whose data may hold orphans (given back, or a settle refused):
-    readers then check its documents one by one, and the sweep looks for orphans among the data
-    it stored for ``ids``. Written before the lease ends."""
-    LostLease._get_collection().update_one(
-        {"_id": lease}, {"$setOnInsert": {"job": job_id, "reason": reason[:200], "at": now or utcnow()},
-                         "$addToSet": {"ids": {"$each": list(ids)}}, "$unset": {"swept": ""}}, upsert=True)
-
-
-def settled_of(lease: str, ids: list[ObjectId]) -> set[ObjectId]:
-    """The tasks among ``ids`` that name data of ``lease`` (a success settled under it)."""
-    if not ids:
-        return set()
-    return {
-        d["_id"]
-        for d in CrawlerTask._get_collection().find({"_id": {"$in": ids}, "data_lease": lease}, {"_id": 1})
-    }
-
-
-def drop_unsettled(lease: str, ids: list[ObjectId]) -> int:
-    """Delete data that ``lease`` stored for tasks among ``ids`` that do not name it (prompt
-    cleanup by the writer and the defender; readers never see such data either way)."""
-    if not ids:
-        return 0
-    settled = settled_of(lease, ids)
-    orphans = [i for i in ids if i not in settled]
-    if not orphans:
-        return 0
-    docs = list(CrawlerDownloadData._get_collection().find(
-        {"task": {"$in": orphans}, "lease": lease}, {"response_body_gridfs": 1}))
-    return _drop_data(docs)
-
-
-def drop_orphans_of_versions() -> int:
-    """Data of one page version stored more than once (a store written before one document per
-    version was kept, ``models.CrawlerDownloadData``): the documents no task names go (read whole
-    once: ``migrate``'s)."""
-    twice = CrawlerDownloadData._get_collection().aggregate([
-        {"$group": {"_id": {"task": "$task", "version": "$version"}, "n": {"$sum": 1},
-                    "docs": {"$push": {"_id": "$_id", "task": "$task", "lease": "$lease",
-                                       "response_body_gridfs": "$response_body_gridfs"}}}},
-        {"$match": {"n": {"$gt": 1}}}], allowDiskUse=True)
-    docs = [d for group in twice for d in group["docs"]]
-    keep = named(docs)
-    return _drop_data([d for d in docs if d["_id"] not in keep])
-
-
-def sweep_orphans(now: datetime | None = None, grace: float | None = None, budget: float = 30.0,
-                  batch: int = 500) -> int:
-    """Remove data documents that no task names. Only a tombstoned lease can have such data (a
-    lease ends with its settles all matched, else it is tombstoned first: ``tombstone``), so the
-    sweep reads tombstones, not the data: each once, when it is older than ``grace``
-    (DATA_SWEEP_GRACE, longer than a write in flight can live) and its lease is gone, finding its
-    documents by (task, lease) for the tasks it lists. Its cost follows the tombstones (a few a
-    day), not the size of the store. Not removed: data of a worker frozen past the grace that
-    then inserts and dies before its own cleanup (no reader shows it), and of tombstones an
-    earlier version wrote without their tasks."""
-    now = now or utcnow()
-    grace = settings.DATA_SWEEP_GRACE if grace is None else grace
-    tombs, data = LostLease._get_collection(), CrawlerDownloadData._get_collection()
-    due = list(
-        tombs.find({"swept": None, "at": {"$lte": now - timedelta(seconds=grace)}}).sort("at", 1).limit(batch)
-    )
-    open_ = {
-        x["_id"]
-        for x in CrawlerLease._get_collection().find({"_id": {"$in": [t["_id"] for t in due]}}, {"_id": 1})
-    }
-    end, removed = time.monotonic() + budget, 0
-    for tomb in due:
-        if time.monotonic() > end:
-            break
-        if tomb["_id"] in open_:  # an attempt under it may still settle: look again next time
-            continue
-        docs = list(data.find({"task": {"$in": tomb.get("ids") or []}, "lease": tomb["_id"]},
-                              {"task": 1, "lease": 1, "response_body_gridfs": 1})) if tomb.get("ids") else []
-        keep = named(docs)
-        removed += _drop_data([d for d in docs if d["_id"] not in keep])
-        tombs.update_one({"_id": tomb["_id"]}, {"$set": {"swept": now}})
-    if removed:
-        logger.warning(
-            "defender: removed %s data documents that no task names (orphans of lost attempts)", removed
-        )
-    return removed

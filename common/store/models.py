@@ -274,7 +274,7 @@ FRESH, AGAIN, REVISIT = "FRESH", "AGAIN", "REVISIT"
 
 class CrawlerLease(Document):
     """The lease of one queue entry (rq job ``dc-<_id>``): the tasks it carries, from enqueue
-    to settle. Its whole life, and the fence, is ``common/store/leases.py``."""
+    to settle. Its whole life is ``common/store/leases.py``, the fence ``common/store/orphans.py``."""
 
     id = StringField(primary_key=True)
     job = ReferenceField(Job, required=True)
@@ -299,8 +299,8 @@ class CrawlerLease(Document):
 class LostLease(Document):
     """A tombstone: a lease that was given back by the defender or had a settle refused (its data
     may have orphans), written before the lease ends and kept (a few a day). Readers check the
-    data of such leases document by document (``common.store.data.shown``); the orphan sweep looks
-    among the data it stored for ``ids`` (``common.store.leases.sweep_orphans``)."""
+    data of such leases document by document (``common.store.fence.shown``); the orphan sweep looks
+    among the data it stored for ``ids`` (``common.store.orphans.sweep_orphans``)."""
 
     id = StringField(primary_key=True)
     job = ObjectIdField()
@@ -321,7 +321,7 @@ class DefenderState(Document):
 
 class CrawlerDownloadData(Document):
     """A successful attempt's response. It counts only while its task names it (task
-    ``data_lease`` = ``lease``); see the fence in ``common/store/leases.py``."""
+    ``data_lease`` = ``lease``); see the fence in ``common/store/orphans.py``."""
 
     job = ReferenceField(Job, required=True)
     downloader = ReferenceField(CrawlerDownload)
@@ -339,6 +339,7 @@ class CrawlerDownloadData(Document):
     remote_ip = StringField()
     version = IntField()          # revisits: 1, 2, ... the page's versions in order
     superseded = BooleanField()   # revisits: a later version of the page is stored (and named)
+    fetched_at = DateTimeField()  # when its fetch started (absent before 2026-11-27: add_datetime)
     add_datetime = DateTimeField(default=utcnow)
     meta = {
         "db_alias": "source",

@@ -8,7 +8,7 @@ of one status or all, in ``_id`` order), ``(job, uri)`` (a task by its URL);
 task's settled lease); the logs' ``(job, _id)`` (the download log of several jobs: job by job,
 merged); ``crawler_lease`` ``(state, beat_at)``. The embedded store serves a range only behind an
 equality on an index's first field: ``_id`` alone or ``job`` ``$in`` reads the whole collection.
-Invariant: data pages and bodies show only documents their task names (``common.store.data.shown``);
+Invariant: data pages and bodies show only documents their task names (``common.store.fence.shown``);
 every filter value comes from the caller already checked, never as an operator.
 """
 from __future__ import annotations
@@ -21,13 +21,15 @@ from mongoengine import Document
 from pymongo.collection import Collection
 
 from common.store import counts
-from common.store.data import gridfs_of, shown
+from common.store.data import gridfs_of
+from common.store.fence import shown
 from common.store.log_models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
     CrawlerDownloadLog,
     CrawlerRegistrationErrorLog,
 )
+from common.store.logrecords import AlertLog, DispatchLog, DownloadLog, RegistrationError
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -42,14 +44,17 @@ from common.store.models import (
     collection,
 )
 from common.store.paging import Doc, Span, by_id
-from common.store.records import Task
+from common.store.records import DataDoc, Task
 from common.store.tasks import task_by_uri
 
-LOGS: dict[str, type[Document]] = {
-    "download": CrawlerDownloadLog,
-    "dispatch": CrawlerDispatchLog,
-    "alert": CrawlerDispatchAlertLog,
-    "registration": CrawlerRegistrationErrorLog,
+LogRecord = DownloadLog | DispatchLog | AlertLog | RegistrationError
+Shown = Task | DataDoc | LogRecord  # what a page shows
+
+LOGS: dict[str, tuple[type[Document], type[LogRecord]]] = {
+    "download": (CrawlerDownloadLog, DownloadLog),
+    "dispatch": (CrawlerDispatchLog, DispatchLog),
+    "alert": (CrawlerDispatchAlertLog, AlertLog),
+    "registration": (CrawlerRegistrationErrorLog, RegistrationError),
 }
 TASK_FIELDS = {"uri": 1, "status": 1, "download_times": 1, "recoveries": 1, "failed_reason": 1,
                "retry_at": 1, "host_name": 1, "add_datetime": 1, "last_update_datetime": 1}
@@ -58,17 +63,40 @@ DATA_FIELDS = {"url": 1, "status_code": 1, "task": 1, "lease": 1, "add_datetime"
                "size": {"$cond": [{"$ifNull": ["$response_body", False]},
                                   {"$binarySize": "$response_body"}, 0]}}
 
+# What a page shows of each record, after its ``id``, in the order its writer stores the fields:
+# (attribute, shown when None). The views turn a record into its JSON by this (``master.views``).
+Shape = tuple[tuple[str, bool], ...]
+SHOWN: dict[str, Shape] = {
+    "tasks": (("uri", True), ("status", True), ("download_times", True), ("recoveries", True),
+              ("host_name", True), ("add_datetime", True), ("last_update_datetime", True),
+              ("failed_reason", True), ("retry_at", True)),
+    "data": (("task", True), ("url", True), ("status_code", True), ("add_datetime", True),
+             ("version", False), ("superseded", False)),  # then the body's size
+    "download": (("job", True), ("task", True), ("lease", True), ("status", True), ("requests_size", True),
+                 ("response_size", True), ("failed_reason", True), ("downloads_hostname", True),
+                 ("spend_time", True), ("add_datetime", True), ("coalesced_from", False),
+                 ("not_modified", False)),
+    "dispatch": (("job", True), ("status", False), ("queue", False), ("lease", False), ("count", True),
+                 ("reason", False), ("hostname", False), ("add_datetime", False)),
+    "alert": (("job", True), ("type", True), ("reason", True), ("content_bytes", True), ("hostname", True),
+              ("add_datetime", True)),
+    "registration": (("name", True), ("manifest", False), ("reason", True), ("hostname", False),
+                     ("add_datetime", True)),
+}
+
 
 # --- tasks -------------------------------------------------------------------------------
 
 def tasks(job_id: ObjectId, status: str | None, limit: int, after: ObjectId | None,
-          newest: bool) -> list[Doc]:
-    """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order."""
+          newest: bool) -> list[Task]:
+    """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order (what
+    ``SHOWN["tasks"]`` shows of each: the rest of a record is left at its defaults)."""
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
         flt["status"] = status
-    return by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after,
-                 newest=newest, projection=TASK_FIELDS)
+    found = by_id(CrawlerTask._get_collection(), flt, limit, span=counts.span(job_id), after=after,
+                  newest=newest, projection=TASK_FIELDS)
+    return [Task.from_doc(d) for d in found]
 
 
 def task(job_id: ObjectId, task_id: ObjectId | None, uri: str | None) -> Task | None:
@@ -95,10 +123,11 @@ def data_of(task: Task) -> ObjectId | None:
 
 # --- data --------------------------------------------------------------------------------
 
-def data(job_id: ObjectId, limit: int, after: ObjectId | None, all_versions: bool = False) -> list[Doc]:
-    """Up to ``limit`` + 1 of the job's shown data documents after ``after``, oldest first, with
-    their body's ``size`` (GridFS bodies too) and without their lease: each page's latest version,
-    or with ``all_versions`` its earlier ones too."""
+def data(job_id: ObjectId, limit: int, after: ObjectId | None,
+         all_versions: bool = False) -> list[tuple[DataDoc, int]]:
+    """Up to ``limit`` + 1 of the job's shown data documents after ``after``, oldest first, each
+    with its body's size (GridFS bodies too; the one past the page: 0) and without its lease or
+    body: each page's latest version, or with ``all_versions`` its earlier ones too."""
     coll = CrawlerDownloadData._get_collection()
     docs: list[Doc] = []
     span = counts.span(job_id, "data")
@@ -110,13 +139,15 @@ def data(job_id: ObjectId, limit: int, after: ObjectId | None, all_versions: boo
         if len(raw) <= limit:
             break
         after = raw[-1]["_id"]
-    docs = docs[:limit + 1]
-    for i, d in enumerate(docs):
-        d.pop("lease", None)
+    found = []
+    for i, d in enumerate(docs[:limit + 1]):
         gridfs_id = d.pop("response_body_gridfs", None)
+        d.pop("lease", None)
+        size = int(d.pop("size", 0) or 0)
         if gridfs_id and i < limit:  # the one past the page only says there is more
-            d["size"] = gridfs_of(coll.database).get(gridfs_id).length
-    return docs
+            size = gridfs_of(coll.database).get(gridfs_id).length
+        found.append((DataDoc.from_doc(d), size))
+    return found
 
 
 def body(data_id: ObjectId, job_ids: list[ObjectId] | None = None) -> tuple[int, Iterator[bytes]] | None:
@@ -138,11 +169,16 @@ def body(data_id: ObjectId, job_ids: list[ObjectId] | None = None) -> tuple[int,
 
 def logs(log: str, limit: int, after: ObjectId | None, job_id: ObjectId | None = None,
          job_name: str | None = None, job_ids: list[ObjectId] | None = None,
-         job_names: list[str] | None = None) -> list[Doc]:
-    """Up to ``limit`` of log ``log`` (one of LOGS), newest first: of job ``job_id`` (the
-    registration log: of ``job_name``), or of every job — of those of ``job_ids`` (the
-    registration log: named ``job_names``) when given."""
-    model = LOGS[log]
+         job_names: list[str] | None = None) -> list[LogRecord]:
+    """Up to ``limit`` of log ``log`` (one of LOGS), newest first, as its records: of job
+    ``job_id`` (the registration log: of ``job_name``), or of every job — of those of ``job_ids``
+    (the registration log: named ``job_names``) when given."""
+    model, record = LOGS[log]
+    return [record.from_doc(d) for d in _log_docs(model, limit, after, job_id, job_name, job_ids, job_names)]
+
+
+def _log_docs(model: type[Document], limit: int, after: ObjectId | None, job_id: ObjectId | None,
+              job_name: str | None, job_ids: list[ObjectId] | None, job_names: list[str] | None) -> list[Doc]:
     flt: dict[str, Any] = {}
     span = Span()
     if model is CrawlerRegistrationErrorLog:

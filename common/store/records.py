@@ -247,25 +247,7 @@ class DataDoc(Record):
     remote_ip: str | None = None
     version: int | None = None
     superseded: bool | None = None
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DownloadLog(Record):
-    """One download attempt (``crawler_download_log``, log database)."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    task: ObjectId | None = None
-    lease: str | None = None
-    status: str | None = None
-    requests_size: int = 0
-    response_size: int = 0
-    failed_reason: str | None = None
-    downloads_hostname: str | None = None
-    spend_time: int = 0
-    coalesced_from: ObjectId | None = None
-    not_modified: str | None = None
+    fetched_at: datetime | None = None  # when its fetch started (None before 2026-11-27)
     add_datetime: datetime | None = None
 
 
@@ -332,33 +314,6 @@ class Generator(Record):
     last_status: str | None = None
     add_datetime: datetime | None = None
     last_update_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratorRun(Record):
-    """One generator run (``crawler_generator_log``, log database)."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    run: str | None = None
-    trigger: str | None = None
-    status: str | None = None
-    added: int = 0
-    duplicate: int = 0
-    rejected: int = 0
-    lines: int = 0
-    errors: Sequence[Mapping[str, Any]] = ()
-    bytes: int = 0
-    spend_time: int = 0
-    hostname: str | None = None
-    failed_reason: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    add_datetime: datetime | None = None
-
-    def rejected_lines(self) -> list[tuple[int, str]]:
-        """``errors`` as (line number, reason)."""
-        return [(int(e.get("line", 0)), str(e.get("reason", ""))) for e in self.errors]
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,22 +386,6 @@ class DownloadType(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class DispatchLog(Record):
-    """One queue entry a dispatcher run wrote, or failed to write (``crawler_dispatch_log``, log
-    database): SUCCESS, or FAIL with ``reason``."""
-
-    id: ObjectId
-    job: ObjectId | None = None
-    status: str | None = None
-    queue: str | None = None
-    lease: str | None = None
-    count: int = 0
-    reason: str | None = None
-    hostname: str | None = None
-    add_datetime: datetime | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Session(Record):
     """A console sign-in (``web_session``, control database): ``id`` is the SHA-256 of the
     cookie's secret, ``token`` the digest of the token it signed in with."""
@@ -495,11 +434,6 @@ class ExportFilter:
 
 NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
 
-ALL_RECORDS: tuple[type[Record], ...] = (
-    Job, JobSettings, Task, Lease, Prev, DataDoc, DownloadLog, ExportRecord, Generator, GeneratorRun,
-    NotificationRecord, Token, Session, Project, AuditEntry, DownloadType, DispatchLog)
-
-
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     """``from_doc`` for ``cls`` written out field by field, setting each slot through its
     descriptor: a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, three
@@ -515,8 +449,16 @@ def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     return made
 
 
-for _cls in ALL_RECORDS:
-    _cls._attrs = tuple(f.name for f in fields(_cls))  # type: ignore[arg-type]
-    _cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
-                       for f in fields(_cls))  # type: ignore[arg-type]
-    _cls._from_doc = staticmethod(_fast_from_doc(_cls))
+def generated() -> None:
+    """Give each record defined so far (a subclass of ``Record``) its conversions, made once from
+    its fields: every module of records calls it after its last record."""
+    for cls in Record.__subclasses__():
+        if "_from_doc" in cls.__dict__ or "__slots__" not in cls.__dict__:
+            continue  # done, or the class a slotted dataclass was made from (not the record)
+        cls._attrs = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+        cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
+                          for f in fields(cls))  # type: ignore[arg-type]
+        cls._from_doc = staticmethod(_fast_from_doc(cls))
+
+
+generated()

@@ -25,8 +25,9 @@ from pymongo.collection import Collection
 
 from common.store import counts
 from common.store import tasks as store_tasks
-from common.store.data import body_of, gridfs_of, visible
-from common.store.data import named as named_by_tasks
+from common.store.data import body_of, gridfs_of
+from common.store.fence import named as named_by_tasks
+from common.store.fence import visible
 from common.store.log_models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
@@ -35,6 +36,7 @@ from common.store.log_models import (
     CrawlerRegistrationErrorLog,
     NotificationLog,
 )
+from common.store.logrecords import DownloadLog
 from common.store.models import (
     CANCEL,
     DEAD,
@@ -231,10 +233,10 @@ def old_data(job_id: ObjectId, before: ObjectId) -> Iterator[tuple[DataDoc, byte
             yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
-def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[Doc]:
+def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[DownloadLog]:
     """The job's download logs made before ``before``, in ``_id`` order."""
-    yield from CrawlerDownloadLog._get_collection().find(
-        {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000)
+    yield from map(DownloadLog.from_doc, CrawlerDownloadLog._get_collection().find(
+        {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000))
 
 
 def remove_data(ids: list[ObjectId]) -> None:

@@ -397,7 +397,7 @@ def due_revisits(job: JobRecord, need: int, now: datetime) -> tuple[list[Picked]
     job's new revisit floor once they are sent: (due time, ``_id``) of the last one, every task
     up to which has gone out (``_id`` None: every task due up to that time).
 
-    Revisits are sent without a write of their own (``common.store.leases.held_by``): what keeps
+    Revisits are sent without a write of their own (``common.store.leases._held_by``): what keeps
     the next run from sending them again is the floor (``revisit_from``, ``revisit_from_id``).
     Read in windows of due time up from the floor, each one range of the (job, status, retry_at,
     seq) index, until ``need`` are found or ``now`` is reached: a query with a sort and a limit

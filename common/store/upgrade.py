@@ -63,10 +63,10 @@ def retire_indexes() -> tuple[int, int]:
     """Drop the RETIRED_INDEXES a store still has, then make the indexes this version keeps: data
     written before one document per page version was kept may hold a lost attempt's document
     beside its task's (until the orphan sweep): such documents, named by no task, go first
-    (``common.store.leases.drop_orphans_of_versions``); tasks stored before their URLs had keys
+    (``common.store.orphans.drop_orphans_of_versions``); tasks stored before their URLs had keys
     get them first (``common.store.tasks.build_keys``, in batches), while the unique (job, uri)
     still holds their URLs unique. Returns (indexes dropped, keys made)."""
-    from common.store.leases import drop_orphans_of_versions
+    from common.store.orphans import drop_orphans_of_versions
     from common.store.tasks import build_keys
 
     made = 0

@@ -13,7 +13,7 @@ verdicts are ``common.store.leases.lease_verdict``):
 A judged lease is first marked LOST by compare-and-set on what was judged (a worker claiming
 or beating at that moment makes it fail: ``common.store.claims.judged``), then released
 (``common.store.leases.release``). Then the sweep removes data documents that no task names,
-once their lease is gone (``common.store.leases.sweep_orphans``).
+once their lease is gone (``common.store.orphans.sweep_orphans``).
 
 Runs at the start of every dispatch (under the dispatcher lock, which the "absent from Redis"
 judgement needs) and as ``downcluster defender``.
@@ -29,7 +29,7 @@ from redis import Redis
 
 from common.config import settings
 from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
-from common.store import leases
+from common.store import leases, orphans
 from common.store.connection import redis_conn
 from common.store.models import LOST, QUEUED, store_now
 from common.store.records import Lease
@@ -105,4 +105,4 @@ def _judge(redis: Redis, lease: Lease, here: bool, now: datetime, report: Recove
 def sweep(budget: float | None = None) -> int:
     """The defender's periodic share (master/maintenance.py): data documents that no task names
     (``common.store.leases``)."""
-    return leases.sweep_orphans(budget=budget if budget is not None else 30.0)
+    return orphans.sweep_orphans(budget=budget if budget is not None else 30.0)

@@ -4,7 +4,7 @@ Without a template, CSV and JSON Lines carry every document whole (JSON Lines ke
 byte-exact, base64); with a template, or as Excel, the file is what the export center writes
 (``common/exports/tabular.py``) for the same template and filter.
 
-Documents that their task names (``common.store.data.visible``) are read in ``_id`` order with a
+Documents that their task names (``common.store.fence.visible``) are read in ``_id`` order with a
 small cursor batch, one at a time, so memory stays bounded whatever the job's size. JSONL keeps
 the body byte-exact (base64) next to a decoded text; CSV carries the decoded text, its cells
 neutralised where a spreadsheet would run them (``common.exports.tabular.csv_cell``).

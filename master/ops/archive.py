@@ -24,9 +24,11 @@ from bson import ObjectId
 
 from common.errors import ValidationError
 from common.store import retention as store
-from common.store.models import id_at, iso, job_named
+from common.store.models import id_at, job_named
+from common.store.pages import SHOWN
 from common.store.records import DataDoc
 from master.exports.dump import data_record
+from master.views import as_json
 
 BATCH = 1000
 
@@ -72,10 +74,9 @@ def archive(job_name: str, before: datetime, path: str) -> ArchiveReport:
                 data_ids.add(doc.id)
                 report.data += 1
             for log in store.old_logs(job.id, cutoff):
-                record = {"kind": "download_log", **{k: (str(v) if isinstance(v, ObjectId) else iso(v))
-                                                     for k, v in log.items()}}
+                record = {"kind": "download_log", **as_json(log, SHOWN["download"], id_key="_id")}
                 out.write(json.dumps(record, ensure_ascii=False).encode() + b"\n")
-                log_ids.add(log["_id"])
+                log_ids.add(log.id)
                 report.logs += 1
             out.flush()
             raw.flush()

@@ -9,7 +9,7 @@ from redis import Redis
 
 from common.metrics import pages_in, sample_depths
 from common.queue.names import EXPORT_QUEUE, QUEUE_NAMES, base_of, cap
-from common.queue.rqbridge import oldest_enqueued_at, our_queues, rq_queue
+from common.queue.rqbridge import depths_and_oldest, our_queues
 from common.sitelimits import throttled
 from common.store import counts as tallies
 from common.store import jobs, leases
@@ -24,10 +24,8 @@ def queue_stats(redis: Redis) -> list[dict[str, Any]]:
     order = {name: i for i, name in enumerate(QUEUE_NAMES)}
     now = datetime.now(timezone.utc)
     rows: list[dict[str, Any]] = []
-    for name in [*sorted(names, key=lambda n: (order[base_of(n)], n)), EXPORT_QUEUE]:
-        queue = rq_queue(name, redis)
-        depth = queue.count
-        stamp = oldest_enqueued_at(redis, name)
+    listed = [*sorted(names, key=lambda n: (order[base_of(n)], n)), EXPORT_QUEUE]
+    for name, (depth, stamp) in zip(listed, depths_and_oldest(redis, listed)):
         age = round((now - stamp).total_seconds(), 1) if stamp else None
         rows.append({"queue": name, "depth": depth, "cap": None if name == EXPORT_QUEUE else cap(name),
                      "oldest_age_s": age})

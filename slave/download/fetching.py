@@ -21,20 +21,22 @@ from bson import ObjectId
 from common import revisit
 from common.config import settings
 from common.errors import DownloadError
+from common.scope import redirect_refusal
 from common.secrets import redact
 from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
+from common.store.models import store_time
 from common.store.records import LeaseTask, Prev
 from slave.download import links, sitemaps
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio, browser, chromium, http, sandbox
 from slave.download.engines.base import Download
-from slave.download.engines.rules import too_big
+from slave.download.engines.rules import OUT_OF_SCOPE, Scope, too_big
 from slave.download.etiquette import Etiquette
 from slave.download.siteslots import SANDBOXED, Handback, SiteSlots, long_lease
 from slave.worker.context import JobContext, limits_from_settings
-from slave.worker.writer import Outcome
+from slave.worker.outcome import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,17 @@ def _stored_download(data_id: str) -> Download | None:
     doc, body = found
     return Download(status_code=int(doc.status_code or 0), headers=dict(doc.response_headers), body=body,
                     url=doc.url or "", remote_ip=doc.remote_ip or "",
-                    request_headers=dict(doc.requests_headers), encoding=doc.encoding)
+                    request_headers=dict(doc.requests_headers), encoding=doc.encoding,
+                    fetched_at=doc.fetched_at or doc.add_datetime)  # the leader's fetch: when it was fetched
+
+
+def _scope(ctx: JobContext, task: LeaseTask) -> Scope | None:
+    """For a page of a job that follows links: why a redirect of it leaves the job's scope (judged
+    as a link found on it would be), or None; a sitemap task or a job that does not follow: None."""
+    follow = ctx.follow
+    if follow is None or task.sitemap is not None:
+        return None
+    return partial(redirect_refusal, follow, task.uri)
 
 
 def _previous(prev: Prev | None) -> dict | None:
@@ -91,11 +103,11 @@ class Engines:
         self.etiquette = Etiquette()
         self._local = threading.local()
 
-    def _requests(self, url: str, shape: dict, cut: http.Cut | None) -> Download:
+    def _requests(self, url: str, shape: dict, cut: http.Cut | None, scope: Scope | None = None) -> Download:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = http.new_session()
-        return http.fetch(url, limits=self.limits, session=session, cut=cut, **shape)
+        return http.fetch(url, limits=self.limits, session=session, cut=cut, scope=scope, **shape)
 
     def _sandboxed(self, token: str, run) -> Download:
         """In a download thread: ``run(limits)``, a python or shell downloader, its time limit cut
@@ -149,6 +161,8 @@ class Engines:
                                   spend_us=int((time.monotonic() - start) * 1_000_000))
         except DownloadError as exc:
             result, copied_from, error = None, None, exc
+            if exc.reason.startswith(OUT_OF_SCOPE):
+                logger.info("job %s task %s: %s, not followed", ctx.name, task.id, redact(exc.reason)[:400])
         except Exception as exc:  # Redis (etiquette) failed: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(url) + (len(result.request_body) if result else 0)
@@ -261,7 +275,8 @@ class Engines:
         """The download itself, on ``token``'s slot (``cut`` stops a requests fetch from outside)."""
         url, limits = task.uri, self.limits
         loop = asyncio.get_running_loop()
-        shape, prev = _request_shape(ctx), task.prev
+        started = store_time()  # the fetch's time (WARC-Date), on the clock its store stamp is on
+        shape, prev, scope = _request_shape(ctx), task.prev, _scope(ctx, task)
         if prev:  # a visit of a stored page: ask whether it changed (a 304 costs no body)
             shape["headers"] = {**shape["headers"], **revisit.validators(prev)}
         try:
@@ -281,7 +296,7 @@ class Engines:
                     lambda lim: sandbox.run_shell(ctx.code, url, lim, proxy, cookie, private),
                 )
             elif ctx.engine == "requests":
-                result = await loop.run_in_executor(self.blocking, self._requests, url, shape, cut)
+                result = await loop.run_in_executor(self.blocking, self._requests, url, shape, cut, scope)
             elif ctx.engine == "browser":
                 result = await browser.fetch(
                     url,
@@ -290,12 +305,14 @@ class Engines:
                     **_request_shape(ctx),  # a browser sends its own validators: digests tell a change
                     js=ctx.settings.download_js or "",
                     idle_max=settings.BROWSER_IDLE_MAX,
+                    scope=scope,
                 )
             else:
                 result = await aio.fetch(url, limits=limits, client=self.client, **shape,
-                                         large_gate=self.large_gate)
+                                         large_gate=self.large_gate, scope=scope)
             if len(result.body) > limits.maxsize:
                 raise too_big(limits.maxsize)
+            result.fetched_at = started
             return result
         except DownloadError:
             raise

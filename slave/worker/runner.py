@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from rq.executions import Execution
 
+from common import heap
 from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
@@ -379,8 +380,10 @@ def serve(queues: list[str], burst: bool = False, max_jobs: int | None = None, e
         runner.start()
         logger.info("worker %s on %s (up to %s downloads in flight)", runner.worker_id, ", ".join(names),
                     settings.WORKER_INFLIGHT)
+        loop = Loop(runner, runner.rq, queues, exports)
+        heap.settle()  # all that the worker runs with is built
         try:
-            await Loop(runner, runner.rq, queues, exports).serve(burst=burst, max_jobs=max_jobs)
+            await loop.serve(burst=burst, max_jobs=max_jobs)
         finally:
             await runner.close()
             runner.rq.died()

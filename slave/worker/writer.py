@@ -1,16 +1,19 @@
 """The store side of a worker: one thread per process that writes what downloads produced, for
 every running entry, in bulk: data documents (and GridFS files of large bodies), download logs,
-then the settle of the tasks — on the happy path one insert of data, one of logs and one update.
+what the pages yield handed to intake, then the settle of the tasks — on the happy path one
+insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
 stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
 the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
 (the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
-The links found on a following job's pages go to intake last (``common.intake.add_found``), as
-do the pages and sitemaps read in sitemap tasks (``add_from_sitemaps``), of the pages settled
-alone: a lost lease's page adds no task. A result
-MongoDB cannot store fails that task alone. MongoDB hiccups are retried with backoff; if it stays
-away the entry raises and the defender recovers it. The counts returned are what was settled.
+The links found on a following job's pages (``common.intake.add_found``), and the pages and
+sitemaps read in sitemap tasks (``add_from_sitemaps``), go to intake after the data is stored and
+before the settle, of the pages whose entry still holds their task (``slave/worker/found.py``):
+a worker that dies between the two loses none, its page runs again and offers them again (known
+by then), and a page whose lease was lost before adds no task. A result MongoDB cannot store
+fails that task alone. MongoDB hiccups are retried with backoff; if it stays away the entry
+raises and the defender recovers it. The counts returned are what was settled.
 """
 from __future__ import annotations
 
@@ -21,288 +24,165 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING
 
-from bson import BSON
-from bson.errors import InvalidDocument
-from pymongo.errors import BulkWriteError, ConnectionFailure, DocumentTooLarge, OperationFailure, PyMongoError
-
-from common import intake, revisit
+from common import revisit
 from common.config import settings
-from common.errors import DownloadError, ValidationError
 from common.metrics import count_pages, reason_class
-from common.queue.retry import backoff, next_retry_at
+from common.queue.retry import next_retry_at
 from common.revisit import Revisit
 from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
-from common.store.connection import redis_conn
+from common.store.connection import redis_conn, with_retries
 from common.store.models import FAIL, LIVE, SUCCESS, store_time
 from common.store.records import Lease, LeaseTask
-from slave.download.engines.base import Download
+from slave.worker import found, page_data
+from slave.worker.outcome import Outcome, Pair, Part
 
 if TYPE_CHECKING:
     from slave.download.etiquette import Etiquette
-    from slave.download.links import Found
-    from slave.download.sitemaps import Read
     from slave.worker.context import JobContext
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-MAX_BSON = 16 * 1024 * 1024
 WRITE_BATCH = 256   # outcomes per bulk write at most
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 
-@dataclass
-class Outcome:
-    task: LeaseTask
-    download: Download | None
-    error: DownloadError | None
-    spend_us: int
-    request_size: int = 0
-    deferred: float | None = None  # handed back (busy or closed site): due again in this many s, no attempt
-    coalesce_key: str | None = None      # this download leads identical requests: publish it once stored
-    coalesced_from: object = None        # the task whose stored download this one copied
-    data_id: object = None               # set by store_many: the data document written
-    not_modified: str | None = None      # set by store_many: a revisit that brought nothing new
-    retry_at: datetime | None = None     # set by store_many: a failure's next attempt (None: final)
-    kept: bool = False                   # set by store_many: a final failure of a revisit (``_kept``)
-    links: Found | None = None           # a following job's links found on the page (store_many adds them)
-    sitemap: Read | None = None          # a sitemap task's pages and sitemaps (store_many adds them)
-
-
-def with_retries(fn: Callable[[], T], what: str, deadline: float = 120.0) -> T:
-    """Call ``fn`` until it stops failing on a lost connection, for up to ``deadline`` seconds."""
-    end, attempt = time.monotonic() + deadline, 0
-    while True:
-        try:
-            return fn()
-        except (ConnectionFailure, OperationFailure) as exc:
-            if isinstance(exc, OperationFailure) and not exc.has_error_label("RetryableWriteError") \
-                    and exc.code not in (91, 189, 11600, 11602, 10107, 13435, 13436):
-                raise
-            attempt += 1
-            delay = backoff(attempt, base=0.2, cap=5.0, jitter=False)
-            if time.monotonic() + delay > end:
-                raise
-            logger.warning(
-                "MongoDB unavailable during %s (%s); retrying in %.1fs", what, type(exc).__name__, delay
-            )
-            time.sleep(delay)
-
-
-def _data_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
-    prev = outcome.task.prev
-    version = int(prev.versions or 0 if prev else 0) + 1 if Revisit.of(ctx.settings).on or prev else None
-    return attempts.data_doc(ctx.job_id, ctx.download_id, outcome.task, lease, outcome.download, now, version)
-
-
-def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> dict:
+def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> attempts.Insert:
     return attempts.log_doc(ctx.job_id, outcome.task.id, lease,
                             redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
                             len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
                             outcome.coalesced_from, now, outcome.not_modified)
 
 
-def _unstorable(outcome: Outcome, doc: dict) -> str | None:
-    """Why one data document cannot be stored (None if it can)."""
-    try:
-        size = len(BSON.encode(doc))
-    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
-        return f"response not storable: {type(exc).__name__}: {exc}"
-    if size > MAX_BSON:
-        return f"response not storable: document of {size} bytes exceeds MongoDB's 16 MiB limit"
-    return None
-
-
-def _insert_data(outcomes: list[Outcome], docs: list[dict]) -> list[tuple[dict, dict | None]]:
-    """Insert the data documents; one that MongoDB cannot take turns its outcome into a final
-    failure instead of failing the others. Returns those refused because another document holds
-    their page version (``attempts.insert_data``)."""
-    try:
-        return with_retries(lambda: attempts.insert_data(docs), "data insert")
-    except (InvalidDocument, DocumentTooLarge, BulkWriteError) as exc:  # duplicates alone never raise
-        logger.warning("a data document was refused (%s); storing the others", type(exc).__name__)
-    keep_o, keep_d = [], []
-    for o, d in zip(outcomes, docs):
-        why = _unstorable(o, d)
-        if why:
-            o.download, o.error = None, DownloadError(why, retryable=False)
-        else:
-            keep_o.append(o)
-            keep_d.append(d)
-    outcomes[:] = keep_o
-    docs[:] = keep_d
-    return with_retries(lambda: attempts.insert_data(docs), "data insert")
-
-
-VERSION_TRIES = 3  # replacements of a page version's orphan before the attempt is tried again later
-
-
-def _take_version(p: Part, o: Outcome, doc: dict, held: dict | None) -> bool:
-    """A data document refused because ``held`` holds its page version. If this entry still
-    holds the task, ``held`` is an orphan of a lost attempt (no other can settle the task): it
-    is replaced. Else this attempt lost the task, and its settle will be refused. Returns
-    whether ``doc`` is stored; a version that cannot be taken makes the outcome a retryable
-    failure, so that no settle names data that is not stored."""
-    for _ in range(VERSION_TRIES):
-        if not with_retries(partial(leases.holds, o.task.id, p.lease, p.kind, p.sent_at), "task held"):
-            return False
-        stored, held = with_retries(partial(attempts.replace, held, doc), "data replace")
-        if stored:
-            logger.info("replaced an orphan of task %s's page version with %s's", o.task.id, p.lease)
-            return True
-    o.download, o.error = None, DownloadError("page version held by another attempt", retryable=True)
-    return False
-
-
 @dataclass
-class Part:
-    """Outcomes of one entry in one write."""
+class Sorted:
+    """One write's outcomes by what their settle does."""
 
-    ctx: JobContext
-    lease: str
-    kind: str
-    outcomes: list[Outcome]
-    sent_at: datetime | None = None  # the lease's created_at (a revisit entry's guard)
+    ok: list[Pair]     # successes whose data is stored: SUCCESS naming it
+    same: list[Pair]   # revisits that brought nothing new: a log, and SUCCESS keeping their version
+    bad: list[Pair]    # failures: FAIL, or due again (``retry_at``), or kept (``_kept``)
+    later: list[Pair]  # handed back (a busy or closed site): LIVE again, no attempt
 
+    def kept(self) -> list[Pair]:
+        """Revisits that settle SUCCESS keeping their latest version (not modified, or failed for good)."""
+        return [*self.same, *(x for x in self.bad if x[1].kept)]
 
-def _counted(parts: list[Part], ok: list, kept: list, bad: list, later: list, settled: int, backs: int,
-             now: datetime) -> list[dict[str, int]]:
-    """What each part settled. When every guarded update matched (the usual case) that is every
-    outcome; otherwise some tasks were released or cancelled meanwhile: the successes that
-    settled are those whose task names their data, the rest is read back. ``kept``: revisits
-    that settle SUCCESS keeping their latest version (not modified, or failed for good)."""
-    got = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
-    index = {id(p): i for i, p in enumerate(parts)}
-    if settled == len(ok) + len(kept) + len(bad) and backs == len(later):
-        for name, group in (("success", ok), ("success", kept), ("fail", bad), ("handed_back", later)):
-            for p, _ in group:
-                got[index[id(p)]][name] += 1
-        return got
-    for p in parts:
-        c = got[index[id(p)]]
-        ok_ids = [o.task.id for q, o in ok if q is p]
-        kept_ids = [o.task.id for q, o in kept if q is p]
-        bad_ids = [o.task.id for q, o in bad if q is p]
-        back_ids = [o.task.id for q, o in later if q is p]
-        c["success"] = len(leases.settled_of(p.lease, ok_ids))
-        if kept_ids:
-            c["success"] += tasks.changed_to(kept_ids, SUCCESS, now)
-        if c["success"] < len(ok_ids):  # refused settles: readers check this lease's data one by one
-            refused = partial(leases.tombstone, p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now)
-            with_retries(refused, "tombstone")
-        if bad_ids:
-            c["fail"] = tasks.changed_to(bad_ids, FAIL, now)
-        if back_ids:
-            c["handed_back"] = tasks.changed_to(back_ids, LIVE, now)
-        dropped = (
-            with_retries(partial(leases.drop_unsettled, p.lease, ok_ids), "orphan cleanup")
-            if ok_ids
-            else 0
-        )
-        if dropped:
-            logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
-    return got
+    def failed(self) -> list[Pair]:
+        return [x for x in self.bad if not x[1].kept]
+
+    def settled(self) -> int:
+        """Tasks the guarded settles change when each matches (the hand-backs apart)."""
+        return len(self.ok) + len(self.same) + len(self.bad)
 
 
 def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     """Store outcomes of one or more entries, in bulk: one insert of data (then GridFS files of
-    large bodies), one insert of logs, one bulk of settles (UpdateManys of the successes of
-    each entry, ``leases.SETTLE_GROUP`` tasks each, an UpdateOne per failure) and, apart, one
-    of hand-backs, so the settles' count says exactly whether every guarded settle matched.
-    Returns each part's settled counts."""
+    large bodies), one insert of logs, what the pages yield handed to intake (``found``), one
+    bulk of settles (UpdateManys of the successes of each entry, ``leases.SETTLE_GROUP`` tasks
+    each, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count says
+    exactly whether every guarded settle matched. Returns each part's settled counts."""
+    s = _stored_and_sorted(parts, now)
+    _log(s, now)
+    found.hand_over(s.ok)  # before the settle: no crash between the two loses a page's links
+    settles = _settles(s.ok, s.same, s.bad, now)
+    settled = with_retries(lambda: tasks.settle(settles), "task settle")
+    handed = with_retries(partial(tasks.settle, _hand_backs(s.later, now)), "hand back")
+    counted = _counted(parts, s, settled == s.settled() and handed == len(s.later), now)
+    _supersede(s.ok, settled == s.settled())
+    _move_counts(parts, counted)
+    return counted
+
+
+def _stored_and_sorted(parts: list[Part], now: datetime) -> Sorted:
+    """The write's outcomes sorted by what their settle does, the successes' data stored on the
+    way (``page_data.store``); the failures are sorted after it, since a result MongoDB cannot
+    store becomes one."""
     done = [(p, o) for p in parts for o in p.outcomes if o.error is None and o.deferred is None]
     same = [(p, o) for p, o in done if _not_modified(p, o)]  # a revisit with nothing new: a log only
-    ok = _store_data([(p, o) for p, o in done if not o.not_modified], now)
+    ok = page_data.store([(p, o) for p, o in done if not o.not_modified], now)
+    later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
+    return Sorted(ok, same, _failures(parts, now), later)
+
+
+def _failures(parts: list[Part], now: datetime) -> list[Pair]:
+    """The failed attempts, each with its next attempt's time (None: final) and whether it is
+    a revisit's that keeps its stored version (``_kept``)."""
     bad = [(p, o) for p in parts for o in p.outcomes if o.error is not None and o.deferred is None]
     for p, o in bad:
         o.retry_at = _retry_at(p, o, now)
         o.kept = _kept(p, o)
-    later = [(p, o) for p in parts for o in p.outcomes if o.deferred is not None]
-    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*ok, *same, *bad)]
-    if logs:
-        with_retries(lambda: attempts.insert_logs(logs), "log insert")
-        count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in ok]
-                    + [(p.ctx.name, "not_modified", "") for p, _ in same]
-                    + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in bad if o.error])
-    settles = _settles(ok, same, bad, now)
-    backs = [leases.hand_back(o.task.id, p.lease, p.kind,
-                              redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
-                              p.sent_at)
-             for p, o in later]
-    settled = with_retries(lambda: tasks.settle(settles), "task settle")
-    handed = with_retries(lambda: tasks.settle(backs), "hand back")
-    counted = _counted(parts, ok, [*same, *(x for x in bad if x[1].kept)], [x for x in bad if not x[1].kept],
-                       later, settled, handed, now)
-    _supersede(ok, settled == len(settles))
+    return bad
+
+
+def _log(s: Sorted, now: datetime) -> None:
+    """One insert of the attempts' download logs (a hand-back is no attempt: none), and the
+    pages counted by outcome (``common.metrics``)."""
+    logs = [_log_doc(p.ctx, p.lease, o, now) for p, o in (*s.ok, *s.same, *s.bad)]
+    if not logs:
+        return
+    with_retries(lambda: attempts.insert_logs(logs), "log insert")
+    count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in s.ok]
+                + [(p.ctx.name, "not_modified", "") for p, _ in s.same]
+                + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in s.bad if o.error])
+
+
+def _hand_backs(later: list[Pair], now: datetime) -> list:
+    """The guarded hand-backs of the outcomes ``later`` (``leases.hand_back``)."""
+    return [leases.hand_back(o.task.id, p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
+                             o.deferred or 0.0, now, p.sent_at)
+            for p, o in later]
+
+
+def _counted(parts: list[Part], s: Sorted, all_matched: bool, now: datetime) -> list[dict[str, int]]:
+    """What each part settled. When every guarded update matched (the usual case) that is every
+    outcome; otherwise some tasks were released or cancelled meanwhile: ``_read_back``."""
+    kept, failed = s.kept(), s.failed()
+    if not all_matched:
+        return [_read_back(p, s.ok, kept, failed, s.later, now) for p in parts]
+    got = [{"success": 0, "fail": 0, "handed_back": 0} for _ in parts]
+    index = {id(p): i for i, p in enumerate(parts)}
+    for name, group in (("success", s.ok), ("success", kept), ("fail", failed), ("handed_back", s.later)):
+        for p, _ in group:
+            got[index[id(p)]][name] += 1
+    return got
+
+
+def _ids_of(p: Part, group: list[Pair]) -> list:
+    return [o.task.id for q, o in group if q is p]
+
+
+def _changed(ids: list, status: str, now: datetime) -> int:
+    return tasks.changed_to(ids, status, now) if ids else 0
+
+
+def _read_back(p: Part, ok: list[Pair], kept: list[Pair], failed: list[Pair], later: list[Pair],
+               now: datetime) -> dict[str, int]:
+    """What part ``p`` settled when some guarded updates were refused: the successes whose task
+    names their data (``leases.settled_of``), the rest read back (``tasks.changed_to``). Refused
+    successes tombstone the lease (readers check its data one by one) and their data goes now."""
+    ok_ids = _ids_of(p, ok)
+    named = len(leases.settled_of(p.lease, ok_ids))
+    got = {"success": named + _changed(_ids_of(p, kept), SUCCESS, now),
+           "fail": _changed(_ids_of(p, failed), FAIL, now),
+           "handed_back": _changed(_ids_of(p, later), LIVE, now)}
+    if named < len(ok_ids):  # refused settles: readers check this lease's data one by one
+        refused = partial(leases.tombstone, p.lease, p.ctx.job_id, "a settle was refused", ok_ids, now)
+        with_retries(refused, "tombstone")
+    dropped = with_retries(partial(leases.drop_unsettled, p.lease, ok_ids), "orphan cleanup") if ok_ids else 0
+    if dropped:
+        logger.info("dropped data of %s tasks no longer held by %s", dropped, p.lease)
+    return got
+
+
+def _move_counts(parts: list[Part], counted: list[dict[str, int]]) -> None:
+    """The jobs' kept counts follow what each part settled (``common.store.counts``)."""
     moves = []
     for p, c in zip(parts, counted):
         held = leases.held_status(p.kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
-    _follow(ok, settled == len(settles))
-    return counted
-
-
-def _follow(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
-    """Add the links found on the pages just stored, and what was read in the sitemaps just
-    stored, to their jobs' tasks, of the pages whose task names their data (every one when all
-    settles matched): a page whose lease was lost adds nothing. A page "not modified" is not
-    among them: its links are those of its stored version, followed when it was stored. A job
-    removed meanwhile, or MongoDB away past the retries, takes none (logged; the pages stay stored)."""
-    found = [(p, o) for p, o in ok if o.links is not None and o.links.urls and p.ctx.follow is not None
-             or o.sitemap is not None and (o.sitemap.pages or o.sitemap.sitemaps or o.sitemap.lastmods)]
-    if found and not all_settled:
-        held = {i for p in {id(p): p for p, _ in found}.values()
-                for i in leases.settled_of(p.lease, [o.task.id for q, o in found if q is p])}
-        found = [(p, o) for p, o in found if o.task.id in held]
-    by_job: dict = {}
-    for p, o in found:
-        pages, read = by_job.setdefault(p.ctx.job_id, (p.ctx, [], []))[1:]
-        if o.sitemap is not None:
-            s = o.sitemap
-            read.append((o.task.id, o.task.uri, s.depth, s.pages, s.sitemaps, s.lastmods))
-        elif o.links is not None:
-            pages.append((o.task.id, o.task.uri, o.links.urls))
-    for job_id, (ctx, pages, read) in by_job.items():
-        for what, add, items in (("found links", intake.add_found, pages),
-                                 ("sitemap entries", intake.add_from_sitemaps, read)):
-            if not items:
-                continue
-            try:
-                report = with_retries(partial(add, job_id, ctx.follow, items), what)
-            except (ValidationError, PyMongoError) as exc:  # the job removed meanwhile; MongoDB past retries
-                logger.warning("job %s: %s not added: %s", ctx.name, what, exc)  # the pages stay stored
-                continue
-            logger.debug("job %s: %d %s added, %d known, %d refused, %d due by lastmod", ctx.name,
-                         report.added, what, report.duplicate, report.refused + report.rejected, report.due)
-
-
-def _store_data(ok: list[tuple[Part, Outcome]], now: datetime) -> list[tuple[Part, Outcome]]:
-    """Insert the data documents of the successes (then the GridFS files of large bodies); each
-    outcome learns its ``data_id``. Returns the successes whose data is stored, and those whose
-    page version another attempt holds (their guarded settle is refused: they lost the task)."""
-    data_docs = [_data_doc(p.ctx, p.lease, o, now) for p, o in ok]
-    for (_, o), d in zip(ok, data_docs):
-        o.data_id = d["_id"]
-    if not data_docs:
-        return ok
-    outs = [o for _, o in ok]
-    taken = _insert_data(outs, data_docs)
-    part_of, out_of = {id(o): p for p, o in ok}, {id(d): o for o, d in zip(outs, data_docs)}
-    lost = {id(doc) for doc, held in taken if not _take_version(part_of[id(out_of[id(doc)])],
-                                                                out_of[id(doc)], doc, held)}
-    kept = {id(o) for o in outs if o.error is None}
-    for o, d in zip(outs, data_docs):
-        if id(d) in lost:
-            o.data_id = None  # (nothing for a coalesced waiter to copy)
-        elif (file_id := attempts.body_file(d)) and o.error is None:
-            body = o.download.body if o.download else b""
-            put = partial(attempts.put_body, file_id, body, f"{o.task.id}-{d['lease']}")
-            with_retries(put, "GridFS put")
-    return [(p, o) for p, o in ok if id(o) in kept]
 
 
 def _retry_at(p: Part, o: Outcome, now: datetime) -> datetime | None:
@@ -347,8 +227,8 @@ def _visit(p: Part, o: Outcome, now: datetime):
                                stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
-def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
-             bad: list[tuple[Part, Outcome]], now: datetime) -> list:
+def _settles(ok: list[Pair], same: list[Pair],
+             bad: list[Pair], now: datetime) -> list:
     """The guarded settles: one for each entry's successes (one per visit of a job with
     revisits: each has its own validators and next time), one per failure (with its retry time)."""
     settles: list = []
@@ -370,18 +250,23 @@ def _settles(ok: list[tuple[Part, Outcome]], same: list[tuple[Part, Outcome]],
     return settles
 
 
-def _supersede(ok: list[tuple[Part, Outcome]], all_settled: bool) -> None:
+def _supersede(ok: list[Pair], all_settled: bool) -> None:
     """New versions now named by their tasks: mark the earlier ones (``leases.mark_superseded``);
     where some settles were refused, only the versions whose task names them."""
     news = [(p, o, o.task.prev) for p, o in ok if o.task.prev and o.task.prev.data_lease]
     if not all_settled:
-        named = {i for p in {id(p): p for p, _, _ in news}.values()
-                 for i in leases.settled_of(p.lease, [o.task.id for q, o, _ in news if q is p])}
+        named = _named([(p, o) for p, o, _ in news])
         news = [(p, o, prev) for p, o, prev in news if o.task.id in named]
     marks = [(p.ctx.job_id, o.task.id, int(prev.versions or 0) + 1, prev.data_lease)
              for p, o, prev in news]
     if marks:
         with_retries(partial(leases.mark_superseded, marks), "superseded marks")
+
+
+def _named(pairs: list[Pair]) -> set:
+    """The tasks among ``pairs`` that name their entry's data (one read per entry)."""
+    return {i for p in {id(p): p for p, _ in pairs}.values()
+            for i in leases.settled_of(p.lease, _ids_of(p, pairs))}
 
 
 # --- the writer thread ----------------------------------------------------------------------
@@ -472,21 +357,9 @@ class Writer(threading.Thread):
                 entry.loop.call_soon_threadsafe(entry.etiquette.coalescing.publish_all, leaders)
 
     def _write(self, batch: list) -> None:
-        groups: dict[RunningEntry, list[Outcome]] = {}
-        for entry, outcome in batch:
-            groups.setdefault(entry, [])
-            if outcome is not None:
-                groups[entry].append(outcome)
-        entries = [e for e, outs in groups.items() if outs]
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        groups = _by_entry(batch)
         try:
-            if parts:
-                for e, got in zip(entries, store_many(parts, store_time())):
-                    for name, n in got.items():
-                        e.counts[name] += n
-                for e, outs in groups.items():
-                    e.written += len(outs)
-                self._publish(groups)
+            self._store(groups)
             finished = [e for e in groups if e.written >= e.total]
             if finished:
                 with_retries(
@@ -497,6 +370,29 @@ class Writer(threading.Thread):
         except Exception as exc:  # MongoDB gone past the retries: these entries are given up
             for e in groups:
                 e.resolve(exc)
+
+    def _store(self, groups: dict[RunningEntry, list[Outcome]]) -> None:
+        """Store the outcomes of the entries that have some; each entry counts what it settled."""
+        entries = [e for e, outs in groups.items() if outs]
+        if not entries:
+            return
+        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        for e, got in zip(entries, store_many(parts, store_time())):
+            for name, n in got.items():
+                e.counts[name] += n
+        for e, outs in groups.items():
+            e.written += len(outs)
+        self._publish(groups)
+
+
+def _by_entry(batch: list) -> dict[RunningEntry, list[Outcome]]:
+    """A batch's outcomes by entry; an entry with none left (its None) is there too, to finish."""
+    groups: dict[RunningEntry, list[Outcome]] = {}
+    for entry, outcome in batch:
+        groups.setdefault(entry, [])
+        if outcome is not None:
+            groups[entry].append(outcome)
+    return groups
 
 
 def _size(outcome) -> int:

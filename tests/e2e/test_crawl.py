@@ -6,6 +6,7 @@ page that changes) and a python downloader returning a million links."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,12 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from common.config import settings
+from common.store import counts
 from common.store.models import CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
+from tests.helpers import add_urls, burst_worker, cli, heartbeats_stale, wait_for, with_settings, write_job
 
 pytestmark = pytest.mark.slow
 CHANGING = {"version": 1}  # what /changing links to (a page that changes between visits)
+REQUESTED: list[str] = []  # the paths the site was asked for
 
 
 class Site(BaseHTTPRequestHandler):
@@ -39,6 +43,7 @@ class Site(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         port = self.server.server_address[1]
         path = self.path
+        REQUESTED.append(path)
         if path == "/start":
             self._html(f"<a href='/a'>a</a> <a href='http://localhost:{port}/other'>other site</a> "
                        "<a href='/private/secret'>denied</a> <a href='/redirect'>off the site</a> "
@@ -55,6 +60,15 @@ class Site(BaseHTTPRequestHandler):
             self._html("".join(f"<a href='/item/{i}'>{i}</a>" for i in range(100_000)))
         elif path == "/changing":
             self._html(f"<a href='/version/{CHANGING['version']}'>now</a>")
+        elif path == "/robots.txt":
+            data = b"User-agent: *\nDisallow: /robots-denied\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif path == "/polite":
+            self._html("<a href='/robots-denied'>denied by robots.txt</a> <a href='/allowed'>allowed</a>")
         else:
             self._html("no links")
 
@@ -79,6 +93,11 @@ def crawl(cluster, name: str, seed: str) -> dict[str, dict]:
     """Add ``seed`` and run dispatcher and worker rounds until the job has nothing left to do;
     its tasks by URL."""
     add_urls(name, [seed])
+    return crawled(cluster, name)
+
+
+def crawled(cluster, name: str) -> dict[str, dict]:
+    """Run dispatcher and worker rounds until the job has nothing left to do; its tasks by URL."""
     job = Job.objects.get(name=name)
     for _ in range(200):
         if not CrawlerTask.objects(job=job, status__in=["LIVE", "DISPATCH"]).count():
@@ -128,13 +147,70 @@ def test_an_endless_tree_stops_at_max_pages(cluster, tmp_path):
     check_lineage(tasks, 10000)
 
 
+KILLPOINT = Path(__file__).resolve().parents[1] / "killpoint"
+FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3",
+                 "DOWNCLUSTER_ABSENCE_GRACE": "0"}
+
+
+@pytest.mark.parametrize("follow, pages", [("max_depth = 2\n", 7), ("max_depth = 10000\nmax_pages = 3\n", 3)])
+@pytest.mark.parametrize("kill_after", ["common.intake:add_found", "common.store.tasks:settle"])
+def test_a_worker_killed_around_its_settle_loses_no_link(cluster, tmp_path, monkeypatch, kill_after, follow,
+                                                         pages):
+    """A real worker SIGKILLed right after it handed the seed's links to intake (its task not
+    settled yet), or right after its settle: the links are tasks either way; the recovered seed
+    runs again and offers them again, known by then; the crawl ends with exactly its pages, each
+    found once, at its depth, within max_pages, and the job's kept counts hold every task."""
+    with_settings(cluster, monkeypatch, FAST_RECOVERY)
+    job = following(tmp_path, "killed", follow)
+    seed = cluster.site + "/links/0"
+    add_urls("killed", [seed])
+    assert dispatch_once(cluster.redis).total == 1
+    env = {**os.environ, **cluster.env, "PYTHONPATH": str(KILLPOINT),
+           "DOWNCLUSTER_TEST_KILL_AFTER": kill_after}
+    died = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "worker", "--burst"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    at_death = {d["uri"]: d for d in CrawlerTask._get_collection().find({"job": job.id})}
+    assert sorted(at_death) == sorted(f"{cluster.site}/links/{n}" for n in range(3))  # the seed's links
+    assert at_death[seed]["status"] == ("SUCCESS" if kill_after.endswith(":settle") else "LIVE")
+    wait_for(lambda: heartbeats_stale(settings.HEARTBEAT_TTL), what="the killed worker to be judged dead")
+    tasks = crawled(cluster, "killed")
+    assert len(tasks) == pages
+    check_lineage(tasks, 10000)
+    assert tasks[seed]["recoveries"] == (0 if kill_after.endswith(":settle") else 1)
+    kept = counts.of_jobs([job.id])[job.id]
+    assert sum(kept.values()) == pages  # (killed after its settle, before its counts' move: seed LIVE)
+    if kill_after.endswith(":add_found"):
+        assert kept["SUCCESS"] == pages
+
+
 def test_out_of_scope_denied_and_other_schemes_are_never_tasks(cluster, tmp_path, own_site):
     following(tmp_path, "scope", "deny = ['/private/']\n")
+    REQUESTED.clear()
     tasks = crawl(cluster, "scope", own_site + "/start")
-    # not: another host name, a denied path, javascript:, mailto:, file:, a URL over 2048
-    # characters, nor the links of a page that redirected off the site (judged against its task URL)
+    # not: another host name, a denied path, javascript:, mailto:, file:, a URL over 2048 characters
     assert sorted(tasks) == [own_site + p for p in ("/a", "/redirect", "/start")]
-    assert all(t["status"] == "SUCCESS" for t in tasks.values())
+    assert {u[len(own_site):]: t["status"] for u, t in tasks.items()} == {
+        "/a": "SUCCESS", "/start": "SUCCESS", "/redirect": "FAIL"}
+    # a redirect off the site is not followed: its page fails for good, saying where it led and why
+    off = f"http://localhost:{own_site.rsplit(':', 1)[1]}/landing"
+    redirect = tasks[own_site + "/redirect"]
+    why = f"redirect out of the job's scope to {off}: another site than 127.0.0.1"
+    assert redirect["failed_reason"] == why
+    assert redirect.get("retry_at") is None and redirect["download_times"] == 1
+    assert "/landing" not in REQUESTED and "/redirect" in REQUESTED
+    shown = cli("task", "show", "scope", own_site + "/redirect").output
+    assert "status: FAIL\n" in shown and "redirect out of the job's scope" in shown
+
+
+def test_robots_txt_holds_for_found_urls(cluster, tmp_path, own_site):
+    following(tmp_path, "polite", "max_depth = 1\n")
+    REQUESTED.clear()
+    tasks = crawl(cluster, "polite", own_site + "/polite")
+    assert {u[len(own_site):]: t["status"] for u, t in tasks.items()} == {
+        "/polite": "SUCCESS", "/allowed": "SUCCESS", "/robots-denied": "FAIL"}
+    assert tasks[own_site + "/robots-denied"]["failed_reason"] == "robots.txt disallows"
+    assert "/robots-denied" not in REQUESTED and "/allowed" in REQUESTED and "/robots.txt" in REQUESTED
 
 
 @pytest.mark.parametrize("follow,months", [

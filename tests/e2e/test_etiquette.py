@@ -229,6 +229,9 @@ def test_identical_requests_of_three_jobs_are_downloaded_once(cluster, tmp_path,
         leader = CrawlerTask._get_collection().find_one({"_id": one["coalesced_from"]})
         mine = CrawlerTask._get_collection().find_one({"_id": one["task"]})
         assert leader["uri"] == mine["uri"] and leader["job"] != mine["job"]
+        data = CrawlerDownloadData._get_collection()
+        theirs, ours = (data.find_one({"task": t["_id"]}) for t in (leader, mine))
+        assert ours["fetched_at"] == theirs["fetched_at"] <= theirs["add_datetime"]  # one fetch, its time
 
 
 def test_a_failed_download_is_not_shared(cluster, tmp_path):

@@ -19,6 +19,7 @@ import pytest
 from common.store.models import CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
+from tests.web_helpers import WebServer
 
 pytestmark = pytest.mark.slow
 URLSET = ('<?xml version="1.0" encoding="UTF-8"?>'
@@ -116,6 +117,21 @@ def test_an_index_with_a_gzipped_child_seeds_exactly_its_urls(cluster, tmp_path,
     for url in pages:
         assert "sitemap" not in tasks[url] and tasks[url]["depth"] == 0
         assert tasks[url]["parent"] == (a if "/a/" in url else b)["_id"]
+    # task show and the API's task view: a sitemap's kind, depth and parent; a page has no kind
+    shown = cli("task", "show", "mapped", f"{site}/b.xml.gz").output
+    assert "sitemap: xml\n" in shown and "depth: 1\n" in shown and f"parent: {index['_id']}\n" in shown
+    assert "sitemap: -\n" in cli("task", "show", "mapped", f"{site}/b/2").output
+    token = cli("token", "create", "an", "--role", "analyst", "--project", "default")
+    bearer = token.output.strip().splitlines()[-1]
+    with WebServer(cluster.env) as web:
+        views = {u: web.call("GET", f"/api/v1/tasks/{tasks[u]['_id']}", bearer).json()
+                 for u in (maps[2], pages[3])}
+        found = web.call("GET", "/api/v1/jobs/mapped/tasks/lookup", bearer, params={"url": maps[0]}).json()
+    assert {k: views[maps[2]][k] for k in ("sitemap", "depth", "parent")} == {
+        "sitemap": "xml", "depth": 1, "parent": str(index["_id"])}
+    assert {k: views[pages[3]][k] for k in ("sitemap", "depth", "parent")} == {
+        "sitemap": None, "depth": 0, "parent": str(b["_id"])}
+    assert (found["sitemap"], found["depth"], found["parent"]) == ("xml", 0, None)
 
 
 def test_robots_sitemap_lines_seed_too(cluster, tmp_path, site):
@@ -124,6 +140,7 @@ def test_robots_sitemap_lines_seed_too(cluster, tmp_path, site):
     tasks, _ = crawl(cluster, "robots")
     assert sorted(tasks) == sorted(f"{site}/{p}" for p in ("seed", "robots.txt", "robots-listed.xml", "r/1"))
     assert tasks[site + "/robots.txt"]["sitemap"] == "robots"
+    assert "sitemap: robots\n" in cli("task", "show", "robots", site + "/robots.txt").output
     assert tasks[site + "/robots-listed.xml"]["parent"] == tasks[site + "/robots.txt"]["_id"]
 
 

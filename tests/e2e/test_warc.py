@@ -8,6 +8,7 @@ its own under ``var/`` (no test reaches a package index); the replay test is ski
 only when that venv could not be built on the machine."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from common.store.log_models import CrawlerDownloadLog
 from common.store.models import CrawlerDownloadData, Export, Job
 from master.dispatch.dispatcher import dispatch_once
 from services import free_port
-from tests.e2e.test_revisits import keys, task_of, url, visit_again
+from tests.e2e.test_revisits import first_visit, keys, task_of, url, visit_again
 from tests.helpers import add_urls, burst_worker, cli, register, statuses, wait_for
 
 warcio = pytest.importorskip("warcio")
@@ -97,9 +98,13 @@ def _assert_archive(path: Path, pages: dict) -> None:
         stored = bytes(doc.response_body)
         assert body == stored  # byte-exact, as stored
         assert h["WARC-Target-URI"] == doc.url and h["WARC-IP-Address"] == "127.0.0.1"
-        assert h["WARC-Date"] == doc.add_datetime.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        # the fetch time (when the download started), not the store time
+        assert doc.fetched_at is not None and doc.fetched_at <= doc.add_datetime
+        assert h["WARC-Date"] == doc.fetched_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         assert h["WARC-Concurrent-To"] == record_id(key, "request")
-        assert requests[record_id(key, "request")]["WARC-Concurrent-To"] == record_id(key, "response")
+        request = requests[record_id(key, "request")]
+        assert request["WARC-Concurrent-To"] == record_id(key, "response")
+        assert request["WARC-Date"] == h["WARC-Date"]
         assert http[0] == str(doc.status_code)
     revisits = [(h, http) for h, kind, http, _ in records if kind == "revisit"]
     logs = {record_id(log.id, "revisit"): log
@@ -141,6 +146,25 @@ def test_the_export_center_writes_the_same_archive(cluster, crawled, tmp_path):
     with open_file(export.file_id) as src, open(path, "wb") as out:
         shutil.copyfileobj(src, out)
     _assert_archive(path, crawled)
+    info = read(path)[0]
+    assert info[0]["WARC-Filename"] == "wa.warc.gz" and b"isPartOf: wa\r\n" in info[3]  # the job's name
+
+
+def test_records_stream_each_written_before_the_next_is_read(cluster, crawled):
+    """A WARC export holds one record at a time: the writer writes each download's records before
+    it takes the next (the documents come from a cursor, in batches)."""
+    from common.exports.warc import write_job
+    from common.store.records import ExportFilter
+
+    out, written = io.BytesIO(), []
+
+    def wrap(items):
+        for item in items:
+            written.append(out.tell())  # the bytes out before this item was taken
+            yield item
+
+    assert write_job(Job.objects.get(name="wa").id, "wa", ExportFilter(), out, wrap) == 10 == len(written)
+    assert 0 < written[0] and all(a < b for a, b in zip(written, written[1:])) and written[-1] < out.tell()
 
 
 def test_a_template_with_warc_is_refused_and_nothing_is_written(cluster, crawled, tmp_path):
@@ -238,3 +262,25 @@ def test_pywb_replays_the_exported_pages_byte_exact(cluster, crawled, tmp_path, 
             assert got.status_code == doc.status_code
             assert got.content == bytes(doc.response_body)  # byte-exact as stored
         assert replayed == len(lines)
+
+
+def test_a_revisit_refers_to_the_version_it_matched_not_an_earlier_one(cluster, tmp_path):
+    """A page stored, visited unchanged, changed, visited unchanged again: the second revisit
+    refers to the second version (its payload), not the first."""
+    key = first_visit(cluster, tmp_path, "wv", ("none",), revisit=1.0)["none"]
+    visit_again(cluster, "wv")  # the same body: a revisit of version 1
+    sample_site.VERSIONED[key][0] = 2
+    visit_again(cluster, "wv")  # version 2 stored
+    visit_again(cluster, "wv")  # the same body: a revisit of version 2
+    assert task_of(key).versions == 2 and sample_site.ANSWERS[key] == [200] * 4
+    path = tmp_path / "wv.warc.gz"
+    assert cli("data", "export", "wv", "--format", "warc", "-o", str(path)).exit_code == 0
+    checked(path)
+    records = read(path)
+    versions = {d.version or 1: d for d in CrawlerDownloadData.objects(job=Job.objects.get(name="wv"))}
+    revisits = [h for h, kind, _, _ in records if kind == "revisit"]
+    assert [h["WARC-Refers-To"] for h in revisits] == [record_id(versions[v].id, "response") for v in (1, 2)]
+    payloads = {h["WARC-Record-ID"]: h["WARC-Payload-Digest"]
+                for h, kind, _, _ in records if kind == "response"}
+    assert [h["WARC-Payload-Digest"] for h in revisits] == [payloads[h["WARC-Refers-To"]] for h in revisits]
+    assert len(set(payloads.values())) == 2  # the two versions' bodies differ

@@ -169,16 +169,20 @@ def test_redis_flush_or_restart_loses_no_task(fast, tmp_path, fault):
 def test_redis_restart_mid_download_is_not_a_death(fast, tmp_path):
     """The heartbeat lives in MongoDB: a Redis restart while entries run recovers nothing, and
     the running entry settles its tasks with their data (issue 13, item 2)."""
-    slow = (
-        "import time, urllib.request\ndef download(task):\n    time.sleep(2.5)\n"
-        '    return {"status_code": 200, "headers": {}, "body": urllib.request.urlopen(task["url"]).read()}\n'
+    slow = (  # fetches first (the site counts it: the download is under way), then takes its time
+        "import time, urllib.request\ndef download(task):\n"
+        "    body = urllib.request.urlopen(task['url']).read()\n"
+        '    time.sleep(2.5)\n    return {"status_code": 200, "headers": {}, "body": body}\n'
     )
     register(tmp_path, "rr", priority=1, kind="python", code=slow, allow_private=True)
-    add_urls("rr", [f"{fast.site}/page/{i}" for i in range(4)])
+    keys = [f"rr-{uuid.uuid4().hex}" for _ in range(4)]
+    add_urls("rr", [f"{fast.site}/flaky/{k}/0" for k in keys])
     dispatch_once(fast.redis)
     worker = start_worker(fast, "--burst")
     try:
-        wait_for(lambda: running(fast), what="the entry to start")
+        # every download past its slot (its Redis calls), not merely the entry started: a slot
+        # asked of a Redis that is restarting is handed back, by design (``fetching``)
+        wait_for(lambda: all(sample_site._flaky.get(k, 0) >= 1 for k in keys), what="the downloads to start")
         fast.redis_server.restart()
         report = dispatch_once(fast.redis)
         assert report.recovered == 0 and report.total == 0

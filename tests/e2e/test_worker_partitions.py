@@ -18,8 +18,8 @@ from rq import Queue
 
 import sample_site
 from common.queue.names import QUEUE_NAMES, cap
-from common.store import leases
-from common.store.data import data_filter, data_rows
+from common.store import orphans
+from common.store.data import data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.store.records import ExportFilter
 from master.dispatch.dispatcher import dispatch_once
@@ -114,10 +114,10 @@ def check(fast, name: str) -> dict:
         assert Queue(q, connection=fast.redis).count <= cap(q)
     job = Job.objects.get(name=name)
     assert statuses(name) == {"SUCCESS": N}
-    rows = list(data_rows(data_filter(job.id, ExportFilter()), needs_body=True))
-    assert len(rows) == N and len({r["task"] for r in rows}) == N
+    rows = list(data_rows(job.id, ExportFilter(), needs_body=True))
+    assert len(rows) == N and len({r.task for r in rows}) == N
     raw = CrawlerDownloadData._get_collection().count_documents({"job": job.id})
-    leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1)  # the defender's share, past its grace
+    orphans.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1)  # the defender's share, past grace
     coll = CrawlerDownloadData._get_collection()
     for t in CrawlerTask.objects(job=job):
         docs = list(coll.find({"task": t.id}))

@@ -6,10 +6,13 @@ Whole crawls are in tests/e2e/test_crawl.py."""
 from __future__ import annotations
 
 import asyncio
+import uuid
+from urllib.parse import quote, urlsplit
 
 import pytest
 from bson import ObjectId
 
+import sample_site
 from common.intake import add_found
 from common.jobsettings import Follow, Sitemaps
 from common.store import counts, leases
@@ -85,6 +88,32 @@ def test_each_engine_pages_links_on_the_outcome(cluster, engine):
     assert outcome.links.skipped == 2 and outcome.links.excess == 0  # mailto:, javascript:
 
 
+@pytest.mark.parametrize("engine", ["aiohttp", "requests", "browser"])
+def test_a_redirect_out_of_scope_is_not_followed_and_fails_the_page(cluster, engine, caplog):
+    """A following job's page redirected off its site (or to a denied URL) is a final failure
+    that names where and why, its target never requested (nothing stored); a redirect within
+    scope is followed, and a job that does not follow follows any."""
+    key = f"offsite-{uuid.uuid4().hex[:8]}"
+    sample_site.VERSIONED[key] = [1, "none"]
+    off = f"http://localhost:{urlsplit(cluster.site).port}/versioned/{key}"  # another site, the same server
+    with caplog.at_level("INFO", logger="slave.download.fetching"):
+        outcome = _download(_context(engine=engine), f"{cluster.site}/redirect-to?url={quote(off, safe='')}")
+    assert outcome.download is None and not outcome.error.retryable
+    assert outcome.error.reason == f"redirect out of the job's scope to {off}: another site than 127.0.0.1"
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records if "scope" in r.getMessage()] == [
+        f"{outcome.error.reason}, not followed"]  # logged once, with the job and task
+    denied = _download(_context(engine=engine, deny=("/versioned/",)), f"{cluster.site}/redirect-to?url="
+                       + quote(f"{cluster.site}/versioned/{key}", safe=""))
+    assert denied.error.reason.endswith(": matches deny pattern '/versioned/'")
+    assert key not in sample_site.ANSWERS  # neither target was requested
+    inside = _download(_context(engine=engine), f"{cluster.site}/redirect-to?url=/links/3")
+    assert inside.error is None and inside.links.urls == [cluster.site + f"/links/{n}" for n in (4, 7, 8)]
+    ctx = _context(engine=engine)
+    ctx.follow = None
+    assert _download(ctx, f"{cluster.site}/redirect-to?url={quote(off, safe='')}").error is None
+    assert sample_site.ANSWERS[key] == [200]
+
+
 def test_a_page_of_a_job_that_does_not_follow_is_not_parsed(cluster):
     ctx = _context()
     ctx.follow = None
@@ -111,10 +140,13 @@ def download(task):
 """
 
 
-def test_a_python_downloader_returning_a_million_links_costs_the_caps_only(cluster):
-    outcome = _download(_context(language="python", code=MILLION, links_per_page=100),
-                        "https://example.org/start")
+def test_a_python_downloader_returning_a_million_links_costs_the_caps_only(cluster, caplog):
+    with caplog.at_level("INFO", logger="slave.download.fetching"):
+        outcome = _download(_context(language="python", code=MILLION, links_per_page=100),
+                            "https://example.org/start")
     assert outcome.error is None, outcome.error
+    logged = [r.getMessage() for r in caplog.records if "over the cap" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].endswith(": 100 links taken, 999903 over the cap")  # once
     found = outcome.links
     assert found.urls[:3] == ["https://example.org/relative", "https://example.org/page/0",
                               "https://example.org/page/1"]

@@ -28,7 +28,7 @@ from master.dispatch import defender, dispatcher
 from master.dispatch.dispatcher import dispatch_once
 from master.dispatch.lock import DispatchLock
 from slave.download.engines.base import Download
-from slave.worker import context, writer
+from slave.worker import context, page_data, writer
 from tests.helpers import add_urls, register, sent, statuses, store_outcomes
 
 
@@ -281,11 +281,11 @@ def test_dead_attempts_gridfs_files_are_removed_by_the_defender(cluster, tmp_pat
     load()
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "g2", n=2)
     data = CrawlerDownloadData._get_collection()
-    docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
-    data.insert_many(docs)  # the worker stored data and files, then died before settling
+    docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    data.insert_many([d.doc for d in docs])  # the worker stored data and files, then died before settling
     fs = gridfs_of(data.database)
     for o, d in zip(outcomes, docs):
-        fs.put(o.download.body, _id=d["response_body_gridfs"])
+        fs.put(o.download.body, _id=d.body_file)
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 2
     assert data.count_documents({}) == 0 and len(list(fs.find())) == 0

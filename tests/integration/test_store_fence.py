@@ -12,8 +12,8 @@ from pymongo.errors import BulkWriteError
 from common.config import load, settings
 from common.errors import DownloadError, NotFound
 from common.queue import rqbridge
-from common.store import attempts, leases
-from common.store.data import data_filter, data_rows
+from common.store import attempts, leases, orphans
+from common.store.data import data_rows
 from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.store.records import ExportFilter, Lease
 from master import views
@@ -22,7 +22,7 @@ from master.dispatch.dispatcher import dispatch_once
 from master.exports.dump import rows as export_rows
 from master.ops import tasks
 from slave.download.engines.base import Download
-from slave.worker import context, writer
+from slave.worker import context, page_data, writer
 from tests.helpers import add_urls, register, statuses, store_outcomes
 from tests.integration.test_races import _claimed_entry, _stale
 
@@ -43,7 +43,7 @@ def _visible_everywhere(name: str) -> dict:
     """What every reader shows of job ``name``: task id -> the data's lease (one per task)."""
     job = Job.objects.get(name=name)
     by_export = [str(m["task_id"]) for m, _ in export_rows(name)]
-    by_rows = [r["task"] for r in data_rows(data_filter(job.id, ExportFilter()), needs_body=True)]
+    by_rows = [r.task for r in data_rows(job.id, ExportFilter(), needs_body=True)]
     page = views.data_page(name, limit=1000)["data"]
     assert sorted(by_export) == sorted(by_rows) == sorted(d["task"] for d in page)
     assert len(set(by_rows)) == len(by_rows)  # never two for one task
@@ -71,16 +71,16 @@ def test_a_late_insert_after_the_lease_was_lost_is_refused_by_the_store(cluster,
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
     assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 0  # refused, cleaned up
-    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
-    for doc, o in zip(stale_docs, outcomes):
-        doc["_id"] = o.data_id  # the very insert the writer sent first, arriving over the old connection
+    stale_docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    stale_docs = [d._replace(id=o.data_id, doc={**d.doc, "_id": o.data_id})  # the very insert the writer
+                  for d, o in zip(stale_docs, outcomes)]  # sent first, arriving over the old connection
     # the tasks go again and another worker stores them
     assert dispatch_once(cluster.redis).total == 3
     again = CrawlerLease._get_collection().find_one({"kind": AGAIN})
     again = leases.claim(again["_id"], "w2")
     assert store_outcomes(ctx, again.id, AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
     with pytest.raises(BulkWriteError) as refused:  # late: after cleanup and the new settle
-        CrawlerDownloadData._get_collection().insert_many(stale_docs, ordered=False)
+        CrawlerDownloadData._get_collection().insert_many([d.doc for d in stale_docs], ordered=False)
     assert [e["code"] for e in refused.value.details["writeErrors"]] == [11000] * 3
     assert len(attempts.insert_data(stale_docs)) == 3  # the writer's insert: each version held by another
     _one_named_document_per_success("late")  # in the raw collection
@@ -88,18 +88,18 @@ def test_a_late_insert_after_the_lease_was_lost_is_refused_by_the_store(cluster,
     assert len(seen) == 3 and set(seen.values()) == {again.id}
     for doc in stale_docs:
         with pytest.raises(NotFound):
-            views.body(str(doc["_id"]))
-    assert leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # nothing left over
+            views.body(str(doc.id))
+    assert orphans.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0  # nothing left over
 
 
 def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_path):
     """The other order: the lost attempt's insert lands first; the attempt that holds the task
     replaces it (body included), and a lost attempt that comes after loses the version."""
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "first")
-    stale_docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    stale_docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
     _stale(lease.id)
     assert defender.recover(cluster.redis).recovered == 3
-    CrawlerDownloadData._get_collection().insert_many(stale_docs)  # the zombie's insert, landed late
+    CrawlerDownloadData._get_collection().insert_many([d.doc for d in stale_docs])  # the zombie's, late
     assert dispatch_once(cluster.redis).total == 3
     again = leases.claim(CrawlerLease._get_collection().find_one({"kind": AGAIN})["_id"], "w2")
     assert store_outcomes(ctx, again.id, AGAIN, _outcomes(again, b"new-"), utcnow())["success"] == 3
@@ -115,19 +115,19 @@ def test_an_orphan_stored_before_the_new_attempt_is_replaced_by_it(cluster, tmp_
 
 def test_the_sweep_waits_while_the_lease_of_an_orphan_lives(cluster, tmp_path):
     lease, ctx, outcomes = _claimed_entry(cluster, tmp_path, "alive")
-    docs = [writer._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
-    CrawlerDownloadData._get_collection().insert_many(docs)  # inserted, its settle not yet come
+    docs = [page_data._data_doc(ctx, lease.id, o, utcnow()) for o in outcomes]
+    CrawlerDownloadData._get_collection().insert_many([d.doc for d in docs])  # inserted, not yet settled
     ids = [o.task.id for o in outcomes]
-    leases.tombstone(
+    orphans.tombstone(
         lease.id, lease.job, "a settle was refused", ids
     )  # as the writer does, then ends it
     later = utcnow() + timedelta(seconds=5)
-    assert leases.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
+    assert orphans.sweep_orphans(now=later, grace=1) == 0  # an attempt under that lease may still settle them
     assert _visible_everywhere("alive") == {}
     CrawlerLease._get_collection().delete_one({"_id": lease.id})  # the lease ends without settling them
-    assert leases.sweep_orphans(now=later, grace=1) == 3  # its tombstone is looked at again: found
+    assert orphans.sweep_orphans(now=later, grace=1) == 3  # its tombstone is looked at again: found
     assert CrawlerDownloadData.objects.count() == 0
-    assert leases.sweep_orphans(now=later, grace=1) == 0  # each tombstone once
+    assert orphans.sweep_orphans(now=later, grace=1) == 0  # each tombstone once
 
 
 def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
@@ -136,7 +136,7 @@ def test_the_sweep_reads_tombstones_not_the_data(cluster, tmp_path):
     assert store_outcomes(ctx, lease.id, FRESH, outcomes, utcnow())["success"] == 3
     leases.finish([lease.id], "w1")
     assert (
-        leases.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0
+        orphans.sweep_orphans(now=utcnow() + timedelta(seconds=5), grace=1) == 0
     )  # no tombstone: nothing read
     _one_named_document_per_success("many")
 
@@ -251,8 +251,8 @@ def test_migrate_keeps_one_document_per_version_of_an_earlier_store(cluster, tmp
     data = CrawlerDownloadData._get_collection()
     data.drop_index("task_1_version_1")
     data.create_index([("task", 1), ("lease", 1)])
-    stale = writer._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
-    data.insert_one(stale)
+    stale = page_data._data_doc(ctx, "lost-lease", outcomes[0], utcnow())
+    data.insert_one(stale.doc)
     assert migrate().indexes_retired == 1
     _one_named_document_per_success("old")
     keys = {ix["name"]: ix.get("unique", False) for ix in data.list_indexes()}

@@ -67,8 +67,8 @@ def test_lease_verdict(lease, in_queue, broken, attempt):
 
 
 def test_the_status_an_entry_holds_its_tasks_in_is_its_guards():
-    from common.store.leases import held_by, held_status
+    from common.store.leases import _held_by, held_status
     from common.store.models import AGAIN, FRESH, REVISIT
 
     for kind in (FRESH, AGAIN, REVISIT):
-        assert held_status(kind) == held_by("l1", kind, NOW)["status"]
+        assert held_status(kind) == _held_by("l1", kind, NOW)["status"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from common.jobsettings import MAX_URL_LENGTH, Follow
-from common.scope import refusal, registrable_domain
+from common.scope import redirect_refusal, refusal, registrable_domain
 
 PAGE = "https://www.example.co.uk/a"
 
@@ -74,3 +74,17 @@ def test_a_calendar_trap_ends_at_the_depth_cap():
 def test_scope_is_judged_against_the_page_task_url_not_a_redirect():
     """A page of the site that redirected to another host: its links judged against the site."""
     assert refusal(Follow(), PAGE, "https://elsewhere.org/x", 1) == "another site than www.example.co.uk"
+
+
+@pytest.mark.parametrize("follow,target,why", [
+    (Follow(), "http://www.example.co.uk:8080/b#top", None),  # the same site, any scheme and port
+    (Follow(), "https://example.co.uk/a", "another site than www.example.co.uk"),
+    (Follow(scope="domain"), "https://shop.example.co.uk/", None),
+    (Follow(deny=("/login",)), "https://www.example.co.uk/login?next=/a", "matches deny pattern '/login'"),
+    (Follow(allow=("/a",)), "https://www.example.co.uk/b", "matches no allow pattern"),
+    (Follow(max_depth=0, max_pages=1), "https://www.example.co.uk/b", None),  # the caps are not a redirect's
+    (Follow(), "https://www.example.co.uk/" + "x" * MAX_URL_LENGTH,
+     f"URL longer than {MAX_URL_LENGTH} characters"),
+])
+def test_a_redirect_is_judged_as_a_link_of_its_page_caps_aside(follow, target, why):
+    assert redirect_refusal(follow, PAGE, target) == why

@@ -31,6 +31,29 @@ def test_check_url_rejects(url, why):
         check_url(url)
 
 
+def test_check_url_refuses_each_character_its_rule_names():
+    """The ASCII URL's one search finds exactly the characters the per-character rule refuses
+    (whitespace, controls, DEL), and non-ASCII whitespace is refused too."""
+    for code in range(128):
+        ch = chr(code)
+        refused = ch.isspace() or code < 32 or code == 127
+        url = f"http://h/a{ch}b"
+        if refused:
+            with pytest.raises(ValidationError, match="whitespace"):
+                check_url(url)
+        else:
+            assert check_url(url) == url
+    for ch in ("\u00a0", "\u2028", "\u3000", "\x85"):
+        with pytest.raises(ValidationError, match="whitespace"):
+            check_url(f"http://h/é{ch}")
+
+
+def test_check_url_host_not_idna_encodable_every_time():
+    for _ in range(2):  # the second answer comes from the per-host memory
+        with pytest.raises(ValidationError, match="invalid host name"):
+            check_url("http://" + "a" * 64 + ".example/")
+
+
 def test_secrets_are_redacted():
     remember("s3cr3t-cookie")
     text = "fail via http://user:pw@proxy:3128 with Cookie: a=b and s3cr3t-cookie; Authorization: Bearer xyz"

@@ -35,6 +35,7 @@ from slave.download.engines.rules import (
     CONNECT_TIMEOUT,
     Body,
     Redirects,
+    Scope,
     classify_status,
     masked,
     one_line,
@@ -171,7 +172,7 @@ def _transfer_failure(exc: BaseException) -> tuple[str, bool] | None:
 
 
 def _header_ok(value: str) -> bool:
-    return not any(c in value for c in "\r\n\0")
+    return "\r" not in value and "\n" not in value and "\0" not in value
 
 
 LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a ``large_gate`` slot
@@ -179,9 +180,11 @@ LARGE_BODY = 256 * 1024  # a body past this size reads on only while it holds a 
 
 async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", cookie: str = "",
                 headers: dict | None = None, user_agent: str = declared.DOWNLOAD_USER_AGENT,
-                large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
+                large_gate: asyncio.Semaphore | None = None, allow_private: bool = False,
+                scope: Scope | None = None) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
-    ``allow_private``: loopback, private and link-local addresses may be reached too.
+    ``allow_private``: loopback, private and link-local addresses may be reached too; ``scope``:
+    no redirect it refuses is followed (``Redirects``).
     ``large_gate`` bounds how many bodies over LARGE_BODY a worker holds at once: such a body
     keeps its slot after the fetch (``Download.release`` frees it, once it is stored)."""
     sent = CIMultiDict({"User-Agent": user_agent, "Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING})
@@ -192,7 +195,7 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
     secrets = secrets_of(proxy, cookie, sent)
     try:
         async with asyncio.timeout(limits.timeout):
-            return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private)
+            return await _fetch(url, limits, sent, proxy, client, large_gate, allow_private, scope)
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
         if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
             # the total deadline
@@ -203,8 +206,9 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
 
 
 async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
-                 large_gate: asyncio.Semaphore | None = None, allow_private: bool = False) -> Download:
-    redirects = Redirects(url, sent, limits.max_redirects, allow_private)
+                 large_gate: asyncio.Semaphore | None = None, allow_private: bool = False,
+                 scope: Scope | None = None) -> Download:
+    redirects = Redirects(url, sent, limits.max_redirects, allow_private, scope)
     if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
         raise DownloadError("invalid request: a header name or value has forbidden characters",
                             retryable=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import settings as declared  # the cluster settings' one declaration: their defaults
 
@@ -37,3 +38,4 @@ class Download:
     release: object = None  # a large body holds a slot of the worker's gate until stored: call this then
     links: list[str] | None = None  # the URLs a python downloader returned (None: it returned none)
     links_dropped: int = 0          # those it returned beyond the sandbox's caps
+    fetched_at: datetime | None = None  # when the fetch started (naive UTC, the store's clock): WARC-Date

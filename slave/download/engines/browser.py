@@ -25,7 +25,7 @@ from common.urls import check_url
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.browser_page import Page, answering, prepare
 from slave.download.engines.chromium import Browser, Crashed, Pool
-from slave.download.engines.rules import classify_status, masked, secrets_of, too_big
+from slave.download.engines.rules import Scope, classify_status, masked, secrets_of, too_big
 
 
 def _proxy_server(proxy: str) -> tuple[str, str, str]:
@@ -38,9 +38,10 @@ def _proxy_server(proxy: str) -> tuple[str, str, str]:
 
 async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie: str = "",
                 headers: dict | None = None, js: str = "", user_agent: str = "downcluster/1.0",
-                idle_max: float = 5.0, allow_private: bool = False) -> Download:
+                idle_max: float = 5.0, allow_private: bool = False, scope: Scope | None = None) -> Download:
     """Render ``url`` within ``limits``; the DOM (or ``js``'s string result) as a Download.
-    ``allow_private``: loopback, private and link-local addresses may be reached too."""
+    ``allow_private``: loopback, private and link-local addresses may be reached too; ``scope``:
+    no redirect of the page it refuses is followed."""
     secrets = secrets_of(proxy, cookie, CaseInsensitiveDict(headers or {}))
     try:
         url = check_url(url)
@@ -56,7 +57,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     try:
         async with asyncio.timeout(limits.timeout):
             return await _render(browser, url, limits, proxy, cookie, headers or {}, js, user_agent, idle_max,
-                                 allow_private)
+                                 allow_private, scope)
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
         raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
@@ -78,7 +79,8 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
 
 
 async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str, headers: dict, js: str,
-                  user_agent: str, idle_max: float, allow_private: bool = False) -> Download:
+                  user_agent: str, idle_max: float, allow_private: bool = False,
+                  scope: Scope | None = None) -> Download:
     ctx_params: dict = {"disposeOnDetach": True}
     user = password = ""
     if proxy:
@@ -89,7 +91,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
     session = (await b.call("Target.attachToTarget", {"targetId": target, "flatten": True}))["sessionId"]
     events = b.listen(session)
     extra = {str(k): str(v) for k, v in headers.items() if str(k).lower() != "cookie"}
-    page = Page(b, session, limits, user, password, allow_private, bool(proxy), url, extra)
+    page = Page(b, session, limits, user, password, allow_private, bool(proxy), url, extra, scope)
     navigating = None
     try:
         await prepare(b, ctx, session, user_agent, url, cookie)

@@ -3,6 +3,7 @@ paused, the job's cookie host-only), then fed the session's events, each answere
 
 Requests (``Fetch.requestPaused``): http/https only, so a redirect or a script navigating to
 ``file://`` is refused; the job's headers are added to requests to the task's own site alone;
+a following job's page is not redirected out of its scope (the hop refused before it goes);
 proxy credentials answered, dialogs dismissed.
 
 Addresses (``common/netguard.py``): every paused request's host is resolved and judged before it
@@ -15,16 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from common import netguard
 from common.errors import AddressRefused, DownloadError
 from common.secrets import keeps_credentials
+from slave.download.engines.rules import out_of_scope
 
 if TYPE_CHECKING:
     from slave.download.engines.base import Limits
     from slave.download.engines.chromium import Browser
+    from slave.download.engines.rules import Scope
 
 IDLE_QUIET = 0.25  # seconds without a request in flight that count as "network idle"
 # Chromium's net errors (after those named in ``_net_error``) that another try cannot mend
@@ -49,7 +52,7 @@ class Page:
 
     def __init__(self, b: Browser, session: str, limits: Limits, user: str, password: str,
                  allow_private: bool = False, proxied: bool = False, site: str = "",
-                 headers: dict | None = None) -> None:
+                 headers: dict | None = None, scope: Scope | None = None) -> None:
         self.b, self.session, self.limits = b, session, limits
         self.user, self.password = user, password
         self.site, self.headers = site, headers or {}  # the job's headers go to the task's site only
@@ -58,12 +61,16 @@ class Page:
         self.main_frame = self.loader = None
         self.response: dict = {}
         self.refused: list[str] = []
+        self.scope = scope
+        self.out_of_scope: DownloadError | None = None  # a redirect of the page out of the job's scope
         self.inflight: set[str] = set()
         self.redirects = 0
         self.loaded_at: float | None = None
         self.idle_since: float | None = None
 
     def failed_navigation(self, text: str) -> DownloadError:
+        if self.out_of_scope is not None:
+            return self.out_of_scope
         refused = next((why for why in self.judged.values() if why), None)
         if refused and "ERR_ADDRESS_UNREACHABLE" in text:
             return AddressRefused(refused)
@@ -71,54 +78,92 @@ class Page:
             return DownloadError(f"redirect to unsupported scheme {self.refused[0]!r}", retryable=False)
         return _net_error(text)
 
-    async def on(self, ev: dict) -> None:  # noqa: C901 - one branch per event
+    async def on(self, ev: dict) -> None:
+        """Answer one event of the session: its handler in ``EVENTS``; any other is not ours."""
+        handler = EVENTS.get(ev.get("method") or "")
+        if handler is not None:
+            await handler(self, ev.get("params", {}))
+
+    async def _crashed(self, p: dict) -> None:  # Inspector.targetCrashed
+        raise DownloadError("page crashed (out of memory?)", retryable=True)
+
+    async def _paused(self, p: dict) -> None:  # Fetch.requestPaused
+        """http(s) goes if its address may be reached, data: and blob: go, any other scheme never."""
         b, session = self.b, self.session
-        method, p = ev.get("method"), ev.get("params", {})
-        if method == "Inspector.targetCrashed":
-            raise DownloadError("page crashed (out of memory?)", retryable=True)
-        if method == "Fetch.requestPaused":
-            scheme = urlsplit(p["request"]["url"]).scheme.lower()
-            if scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
-                await b.call("Fetch.failRequest",
-                             {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
-            elif scheme in ("http", "https", "data", "blob"):
-                await b.call("Fetch.continueRequest", self.continued(p), session)
-            else:  # file:, chrome:, ftp: ... never
-                self.refused.append(scheme)
-                await b.call("Fetch.failRequest",
-                             {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
-        elif method == "Fetch.authRequired":
-            if p.get("authChallenge", {}).get("source") == "Proxy" and self.user:
-                answer = {"response": "ProvideCredentials", "username": self.user, "password": self.password}
-            else:
-                answer = {"response": "CancelAuth"}
-            await b.call("Fetch.continueWithAuth",
-                         {"requestId": p["requestId"], "authChallengeResponse": answer}, session)
-        elif method == "Page.javascriptDialogOpening":
-            await b.call("Page.handleJavaScriptDialog", {"accept": False}, session)
-        elif method == "Network.requestWillBeSent":
-            self.inflight.add(p["requestId"])
-            if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
-                if p.get("redirectResponse"):
-                    self.redirects += 1
-                    if self.redirects > self.limits.max_redirects:
-                        raise DownloadError(f"too many redirects (more than {self.limits.max_redirects})",
-                                            retryable=False)
-                self.loader = p["requestId"]
-        elif method == "Network.responseReceived":
-            if p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None:
-                self.response = p["response"]
-                ip = netguard.parse_ip(str(self.response.get("remoteIPAddress") or ""))
-                if ip is not None and not self.proxied:  # where the stored page really came from
-                    why = netguard.refusal(ip, int(self.response.get("remotePort") or 0), self.allow_private)
-                    if why:
-                        raise AddressRefused(why)
-        elif method in ("Network.loadingFinished", "Network.loadingFailed"):
-            self.inflight.discard(p["requestId"])
-            if method == "Network.loadingFailed" and p["requestId"] == self.loader and not self.response:
-                raise self.failed_navigation(p.get("errorText", "failed"))
-        elif method == "Page.loadEventFired":
-            self.loaded_at = time.monotonic()
+        scheme = urlsplit(p["request"]["url"]).scheme.lower()
+        if self.redirected_out(p):
+            await b.call("Fetch.failRequest",
+                         {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
+        elif scheme in ("http", "https") and await self.refusal(p["request"]["url"]):
+            await b.call("Fetch.failRequest",
+                         {"requestId": p["requestId"], "errorReason": "AddressUnreachable"}, session)
+        elif scheme in ("http", "https", "data", "blob"):
+            await b.call("Fetch.continueRequest", self.continued(p), session)
+        else:  # file:, chrome:, ftp: ... never
+            self.refused.append(scheme)
+            await b.call("Fetch.failRequest",
+                         {"requestId": p["requestId"], "errorReason": "BlockedByClient"}, session)
+
+    async def _auth(self, p: dict) -> None:  # Fetch.authRequired
+        """The proxy's challenge answered with the job's credentials; a site's cancelled."""
+        if p.get("authChallenge", {}).get("source") == "Proxy" and self.user:
+            answer = {"response": "ProvideCredentials", "username": self.user, "password": self.password}
+        else:
+            answer = {"response": "CancelAuth"}
+        await self.b.call("Fetch.continueWithAuth",
+                          {"requestId": p["requestId"], "authChallengeResponse": answer}, self.session)
+
+    async def _dialog(self, p: dict) -> None:  # Page.javascriptDialogOpening
+        await self.b.call("Page.handleJavaScriptDialog", {"accept": False}, self.session)
+
+    def _main_document(self, p: dict) -> bool:
+        """Whether a network event is of the main frame's document, before the page loaded."""
+        return p.get("type") == "Document" and p.get("frameId") == self.main_frame and self.loaded_at is None
+
+    async def _request(self, p: dict) -> None:  # Network.requestWillBeSent
+        self.inflight.add(p["requestId"])
+        if self._main_document(p):
+            if p.get("redirectResponse"):
+                self.redirects += 1
+                if self.redirects > self.limits.max_redirects:
+                    raise DownloadError(f"too many redirects (more than {self.limits.max_redirects})",
+                                        retryable=False)
+                # the hop's request, if paused before this event told of it, was refused there
+                refused = out_of_scope(self.scope, p["request"]["url"])
+                if refused is not None:
+                    raise refused
+            self.loader = p["requestId"]
+
+    async def _response(self, p: dict) -> None:  # Network.responseReceived
+        """The main document's response, refused when the address it came from is."""
+        if not self._main_document(p):
+            return
+        self.response = p["response"]
+        ip = netguard.parse_ip(str(self.response.get("remoteIPAddress") or ""))
+        if ip is not None and not self.proxied:  # where the stored page really came from
+            why = netguard.refusal(ip, int(self.response.get("remotePort") or 0), self.allow_private)
+            if why:
+                raise AddressRefused(why)
+
+    async def _finished(self, p: dict) -> None:  # Network.loadingFinished
+        self.inflight.discard(p["requestId"])
+
+    async def _failed(self, p: dict) -> None:  # Network.loadingFailed
+        self.inflight.discard(p["requestId"])
+        if p["requestId"] == self.loader and not self.response:
+            raise self.failed_navigation(p.get("errorText", "failed"))
+
+    async def _loaded(self, p: dict) -> None:  # Page.loadEventFired
+        self.loaded_at = time.monotonic()
+
+    def redirected_out(self, paused: dict) -> bool:
+        """Whether a paused request is a redirect of the page out of the job's scope (noted in
+        ``out_of_scope``: the navigation then fails with it)."""
+        if self.scope is None or not paused.get("redirectedRequestId") \
+                or paused.get("resourceType") != "Document" or paused.get("frameId") != self.main_frame:
+            return False
+        self.out_of_scope = out_of_scope(self.scope, paused["request"]["url"])
+        return self.out_of_scope is not None
 
     def continued(self, paused: dict) -> dict:
         """Fetch.continueRequest's parameters for a paused request: the job's headers added when
@@ -161,6 +206,20 @@ class Page:
         self.idle_since = (self.idle_since or now) if not self.inflight else None
         quiet = self.idle_since is not None and now - self.idle_since >= IDLE_QUIET
         return quiet or now - self.loaded_at >= idle_max
+
+
+# The events a page answers, one handler each (``Page.on``).
+EVENTS: dict[str, Callable[[Page, dict], Awaitable[None]]] = {
+    "Inspector.targetCrashed": Page._crashed,
+    "Fetch.requestPaused": Page._paused,
+    "Fetch.authRequired": Page._auth,
+    "Page.javascriptDialogOpening": Page._dialog,
+    "Network.requestWillBeSent": Page._request,
+    "Network.responseReceived": Page._response,
+    "Network.loadingFinished": Page._finished,
+    "Network.loadingFailed": Page._failed,
+    "Page.loadEventFired": Page._loaded,
+}
 
 
 async def prepare(b: Browser, ctx: str, session: str, user_agent: str, url: str, cookie: str) -> None:

@@ -35,6 +35,7 @@ from slave.download.engines.rules import (
     CONNECT_TIMEOUT,
     Body,
     Redirects,
+    Scope,
     classify_status,
     masked,
     one_line,
@@ -335,10 +336,11 @@ def _read_body(resp: requests.Response, limits: Limits, deadline: _Deadline) -> 
 def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
           headers: dict | None = None, session: requests.Session | None = None,
           user_agent: str = declared.DOWNLOAD_USER_AGENT, allow_private: bool = False,
-          cut: Cut | None = None) -> Download:
+          cut: Cut | None = None, scope: Scope | None = None) -> Download:
     """GET ``url`` within ``limits``; a 2xx (or final 3xx) Download, else DownloadError.
     ``allow_private``: loopback, private and link-local addresses may be reached too; ``cut``:
-    called from another thread, ends the fetch at once."""
+    called from another thread, ends the fetch at once; ``scope``: no redirect it refuses is
+    followed (``Redirects``)."""
     sent = CaseInsensitiveDict({"User-Agent": user_agent, "Accept": "*/*",
                                 "Accept-Encoding": requests.utils.DEFAULT_ACCEPT_ENCODING})
     sent.update(headers or {})
@@ -354,7 +356,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
             if cut is not None:
                 cut.bind(deadline)
             try:
-                return _fetch(url, limits, sent, proxies, session, deadline)
+                return _fetch(url, limits, sent, proxies, session, deadline, scope)
             except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves
                 if not isinstance(exc, DownloadError) and (deadline.expired or deadline.remaining() <= 0):
                     raise deadline.error() from None
@@ -367,8 +369,8 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
             session.close()
 
 
-def _fetch(url, limits, sent, proxies, session, deadline) -> Download:
-    redirects = Redirects(url, sent, limits.max_redirects, getattr(_local, "allow_private", False))
+def _fetch(url, limits, sent, proxies, session, deadline, scope: Scope | None = None) -> Download:
+    redirects = Redirects(url, sent, limits.max_redirects, getattr(_local, "allow_private", False), scope)
     if proxies:
         netguard.judge_proxy(proxies["http"])
     while True:

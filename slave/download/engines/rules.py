@@ -5,14 +5,15 @@ secrets.
 The redirect path (``Redirects``) is the one place these rules live: the first URL checked
 (``common/urls.py``), each hop's address judged before a byte of its request goes out
 (``common/netguard.py``: through a proxy, which resolves names itself, only an address in the
-URL can be), at most ``max_redirects`` hops, http/https only, and the cookie and every secret
-header dropped when a hop leaves the site they were given for (``common/secrets.py``).
+URL can be), at most ``max_redirects`` hops, http/https only, the cookie and every secret
+header dropped when a hop leaves the site they were given for (``common/secrets.py``), and, for a
+page of a job that follows links, no hop out of the job's scope (``OUT_OF_SCOPE``, final).
 """
 from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urljoin, urlsplit
 
 import requests.utils
@@ -23,13 +24,16 @@ from common.errors import DownloadError, ValidationError
 from common.secrets import is_secret_header, keeps_credentials
 from common.urls import check_url
 
-__all__ = ["CONNECT_TIMEOUT", "REDIRECT_CODES", "Body", "Redirects", "classify_status", "drop_credentials",
-           "masked", "one_line", "parse_retry_after", "redirect_target", "secrets_of", "too_big"]
+__all__ = ["CONNECT_TIMEOUT", "OUT_OF_SCOPE", "REDIRECT_CODES", "Body", "Redirects", "Scope",
+           "classify_status", "drop_credentials", "masked", "one_line", "out_of_scope",
+           "parse_retry_after", "redirect_target", "secrets_of", "too_big"]
 
 CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than the time left
 MAX_RETRY_AFTER = float(declared.RETRY_BACKOFF_MAX)  # a server's Retry-After is capped here (and by
 # next_retry_at at the effective RETRY_BACKOFF_MAX)
 REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
+OUT_OF_SCOPE = "redirect out of the job's scope"  # how such a failure's reason begins
+Scope = Callable[[str], str | None]  # why a redirect to a URL leaves the job's scope, or None
 
 
 # --- redirects ------------------------------------------------------------------------------
@@ -50,6 +54,12 @@ def redirect_target(url: str, location: str, hops: int, max_redirects: int) -> s
         raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
 
 
+def out_of_scope(scope: Scope | None, target: str) -> DownloadError | None:
+    """The final failure of a redirect to ``target`` that ``scope`` refuses, or None."""
+    why = scope(target) if scope is not None else None
+    return DownloadError(f"{OUT_OF_SCOPE} to {target[:300]}: {why}", retryable=False) if why else None
+
+
 def drop_credentials(sent, first: str, then: str) -> None:
     """Take the cookie and every secret header out of ``sent`` (a case-insensitive mapping) when a
     redirect from ``first`` leads to ``then`` where they may not go."""
@@ -64,15 +74,17 @@ class Redirects:
     judged first), and gives every response's status and Location to ``redirected``: True when
     the response is a redirect to follow (the engine closes it unread and asks ``url()`` again),
     False when it is the final one. ``sent``: the request headers, a case-insensitive mapping
-    the engine sends from on every hop (credentials are dropped from it)."""
+    the engine sends from on every hop (credentials are dropped from it). ``scope``: a page of a
+    following job, whose redirects may not leave the job's scope."""
 
-    def __init__(self, url: str, sent, max_redirects: int, allow_private: bool) -> None:
+    def __init__(self, url: str, sent, max_redirects: int, allow_private: bool,
+                 scope: Scope | None = None) -> None:
         try:
             self.current = check_url(url)
         except ValidationError as exc:
             raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
         self.first, self.sent, self.hops = self.current, sent, 0
-        self.max_redirects, self.allow_private = max_redirects, allow_private
+        self.max_redirects, self.allow_private, self.scope = max_redirects, allow_private, scope
 
     def url(self) -> str:
         """The URL to request now, its address judged (AddressRefused when it may not be reached)."""
@@ -86,9 +98,12 @@ class Redirects:
 
     def follow(self, location: str) -> None:
         """The next hop, to ``location`` of the current URL's response: checked (hop cap, scheme,
-        a valid URL), the credentials dropped when it leaves their site."""
+        a valid URL, the job's scope), the credentials dropped when it leaves their site."""
         self.hops += 1
         target = redirect_target(self.current, location, self.hops, self.max_redirects)
+        refused = out_of_scope(self.scope, target)
+        if refused is not None:
+            raise refused
         drop_credentials(self.sent, self.first, target)
         self.current = target
 
