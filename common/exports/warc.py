@@ -170,7 +170,7 @@ def _revisits(job_id, flt: ExportFilter) -> Iterator[Revisit]:
     for log in logs.not_modified(job_id, flt.since, flt.until):
         if log.task is None:
             continue
-        at = log.add_datetime or log.id.generation_time.replace(tzinfo=None)
+        at = log.fetched_at or log.add_datetime or log.id.generation_time.replace(tzinfo=None)
         if log.task != task:
             task, versions, ref = log.task, data.versions_of(log.task), None
         matched = data.latest_at(versions, at)

@@ -93,9 +93,10 @@ def unstorable(made: Insert) -> str | None:
 
 def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str | None, request_size: int,
             response_size: int, spend_us: int, coalesced_from: object, now: datetime,
-            not_modified: str | None = None) -> Insert:
+            not_modified: str | None = None, fetched_at: datetime | None = None) -> Insert:
     """The download log of one attempt: SUCCESS, or FAIL with ``failed_reason``; ``not_modified``:
-    a revisit that stored nothing ("HTTP 304" or "same content")."""
+    a revisit that stored nothing ("HTTP 304" or "same content"), with ``fetched_at``, when its
+    fetch began (a WARC revisit record's date: no data document holds it)."""
     made = ObjectId()
     return Insert(made, lease, None, {
         "_id": made, "job": job_id, "task": task_id, "lease": lease,
@@ -104,7 +105,8 @@ def log_doc(job_id: ObjectId, task_id: ObjectId, lease: str, failed_reason: str 
         "failed_reason": failed_reason[:10240] if failed_reason is not None else None,
         "downloads_hostname": settings.HOSTNAME, "spend_time": spend_us, "add_datetime": now,
         **({"coalesced_from": coalesced_from} if coalesced_from is not None else {}),
-        **({"not_modified": not_modified} if not_modified else {}),
+        **({"not_modified": not_modified, "fetched_at": fetched_at} if not_modified and fetched_at else
+           {"not_modified": not_modified} if not_modified else {}),
     })
 
 

@@ -22,6 +22,7 @@ class CrawlerDownloadLog(Document):
     spend_time = IntField(default=0)  # microseconds
     coalesced_from = ReferenceField("CrawlerTask")  # the task whose download this one reused
     not_modified = StringField()  # a revisit that stored nothing: "HTTP 304" or "same content"
+    fetched_at = DateTimeField()  # ... and when its fetch began (store's clock): its WARC-Date
     add_datetime = DateTimeField(default=utcnow)
     # no index on add_datetime: the _id (made when the log is written) orders and ranges by time,
     # and on this store each index costs every insert

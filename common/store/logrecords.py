@@ -30,6 +30,7 @@ class DownloadLog(Record):
     spend_time: int = 0
     coalesced_from: ObjectId | None = None
     not_modified: str | None = None
+    fetched_at: datetime | None = None
     add_datetime: datetime | None = None
 
 

@@ -43,7 +43,8 @@ def not_modified(job_id: ObjectId, since: datetime | None = None,
               **({"$lt": ObjectId.from_datetime(until)} if until else {})}
     if window:
         query["_id"] = window
-    found = collection(CrawlerDownloadLog).find(query, {"task": 1, "not_modified": 1, "add_datetime": 1})
+    shown = {"task": 1, "not_modified": 1, "fetched_at": 1, "add_datetime": 1}
+    found = collection(CrawlerDownloadLog).find(query, shown)
     yield from map(DownloadLog.from_doc, found.sort("_id", 1).batch_size(500))
 
 

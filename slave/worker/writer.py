@@ -52,7 +52,8 @@ def _log_doc(ctx, lease: str, outcome: Outcome, now: datetime) -> attempts.Inser
     return attempts.log_doc(ctx.job_id, outcome.task.id, lease,
                             redact(outcome.error.reason) if outcome.error else None, outcome.request_size,
                             len(outcome.download.body) if outcome.download else 0, outcome.spend_us,
-                            outcome.coalesced_from, now, outcome.not_modified)
+                            outcome.coalesced_from, now, outcome.not_modified,
+                            outcome.download.fetched_at if outcome.download else None)
 
 
 @dataclass

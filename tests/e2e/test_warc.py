@@ -113,7 +113,8 @@ def _assert_archive(path: Path, pages: dict) -> None:
     profiles = {}
     for h, http in revisits:
         log = logs[h["WARC-Record-ID"]]
-        assert h["WARC-Date"] == log.add_datetime.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert log.fetched_at is not None and log.fetched_at <= log.add_datetime  # when the fetch began
+        assert h["WARC-Date"] == log.fetched_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         target = h["WARC-Target-URI"]
         first = docs[next(k for k, d in docs.items() if d.url == target and (d.version or 1) == 1)]
         assert h["WARC-Refers-To"] == record_id(str(first.id), "response")
