@@ -34,7 +34,7 @@ class Chore:
 
 
 def table() -> tuple[Chore, ...]:
-    from common.store import tasks
+    from common.store import due
     from master import generators
     from master.dispatch import defender
     from master.exports import service as exports
@@ -46,7 +46,7 @@ def table() -> tuple[Chore, ...]:
         Chore("generators", 0, lambda redis, budget: generators.tend(redis)),
         Chore("reports", 0, lambda redis, budget: reports.send_reports()),
         Chore("exports", 0, lambda redis, budget: exports.tend(redis)),
-        Chore("revisits", 0, lambda redis, budget: tasks.make_due(time.monotonic() + budget)),
+        Chore("revisits", 0, lambda redis, budget: due.make_due(time.monotonic() + budget)),
         Chore("orphan_sweep", 60, lambda redis, budget: defender.sweep(budget)),
         Chore("retention", 600, lambda redis, budget: retention.enforce(budget=budget)),
     )

@@ -22,7 +22,7 @@ from common.errors import Forbidden, NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store import generators, jobs, tasks
+from common.store import due, generators, jobs
 from common.store.models import OFF, ON, utcnow
 from common.store.records import DownloadType, Job
 
@@ -310,7 +310,7 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     if spec.sitemaps is not None and spec.sitemaps.urls:  # a worker reads them (never the master)
         intake.add_sitemaps(job.id, spec.sitemaps.urls)
     if fields.get("revisit"):  # its stored pages come due again: the "revisits" chore's work
-        tasks.start_revisits(job.id, utcnow())
+        due.start_revisits(job.id, utcnow())
     g = spec.generator
     if g is None:
         generators.remove(job.id)

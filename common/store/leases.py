@@ -102,7 +102,7 @@ def held_of(ids: list[ObjectId], lease: str, kind: str, sent_at: datetime | None
 # --- create, claim, beat, finish ------------------------------------------------------------
 
 class Sent(Protocol):
-    """A task as an entry carries it (``common.store.tasks.Picked``)."""
+    """A task as an entry carries it (``common.store.due.Picked``)."""
 
     id: ObjectId
     uri: str

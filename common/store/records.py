@@ -203,7 +203,7 @@ class Lease(Record):
 class Prev(Record):
     """A stored page's latest version as its next visit needs it (its task's ``data_lease``, the
     validators, digest, version count and interval), copied from the task into its entry's lease
-    (``common.store.tasks.prev_of``)."""
+    (``common.store.due.prev_of``)."""
 
     data_lease: str | None = None
     etag: str | None = None

@@ -46,13 +46,13 @@ from common.queue.rqbridge import (
     queue_key,
     rq_queue,
 )
-from common.store import leases, tasks
+from common.store import due, leases
 from common.store import logs as store_logs
 from common.store.connection import redis_conn
+from common.store.due import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from common.store.jobs import UNSET, dispatch_settings, on_jobs
 from common.store.models import AGAIN, FRESH, REVISIT, store_now, utcnow
 from common.store.records import Job
-from common.store.tasks import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from master import maintenance as chores
 from master.dispatch import defender
 from master.dispatch.lock import DispatchLock
@@ -181,15 +181,15 @@ def plan(
     """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
-        for kind, due in ((AGAIN, work.again), (FRESH, work.fresh), (REVISIT, work.revisits)):
-            entries, taken, why = pack(kind, due, work.queue_of, free, total, batch_size)
+        for kind, picked in ((AGAIN, work.again), (FRESH, work.fresh), (REVISIT, work.revisits)):
+            entries, taken, why = pack(kind, picked, work.queue_of, free, total, batch_size)
             work.entries += entries
             total -= taken
             if kind == FRESH:
                 work.fresh_taken = taken
-            if taken < len(due):
+            if taken < len(picked):
                 what = {FRESH: "fresh", AGAIN: "retry", REVISIT: "revisit"}[kind]
-                left = f"{len(due) - taken} of {len(due)} {what} tasks stay for a later run"
+                left = f"{len(picked) - taken} of {len(picked)} {what} tasks stay for a later run"
                 if why and why.startswith("queue_full:"):
                     q = why.split(":", 1)[1]
                     alerts.append((work, "queue_full", f"queue {q} is full (cap {cap(q)} entries): {left}"))
@@ -266,10 +266,10 @@ class Run:
         leases.create([leases.new_lease(lease, work.job.id, e.queue, e.kind, e.tasks, now)
                        for lease, e in zip(lease_ids, work.entries)])
         again = [(lease, e.queue, e.tasks) for lease, e in zip(lease_ids, work.entries) if e.kind == AGAIN]
-        tasks.mark_sent(work.job.id, again, now)
+        due.mark_sent(work.job.id, again, now)
         if work.fresh:
             new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
-            if not tasks.advance_cursor(work.job.id, work.job.seq_sent, new):
+            if not due.advance_cursor(work.job.id, work.job.seq_sent, new):
                 # another dispatcher sent these fresh tasks: send nothing
                 for lease, e in zip(lease_ids, work.entries):
                     if e.kind == AGAIN:
@@ -281,7 +281,7 @@ class Run:
         self._push(work, lease_ids)
         floor = work.next_revisit_floor()
         if floor is not None:
-            tasks.raise_revisit_floor(work.job.id, *floor)
+            due.raise_revisit_floor(work.job.id, *floor)
 
     def _push(self, work: JobWork, lease_ids: list[str]) -> None:
         """Push the job's entries (leases ``lease_ids``) and log each; one refused is released."""

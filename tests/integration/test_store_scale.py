@@ -143,23 +143,23 @@ QUERIES = [
         CrawlerTask,
         {"job": JOB, "status": "LIVE", "retry_at": None, "seq": {"$gt": 1, "$lte": 9}},
         "seq",
-        "fresh tasks above the cursor (tasks.due_fresh)",
+        "fresh tasks above the cursor (due.due_fresh)",
     ),
     (
         CrawlerTask,
         {"job": JOB, "status": "FAIL", "retry_at": {"$lte": MARK.generation_time}},
         "retry_at",
-        "tasks that go again (tasks.due_again)",
+        "tasks that go again (due.due_again)",
     ),
     (
         CrawlerTask,
         {"job": JOB, "status": "SUCCESS", "retry_at": {"$gt": MARK.generation_time,
                                                          "$lte": MARK.generation_time}},
         "retry_at",
-        "revisits due in a window of due time (tasks.due_revisits)",
+        "revisits due in a window of due time (due.due_revisits)",
     ),
     (CrawlerTask, {"job": JOB, "status": "SUCCESS", "retry_at": MARK.generation_time}, None,
-     "revisits due at the floor's own time (tasks.due_revisits)"),
+     "revisits due at the floor's own time (due.due_revisits)"),
     (CrawlerOldVersion, {"job": JOB, "_id": {"$lt": MARK}}, "_id",
      "earlier versions past retention (retention.remove_old_versions)"),
     (CrawlerDownloadData, {"task": MARK}, None,
@@ -450,7 +450,7 @@ def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_pat
     resuming where its time ran out."""
     import time
 
-    from common.store import tasks
+    from common.store import due
 
     job = register(tmp_path, "late")
     made = utcnow()
@@ -463,11 +463,11 @@ def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_pat
     register(tmp_path, "late", revisit=3600.0)
     assert all(t.retry_at is None for t in CrawlerTask.objects(job=job.id))  # nothing done in the request
     assert Job.objects.get(id=job.id).revisit_backlog is not None
-    assert tasks.make_due(time.monotonic() - 1) == 0  # no time left: nothing, the backlog kept
+    assert due.make_due(time.monotonic() - 1) == 0  # no time left: nothing, the backlog kept
     assert "revisits" in {c.name for c in chores.table()}
-    assert tasks.make_due(time.monotonic() + 60, batch=2) == 5
+    assert due.make_due(time.monotonic() + 60, batch=2) == 5
     due = {t.status: t.retry_at for t in CrawlerTask.objects(job=job.id)}
     assert due["SUCCESS"] is not None and due["FAIL"] is None
-    assert Job.objects.get(id=job.id).revisit_backlog is None and tasks.make_due(time.monotonic() + 60) == 0
+    assert Job.objects.get(id=job.id).revisit_backlog is None and due.make_due(time.monotonic() + 60) == 0
     register(tmp_path, "late", revisit=3600.0)  # registering again starts nothing
     assert Job.objects.get(id=job.id).revisit_backlog is None

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta
 
 from bson import ObjectId
 
+from common.store.due import Picked, fresh_cursor, fresh_limit
 from common.store.models import AGAIN, FRESH, REVISIT
 from common.store.records import Job
-from common.store.tasks import Picked, fresh_cursor, fresh_limit
 from master.dispatch.dispatcher import JobWork, order_key, plan
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
