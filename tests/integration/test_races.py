@@ -11,7 +11,7 @@ from rq import Queue
 from common.config import load, settings
 from common.errors import DispatchLocked, DownloadError
 from common.queue.names import LOCK_KEY
-from common.store import leases
+from common.store import due, leases
 from common.store import tasks as task_store
 from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
@@ -64,7 +64,7 @@ def test_reserved_numbers_stop_the_cursor_until_inserted(cluster, tmp_path):
 def test_intake_during_a_dispatch_run_is_seen_by_the_next(cluster, tmp_path, monkeypatch):
     register(tmp_path, "c2", dispatch_num=1000)
     add_urls("c2", [f"http://127.0.0.1:1/a{i}" for i in range(4)])
-    real = task_store.due_fresh
+    real = due.due_fresh
 
     def select_then_intake(job_doc, need, now):
         got = real(job_doc, need, now)  # the run has read the job and its tasks ...

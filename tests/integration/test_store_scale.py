@@ -466,8 +466,8 @@ def test_turning_revisits_on_leaves_the_stored_pages_to_a_chore(cluster, tmp_pat
     assert due.make_due(time.monotonic() - 1) == 0  # no time left: nothing, the backlog kept
     assert "revisits" in {c.name for c in chores.table()}
     assert due.make_due(time.monotonic() + 60, batch=2) == 5
-    due = {t.status: t.retry_at for t in CrawlerTask.objects(job=job.id)}
-    assert due["SUCCESS"] is not None and due["FAIL"] is None
+    when = {t.status: t.retry_at for t in CrawlerTask.objects(job=job.id)}
+    assert when["SUCCESS"] is not None and when["FAIL"] is None
     assert Job.objects.get(id=job.id).revisit_backlog is None and due.make_due(time.monotonic() + 60) == 0
     register(tmp_path, "late", revisit=3600.0)  # registering again starts nothing
     assert Job.objects.get(id=job.id).revisit_backlog is None
