@@ -723,7 +723,8 @@ def _comparison_rows(r: dict) -> list[Row]:
         if ours_cpu and peer_cpu:
             share = round(ours_cpu / peer_cpu, 3)
             target = TARGETS["client_cpu_share"]
-            rows.append(("  client CPU a page, ours / peer", f"{share}", f"<= {target:g}", verdict(share <= target)))
+            rows.append(("  client CPU a page, ours / peer", f"{share}", f"<= {target:g}",
+                         verdict(share <= target)))
     return rows
 
 
