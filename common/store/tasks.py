@@ -223,7 +223,8 @@ def insert_numbered(job_id: ObjectId, new: list[NewTask], first: int, now: datet
     won, taken = _insert_keys(job_id, keys, now)
     docs: list[dict[str, Any]] = []
     for i, t in enumerate(new):
-        if key_of(job_id, t.uri) not in won:
+        key = key_of(job_id, t.uri)
+        if key not in won or keys[key] != ids[i]:  # a URL twice in ``new``: its last is the one keyed
             continue
         doc: dict[str, Any] = {
             "_id": ids[i], "job": job_id, "uri": t.uri, "seq": first + i, "status": LIVE, "download_times": 0,

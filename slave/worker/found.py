@@ -8,7 +8,7 @@ Why before the settle: a worker that dies after it has settled a page and before
 over what the page yields loses that for ever (the task is SUCCESS: nothing runs it again). In
 this order, one that dies after the hand-over and before the settle leaves the task held by a
 dead entry: the defender recovers it, it runs again, and its links come again; intake counts
-them as known (the job's (job, uri) unique), so nothing is added twice, a found URL keeps the
+them as known (each URL's key in ``crawler_task_key``), so nothing is added twice, a found URL keeps the
 depth and parent of its first offer (its page's depth is read from its task, which does not
 change), and ``max_pages`` counts tasks, not offers (a known URL takes no room).
 

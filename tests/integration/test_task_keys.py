@@ -67,6 +67,17 @@ def test_intake_writes_a_key_per_url_and_reads_by_url_through_them(cluster, tmp_
     assert pages.task(other.id, None, urls[7]) is None
 
 
+def test_a_url_twice_in_one_insert_is_one_task_named_by_its_key(cluster, tmp_path):
+    """``insert_numbered`` called with a URL twice (its callers dedup; the store holds anyway)."""
+    job = register(tmp_path, "k3")
+    urls = ["http://127.0.0.1:1/a", "http://127.0.0.1:1/b", "http://127.0.0.1:1/a"]
+    first = task_store.reserve(job.id, len(urls))
+    new = [task_store.NewTask(u) for u in urls]
+    assert task_store.insert_numbered(job.id, new, first, utcnow()) == (2, 1)
+    task_store.commit(job.id, first, len(urls))
+    _each_once(job.id, urls[:2])
+
+
 def test_intakes_of_the_same_urls_in_threads_add_each_once(cluster, tmp_path):
     job = register(tmp_path, "race")
     urls = [f"http://127.0.0.1:1/r{i}" for i in range(400)]
