@@ -147,6 +147,9 @@ def page_urls(base: str, pages: int, hosts: int) -> list[str]:
     return [f"{spread(base, n, hosts)}/page/{n}" for n in range(pages)]
 
 
+TOP_OPS = ("total", "queries", "getmore", "insert", "update", "remove", "commands")  # top's kinds
+
+
 class Compare:
     """Symmetric runs of ours and the peer on one Bench's services (scripts/bench.py's ``Bench``)."""
 
@@ -166,8 +169,10 @@ class Compare:
         admin = mongo_client().admin
         ops = admin.command("serverStatus").get("opcounters", {})
         try:  # the store's own time per collection (mongod's ``top``)
-            top = {f"top_{ns}": v["total"]["time"] for ns, v in admin.command("top")["totals"].items()
-                   if isinstance(v, dict) and not ns.startswith(("admin.", "config.", "local."))}
+            top = {f"top_{ns}{'' if op == 'total' else ':' + op}": t["time"]
+                   for ns, v in admin.command("top")["totals"].items()
+                   if isinstance(v, dict) and not ns.startswith(("admin.", "config.", "local."))
+                   for op, t in v.items() if op in TOP_OPS and isinstance(t, dict)}
         except Exception:  # a store without ``top``: the figure is left out
             top = {}
         return {"cpu": cpu_tree(mongo.proc.pid), "bytes_in": bytes_received(mongo.port),
@@ -195,9 +200,12 @@ class Compare:
                 "store_bytes_in_per_page": round(d["bytes_in"] / n),
                 "store_bytes_held_per_page": round(held / n) if held else None,
                 "store_ops": {k[3:]: v for k, v in d.items() if k.startswith("op_")},
-                # the store's time in each collection's commands, ms per page (``top``)
+                # the store's time in each collection's commands, ms per page (``top``), and in
+                # each kind of command of it ("crawler_task:update")
                 "store_ms_per_page_by_collection": {k[4:]: round(v / 1000 / n, 3) for k, v in d.items()
-                                                    if k.startswith("top_") and v}}
+                                                    if k.startswith("top_") and ":" not in k and v},
+                "store_ms_per_page_by_command": {k[4:]: round(v / 1000 / n, 3) for k, v in d.items()
+                                                 if k.startswith("top_") and ":" in k and v}}
 
     def wait(self, progress, pages: int, timeout: float, procs: list, first=None) -> tuple[int, bool]:
         """Poll ``progress()`` (a Redis read) until it reaches ``pages``, stalls or times out;
