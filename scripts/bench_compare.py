@@ -277,7 +277,7 @@ class Compare:
                 "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3),
                 "worker_cpu_ms_per_page": round(1000 * sum(cpus[:-1]) / max(1, len(stamps)), 3),
                 "dispatch_cpu_ms_per_page": round(1000 * cpus[-1] / max(1, len(stamps)), 3),
-                **marginal(cpus, start_cpus, len(stamps))}
+                **marginal(cpus, start_cpus, len(stamps)), **client_after(cpus, start_cpus, len(stamps))}
 
     def peer(self, label: str, urls: list[str], timeout: float) -> dict:
         import pymongo
@@ -301,11 +301,14 @@ class Compare:
         s0 = self.store()
         t0 = time.time()
         procs = [bench.procs.spawn(spider, env, f"cmp-peer-{label}-{i}") for i in range(self.peer_procs)]
+        start_cpus: list[float] = []  # as ours: the spiders' CPU when the first pages are counted
         try:
-            counted, complete = self.wait(progress, pages, timeout, procs)
+            counted, complete = self.wait(progress, pages, timeout, procs, lambda done: start_cpus.extend(
+                [*(cpu_tree(p.pid) for p in procs), done]))
             time.sleep(SETTLE)
             s1 = self.store()
-            client_cpu = sum(cpu_tree(p.pid) for p in procs)
+            cpus = [cpu_tree(p.pid) for p in procs]
+            client_cpu = sum(cpus)
         finally:
             bench.procs.stop(procs)
         client = pymongo.MongoClient(uri)
@@ -320,7 +323,8 @@ class Compare:
                 "concurrent_requests": self.peer_concurrency, "batch": self.peer_batch,
                 "broad": self.peer_broad,
                 **steady(stamps, t0), **self.costs(s0, s1, len(stamps), held),
-                "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3)}
+                "client_cpu_ms_per_page": round(1000 * client_cpu / max(1, len(stamps)), 3),
+                **client_after(cpus, start_cpus, len(stamps))}
 
     def pair(self, label: str, urls: list[str], runs: int, timeout, page_bytes: int = 0) -> dict:
         """``runs`` of each side, alternated; ``timeout()``: seconds one run may take, asked each time."""
@@ -351,6 +355,16 @@ def marginal(cpus: list[float], start: list[float], pages: int) -> dict:
             "dispatch_cpu_ms_per_page_after": round(1000 * (cpus[-1] - start[-2]) / n, 3)}
 
 
+def client_after(cpus: list[float], start: list[float], pages: int) -> dict:
+    """The client's CPU a page once its processes are up, measured alike for both sides: every
+    client process's CPU from the first poll that counts a page to the end, over the pages
+    counted after that poll (``start``: each process's CPU then, and the pages counted)."""
+    if not start or pages <= start[-1]:
+        return {}
+    after = sum(cpus) - sum(start[:-1])
+    return {"client_cpu_ms_per_page_after": round(1000 * after / (pages - start[-1]), 3)}
+
+
 def _med(runs: list[dict], key: str) -> float | None:
     vals = [r[key] for r in runs if r.get(key) is not None]
     return round(statistics.median(vals), 3) if vals else None
@@ -366,7 +380,8 @@ def summarize(ours: list[dict], peer: list[dict]) -> dict:
             "to_last_median": _med(runs, "to_last_s"), "to_last_runs": [r["to_last_s"] for r in runs],
             **{k: _med(runs, k) for k in ("store_cpu_ms_per_page", "store_write_ops_per_page",
                                           "store_commands_per_page", "store_bytes_in_per_page",
-                                          "store_bytes_held_per_page", "client_cpu_ms_per_page")},
+                                          "store_bytes_held_per_page", "client_cpu_ms_per_page",
+                                          "client_cpu_ms_per_page_after")},
             "complete": all(r["complete"] for r in runs)}
     pairs = [round(a["steady_pages_per_s"] / b["steady_pages_per_s"], 2)
              for a, b in zip(ours, peer) if b["steady_pages_per_s"]]
