@@ -167,8 +167,9 @@ MAX_URL_LENGTH = 8192
 
 # --- worker ------------------------------------------------------------------------------
 WORKER_INFLIGHT = 128
-"""Downloads one ``downcluster worker`` process keeps in flight; it takes the next queue entry
-(strict queue order) whenever fewer are running."""
+"""Downloads one ``downcluster worker`` process runs at once, never more; it takes the next queue
+entry (strict queue order) while fewer than twice as many of its tasks are loaded, so the next
+downloads wait in the process, ready as others end."""
 
 WORKER_LARGE_BODIES = 4
 """Bodies over 1 MiB a worker's built-in (aiohttp) engine holds at once, from reading until

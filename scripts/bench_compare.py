@@ -330,17 +330,37 @@ class Compare:
         """``runs`` of each side, alternated; ``timeout()``: seconds one run may take, asked each time."""
         out: dict = {"ours": [], "peer": [], "pages": len(urls),
                      "order": [s for s in order(runs) if self.peer_procs or s == "ours"]}
+        origin = urls[0].split("/page/")[0]
         for side in out["order"]:
+            site_inflight(origin)  # starts the site's gauge afresh
             r = (self.ours if side == "ours" else self.peer)(label, urls, timeout())
+            seen = site_inflight(origin)
+            if seen is not None:
+                r["site_inflight"] = seen
             if page_bytes:
                 r["mb_per_s"] = round(r["steady_pages_per_s"] * page_bytes / len(urls) / 1e6, 1)
             out[side].append(r)
+            held = (f"; at the site {seen['peak']} at most, {seen['mean_while_busy']} on average"
+                    if seen is not None else "")
             print(f"    {side}: {r['steady_pages_per_s']} pages/s steady, last page at {r['to_last_s']} s, "
                   f"{r['done']}/{r['pages']}; store {r['store_cpu_ms_per_page']} ms CPU, "
-                  f"{r['store_write_ops_per_page']} writes, {r['store_bytes_in_per_page']} B in per page",
+                  f"{r['store_write_ops_per_page']} writes, {r['store_bytes_in_per_page']} B in per page"
+                  f"{held}",
                   flush=True)
         out.update(summarize(out["ours"], out["peer"]))
         return out
+
+
+def site_inflight(origin: str) -> dict | None:
+    """What scripts/bench_site.py saw since it was last asked: the most requests it held at once
+    and their mean while any was held (None from a site without the gauge: nginx)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{origin}/_inflight", timeout=5) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
 
 
 def marginal(cpus: list[float], start: list[float], pages: int) -> dict:

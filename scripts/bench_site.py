@@ -8,13 +8,19 @@ scripts/sample_site.py answers from one thread per connection and rebuilds each 
 connections open at once, its own CPU competes with both crawlers on a 2-core host. Here a
 waiting request costs a timer, not a thread, so the site takes the same small share of the
 machine whichever crawler asks it. (Pages at 0 ms come from nginx: scripts/bench_compare.py.)
+
+``GET /_inflight`` answers what the site saw since the last such request (and starts afresh):
+the most requests it held at once and their time-weighted mean while any was held — what each
+crawler really keeps in flight at the site, measured the same way for both.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import functools
+import json
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -39,12 +45,49 @@ def tree_page(n: int, total: int) -> bytes:
     return page_body(n).replace(b"<body>", f"<body><p>{links}</p>".encode(), 1)
 
 
+class Gauge:
+    """Requests held at once: the peak, and the integral over time while any was held."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.now = self.peak = 0
+        self.area = self.busy = 0.0
+        self.since = time.monotonic()
+
+    def move(self, by: int) -> None:
+        t = time.monotonic()
+        if self.now:
+            self.area += self.now * (t - self.since)
+            self.busy += t - self.since
+        self.since, self.now = t, self.now + by
+        self.peak = max(self.peak, self.now)
+
+    def read(self) -> dict[str, float]:
+        self.move(0)
+        out = {"peak": self.peak, "mean_while_busy": round(self.area / self.busy, 1) if self.busy else 0.0}
+        held = self.now
+        self.reset()
+        self.now = held
+        return out
+
+
 def app(delay_ms: int, tree: int = 0) -> web.Application:
+    gauge = Gauge()
+
     async def page(request: web.Request) -> web.Response:
-        if delay_ms:
-            await asyncio.sleep(delay_ms / 1000)
-        return web.Response(body=_page(int(request.match_info["n"])), content_type="text/html",
-                            charset="utf-8")
+        gauge.move(1)
+        try:
+            if delay_ms:
+                await asyncio.sleep(delay_ms / 1000)
+            return web.Response(body=_page(int(request.match_info["n"])), content_type="text/html",
+                                charset="utf-8")
+        finally:
+            gauge.move(-1)
+
+    async def inflight(request: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(gauge.read()), content_type="application/json")
 
     async def tree_node(request: web.Request) -> web.Response:
         n = int(request.match_info["n"])
@@ -54,6 +97,7 @@ def app(delay_ms: int, tree: int = 0) -> web.Application:
 
     a = web.Application()
     a.router.add_get("/page/{n:[0-9]+}", page)
+    a.router.add_get("/_inflight", inflight)
     if tree:
         a.router.add_get("/tree/{n:[0-9]+}", tree_node)
     return a

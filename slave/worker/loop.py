@@ -1,10 +1,10 @@
 """``downcluster worker``: drain the priority queues, host queues first.
 
-By default one process runs many entries at once on an event loop (slave/worker/runner.py), taking
-the next entry in strict queue order whenever fewer than WORKER_INFLIGHT downloads are in
-flight; rq sees it as a worker with an execution per entry (slave/worker/rqworker.py).
-``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker instead (one entry at a time;
-on Redis's clock, see slave/worker/rqworker.py), exactly what a plain
+By default one process runs many entries at once on an event loop (slave/worker/runner.py), at
+most WORKER_INFLIGHT downloads at a time, taking the next entry in strict queue order while fewer
+than twice as many of its tasks are loaded; rq sees it as a worker with an execution per entry
+(slave/worker/rqworker.py). ``--classic`` / ``--simple`` run rq's own Worker / SimpleWorker
+instead (one entry at a time; on Redis's clock, see slave/worker/rqworker.py), exactly what a plain
 ``rq worker down_super down_high down_mid down_low`` does.
 """
 from __future__ import annotations

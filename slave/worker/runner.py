@@ -14,8 +14,12 @@ etiquette's keeps the host slots (``slave/download/etiquette.py``).
 
 ``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) whose loop takes
 each entry through the lane of its kind (``Loop.lanes``, kind -> lane): download entries, in strict
-queue order, whenever fewer than WORKER_INFLIGHT downloads are in flight; export entries from
-down_export one at a time in a thread of their own, so neither waits for the other (an idle
+queue order, while fewer than twice WORKER_INFLIGHT of their tasks are loaded and not yet done,
+looked for again as soon as room opens; at most WORKER_INFLIGHT of them download at once
+(``Runner.gate``, first come first served), the rest wait their turn in the process, so a page that
+ends is followed at once by the next, not after an entry's claim (the loop used to look only when a
+whole entry ended: 100 ms pages kept 71 of 128 in flight on average, docs/benchmarks.md); export
+entries from down_export one at a time in a thread of their own, so neither waits for the other (an idle
 export lane delivers due notifications); generator runs from down_generate (read first; up to
 GENERATE_LANES at once, each in a thread of its own: ``slave/generate.py``). ``run_one`` runs a
 single download entry: the job function of a plain ``rq worker``.
@@ -55,6 +59,7 @@ from slave.worker.writer import RunningEntry, Writer
 logger = logging.getLogger(__name__)
 NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
 GENERATE_LANES = 2  # generator runs at once (each a sandbox, in a thread of its own)
+AHEAD = 2  # tasks loaded at most, in WORKER_INFLIGHTs: those beyond the gate start as others end
 
 
 class Runner:
@@ -68,8 +73,11 @@ class Runner:
         self.heartbeat = Heartbeat(self)
         self.rq: LoopWorker | None = None  # set by serve: rq's view of this worker
         self.active: set[str] = set()  # leases being run (and beaten for)
+        self.gate = asyncio.Semaphore(settings.WORKER_INFLIGHT)  # a task downloads holding one
         self.peak_inflight = 0
-        self.inflight = 0   # downloads running
+        self.inflight = 0   # downloads running (holding the gate)
+        self.loaded = 0     # tasks of running entries not yet downloaded (running or at the gate)
+        self.roomy = asyncio.Event()  # set when room for another entry opens (``room``)
         self.pending = 0    # entries taken from a queue whose tasks are not loaded yet
         self.entries_done = 0
 
@@ -83,6 +91,7 @@ class Runner:
             nonlocal pending
             if pending:
                 self.pending, pending = self.pending - 1, False
+                self._maybe_room()
 
         try:
             lease = await self._db(leases.claim, lease_id, self.worker_id)
@@ -101,28 +110,48 @@ class Runner:
             tasks = leases.lease_tasks(lease)
             entry = RunningEntry(lease, ctx, tasks, asyncio.get_running_loop())
             entry.etiquette = self.engines.etiquette
-            self.inflight += len(tasks)
-            self.peak_inflight = max(self.peak_inflight, self.inflight)
+            self.loaded += len(tasks)
             loaded()
             left = len(tasks)
             try:
                 if not tasks:
                     self.writer.submit(entry, None)
                 plans = await self.engines.prepare(ctx, tasks)
-                downloads = [self.engines.download(ctx, t, plans.get(t.id)) for t in tasks]
+                downloads = [self._download(ctx, t, plans.get(t.id)) for t in tasks]
                 for next_done in asyncio.as_completed(downloads):
                     outcome = await next_done
-                    self.inflight, left = self.inflight - 1, left - 1
+                    self.loaded, left = self.loaded - 1, left - 1
                     self.writer.submit(entry, outcome)
+                    self._maybe_room()
                 counts = await entry.done
             finally:
-                self.inflight -= left
+                self.loaded -= left
+                self._maybe_room()
             logger.debug("job %s entry %s: %s", ctx.name, lease_id, counts)
             return counts
         finally:
             loaded()
             self.active.discard(lease_id)
             self.entries_done += 1
+
+    def room(self) -> bool:
+        """Whether another download entry may be taken: fewer than twice WORKER_INFLIGHT tasks
+        loaded or being loaded (the gate lets WORKER_INFLIGHT download; the rest are next)."""
+        return self.loaded + settings.DISPATCH_BATCH_SIZE * self.pending < AHEAD * settings.WORKER_INFLIGHT
+
+    def _maybe_room(self) -> None:
+        if self.room():
+            self.roomy.set()
+
+    async def _download(self, ctx, task, plan):
+        """One task's download once the gate lets it in (at most WORKER_INFLIGHT at once)."""
+        async with self.gate:
+            self.inflight += 1
+            self.peak_inflight = max(self.peak_inflight, self.inflight)
+            try:
+                return await self.engines.download(ctx, task, plan)
+            finally:
+                self.inflight -= 1
 
     async def _give_back_all(self, lease: Lease) -> dict[str, int]:
         """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
@@ -182,8 +211,7 @@ class Loop:
 
     def _room(self) -> bool:
         r = self.runner
-        return (r.inflight + settings.DISPATCH_BATCH_SIZE * r.pending < settings.WORKER_INFLIGHT
-                and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not self.running
+        return (r.room() and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not self.running
 
     def _export_idle(self) -> bool:
         return self.export_running is None or self.export_running.done()
@@ -200,8 +228,7 @@ class Loop:
             if got:
                 taken += await self._start(*got)
             elif self.running:
-                done, _ = await asyncio.wait(self.running, timeout=0.05 if self._room() else None,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done = await self._wait()
                 self.running -= done
             elif self._export_idle():  # (an export running: the blocking wait in _next paces the loop)
                 # burst: done once a look that included down_export found nothing (an export
@@ -216,6 +243,21 @@ class Loop:
         if self.export_pool:
             self.export_pool.shutdown(wait=True)
         self.generate_pool.shutdown(wait=True)
+
+    async def _wait(self) -> set[asyncio.Task]:
+        """Until a running entry ends, or room opens (a look at the queues then), or a moment
+        passes (the writer's backlog shrinks unannounced): the entries that ended."""
+        if self._room():  # the queues were empty: look again in a moment
+            done, _ = await asyncio.wait(self.running, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+            return done
+        self.runner.roomy.clear()
+        woke = asyncio.ensure_future(self.runner.roomy.wait())
+        try:
+            done, _ = await asyncio.wait({*self.running, woke}, timeout=0.5,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woke.cancel()
+        return {t for t in done if t is not woke}
 
     async def _next(self, names: list[str]) -> tuple[str, str] | None:
         """(queue, entry id) of the next entry in ``names``, waiting a moment when nothing runs."""
