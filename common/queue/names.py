@@ -14,6 +14,10 @@ EXPORT_QUEUE = "down_export"
 GENERATE_QUEUE = "down_generate"
 # Followed by an rq worker name: that worker's download figures (in flight, peak), for stats.
 WORKER_KEY_PREFIX = "downcluster:worker:"
+# A ``downcluster worker`` loads up to this many times WORKER_INFLIGHT tasks; those beyond its gate
+# wait for earlier downloads to end (slave/worker/runner.py; the dispatcher's LEASE_TIMEOUT check
+# counts those rounds).
+WORKER_AHEAD = 2
 
 
 def queue_for_priority(priority: int) -> str:

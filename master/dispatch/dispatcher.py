@@ -35,7 +35,7 @@ from redis import Redis
 from common.config import settings
 from common.errors import ConfigError, DispatchLocked
 from common.jobsettings import PRIOR_FOREIGN, PRIOR_URGENCY
-from common.queue.names import LOCK_KEY, cap, queue_for_priority, queue_name
+from common.queue.names import LOCK_KEY, WORKER_AHEAD, cap, queue_for_priority, queue_name
 from common.queue.rqbridge import (
     FULL,
     NOT_OWNER,
@@ -205,6 +205,13 @@ def entry_timeout() -> int:
     return int(settings.DOWNLOAD_TIMEOUT * rounds + 120)
 
 
+def held_timeout() -> int:
+    """The longest a ``downcluster worker`` may hold an entry: its tasks may wait at the worker's
+    gate behind WORKER_AHEAD rounds of downloads, each a wait for its site (HOST_WAIT_MAX) and a
+    download, then take their own round."""
+    return int((WORKER_AHEAD + 1) * (settings.HOST_WAIT_MAX + settings.DOWNLOAD_TIMEOUT) + 120)
+
+
 def check_settings() -> None:
     """Refuse settings that would break the run's guarantees (one line each)."""
     if settings.DISPATCH_ORDER not in ORDERS:
@@ -215,6 +222,11 @@ def check_settings() -> None:
         raise ConfigError(
             f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed an entry's longest run "
             f"({entry_timeout()}s from DOWNLOAD_TIMEOUT, DISPATCH_BATCH_SIZE, DOWNLOAD_CONCURRENCY)"
+        )
+    if settings.LEASE_TIMEOUT <= held_timeout():
+        raise ConfigError(
+            f"LEASE_TIMEOUT ({settings.LEASE_TIMEOUT}s) must exceed the longest a worker may hold an "
+            f"entry ({held_timeout()}s from DOWNLOAD_TIMEOUT and HOST_WAIT_MAX)"
         )
     if settings.DISPATCH_BATCH_SIZE < 1:
         raise ConfigError("DISPATCH_BATCH_SIZE must be at least 1")

@@ -42,7 +42,7 @@ from common import heap
 from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
-from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE
+from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE, WORKER_AHEAD
 from common.queue.rqbridge import Kind
 from common.secrets import redact
 from common.sentry import capture
@@ -59,7 +59,6 @@ from slave.worker.writer import RunningEntry, Writer
 logger = logging.getLogger(__name__)
 NOTIFY_EVERY = 30.0  # seconds between deliveries of due notifications by an idle export lane
 GENERATE_LANES = 2  # generator runs at once (each a sandbox, in a thread of its own)
-AHEAD = 2  # tasks loaded at most, in WORKER_INFLIGHTs: those beyond the gate start as others end
 
 
 class Runner:
@@ -135,9 +134,10 @@ class Runner:
             self.entries_done += 1
 
     def room(self) -> bool:
-        """Whether another download entry may be taken: fewer than twice WORKER_INFLIGHT tasks
-        loaded or being loaded (the gate lets WORKER_INFLIGHT download; the rest are next)."""
-        return self.loaded + settings.DISPATCH_BATCH_SIZE * self.pending < AHEAD * settings.WORKER_INFLIGHT
+        """Whether another download entry may be taken: fewer than WORKER_AHEAD x WORKER_INFLIGHT
+        tasks loaded or being loaded (the gate lets WORKER_INFLIGHT download; the rest are next)."""
+        loading = settings.DISPATCH_BATCH_SIZE * self.pending
+        return self.loaded + loading < WORKER_AHEAD * settings.WORKER_INFLIGHT
 
     def _maybe_room(self) -> None:
         if self.room():
