@@ -135,9 +135,11 @@ class Runner:
 
     def room(self) -> bool:
         """Whether another download entry may be taken: fewer than WORKER_AHEAD x WORKER_INFLIGHT
-        tasks loaded or being loaded (the gate lets WORKER_INFLIGHT download; the rest are next)."""
+        tasks loaded or being loaded (the gate lets WORKER_INFLIGHT download; the rest are next),
+        and the writer not far behind."""
         loading = settings.DISPATCH_BATCH_SIZE * self.pending
-        return self.loaded + loading < WORKER_AHEAD * settings.WORKER_INFLIGHT
+        return (self.loaded + loading < WORKER_AHEAD * settings.WORKER_INFLIGHT
+                and self.writer.backlog() < settings.WORKER_INFLIGHT * 4)
 
     def _maybe_room(self) -> None:
         if self.room():
@@ -210,8 +212,7 @@ class Loop:
         }
 
     def _room(self) -> bool:
-        r = self.runner
-        return (r.room() and r.writer.backlog() < settings.WORKER_INFLIGHT * 4) or not self.running
+        return self.runner.room() or not self.running
 
     def _export_idle(self) -> bool:
         return self.export_running is None or self.export_running.done()
