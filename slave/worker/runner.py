@@ -16,13 +16,14 @@ etiquette's keeps the host slots (``slave/download/etiquette.py``).
 each entry through the lane of its kind (``Loop.lanes``, kind -> lane): download entries, in strict
 queue order, while fewer than twice WORKER_INFLIGHT of their tasks are loaded and not yet done,
 looked for again as soon as room opens; at most WORKER_INFLIGHT of them download at once
-(``Runner.gate``, first come first served), the rest wait their turn in the process, so a page that
-ends is followed at once by the next, not after an entry's claim (the loop used to look only when a
-whole entry ended: 100 ms pages kept 71 of 128 in flight on average, docs/benchmarks.md); export
-entries from down_export one at a time in a thread of their own, so neither waits for the other (an idle
-export lane delivers due notifications); generator runs from down_generate (read first; up to
-GENERATE_LANES at once, each in a thread of its own: ``slave/generate.py``). ``run_one`` runs a
-single download entry: the job function of a plain ``rq worker``.
+(``Runner.gate``: a higher queue's first, then first come first served), the rest wait their
+turn in the process, so a page that ends is followed at once by the next, not after an entry's
+claim (the loop used to look only when a whole entry ended: 100 ms pages kept 71 of 128 in
+flight on average, docs/benchmarks.md); export entries from down_export one at a time in a
+thread of their own, so neither waits for the other (an idle export lane delivers due
+notifications); generator runs from down_generate (read first; up to GENERATE_LANES at once, each
+in a thread of its own: ``slave/generate.py``). ``run_one`` runs a single download entry: the job
+function of a plain ``rq worker``.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from common import heap
 from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
-from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE, WORKER_AHEAD
+from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE, QUEUE_NAMES, WORKER_AHEAD, base_of
 from common.queue.rqbridge import Kind
 from common.secrets import redact
 from common.sentry import capture
@@ -52,6 +53,7 @@ from common.store.models import OFF, store_time
 from common.store.records import Lease
 from slave.download.fetching import Engines
 from slave.worker.context import load_context
+from slave.worker.gate import Gate
 from slave.worker.heartbeat import Heartbeat, new_worker_id
 from slave.worker.rqworker import LoopWorker
 from slave.worker.writer import RunningEntry, Writer
@@ -72,7 +74,7 @@ class Runner:
         self.heartbeat = Heartbeat(self)
         self.rq: LoopWorker | None = None  # set by serve: rq's view of this worker
         self.active: set[str] = set()  # leases being run (and beaten for)
-        self.gate = asyncio.Semaphore(settings.WORKER_INFLIGHT)  # a task downloads holding one
+        self.gate = Gate(settings.WORKER_INFLIGHT)  # a task downloads holding a place
         self.peak_inflight = 0
         self.inflight = 0   # downloads running (holding the gate)
         self.loaded = 0     # tasks of running entries not yet downloaded (running or at the gate)
@@ -116,7 +118,8 @@ class Runner:
                 if not tasks:
                     self.writer.submit(entry, None)
                 plans = await self.engines.prepare(ctx, tasks)
-                downloads = [self._download(ctx, t, plans.get(t.id)) for t in tasks]
+                rank = _rank(lease.queue)
+                downloads = [self._download(ctx, t, plans.get(t.id), rank) for t in tasks]
                 for next_done in asyncio.as_completed(downloads):
                     outcome = await next_done
                     self.loaded, left = self.loaded - 1, left - 1
@@ -145,15 +148,17 @@ class Runner:
         if self.room():
             self.roomy.set()
 
-    async def _download(self, ctx, task, plan):
-        """One task's download once the gate lets it in (at most WORKER_INFLIGHT at once)."""
-        async with self.gate:
-            self.inflight += 1
-            self.peak_inflight = max(self.peak_inflight, self.inflight)
-            try:
-                return await self.engines.download(ctx, task, plan)
-            finally:
-                self.inflight -= 1
+    async def _download(self, ctx, task, plan, rank: int):
+        """One task's download once the gate lets it in (at most WORKER_INFLIGHT at once; an
+        entry of a higher queue's first)."""
+        await self.gate.acquire(rank)
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        try:
+            return await self.engines.download(ctx, task, plan)
+        finally:
+            self.inflight -= 1
+            self.gate.release()
 
     async def _give_back_all(self, lease: Lease) -> dict[str, int]:
         """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
@@ -354,6 +359,12 @@ class Loop:
             await loop.run_in_executor(None, _quietly, self.rq.failed, execution, tb)
             return
         await loop.run_in_executor(None, _quietly, self.rq.succeeded, execution)
+
+
+def _rank(queue: str) -> int:
+    """Where an entry's queue stands at the gate: its level (down_super 0 … down_low 3)."""
+    base = base_of(queue or "")
+    return QUEUE_NAMES.index(base) if base in QUEUE_NAMES else len(QUEUE_NAMES)
 
 
 def _quietly(fn, *args) -> None:
