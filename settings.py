@@ -90,7 +90,8 @@ HEARTBEAT_TTL = 20
 LEASE_TIMEOUT = 3600
 """Seconds after which a dispatched task is recovered whatever its queue entry says; refused
 unless longer than an entry may run (a plain rq worker's, and a ``downcluster worker``'s, whose
-tasks may wait at its gate: 3 x (HOST_WAIT_MAX + DOWNLOAD_TIMEOUT) + 120 s)."""
+tasks may wait at its gate: HOST_WAIT_MAX +
+3 x (HOST_WAIT_MAX + DOWNLOAD_TIMEOUT) + 120 s)."""
 
 ABSENCE_GRACE = 10
 """Seconds a QUEUED entry must stay missing from every queue between two looks of the defender

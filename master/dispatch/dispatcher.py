@@ -206,10 +206,12 @@ def entry_timeout() -> int:
 
 
 def held_timeout() -> int:
-    """The longest a ``downcluster worker`` may hold an entry: its tasks may wait at the worker's
-    gate behind WORKER_AHEAD rounds of downloads, each a wait for its site (HOST_WAIT_MAX) and a
-    download, then take their own round."""
-    return int((WORKER_AHEAD + 1) * (settings.HOST_WAIT_MAX + settings.DOWNLOAD_TIMEOUT) + 120)
+    """The longest a ``downcluster worker`` may hold an entry: a task at the worker's gate may be
+    overtaken by higher queues' for HOST_WAIT_MAX (the gate's patience), then waits behind at most
+    WORKER_AHEAD rounds of downloads, each a wait for its site (HOST_WAIT_MAX) and a download, then
+    takes its own round."""
+    rounds = (WORKER_AHEAD + 1) * (settings.HOST_WAIT_MAX + settings.DOWNLOAD_TIMEOUT)
+    return int(settings.HOST_WAIT_MAX + rounds + 120)
 
 
 def check_settings() -> None:

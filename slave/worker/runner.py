@@ -74,7 +74,7 @@ class Runner:
         self.heartbeat = Heartbeat(self)
         self.rq: LoopWorker | None = None  # set by serve: rq's view of this worker
         self.active: set[str] = set()  # leases being run (and beaten for)
-        self.gate = Gate(settings.WORKER_INFLIGHT)  # a task downloads holding a place
+        self.gate = Gate(settings.WORKER_INFLIGHT, settings.HOST_WAIT_MAX)  # a download holds a place
         self.peak_inflight = 0
         self.inflight = 0   # downloads running (holding the gate)
         self.loaded = 0     # tasks of running entries not yet downloaded (running or at the gate)

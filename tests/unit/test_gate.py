@@ -1,6 +1,6 @@
 """The worker's gate (slave/worker/gate.py): never more than its size inside, the waiting let in
-by their queue's level, then in arrival order; a cancelled waiter loses its place and gives back
-one it was handed."""
+by their queue's level, then in arrival order, but one that waited its patience first; a
+cancelled waiter loses its place and gives back one it was handed."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +19,7 @@ async def _enter(gate: Gate, rank: int, name: str, order: list[str], leave: asyn
 
 def test_a_higher_queue_goes_first_then_arrival_order():
     async def main() -> list[str]:
-        gate, order, leave = Gate(2), [], asyncio.Event()
+        gate, order, leave = Gate(2, 60), [], asyncio.Event()
         inside = [asyncio.create_task(_enter(gate, 3, f"low{i}", order, leave)) for i in range(2)]
         await asyncio.sleep(0)
         waiting = [asyncio.create_task(_enter(gate, r, n, order, leave))
@@ -34,9 +34,25 @@ def test_a_higher_queue_goes_first_then_arrival_order():
     assert asyncio.run(main()) == ["low0", "low1", "super", "high", "low2", "low3"]
 
 
+def test_a_task_that_waited_its_patience_is_not_overtaken():
+    async def main() -> list[str]:
+        gate, order, leave = Gate(1, 0), [], asyncio.Event()  # every waiter is old at once
+        await gate.acquire(0)  # held here
+        waiting = [asyncio.create_task(_enter(gate, r, n, order, leave))
+                   for r, n in ((3, "low"), (0, "super"), (3, "low2"))]
+        await asyncio.sleep(0)
+        gate.release()
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        assert gate.free == 1
+        return order
+
+    assert asyncio.run(main()) == ["low", "super", "low2"]  # arrival order, levels aside
+
+
 def test_never_more_inside_than_its_size():
     async def main() -> int:
-        gate, inside, peak = Gate(3), 0, 0
+        gate, inside, peak = Gate(3, 60), 0, 0
 
         async def one(rank: int) -> None:
             nonlocal inside, peak
@@ -56,7 +72,7 @@ def test_never_more_inside_than_its_size():
 
 def test_a_cancelled_waiter_loses_its_place_and_passes_on_one_handed_to_it():
     async def main() -> list[str]:
-        gate, order, leave = Gate(1), [], asyncio.Event()
+        gate, order, leave = Gate(1, 60), [], asyncio.Event()
         await gate.acquire(0)  # held here
         gone = asyncio.create_task(_enter(gate, 0, "gone", order, leave))
         handed = asyncio.create_task(_enter(gate, 1, "handed", order, leave))
