@@ -53,7 +53,10 @@ class DispatchLocked(DownclusterError):
 
 class DownloadError(DownclusterError):
     """A download failed. ``retryable`` tells whether a later attempt may succeed;
-    ``retry_after`` is a server-requested delay in seconds, if any."""
+    ``retry_after`` is a server-requested delay in seconds, if any; ``label`` its class for a
+    metric (a small fixed set; ``slave/download/engines/failures.py`` holds the tree of its subclasses)."""
+
+    label = "other"
 
     def __init__(self, reason: str, retryable: bool = True, retry_after: float | None = None) -> None:
         super().__init__(reason)
@@ -65,6 +68,8 @@ class DownloadError(DownclusterError):
 class AddressRefused(DownloadError):
     """A request would reach an address the cluster refuses (loopback, private, link-local, one
     of its own services; see ``common/netguard.py``). Not retryable: the address is the answer."""
+
+    label = "connection"
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason, retryable=False)

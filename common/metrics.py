@@ -13,42 +13,26 @@ Counting never raises into its caller: a page stored is never undone because Red
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from typing import Iterable
 
 from redis import Redis
 
+from common.errors import DownloadError
 from common.store.connection import as_text
 
 PAGES = "downcluster:metrics:pages"
 MINUTE = "downcluster:metrics:minute:"
 DEPTH = "downcluster:metrics:depth:"
 KEEP = 26 * 3600
-_HTTP = re.compile(r"^HTTP (\d)\d\d")
 logger = logging.getLogger(__name__)
 
 
-def reason_class(reason: str | None) -> str:
-    """A failure reason's class (a small fixed set, fit for a metric label); "" for success."""
-    if not reason:
-        return ""
-    text = reason.lower()
-    http = _HTTP.match(reason)
-    if http:
-        return "http_4xx" if http.group(1) == "4" else "http_5xx" if http.group(1) == "5" else "other"
-    for klass, words in (
-        ("timeout", ("timeout", "timed out")),
-        ("robots", ("robots.txt",)),
-        ("too_large", ("larger than", "too large", "too big")),
-        ("invalid", ("invalid", "unsupported", "not an http")),
-        ("connection", ("connect", "refused", "reset", "dns", "resolve", "unreachable", "ssl")),
-        ("downloader", ("downloader", "exit", "killed", "sandbox", "traceback")),
-    ):
-        if any(w in text for w in words):
-            return klass
-    return "other"
+def reason_class(error: DownloadError | None) -> str:
+    """A failure's class for a metric label (a small fixed set, ``DownloadError.label``: read
+    from the failure's type, never its text); "" for success."""
+    return "" if error is None else error.label
 
 
 def minute(at: float | None = None) -> int:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from common import intake, jobsettings
 from common.config import settings
 from common.cron import check_schedule
+from common.engines import BUILTIN, DOWNLOADER_TYPES, traits
 from common.errors import Forbidden, NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
@@ -29,7 +30,6 @@ from common.store.records import DownloadType, Job
 if TYPE_CHECKING:
     from common.store.control import Token
 
-DOWNLOADER_TYPES = ("python", "shell", "none")
 MAX_CODE_BYTES = 1024 * 1024
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 TOP_KEYS = {"name", "priority", "host", "type", "code", "settings", "generator", "follow", "sitemaps"}
@@ -86,7 +86,7 @@ def validate_settings(raw: Any) -> dict[str, Any]:
     if "download_js" in raw:  # a function body run in the page by the browser engine (never here)
         if not raw["download_js"].strip():
             raise ValidationError("settings.download_js is empty: leave it out, or give a function body")
-        if engine != "browser":
+        if not traits(BUILTIN, engine).needs_browser:
             raise ValidationError('settings.download_js needs download_engine = "browser"')
     revisit, ceiling = raw.get("revisit", 0), raw.get("revisit_max", 0)
     if 0 < revisit < 1:
@@ -213,7 +213,7 @@ def validate_manifest(data: Any, base_dir: Path | None, inline_code: str | None 
     code = _downloader_code(data, language, base_dir, inline_code)
     generator = validate_generator(data.get("generator"), base_dir)
     follow = jobsettings.check_follow(data.get("follow"))
-    if follow is not None and language == "shell":  # a shell downloader's body comes with no content type
+    if follow is not None and not traits(language).gives_links:
         raise ValidationError("follow needs type none (built-in engines) or python (it returns its links)")
     sitemaps = jobsettings.check_sitemaps(data.get("sitemaps"))
     if sitemaps is not None and sitemaps.lastmod and not cleaned.get("revisit"):
@@ -241,7 +241,7 @@ def _head(data: dict) -> tuple[str, int, str, str]:
 
 def _downloader_code(data: dict, language: str, base_dir: Path | None, inline_code: str | None) -> str:
     """The downloader's code, checked ("" for type none, which takes none)."""
-    if language == "none":
+    if traits(language).builtin:
         if data.get("code") or inline_code:
             raise ValidationError("type none uses the built-in engine and takes no code")
         return ""

@@ -28,7 +28,7 @@ from common.store.jobs import WorkerJob
 from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
 from common.store.records import Generator
 from slave.download.engines import sandbox
-from slave.worker.context import limits_from_settings
+from slave.download.job import limits_from_settings
 
 logger = logging.getLogger(__name__)
 MAX_LOGGED_ERRORS = 20  # rejected lines kept in a run's log (the count is exact)

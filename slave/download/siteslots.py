@@ -29,7 +29,6 @@ from slave.download.redisbatch import GATHER, Batcher, drain, missed
 
 logger = logging.getLogger(__name__)
 LINGER = 0.25  # seconds an idle slot stays with this worker for its next page of the site
-SANDBOXED = ("python", "shell")  # downloaders in a process of their own, stopped only by their time limit
 
 
 def slot_margin(ttl: float) -> float:

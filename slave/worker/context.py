@@ -1,37 +1,18 @@
 """What an entry needs to know of its job: the job, its downloader and settings (cached a few
-seconds, so a busy worker reads them once per CONTEXT_TTL, not once per entry), and the limits
-every download runs under."""
+seconds, so a busy worker reads them once per CONTEXT_TTL, not once per entry)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from bson import ObjectId
 
 from common.config import settings
-from common.jobsettings import Follow, Sitemaps, check_follow, check_sitemaps
+from common.jobsettings import check_follow, check_sitemaps
 from common.secrets import remember, secret_header_values
 from common.store import jobs
-from common.store.records import JobSettings
-from slave.download.engines.base import Limits
+from slave.download.job import JobContext
 
 CONTEXT_TTL = 5.0   # seconds a job's settings are reused between entries
-
-
-@dataclass
-class JobContext:
-    job_id: ObjectId
-    name: str
-    status: str
-    download_id: ObjectId | None
-    language: str  # the downloader type: python, shell or none (the built-in engine)
-    code: str
-    engine: str
-    max_retry_times: int
-    settings: JobSettings
-    supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
-    follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
-    sitemaps: Sitemaps | None = None  # the job's [sitemaps]: its sitemap tasks are read as sitemaps
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
@@ -60,13 +41,3 @@ def load_context(job_id: ObjectId) -> JobContext | None:
         for key in [k for k, (t, _) in list(_contexts.items()) if at - t >= CONTEXT_TTL]:
             _contexts.pop(key, None)
     return ctx
-
-
-def limits_from_settings() -> Limits:
-    return Limits(
-        timeout=float(settings.DOWNLOAD_TIMEOUT), maxsize=settings.DOWNLOAD_MAXSIZE,
-        max_redirects=settings.DOWNLOAD_MAX_REDIRECTS, memory_mb=settings.SANDBOX_MEMORY_MB,
-        cpu_seconds=settings.SANDBOX_CPU_SECONDS, max_processes=settings.SANDBOX_MAX_PROCESSES,
-        max_open_files=settings.SANDBOX_MAX_OPEN_FILES, max_file_mb=settings.SANDBOX_MAX_FILE_MB,
-        stderr_bytes=settings.SANDBOX_STDERR_BYTES,
-    )

@@ -40,7 +40,7 @@ from slave.worker.outcome import Outcome, Pair, Part
 if TYPE_CHECKING:
     from bson import ObjectId
 
-    from slave.worker.context import JobContext
+    from slave.download.job import JobContext
 
 logger = logging.getLogger(__name__)
 

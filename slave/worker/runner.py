@@ -51,10 +51,11 @@ from common.store import leases
 from common.store.connection import connect_mongo, redis_conn
 from common.store.models import OFF, store_time
 from common.store.records import Lease
-from slave.download.fetching import Engines
+from slave.download.fetching import Fetcher
 from slave.worker.context import load_context
 from slave.worker.gate import Gate
 from slave.worker.heartbeat import Heartbeat, new_worker_id
+from slave.worker.outcome import Outcome
 from slave.worker.rqworker import LoopWorker
 from slave.worker.writer import RunningEntry, Writer
 
@@ -68,7 +69,7 @@ class Runner:
 
     def __init__(self, worker_id: str | None = None) -> None:
         self.worker_id = worker_id or new_worker_id()
-        self.engines = Engines()
+        self.fetcher = Fetcher()
         self.store_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self.writer = Writer(self.worker_id)
         self.heartbeat = Heartbeat(self)
@@ -110,14 +111,14 @@ class Runner:
                 return await self._give_back_all(lease)
             tasks = leases.lease_tasks(lease)
             entry = RunningEntry(lease, ctx, tasks, asyncio.get_running_loop())
-            entry.etiquette = self.engines.etiquette
+            entry.etiquette = self.fetcher.etiquette
             self.loaded += len(tasks)
             loaded()
             left = len(tasks)
             try:
                 if not tasks:
                     self.writer.submit(entry, None)
-                plans = await self.engines.prepare(ctx, tasks)
+                plans = await self.fetcher.prepare(ctx, tasks)
                 rank = _rank(lease.queue)
                 downloads = [self._download(ctx, t, plans.get(t.id), rank) for t in tasks]
                 for next_done in asyncio.as_completed(downloads):
@@ -155,7 +156,7 @@ class Runner:
         self.inflight += 1
         self.peak_inflight = max(self.peak_inflight, self.inflight)
         try:
-            return await self.engines.download(ctx, task, plan)
+            return Outcome.of(await self.fetcher.download(ctx, task, plan))
         finally:
             self.inflight -= 1
             self.gate.release()
@@ -171,12 +172,12 @@ class Runner:
     def start(self) -> None:
         self.writer.start()
         self.heartbeat.start()
-        self.engines.etiquette.start()
+        self.fetcher.etiquette.start()
 
     async def close(self) -> None:
         self.heartbeat.halt.set()
         self.writer.stop()
-        await self.engines.close()
+        await self.fetcher.close()
         self.store_pool.shutdown(wait=True)
         self.writer.join(timeout=60)
         self.heartbeat.forget()

@@ -41,7 +41,7 @@ from slave.worker.outcome import Outcome, Pair, Part
 
 if TYPE_CHECKING:
     from slave.download.etiquette import Etiquette
-    from slave.worker.context import JobContext
+    from slave.download.job import JobContext
 
 logger = logging.getLogger(__name__)
 WRITE_BATCH = 256   # outcomes per bulk write at most
@@ -125,7 +125,7 @@ def _log(s: Sorted, now: datetime) -> None:
     with_retries(lambda: attempts.insert_logs(logs), "log insert")
     count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in s.ok]
                 + [(p.ctx.name, "not_modified", "") for p, _ in s.same]
-                + [(p.ctx.name, "failed", reason_class(o.error.reason)) for p, o in s.bad if o.error])
+                + [(p.ctx.name, "failed", reason_class(o.error)) for p, o in s.bad if o.error])
 
 
 def _hand_backs(later: list[Pair], now: datetime) -> list:

@@ -30,10 +30,10 @@ from common.store.records import JobSettings, Lease, LeaseTask
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once
 from slave.download.engines.base import Download
-from slave.download.fetching import Engines
+from slave.download.fetching import Fetcher
+from slave.download.job import JobContext
 from slave.download.links import Found
 from slave.worker import context, writer
-from slave.worker.context import JobContext
 from tests.helpers import add_urls, cli, store_outcomes, write_job
 from tests.integration.test_races import _stale
 
@@ -72,7 +72,7 @@ def _context(language: str = "none", engine: str = "aiohttp", code: str = "", **
 
 def _download(ctx: JobContext, url: str):
     async def run():
-        engines = Engines()
+        engines = Fetcher()
         try:
             return await engines.download(ctx, LeaseTask(ObjectId(), url))
         finally:

@@ -32,3 +32,15 @@ def test_no_two_modules_import_each_other():
         or (a.startswith("slave") and b.startswith("master"))
     )
     assert crossing == []
+
+
+def test_the_download_package_never_imports_the_worker():
+    """The worker makes its outcomes of what slave.download answers; the reverse would be a
+    package cycle (slave.download -> slave.worker -> slave.download)."""
+    found = sorted(
+        f"{path.relative_to(ROOT)}: {node.module}"
+        for path in (ROOT / "slave" / "download").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slave.worker")
+    )
+    assert found == []

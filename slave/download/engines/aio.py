@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from concurrent.futures import Executor
+from typing import ClassVar
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -27,10 +29,13 @@ from yarl import URL
 
 import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
+from common.config import settings
+from common.engines import TRAITS, Traits
 from common.errors import DownloadError, ValidationError
 from common.secrets import redact
-from slave.download.engines.base import Download, Limits
+from slave.download.engines.base import Download, Limits, Request
 from slave.download.engines.charset import body_encoding
+from slave.download.engines.failures import BadResponse, Classified, ConnectFailed, Invalid, Timeout, retyped
 from slave.download.engines.rules import (
     CONNECT_TIMEOUT,
     Body,
@@ -120,54 +125,55 @@ def classify_aio(exc: BaseException) -> DownloadError:
     if isinstance(exc, DownloadError):
         return exc
     if isinstance(exc, (aiohttp.InvalidURL, ValidationError)):
-        found: tuple[str, bool] | None = (f"invalid URL: {exc}", False)
+        found: Classified | None = (Invalid, f"invalid URL: {exc}", False)
     else:
         found = _connect_failure(exc) or _transfer_failure(exc)
-    reason, retryable = found or (f"{type(exc).__name__}: {exc}", True)
-    return DownloadError(redact(one_line(reason)), retryable=retryable)
+    klass, reason, retryable = found or (DownloadError, f"{type(exc).__name__}: {exc}", True)
+    return klass(redact(one_line(reason)), retryable=retryable)
 
 
-def _connect_failure(exc: BaseException) -> tuple[str, bool] | None:
+def _connect_failure(exc: BaseException) -> Classified | None:
     """What went wrong reaching the server (TLS, proxy, DNS, connect), or None."""
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):
         cert = exc.certificate_error
-        return f"TLS certificate error: {getattr(cert, 'verify_message', '') or 'verification failed'}", False
+        detail = getattr(cert, "verify_message", "") or "verification failed"
+        return ConnectFailed, f"TLS certificate error: {detail}", False
     if isinstance(exc, aiohttp.ClientSSLError):
-        return f"TLS error: {exc}", True
+        return ConnectFailed, f"TLS error: {exc}", True
     if isinstance(exc, aiohttp.ClientProxyConnectionError) or type(exc).__name__ in PROXY_ERROR_NAMES:
-        return "proxy error", True
+        return ConnectFailed, "proxy error", True
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return f"DNS lookup failed: {exc.os_error}", True
+        return ConnectFailed, f"DNS lookup failed: {exc.os_error}", True
     if isinstance(exc, aiohttp.ClientConnectorError):
         err = exc.os_error
         if isinstance(err, ConnectionRefusedError):
-            return "connection refused", True
+            return ConnectFailed, "connection refused", True
         if isinstance(err, OSError) and err.errno in (-2, -3, -5):
-            return f"DNS lookup failed: {err}", True
-        return f"connection error: {type(err).__name__}: {err}", True
+            return ConnectFailed, f"DNS lookup failed: {err}", True
+        return ConnectFailed, f"connection error: {type(err).__name__}: {err}", True
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return "connect timeout", True
+        return Timeout, "connect timeout", True
     return None
 
 
-def _transfer_failure(exc: BaseException) -> tuple[str, bool] | None:
+def _transfer_failure(exc: BaseException) -> Classified | None:
     """What went wrong once connected (timeouts, a broken body, a reset), or a request the
     client refused to send; None when nothing here names it."""
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return "read timeout", True
+        return Timeout, "read timeout", True
     if isinstance(exc, aiohttp.ClientPayloadError):
         text = str(exc)
         if "decode" in text.lower() or "compress" in text.lower():
-            return "content decoding failed", True
-        return f"connection error: ClientPayloadError: {text}", True
+            return BadResponse, "content decoding failed", True
+        return ConnectFailed, f"connection error: ClientPayloadError: {text}", True
     if isinstance(exc, ConnectionResetError) or (
             isinstance(exc, aiohttp.ClientOSError) and isinstance(exc.__cause__, ConnectionResetError)):
-        return "connection reset", True
+        return ConnectFailed, "connection reset", True
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientResponseError,
                         aiohttp.ClientError, OSError)):
-        return f"connection error: {type(exc).__name__}: {exc}", True
+        return ConnectFailed, f"connection error: {type(exc).__name__}: {exc}", True
     if isinstance(exc, (ValueError, UnicodeError)):
-        return f"invalid request: {type(exc).__name__}: {exc}", False
+        return Invalid, f"invalid request: {type(exc).__name__}: {exc}", False
     return None
 
 
@@ -199,10 +205,10 @@ async def fetch(url: str, *, limits: Limits, client: Client, proxy: str = "", co
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves, secret-free
         if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
             # the total deadline
-            error = DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True)
+            error: DownloadError = Timeout(f"timeout after {float(limits.timeout)}s", retryable=True)
         else:
             error = classify_aio(exc)  # a DownloadError passes through
-        raise DownloadError(redact(error.reason, secrets), error.retryable, error.retry_after) from None
+        raise retyped(error, redact(error.reason, secrets)) from None
 
 
 async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client: Client,
@@ -210,8 +216,7 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
                  scope: Scope | None = None) -> Download:
     redirects = Redirects(url, sent, limits.max_redirects, allow_private, scope)
     if not all(_header_ok(str(k)) and _header_ok(str(v)) for k, v in sent.items()):
-        raise DownloadError("invalid request: a header name or value has forbidden characters",
-                            retryable=False)
+        raise Invalid("invalid request: a header name or value has forbidden characters", retryable=False)
     if proxy:
         await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)  # may resolve
     resp = await _follow(redirects, limits, proxy, client, allow_private)
@@ -289,3 +294,23 @@ def ssl_context() -> ssl.SSLContext:
     if _ssl is None:
         _ssl = ssl.create_default_context()
     return _ssl
+
+
+class AioEngine:
+    """``download_engine = "aiohttp"``: every fetch of the loop on one ``Client``; a body above
+    the large-body threshold waits for one of WORKER_LARGE_BODIES places."""
+
+    traits: ClassVar[Traits] = TRAITS["aiohttp"]
+
+    def __init__(self, blocking: Executor) -> None:
+        self.client = Client()
+        self.large_gate = asyncio.Semaphore(settings.WORKER_LARGE_BODIES)
+
+    async def fetch(self, request: Request) -> Download:
+        return await fetch(request.url, limits=request.limits, client=self.client, proxy=request.proxy,
+                           cookie=request.cookie, headers={**request.headers, **request.validators()},
+                           user_agent=request.user_agent, large_gate=self.large_gate,
+                           allow_private=request.allow_private, scope=request.scope)
+
+    async def close(self) -> None:
+        await self.client.close()

@@ -14,17 +14,22 @@ The browsers themselves, their box, their pipe and their pool are ``chromium.py`
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from requests.structures import CaseInsensitiveDict
 
 from common import netguard
+from common.config import settings
+from common.engines import TRAITS, Traits
 from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
 from common.urls import check_url
-from slave.download.engines.base import Download, Limits
+from slave.download.engines.base import Download, Limits, Request
 from slave.download.engines.browser_page import Page, answering, prepare
 from slave.download.engines.chromium import Browser, Crashed, Pool
+from slave.download.engines.failures import BadResponse, EngineCrashed, Invalid, Timeout, retyped
 from slave.download.engines.rules import Scope, classify_status, masked, secrets_of, too_big
 
 
@@ -46,13 +51,13 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     try:
         url = check_url(url)
     except ValidationError as exc:
-        raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+        raise Invalid(f"invalid URL: {exc}", retryable=False) from None
     try:
         netguard.judge_url(url, allow_private)
         if proxy:
             await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)
     except AddressRefused as exc:
-        raise DownloadError(redact(exc.reason, secrets), retryable=False) from None
+        raise retyped(exc, redact(exc.reason, secrets)) from None
     browser = await pool.acquire(allow_private)
     try:
         async with asyncio.timeout(limits.timeout):
@@ -60,19 +65,19 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
                                  allow_private, scope)
     except TimeoutError:
         browser.kill()  # a page that never ends takes its browser with it; the next one is fresh
-        raise DownloadError(f"timeout after {float(limits.timeout)}s", retryable=True) from None
+        raise Timeout(f"timeout after {float(limits.timeout)}s", retryable=True) from None
     except asyncio.CancelledError:  # stopped from outside (its site slot lost): no request of its goes on
         browser.kill()
         raise
     except Crashed as exc:
         browser.kill()
-        raise DownloadError(f"browser crashed: {exc}", retryable=True) from None
+        raise EngineCrashed(f"browser crashed: {exc}", retryable=True) from None
     except DownloadError as exc:
-        raise DownloadError(redact(exc.reason, secrets), exc.retryable, exc.retry_after) from None
+        raise retyped(exc, redact(exc.reason, secrets)) from None
     except Exception as exc:  # noqa: BLE001 - the contract: only DownloadError leaves
         browser.kill()
         reason = redact(f"browser error: {type(exc).__name__}: {exc}", secrets)
-        raise DownloadError(reason, retryable=True) from None
+        raise EngineCrashed(reason, retryable=True) from None
     finally:
         browser.pages += 1
         pool.release(browser)
@@ -110,7 +115,7 @@ async def _render(b: Browser, url: str, limits: Limits, proxy: str, cookie: str,
             await page.on(ev)
         response = page.response
         if not response:
-            raise DownloadError("no response for the page", retryable=True)
+            raise BadResponse("no response for the page", retryable=True)
         status = int(response.get("status", 0))
         error = classify_status(status, CaseInsensitiveDict(response.get("headers") or {}).get("Retry-After"))
         if error is not None:
@@ -148,10 +153,29 @@ async def _result(b: Browser, session: str, js: str) -> bytes:
         if got.get("exceptionDetails"):
             details = got["exceptionDetails"]
             text = (details.get("exception") or {}).get("description") or details.get("text", "exception")
-            raise DownloadError(f"download_js error: {' '.join(str(text).split())[:300]}", retryable=False)
+            raise BadResponse(f"download_js error: {' '.join(str(text).split())[:300]}", retryable=False)
         value = (got.get("result") or {}).get("value")
         if isinstance(value, str):
             return value.encode("utf-8")
     got = await b.call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
                                             "returnByValue": True}, session)
     return str((got.get("result") or {}).get("value") or "").encode("utf-8")
+
+
+class BrowserEngine:
+    """``download_engine = "browser"``: pages rendered on a pool of Chromium browsers. A browser
+    sends its own validators: a revisit tells a change by the digest."""
+
+    traits: ClassVar[Traits] = TRAITS["browser"]
+
+    def __init__(self, blocking: Executor) -> None:
+        self.pool = Pool(settings.BROWSER_POOL, settings.BROWSER_MAX_PAGES, settings.BROWSER_MEMORY_MB)
+
+    async def fetch(self, request: Request) -> Download:
+        return await fetch(request.url, limits=request.limits, pool=self.pool, proxy=request.proxy,
+                           cookie=request.cookie, headers=dict(request.headers), js=request.js,
+                           user_agent=request.user_agent, idle_max=settings.BROWSER_IDLE_MAX,
+                           allow_private=request.allow_private, scope=request.scope)
+
+    async def close(self) -> None:
+        await self.pool.close()

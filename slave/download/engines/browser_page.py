@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from common import netguard
 from common.errors import AddressRefused, DownloadError
 from common.secrets import keeps_credentials
+from slave.download.engines.failures import BadResponse, ConnectFailed, Invalid, TooManyRedirects
 from slave.download.engines.rules import out_of_scope
 
 if TYPE_CHECKING:
@@ -37,14 +38,14 @@ NET_ERRORS_FINAL = ("ERR_INVALID_URL", "ERR_UNSAFE_", "ERR_DISALLOWED_URL_SCHEME
 
 def _net_error(text: str) -> DownloadError:
     if "ERR_CONNECTION_REFUSED" in text:
-        return DownloadError("connection refused", retryable=True)
+        return ConnectFailed("connection refused", retryable=True)
     if "ERR_NAME_NOT_RESOLVED" in text:
-        return DownloadError(f"DNS lookup failed: {text}", retryable=True)
+        return ConnectFailed(f"DNS lookup failed: {text}", retryable=True)
     if "ERR_TOO_MANY_REDIRECTS" in text:
-        return DownloadError("too many redirects", retryable=False)
+        return TooManyRedirects("too many redirects", retryable=False)
     if "ERR_UNSAFE_REDIRECT" in text:
-        return DownloadError("redirect to unsupported scheme", retryable=False)
-    return DownloadError(f"connection error: {text}", retryable=not any(c in text for c in NET_ERRORS_FINAL))
+        return Invalid("redirect to unsupported scheme", retryable=False)
+    return ConnectFailed(f"connection error: {text}", retryable=not any(c in text for c in NET_ERRORS_FINAL))
 
 
 class Page:
@@ -75,7 +76,7 @@ class Page:
         if refused and "ERR_ADDRESS_UNREACHABLE" in text:
             return AddressRefused(refused)
         if self.refused:
-            return DownloadError(f"redirect to unsupported scheme {self.refused[0]!r}", retryable=False)
+            return Invalid(f"redirect to unsupported scheme {self.refused[0]!r}", retryable=False)
         return _net_error(text)
 
     async def on(self, ev: dict) -> None:
@@ -85,7 +86,7 @@ class Page:
             await handler(self, ev.get("params", {}))
 
     async def _crashed(self, p: dict) -> None:  # Inspector.targetCrashed
-        raise DownloadError("page crashed (out of memory?)", retryable=True)
+        raise BadResponse("page crashed (out of memory?)", retryable=True)
 
     async def _paused(self, p: dict) -> None:  # Fetch.requestPaused
         """http(s) goes if its address may be reached, data: and blob: go, any other scheme never."""
@@ -126,7 +127,7 @@ class Page:
             if p.get("redirectResponse"):
                 self.redirects += 1
                 if self.redirects > self.limits.max_redirects:
-                    raise DownloadError(f"too many redirects (more than {self.limits.max_redirects})",
+                    raise TooManyRedirects(f"too many redirects (more than {self.limits.max_redirects})",
                                         retryable=False)
                 # the hop's request, if paused before this event told of it, was refused there
                 refused = out_of_scope(self.scope, p["request"]["url"])

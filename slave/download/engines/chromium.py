@@ -21,6 +21,7 @@ import tempfile
 
 from common.errors import DownloadError
 from slave.download.engines import seccomp, wall
+from slave.download.engines.failures import DownloaderFailed
 from slave.download.engines.sandbox import box_argv
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -89,7 +90,7 @@ class Browser:
         try:  # never render untrusted pages as root, nor where the wall does not hold
             wall.ensure()
         except wall.Unavailable as exc:
-            raise DownloadError(f"browser engine: sandbox unavailable on this worker: {exc}",
+            raise DownloaderFailed(f"browser engine: sandbox unavailable on this worker: {exc}",
                                 retryable=True) from None
         uid = wall.browser_uid(self.allow_private)
         info, rules = os.open(os.devnull, os.O_WRONLY), seccomp.pipe_fd(unix=True)

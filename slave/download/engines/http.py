@@ -10,11 +10,13 @@ cluster's services.
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import threading
 import time
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, ClassVar
 
 import requests
 import requests.exceptions as rex
@@ -27,10 +29,20 @@ from urllib3.poolmanager import ProxyManager
 
 import settings as declared  # the cluster settings' one declaration: their defaults
 from common import netguard
+from common.engines import TRAITS, Traits
 from common.errors import AddressRefused, DownloadError, ValidationError
 from common.secrets import redact
-from slave.download.engines.base import Download, Limits
+from slave.download.engines.base import Download, Limits, Request
 from slave.download.engines.charset import body_encoding
+from slave.download.engines.failures import (
+    BadResponse,
+    Classified,
+    ConnectFailed,
+    Invalid,
+    Timeout,
+    TooManyRedirects,
+    retyped,
+)
 from slave.download.engines.rules import (
     CONNECT_TIMEOUT,
     Body,
@@ -83,7 +95,7 @@ class _Deadline:
 
     def error(self) -> DownloadError:
         self.expired = True
-        return DownloadError(f"timeout after {self.seconds}s", retryable=True)
+        return Timeout(f"timeout after {self.seconds}s", retryable=True)
 
     def check(self) -> None:
         if self.expired or self.remaining() <= 0:
@@ -258,59 +270,60 @@ def classify_exception(exc: BaseException) -> DownloadError:
     def has(*types) -> BaseException | None:
         return next((e for e in chain if isinstance(e, types)), None)
 
-    reason, retryable = _invalid_request(has) or _network_failure(has, chain) or (
-        f"{type(exc).__name__}: {exc}", True)
-    return DownloadError(redact(one_line(reason)), retryable=retryable)
+    found: Classified = _invalid_request(has) or _network_failure(has, chain) or (
+        DownloadError, f"{type(exc).__name__}: {exc}", True)
+    klass, reason, retryable = found
+    return klass(redact(one_line(reason)), retryable=retryable)
 
 
-def _invalid_request(has) -> tuple[str, bool] | None:
+def _invalid_request(has) -> Classified | None:
     """What is wrong with the request itself (never retried), or None."""
     if has(rex.TooManyRedirects):
-        return "too many redirects", False
+        return TooManyRedirects, "too many redirects", False
     bad = has(rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.URLRequired,
               u3.LocationValueError, ValidationError)
     if bad is not None:
-        return f"invalid URL: {bad}", False
+        return Invalid, f"invalid URL: {bad}", False
     if has(rex.InvalidHeader):  # its message quotes the value, which may be a secret
-        return "invalid request: a header name or value has forbidden characters", False
+        return Invalid, "invalid request: a header name or value has forbidden characters", False
     if has(UnicodeEncodeError) and not has(OSError):
-        return "invalid request: a header is not latin-1 encodable", False
+        return Invalid, "invalid request: a header is not latin-1 encodable", False
     bad = None if has(OSError) else has(ValueError)
     if bad is not None:
-        return f"invalid request: {bad}", False
+        return Invalid, f"invalid request: {bad}", False
     return None
 
 
-def _network_failure(has, chain: list[BaseException]) -> tuple[str, bool] | None:
+def _network_failure(has, chain: list[BaseException]) -> Classified | None:
     """What went wrong on the way (retried, but for a certificate that does not verify), or None."""
     if has(ConnectionRefusedError):
-        return "connection refused", True
+        return ConnectFailed, "connection refused", True
     if has(ConnectionResetError):
-        return "connection reset", True
+        return ConnectFailed, "connection reset", True
     dns = has(u3.NameResolutionError, socket.gaierror)
     if dns is not None:
-        return f"DNS lookup failed: {dns}", True
+        return ConnectFailed, f"DNS lookup failed: {dns}", True
     # urllib3's NewConnectionError (refused, unreachable, DNS) subclasses ConnectTimeoutError
     if has(rex.ConnectTimeout) or (has(u3.ConnectTimeoutError) and not has(u3.NewConnectionError)):
-        return "connect timeout", True
+        return Timeout, "connect timeout", True
     if has(rex.Timeout, u3.TimeoutError, socket.timeout):
-        return "read timeout", True
+        return Timeout, "read timeout", True
     tls = has(ssl.SSLError, rex.SSLError, u3.SSLError)
     if tls is not None:
         text = " ".join(str(e) for e in chain)
         if has(ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
             cert = has(ssl.SSLCertVerificationError)
             detail = getattr(cert, "verify_message", "") or "verification failed"
-            return f"TLS certificate error: {detail}", False
-        return f"TLS error: {tls}", True
+            return ConnectFailed, f"TLS certificate error: {detail}", False
+        return ConnectFailed, f"TLS error: {tls}", True
     if has(rex.ProxyError, u3.ProxyError):
-        return "proxy error", True
+        return ConnectFailed, "proxy error", True
     if has(rex.ContentDecodingError, u3.DecodeError):
-        return "content decoding failed", True
+        return BadResponse, "content decoding failed", True
     broken = has(rex.ChunkedEncodingError, u3.ProtocolError, ConnectionError, rex.ConnectionError, OSError)
     if broken is not None:
         inner = chain[-1]
-        return f"connection error: {type(inner).__name__}: {inner}", True
+        return ConnectFailed, f"connection error: {type(inner).__name__}: {inner}", True
     return None
 
 
@@ -361,8 +374,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
                 if not isinstance(exc, DownloadError) and (deadline.expired or deadline.remaining() <= 0):
                     raise deadline.error() from None
                 error = classify_exception(exc)
-                reason = redact(error.reason, secrets)
-                raise DownloadError(reason, error.retryable, error.retry_after) from None
+                raise retyped(error, redact(error.reason, secrets)) from None
     finally:
         _local.allow_private = False
         if own_session:
@@ -401,3 +413,29 @@ def _fetch(url, limits, sent, proxies, session, deadline, scope: Scope | None = 
                         encoding=body_encoding(response_headers, body))
     finally:
         resp.close()
+
+
+class RequestsEngine:
+    """``download_engine = "requests"``: each fetch in a download thread, on that thread's own
+    session; ``request.cut`` stops it from outside."""
+
+    traits: ClassVar[Traits] = TRAITS["requests"]
+
+    def __init__(self, blocking: Executor) -> None:
+        self.blocking = blocking
+        self._local = threading.local()
+
+    def _fetch(self, request: Request) -> Download:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = new_session()
+        return fetch(request.url, limits=request.limits, session=session, cut=request.cut,
+                     scope=request.scope, proxy=request.proxy, cookie=request.cookie,
+                     headers={**request.headers, **request.validators()}, user_agent=request.user_agent,
+                     allow_private=request.allow_private)
+
+    async def fetch(self, request: Request) -> Download:
+        return await asyncio.get_running_loop().run_in_executor(self.blocking, self._fetch, request)
+
+    async def close(self) -> None:
+        pass

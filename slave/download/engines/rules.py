@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from urllib.parse import unquote, urljoin, urlsplit
 
 import requests.utils
@@ -23,6 +23,15 @@ from common import netguard
 from common.errors import DownloadError, ValidationError
 from common.secrets import is_secret_header, keeps_credentials
 from common.urls import check_url
+from slave.download.engines.base import Scope
+from slave.download.engines.failures import (
+    OUT_OF_SCOPE,
+    HttpStatus,
+    Invalid,
+    OutOfScope,
+    TooLarge,
+    TooManyRedirects,
+)
 
 __all__ = ["CONNECT_TIMEOUT", "OUT_OF_SCOPE", "REDIRECT_CODES", "Body", "Redirects", "Scope",
            "classify_status", "drop_credentials", "masked", "one_line", "out_of_scope",
@@ -32,8 +41,6 @@ CONNECT_TIMEOUT = 30.0          # seconds for one TCP connect, never more than t
 MAX_RETRY_AFTER = float(declared.RETRY_BACKOFF_MAX)  # a server's Retry-After is capped here (and by
 # next_retry_at at the effective RETRY_BACKOFF_MAX)
 REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
-OUT_OF_SCOPE = "redirect out of the job's scope"  # how such a failure's reason begins
-Scope = Callable[[str], str | None]  # why a redirect to a URL leaves the job's scope, or None
 
 
 # --- redirects ------------------------------------------------------------------------------
@@ -42,22 +49,22 @@ def redirect_target(url: str, location: str, hops: int, max_redirects: int) -> s
     """Where the ``hops``-th redirect of ``url`` to ``location`` leads, checked as every
     built-in engine checks it: within ``max_redirects``, http/https only, a valid URL."""
     if hops > max_redirects:
-        raise DownloadError(f"too many redirects (more than {max_redirects})", retryable=False)
+        raise TooManyRedirects(f"too many redirects (more than {max_redirects})", retryable=False)
     location = location.encode("latin-1", "replace").decode("utf-8", "replace")
     target = urljoin(url, requests.utils.requote_uri(location.strip()))
     scheme = urlsplit(target).scheme.lower()
     if scheme not in ("http", "https"):
-        raise DownloadError(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
+        raise Invalid(f"redirect to unsupported scheme {scheme or 'none'!r}", retryable=False)
     try:
         return check_url(target)
     except ValidationError as exc:
-        raise DownloadError(f"bad redirect: {exc}", retryable=False) from None
+        raise Invalid(f"bad redirect: {exc}", retryable=False) from None
 
 
 def out_of_scope(scope: Scope | None, target: str) -> DownloadError | None:
     """The final failure of a redirect to ``target`` that ``scope`` refuses, or None."""
     why = scope(target) if scope is not None else None
-    return DownloadError(f"{OUT_OF_SCOPE} to {target[:300]}: {why}", retryable=False) if why else None
+    return OutOfScope(target, why) if why else None
 
 
 def drop_credentials(sent, first: str, then: str) -> None:
@@ -82,7 +89,7 @@ class Redirects:
         try:
             self.current = check_url(url)
         except ValidationError as exc:
-            raise DownloadError(f"invalid URL: {exc}", retryable=False) from None
+            raise Invalid(f"invalid URL: {exc}", retryable=False) from None
         self.first, self.sent, self.hops = self.current, sent, 0
         self.max_redirects, self.allow_private, self.scope = max_redirects, allow_private, scope
 
@@ -110,8 +117,8 @@ class Redirects:
 
 # --- the body limit -------------------------------------------------------------------------
 
-def too_big(maxsize: int) -> DownloadError:
-    return DownloadError(f"body larger than {maxsize} bytes", retryable=False)
+def too_big(maxsize: int) -> TooLarge:
+    return TooLarge(f"body larger than {maxsize} bytes", maxsize)
 
 
 class Body:
@@ -163,10 +170,9 @@ def classify_status(status_code: int, retry_after_header: str | None = None) -> 
     """None for a usable final status (2xx, or 3xx without a redirect), else the error."""
     if 200 <= status_code < 400:
         return None
-    reason = f"HTTP {status_code}"
     if status_code in (408, 429) or 500 <= status_code < 600:
-        return DownloadError(reason, retryable=True, retry_after=parse_retry_after(retry_after_header))
-    return DownloadError(reason, retryable=False)
+        return HttpStatus(status_code, retryable=True, retry_after=parse_retry_after(retry_after_header))
+    return HttpStatus(status_code, retryable=False)
 
 
 # --- secrets --------------------------------------------------------------------------------

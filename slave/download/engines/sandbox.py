@@ -33,6 +33,7 @@ from common.secrets import redact
 from slave.download.engines import seccomp, wall
 from slave.download.engines.base import Download, Limits
 from slave.download.engines.charset import body_encoding
+from slave.download.engines.failures import DownloaderFailed, SandboxKilled, Timeout, TooLarge, retyped
 from slave.download.engines.sandbox_main import (
     FRAME_OVERHEAD,
     MAX_LINK_LENGTH,
@@ -322,9 +323,9 @@ def _last_line(stderr: bytes) -> str:
 def _process_error(outcome: _Outcome, limits: Limits, stdout_cap: int) -> DownloadError:
     """The failure of a sandbox that produced no usable result."""
     if outcome.timed_out:
-        return DownloadError(f"timed out after {limits.timeout:g}s", retryable=True)
+        return Timeout(f"timed out after {limits.timeout:g}s", retryable=True)
     if outcome.overflow:
-        return DownloadError(f"output larger than {stdout_cap} bytes", retryable=False)
+        return TooLarge(f"output larger than {stdout_cap} bytes", stdout_cap)
     code = outcome.returncode or 0
     tail = _last_line(outcome.stderr)
     if code < 0:
@@ -334,12 +335,12 @@ def _process_error(outcome: _Outcome, limits: Limits, stdout_cap: int) -> Downlo
             name = str(-code)
         why = RESOURCE_SIGNALS.get(-code)
         reason = f"killed by signal {name}" + (f" ({why})" if why else "") + (f": {tail}" if tail else "")
-        return DownloadError(reason, retryable=why is None)
-    return DownloadError(f"exit status {code}" + (f": {tail}" if tail else ""), retryable=True)
+        return SandboxKilled(reason, -code, retryable=why is None)
+    return DownloaderFailed(f"exit status {code}" + (f": {tail}" if tail else ""), retryable=True)
 
 
 def _redacted(error: DownloadError, extra=()) -> DownloadError:
-    return DownloadError(redact(error.reason, extra), error.retryable, error.retry_after)
+    return retyped(error, redact(error.reason, extra))
 
 
 def shell_environment(url: str, proxy: str = "", cookie: str = "") -> dict[str, str]:
@@ -381,21 +382,23 @@ def run_python(code: str, task: dict, limits: Limits) -> Download:
     frame = None if outcome.overflow else decode_frame(bytes(outcome.stdout))
     if frame is None:
         if not (outcome.timed_out or outcome.overflow or outcome.returncode):
-            raise DownloadError("downloader error: exited without a result", retryable=False)
+            raise DownloaderFailed("downloader error: exited without a result", retryable=False)
         raise _redacted(_process_error(outcome, limits, limits.maxsize), secrets)
     header, body, request_body = frame
     if not header.get("ok"):
         kind, error = header.get("kind"), str(header.get("error", ""))
         if kind == "downloader":
-            raise _redacted(DownloadError(f"downloader error: {error}", retryable=False), secrets)
-        raise _redacted(DownloadError(error, retryable=kind != "size"), secrets)
+            raise _redacted(DownloaderFailed(f"downloader error: {error}", retryable=False), secrets)
+        if kind == "size":
+            raise _redacted(TooLarge(error, limits.maxsize), secrets)
+        raise _redacted(DownloaderFailed(error, retryable=True), secrets)
     status, headers = header.get("status_code"), header.get("headers")
     remote_ip, request_headers = header.get("remote_ip", ""), header.get("request_headers", {})
     links, dropped = header.get("links"), header.get("links_dropped", 0)
     if not (type(status) is int and _is_str_dict(headers) and _is_str_dict(request_headers)
             and isinstance(remote_ip, str) and len(body) <= limits.maxsize and _is_links(links, dropped)):
         # sandbox_main validated the result; only code writing its own frame gets here
-        raise DownloadError("downloader error: malformed result frame", retryable=False)
+        raise DownloaderFailed("downloader error: malformed result frame", retryable=False)
     return Download(status_code=status, headers=headers, body=body, url=str(task.get("url", "")),
                     remote_ip=remote_ip, request_headers=request_headers, request_body=request_body,
                     encoding=body_encoding(headers, body), links=links, links_dropped=dropped)
@@ -434,6 +437,7 @@ def _run_safely(mode: str, message: dict, limits: Limits, cap: int, allow_privat
     try:
         return _run(mode, message, limits, cap, allow_private)
     except wall.Unavailable as exc:
-        raise DownloadError(f"sandbox unavailable on this worker: {exc}", retryable=True) from None
+        raise DownloaderFailed(f"sandbox unavailable on this worker: {exc}", retryable=True) from None
     except (OSError, ValueError) as exc:
-        raise DownloadError(f"cannot run the sandbox: {type(exc).__name__}: {exc}", retryable=True) from None
+        raise DownloaderFailed(f"cannot run the sandbox: {type(exc).__name__}: {exc}",
+                               retryable=True) from None
