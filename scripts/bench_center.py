@@ -1,7 +1,7 @@
 """The general download center's pull, measured: ``python scripts/bench_center.py [--rows N]``
 (part of ``make bench``; ``CENTER_BENCH_ARGS`` passes options).
 
-A paging source (seed 000's answer, ``step`` rows a page, keep-alive) serves N rows of five
+A paging source (the center's source_url, ``step`` rows a page, keep-alive) serves N rows of five
 columns from a thread of this process; a download task of ``source_url`` (step 5000) is delivered
 as CSV and again as an xlsx with a two-level header template, and a real ``downcluster worker
 --burst`` runs each one. Printed per format: rows/s over the attempt's own run (the export's

@@ -1,4 +1,4 @@
-"""One attempt of a download task of the general center (seed 000) on a worker: its rows from
+"""One attempt of a download task of the general download center on a worker: its rows from
 ``source_data`` or pulled from ``source_url`` page by page (``common/exports/sources.py``),
 streamed into the export writers and up to GridFS as they come. Claimed, beaten, fenced and
 settled by the export protocol (``slave/exporter.py``): a task is an export whose rows come from

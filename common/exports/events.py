@@ -52,7 +52,7 @@ def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
         event = "export.succeeded" if ok else "export.failed"
         payload = {"event": event, "id": str(export.id), "job": export.job_name, "state": export.state,
                    "rows": export.rows_done, "url": url}
-        if export.center:  # a download task (seed 000): its caller knows it by these
+        if export.center:  # a download task of the center: its caller knows it by these
             payload |= {"task_id": str(export.id), "project_id": export.project,
                         "name": export.center.get("name")}
         for target in export.callback_urls if callbacks is None else callbacks:

@@ -1,4 +1,4 @@
-"""Where a download task's rows come from (seed 000, the general download center): ``source_data``,
+"""Where a download task's rows come from (the general download center): ``source_data``,
 the rows given inline with the task, or ``source_url``, pulled page by page.
 
 The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's ``step``) and
@@ -145,7 +145,7 @@ def look_of(center: Mapping[str, Any]) -> Look:
 
 
 def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], Any]) -> tuple:
-    """A parameter of each table: in multi-table mode a list of one per table (seed 000)."""
+    """A parameter of each table: in multi-table mode a list of one per table."""
     if tables == 1:
         return (check(value, what),)
     value = _json(value, what)
@@ -384,7 +384,7 @@ def pull(puller: Puller, look: Look) -> Pulled:
 
 def inline_tables(data: Any) -> list:
     """source_data as one entry per table: one table's rows (a list of objects, or an object of
-    row-leaf name -> rows), or in multi-table mode a list of those (seed 000)."""
+    row-leaf name -> rows), or in multi-table mode a list of those."""
     data = _json(data, "source_data")
     if isinstance(data, dict) and isinstance(data.get("data"), (list, dict)) and set(data) <= {
             "data", "total", "header", "footer", "template"}:

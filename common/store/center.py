@@ -1,4 +1,4 @@
-"""Download tasks of the general center (seed 000) in the ``export`` collection: an export with a
+"""Download tasks of the general download center in the ``export`` collection: an export with a
 ``project`` and a ``center`` document (its parameters). The listing is served by the
 ``(project, -created_at)`` index; its filters narrow what that index finds.
 """

@@ -193,8 +193,8 @@ def due(now: datetime) -> Iterator[ExportRecord]:
 
 def expire(now: datetime, ttl: timedelta | None = None) -> Iterator[ExportRecord]:
     """SUCCESS exports past ``expires_at`` -> EXPIRED, and (with ``ttl``) download tasks of the
-    general center that ended without a file (FAIL, CANCEL) longer than ``ttl`` ago: the seed's
-    tasks expire after 7 days whatever became of them. Yields each (with its ``file_id``)."""
+    general center that ended without a file (FAIL, CANCEL) longer than ``ttl`` ago: a download
+    task expires after 7 days whatever became of it. Yields each (with its ``file_id``)."""
     coll = _coll()
     for doc in coll.find({"state": SUCCESS, "expires_at": {"$lt": now}}, {"file_id": 1}):
         expired = coll.update_one({"_id": doc["_id"], "state": SUCCESS}, {"$set": {"state": EXPIRED}})

@@ -374,7 +374,7 @@ class Export(Document):
     job = ReferenceField(Job)                     # None for a download task (``center``)
     job_name = StringField(default="")
     format = StringField(choices=EXPORT_FORMATS, required=True)
-    # a download task of the general center (seed 000): its parameters (the source_url or
+    # a download task of the general download center: its parameters (the source_url or
     # source_data, name, file_name, step, operator/merchant, title, summary, header, footer,
     # widths); its rows come from there, not from a job's data (its project: ``project``)
     center = DictField()

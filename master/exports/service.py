@@ -234,7 +234,7 @@ def owns(token: Token, export: ExportRecord) -> bool:
 def may_see(token: Token | None, export: ExportRecord) -> bool:
     """None is the operator at the command line, who sees everything; a user or analyst sees the
     exports of its projects that it requested or whose job it was granted, and every download task
-    of the general center (seed 000) of a project it holds: the systems sharing a project share its
+    of the general download center of a project it holds: the systems sharing a project share its
     tasks, on every door (/v1, the task's file and link, its WebSocket)."""
     if token is None or token.role == ADMIN:
         return True

@@ -30,7 +30,7 @@ from master.web.routes import api, center, console, exports, files, metrics
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
-# a synchronous download's template (and the seed's sync download's parameters) may be long;
+# a synchronous download's template (and the /v1 sync download's parameters) may be long;
 # POST takes longer ones
 LONG_QUERY = {"template": 8192, "source_data": 8192, "source_url": 2048, "header": 4096, "footer": 4096,
               "title": 2048, "summary": 4096}
@@ -153,7 +153,7 @@ def create_app() -> FastAPI:
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(exports.router, prefix="/api/v1")
     app.include_router(center.api_router, prefix="/api/v1")
-    app.include_router(center.router)  # the seed's /v1 interface
+    app.include_router(center.router)  # the /v1 dialect of the download center
     app.include_router(files.router)
     app.include_router(metrics.router)
     app.include_router(console.router)

@@ -44,3 +44,15 @@ def test_the_download_package_never_imports_the_worker():
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slave.worker")
     )
     assert found == []
+
+
+def test_no_function_of_the_slave_is_over_50_lines():
+    """The house rule, held for slave/ (the engines and the worker)."""
+    long = sorted(
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in (ROOT / "slave").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (node.end_lineno or 0) - node.lineno + 1 > 50
+    )
+    assert long == []

@@ -216,26 +216,32 @@ def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int)
             if fd is not None:
                 os.close(fd)
         if proc is not None:
-            if proc.poll() is None:
-                _kill_box(proc, info_r)
-            proc.wait()
-            os.set_blocking(status_r, False)
-            try:
-                status = os.read(status_r, 64)
-            except OSError:
-                status = b""
-            outcome.returncode = _wait_status(status, proc.returncode)
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                try:
-                    if pipe is not None:
-                        pipe.close()
-                except OSError:
-                    pass
+            outcome.returncode = _reap(proc, status_r, info_r)
         if pidfd is not None:
             os.close(pidfd)
         os.close(status_r)
         os.close(info_r)
     return outcome
+
+
+def _reap(proc: subprocess.Popen, status_r: int, info_r: int) -> int:
+    """The box's end: killed if still running, waited for, its pipes closed; the downloader's
+    exit status as the box reported it on ``status_r``."""
+    if proc.poll() is None:
+        _kill_box(proc, info_r)
+    proc.wait()
+    os.set_blocking(status_r, False)
+    try:
+        status = os.read(status_r, 64)
+    except OSError:
+        status = b""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:
+            pass
+    return _wait_status(status, proc.returncode)
 
 
 def _pump(proc, pidfd, stdin_data: bytes, outcome: _Outcome, deadline: float,
