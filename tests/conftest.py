@@ -83,3 +83,13 @@ def cluster(redis_server, mongo_server, site, monkeypatch):
     monkeypatch.undo()  # restore the environment before reloading from it
     load()
     disconnect_mongo()
+
+
+@pytest.fixture
+def fast_recovery(cluster, monkeypatch):
+    """``cluster`` where a killed worker is judged dead within seconds (a heartbeat a second,
+    stale after 3 s, no grace): its entries recovered by the next dispatch. A test adds its own
+    settings with ``with_settings`` on top."""
+    from tests.helpers import FAST_RECOVERY, with_settings
+
+    return with_settings(cluster, monkeypatch, FAST_RECOVERY)

@@ -134,6 +134,11 @@ def heartbeats_stale(ttl: float) -> bool:
                                                                     {"beat_at": 1, "started_at": 1}))
 
 
+# a killed worker judged dead within seconds (the ``fast_recovery`` fixture of tests/conftest.py)
+FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3",
+                 "DOWNCLUSTER_ABSENCE_GRACE": "0"}
+
+
 def with_settings(cluster, monkeypatch, values: dict[str, str]):
     """``cluster`` with the DOWNCLUSTER_* ``values`` set here (settings reloaded) and for the
     processes it starts (``cluster.env``), undone after the test."""

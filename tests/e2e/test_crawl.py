@@ -19,7 +19,7 @@ from common.config import settings
 from common.store import counts
 from common.store.models import CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, burst_worker, cli, heartbeats_stale, wait_for, with_settings, write_job
+from tests.helpers import add_urls, burst_worker, cli, heartbeats_stale, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 CHANGING = {"version": 1}  # what /changing links to (a page that changes between visits)
@@ -148,19 +148,16 @@ def test_an_endless_tree_stops_at_max_pages(cluster, tmp_path):
 
 
 KILLPOINT = Path(__file__).resolve().parents[1] / "killpoint"
-FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3",
-                 "DOWNCLUSTER_ABSENCE_GRACE": "0"}
 
 
 @pytest.mark.parametrize("follow, pages", [("max_depth = 2\n", 7), ("max_depth = 10000\nmax_pages = 3\n", 3)])
 @pytest.mark.parametrize("kill_after", ["common.intake:add_found", "common.store.tasks:settle"])
-def test_a_worker_killed_around_its_settle_loses_no_link(cluster, tmp_path, monkeypatch, kill_after, follow,
-                                                         pages):
+def test_a_worker_killed_around_its_settle_loses_no_link(fast_recovery, tmp_path, kill_after, follow, pages):
     """A real worker SIGKILLed right after it handed the seed's links to intake (its task not
     settled yet), or right after its settle: the links are tasks either way; the recovered seed
     runs again and offers them again, known by then; the crawl ends with exactly its pages, each
     found once, at its depth, within max_pages, and the job's kept counts hold every task."""
-    with_settings(cluster, monkeypatch, FAST_RECOVERY)
+    cluster = fast_recovery
     job = following(tmp_path, "killed", follow)
     seed = cluster.site + "/links/0"
     add_urls("killed", [seed])

@@ -19,7 +19,7 @@ from common.store.log_models import CrawlerDownloadLog
 from common.store.models import CrawlerLease, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import TRAFFIC
-from tests.helpers import add_urls, clock_skew, register, statuses
+from tests.helpers import FAST_RECOVERY, add_urls, clock_skew, register, statuses
 from tests.relay import Relay
 
 pytestmark = pytest.mark.slow
@@ -133,8 +133,7 @@ def test_slots_outlive_their_lease_while_renewed_even_with_mongodb_silent(hosts,
 def test_a_worker_s_clock_changes_no_lease(hosts, tmp_path, skew):
     """A worker whose clock is minutes off (tests/clockskew) keeps its leases while healthy (the
     defender judges them all along), and when it is killed its leases are still recovered."""
-    fast = {**hosts.env, "DOWNCLUSTER_HEARTBEAT_TTL": "3", "DOWNCLUSTER_HOST_CONCURRENCY": "0",
-            "DOWNCLUSTER_ABSENCE_GRACE": "0", **clock_skew(skew)}
+    fast = {**hosts.env, **FAST_RECOVERY, "DOWNCLUSTER_HOST_CONCURRENCY": "0", **clock_skew(skew)}
     load(flags=dict(settings.flags, HEARTBEAT_TTL=3, ABSENCE_GRACE=0))
     register(tmp_path, "j", dispatch_num=100, obey_robots=False)
     add_urls("j", [f"{hosts.site}/hold/5000?{i}" for i in range(6)])

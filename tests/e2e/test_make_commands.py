@@ -41,8 +41,20 @@ def test_make_demo_runs_the_whole_cluster():
             client.close()
 
 
-def test_make_test_runs_the_suite():
-    # The whole suite would run this test again; the README's command with a subset proves the wiring.
-    proc = _make("test", "PYTEST_ARGS=tests/unit", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert " passed" in proc.stdout
+def test_make_test_is_lint_then_the_suite():
+    """`make test` checks the services, lints, then runs pytest with PYTEST_ARGS. The suite runs
+    inside `make test`, whose own lint ran just before it: here the chain is read from `make -n`,
+    then run for real on one small file with lint taken as done (`-o lint`), so neither lint nor
+    the unit tests run twice."""
+    small = "PYTEST_ARGS=tests/unit/test_queue_names.py"
+    plan = _make("-n", "test", small, timeout=60)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    steps = [line.split()[0:3] for line in plan.stdout.splitlines()
+             if line.startswith(".venv/bin/") and not line.startswith(".venv/bin/pip")]
+    assert steps == [[".venv/bin/ruff", "check", "."], [".venv/bin/mypy"],
+                     [".venv/bin/mypy", "--strict", "--follow-imports=silent"],
+                     [".venv/bin/python", "-m", "pytest"]], plan.stdout
+    assert plan.stdout.splitlines()[-1].endswith("pytest -q tests/unit/test_queue_names.py")
+    proc = _make("-o", "lint", "test", small, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "ruff" not in proc.stdout

@@ -27,7 +27,6 @@ from tests.helpers import (
     register,
     statuses,
     wait_for,
-    with_settings,
 )
 
 pytestmark = pytest.mark.slow
@@ -171,12 +170,10 @@ def test_python_downloader_gets_the_previous_version_and_may_answer_not_modified
     assert CrawlerDownloadLog.objects(task=t).order_by("-id").first().not_modified == "HTTP 304"
 
 
-FAST_RECOVERY = {"DOWNCLUSTER_HEARTBEAT_INTERVAL": "1", "DOWNCLUSTER_HEARTBEAT_TTL": "3",
-                 "DOWNCLUSTER_ABSENCE_GRACE": "0"}
 
 
-def test_worker_killed_mid_revisit_loses_nothing_and_stores_one_version(cluster, tmp_path, monkeypatch):
-    with_settings(cluster, monkeypatch, FAST_RECOVERY)
+def test_worker_killed_mid_revisit_loses_nothing_and_stores_one_version(fast_recovery, tmp_path):
+    cluster = fast_recovery
     pages = first_visit(cluster, tmp_path, "kv", ("etag", "none"), revisit=1.0)
     before = task_of(pages["etag"]).data_lease
     for k in pages.values():

@@ -25,18 +25,10 @@ from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_f
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-FAST_RECOVERY = {
-    "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
-    "DOWNCLUSTER_HEARTBEAT_TTL": "3",
-    "DOWNCLUSTER_ABSENCE_GRACE": "0",
-    "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
-    "DOWNCLUSTER_DOWNLOAD_TIMEOUT": "60",
-}
-
-
 @pytest.fixture
-def fast(cluster, monkeypatch):
-    return with_settings(cluster, monkeypatch, FAST_RECOVERY)
+def fast(fast_recovery, monkeypatch):
+    return with_settings(fast_recovery, monkeypatch, {"DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
+                                                      "DOWNCLUSTER_DOWNLOAD_TIMEOUT": "60"})
 
 
 def start_worker(cluster, *args: str) -> subprocess.Popen:

@@ -23,16 +23,21 @@ from common.store.data import data_rows
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
 from common.store.records import ExportFilter
 from master.dispatch.dispatcher import dispatch_once
-from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for, with_settings
+from tests.helpers import (
+    FAST_RECOVERY,
+    add_urls,
+    heartbeats_stale,
+    register,
+    statuses,
+    wait_for,
+    with_settings,
+)
 from tests.relay import Relay
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 N = 300
-FAST = {
-    "DOWNCLUSTER_HEARTBEAT_INTERVAL": "1",
-    "DOWNCLUSTER_HEARTBEAT_TTL": "3",
-    "DOWNCLUSTER_ABSENCE_GRACE": "0",
+FAST = {  # on top of the fast_recovery fixture's
     "DOWNCLUSTER_HOST_CONCURRENCY": "0",
     "DOWNCLUSTER_COALESCE_WINDOW": "0",
     "DOWNCLUSTER_RETRY_BACKOFF_BASE": "0.01",
@@ -41,8 +46,8 @@ FAST = {
 
 
 @pytest.fixture
-def fast(cluster, monkeypatch):
-    return with_settings(cluster, monkeypatch, FAST)
+def fast(fast_recovery, monkeypatch):
+    return with_settings(fast_recovery, monkeypatch, FAST)
 
 
 def worker(env: dict, *args: str) -> subprocess.Popen:
@@ -71,7 +76,7 @@ def running_of(worker_name: str) -> int:
 
 def recover_and_finish(fast) -> None:
     """A's leases have no heartbeat: the defender gives them back; B drains everything."""
-    ttl = float(FAST["DOWNCLUSTER_HEARTBEAT_TTL"])
+    ttl = float(FAST_RECOVERY["DOWNCLUSTER_HEARTBEAT_TTL"])
     wait_for(lambda: heartbeats_stale(ttl), 60, "A's leases to outlive HEARTBEAT_TTL")
     assert dispatch_once(fast.redis).recovered > 0
     b = worker(fast.env, "--burst", "--name", "b")
