@@ -18,8 +18,8 @@ queue order, while fewer than twice WORKER_INFLIGHT of their tasks are loaded an
 looked for again as soon as room opens; at most WORKER_INFLIGHT of them download at once
 (``Runner.gate``: a higher queue's first, then first come first served), the rest wait their
 turn in the process, so a page that ends is followed at once by the next, not after an entry's
-claim (the loop used to look only when a whole entry ended: 100 ms pages kept 71 of 128 in
-flight on average, docs/benchmarks.md); export entries from down_export one at a time in a
+claim (looking only when a whole entry ended left downloads idle: docs/benchmarks.md, its
+fifth session); export entries from down_export one at a time in a
 thread of their own, so neither waits for the other (an idle export lane delivers due
 notifications); generator runs from down_generate (read first; up to GENERATE_LANES at once, each
 in a thread of its own: ``slave/generate.py``). ``run_one`` runs a single download entry: the job

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import CrawlerDownloadData, CrawlerTask, Job, store_now
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, store_now
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from tests.helpers import add_urls, register, sent, statuses, wait_for
@@ -72,6 +72,25 @@ def test_three_downloader_types_store_byte_exact_data(cluster, tmp_path):
     eng = CrawlerDownloadData.objects(job=Job.objects.get(name="eng")).first()
     assert eng.status_code == 200 and "topsecret" not in str(eng.requests_headers)
     assert eng.remote_ip in ("127.0.0.1", "")
+
+
+@pytest.mark.parametrize("way", ["downcluster worker", "--classic", "--simple", "rq worker"])
+def test_every_way_to_run_an_entry_runs_it_alike(cluster, tmp_path, way):
+    """The ways docs/entries.md keeps (the event loop, rq's Worker and SimpleWorker, a plain rq
+    worker) all run an entry through ``Runner.run_entry``: the same pages, the same documents,
+    the lease finished, a failure settled the same."""
+    register(tmp_path, "alike", priority=2)
+    add_urls("alike", [f"{cluster.site}/page/{i}" for i in range(3)] + [f"{cluster.site}/no-such-page"])
+    assert dispatch_once(cluster.redis).total == 4
+    proc = rq_worker(cluster) if way == "rq worker" else dc_worker(
+        cluster, "--no-exports", *([way] if way.startswith("--") else []))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert statuses("alike") == {"SUCCESS": 3, "FAIL": 1}
+    docs = CrawlerDownloadData.objects(job=Job.objects.get(name="alike"))
+    assert sorted(_body(d) for d in docs) == sorted(page_body(i) for i in range(3))
+    failed = CrawlerTask.objects.get(uri=f"{cluster.site}/no-such-page")
+    assert failed.failed_reason == "HTTP 404"
+    assert CrawlerLease.objects(state="RUNNING").count() == 0
 
 
 def test_failing_url_ends_fail_after_max_retry_times(cluster, tmp_path, monkeypatch):
