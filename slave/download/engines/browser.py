@@ -55,7 +55,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     try:
         netguard.judge_url(url, allow_private)
         if proxy:
-            await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)
+            await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy, allow_private)
     except AddressRefused as exc:
         raise retyped(exc, redact(exc.reason, secrets)) from None
     browser = await pool.acquire(allow_private)
