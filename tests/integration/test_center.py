@@ -342,7 +342,8 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         redis_port = fast.redis.connection_pool.connection_kwargs["port"]
         for params, line in [({**form, "step": "50"}, "step"), ({**form, "name": "x"}, "name"),
                              ({**form, "source_url": "file:///etc/passwd"}, "source_url"),
-                             ({**form, "source_url": f"http://127.0.0.1:{redis_port}/"}, "not a public address")]:
+                             ({**form, "source_url": f"http://127.0.0.1:{redis_port}/"},
+                              "not a public address")]:
             r = web.call("POST", "/v1/task", token, data=params)
             assert r.status_code == 422 and line in r.json()["error"], r.text
         assert web.call("POST", "/v1/task", None, data=form).status_code == 401
