@@ -219,12 +219,13 @@ class WorkerJob:
     settings: JobSettings
     follow: dict[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
     sitemaps: dict[str, Any] | None = None  # the checked [sitemaps] table (None: no sitemap)
+    project: int | None = None  # its project (None: stored before projects, ``default``'s)
 
 
 def context(job_id: ObjectId) -> WorkerJob | None:
     """What a worker needs of a job (None if it is gone)."""
-    job = JobDoc._get_collection().find_one({"_id": job_id},
-                                            {"name": 1, "status": 1, "follow": 1, "sitemaps": 1})
+    fields = {"name": 1, "status": 1, "follow": 1, "sitemaps": 1, "project": 1}
+    job = JobDoc._get_collection().find_one({"_id": job_id}, fields)
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})
@@ -242,7 +243,8 @@ def context(job_id: ObjectId) -> WorkerJob | None:
     return WorkerJob(name=job["name"], status=OFF if off else job.get("status", OFF),
                      download_id=download["_id"] if download else None,
                      code=(download or {}).get("code", ""), language=language, supported=supported,
-                     settings=conf, follow=job.get("follow"), sitemaps=job.get("sitemaps"))
+                     settings=conf, follow=job.get("follow"), sitemaps=job.get("sitemaps"),
+                     project=job.get("project"))
 
 
 def settle_private_grants(open_projects: set[int], default_project: int) -> list[str]:

@@ -27,6 +27,7 @@ class JobContext:
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
     follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
     sitemaps: Sitemaps | None = None  # the job's [sitemaps]: its sitemap tasks are read as sitemaps
+    project: int | None = None  # its project: requests are coalesced only within one
     key: str = field(init=False)  # its engine (``common/engines.py``), resolved once here
     traits: Traits = field(init=False)
 

@@ -160,3 +160,15 @@ def test_a_rejected_manifest_is_its_submitters_with_its_actor(cluster):
         assert seen_by_bob == []  # not written into the project whose job name it gave
         assert len(seen_by_alice) == 1 and seen_by_alice[0]["actor"] == "alice"
         assert seen_by_alice[0]["name"] == "beta-job"
+
+
+def test_credentials_and_a_callers_rows_never_reach_the_access_log(cluster):
+    admin = new_token("root", "admin")
+    sig, rows = "5f1e-signature-value", '[{"name":"s3cret-row"}]'
+    with WebServer(cluster.env) as web:
+        web.call("GET", f"/files/exports/x?expires=1&sig={sig}")
+        web.call("GET", "/v1/download/sync", admin, params={"source_data": rows, "Sig": sig, "ticket": sig})
+        web.call("GET", f"/api/v1/jobs?token={sig}&TOKEN%20={sig}", admin)
+        logged = web._read()
+    assert "GET /files/exports/x?expires=1&sig=***" in logged  # the line is there, the value is not
+    assert sig not in logged and "s3cret-row" not in logged
