@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGES = 150  # end-to-end pages of each run (the script's --smoke says 300; fewer prove as much)
 
 
 def _positive(value) -> bool:
@@ -18,7 +19,8 @@ def _positive(value) -> bool:
 @pytest.mark.slow
 def test_bench_smoke_measures_every_figure(tmp_path):
     out = tmp_path / "b.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke", "--json", str(out),
+                           "--pages", str(PAGES), "--scale", "5000"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -54,13 +56,13 @@ def test_bench_smoke_measures_every_figure(tmp_path):
     assert c["order"] == sides and len(c["ours"]) == 1, c
     for side in sides:
         run = c[side][0]
-        assert run["complete"] and run["done"] == run["pages"] == 300, (side, run)
+        assert run["complete"] and run["done"] == run["pages"] == PAGES, (side, run)
         for fig in ("steady_pages_per_s", "to_last_s", "store_cpu_ms_per_page", "store_write_ops_per_page",
                     "store_bytes_in_per_page", "client_cpu_ms_per_page"):
             assert _positive(run[fig]), (side, fig, run)
         assert run["to_first_s"] <= run["to_last_s"], run
     ours = c["ours"][0]
-    assert ours["data_docs"] == ours["log_docs"] == 300, ours
+    assert ours["data_docs"] == ours["log_docs"] == PAGES, ours
     # our writes are batched (an entry of 50 pages: data, logs, settle, lease): far below one a page
     assert ours["store_write_ops_per_page"] < 0.5, ours
     if c["peer"]:
