@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import IO, Any, Callable, Iterator, Mapping
@@ -113,6 +115,9 @@ def _json(value: Any, what: str) -> Any:
                 return json.loads(stripped)
             except (json.JSONDecodeError, RecursionError):
                 raise ValidationError(f"{what} is not valid JSON") from None
+            except ValueError:  # an integer past Python's digit limit for int-from-text
+                raise ValidationError(f"{what}: a number has more than {sys.get_int_max_str_digits()} "
+                                      "digits") from None
     return value
 
 
@@ -281,44 +286,54 @@ class Puller:
                 raise _Retry(f"answered HTTP {resp.status}")
             if resp.status != 200:
                 raise SourceFailed(f"source page {number} answered HTTP {resp.status}")
-            body = _read(resp, deadline)
+            text = page_text(_read(resp, deadline))  # the bytes let go once read as text
         finally:
             resp.release_conn()
-        return parse_page(body, number)
+        return parse_page(text, number, self.step)
 
 
 class _Retry(Exception):
     """A page to try again: 5xx, 429, timeout, malformed."""
 
 
-def _read(resp, deadline: float) -> bytes:
+def _read(resp, deadline: float) -> bytearray:
     """The whole body within SOURCE_PAGE_MAX_BYTES and the page's deadline (a source that trickles
     is a source that hangs)."""
-    limit, chunks, size = settings.SOURCE_PAGE_MAX_BYTES, [], 0
+    limit, body = settings.SOURCE_PAGE_MAX_BYTES, bytearray()
     try:
         # read1: at most one receive each (each bounded by the read timeout), so the deadline is
         # checked between receives and a trickle cannot stretch a page beyond it
         while chunk := resp.read1(256 * 1024):
-            size += len(chunk)
-            if size > limit:
+            if len(body) + len(chunk) > limit:
                 raise SourceFailed(f"a source page is larger than SOURCE_PAGE_MAX_BYTES ({limit} bytes)")
             if time.monotonic() > deadline:
                 raise _Retry(f"the page took longer than SOURCE_TIMEOUT ({settings.SOURCE_TIMEOUT:g} s)")
-            chunks.append(chunk)
+            body += chunk
     except (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError) as exc:
         raise _Retry(f"the answer stopped ({type(exc).__name__})") from None
-    return b"".join(chunks)
+    return body
 
 
-def parse_page(body: bytes, number: int) -> Page:
-    """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}."""
+def page_text(body: bytes | bytearray) -> str:
+    """A page's bytes as text, as ``json.loads`` reads bytes (UTF-8, -16 or -32)."""
     try:
-        answer = json.loads(body)
+        return body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:
+        raise _Retry("the answer is not JSON (not UTF-8 text)") from None
+
+
+def parse_page(body: bytes | bytearray | str, number: int, step: int | None = None) -> Page:
+    """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}.
+
+    Read a value at a time (``_Scan``), so a page costs memory for the rows it may hold: the
+    rows are counted as they are parsed and a page is refused at its first row past ``step``
+    (the task's page_size), before the rest is read into objects."""
+    text = body if isinstance(body, str) else page_text(body)
+    try:
+        answer = _Scan(text, number, step).answer()
     except (ValueError, RecursionError):
-        head = body[:20].decode("utf-8", "replace").strip().replace("\n", " ")
+        head = text[:20].strip().replace("\n", " ")
         raise _Retry(f"the answer is not JSON (begins {head!r})") from None
-    if not isinstance(answer, dict):
-        raise _Retry("the answer is not a JSON object {status, msg, data}")
     status = answer.get("status", 200)
     if status not in (200, "200", 0, "0"):
         msg = str(answer.get("msg") or "")[:200].replace("\n", " ")
@@ -331,10 +346,87 @@ def parse_page(body: bytes, number: int) -> Page:
         total = int(total)
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise _Retry("the answer's data.total is not a whole number")
-    rows = inner["data"]
-    if not all(isinstance(r, dict) for r in rows):
-        raise _Retry("a row of the answer is not an object")
-    return Page(rows, total, inner)
+    return Page(inner["data"], total, inner)
+
+
+class _Scan:
+    """A page's JSON read by hand down to its rows, each value parsed by ``json``'s own decoder
+    (``raw_decode`` from a position), so that the rows are counted one by one as they are made.
+    Keys repeated in an object: the last one counts, as with ``json.loads``. ValueError when the
+    text is not JSON."""
+
+    DECODER = json.JSONDecoder()
+    SPACE = re.compile(r"[ \t\n\r]*")
+
+    def __init__(self, text: str, number: int, step: int | None) -> None:
+        self.text, self.pos, self.number, self.step = text, 0, number, step
+
+    def peek(self) -> str:
+        self.pos = self.SPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
+        return self.text[self.pos:self.pos + 1]
+
+    def value(self) -> Any:
+        self.peek()
+        value, self.pos = self.DECODER.raw_decode(self.text, self.pos)
+        return value
+
+    def members(self, close: str) -> Iterator[None]:
+        """Between ``{``/``[`` (already passed) and ``close``: yields once per member, whose
+        reading is the caller's, and checks the commas."""
+        if self.peek() == close:
+            self.pos += 1
+            return
+        while True:
+            yield
+            sep = self.peek()
+            self.pos += 1
+            if sep == close:
+                return
+            if sep != ",":
+                raise ValueError(f"expected ',' or {close!r} at {self.pos - 1}")
+
+    def object(self, read: Callable[[str], Any]) -> dict:
+        """The object that starts here (at its ``{``), each member's value read by ``read(key)``."""
+        self.pos += 1
+        got: dict = {}
+        for _ in self.members("}"):
+            if self.peek() != '"':
+                raise ValueError(f"expected a key at {self.pos}")
+            key, self.pos = json.decoder.scanstring(self.text, self.pos + 1)  # type: ignore[attr-defined]
+            if self.peek() != ":":
+                raise ValueError(f"expected ':' at {self.pos}")
+            self.pos += 1
+            got[key] = read(key)
+        return got
+
+    def answer(self) -> dict:
+        """The whole answer, its data.data rows read one by one (``rows``)."""
+        first = self.peek()
+        if first != "{":
+            if first != "[":  # a list is never parsed: it may be any size
+                self.value()  # ValueError when it is not JSON at all
+            raise _Retry("the answer is not a JSON object {status, msg, data}")
+        answer = self.object(lambda key: self.object(self._inner) if key == "data" and self.peek() == "{"
+                             else self.value())
+        if self.peek():
+            raise ValueError(f"extra data at {self.pos}")
+        return answer
+
+    def _inner(self, key: str) -> Any:
+        return self.rows() if key == "data" and self.peek() == "[" else self.value()
+
+    def rows(self) -> list:
+        """The rows array, refused at its first row past ``step`` or its first that is not an object."""
+        self.pos += 1
+        rows: list = []
+        for _ in self.members("]"):
+            if self.step is not None and len(rows) == self.step:
+                raise SourceFailed(f"source page {self.number} has more rows than page_size {self.step}")
+            row = self.value()
+            if not isinstance(row, dict):
+                raise _Retry("a row of the answer is not an object")
+            rows.append(row)
+        return rows
 
 
 @dataclass

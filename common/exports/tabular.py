@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import unicodedata
 from typing import IO, Any, Callable, Iterable
 
 from common.errors import ValidationError
@@ -22,9 +23,20 @@ from common.store.models import iso
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
+def _unseen(ch: str) -> bool:
+    """A character a spreadsheet may skip before it looks for a formula: whitespace, controls (C0,
+    DEL, C1) and format characters (BOM, zero-width, word joiner, bidi marks, soft hyphen)."""
+    return ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf")
+
+
 def csv_cell(value: Any) -> Any:
-    """A CSV cell that no spreadsheet runs: a string beginning like a formula gets a leading ``'``."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+    """A CSV cell that no spreadsheet runs: a string beginning like a formula, once the characters a
+    spreadsheet skips are passed over (``\\x00=HYPERLINK(...)``), gets a leading ``'``; the text is
+    kept whole."""
+    if not isinstance(value, str):
+        return value
+    lead = next((i for i, ch in enumerate(value) if not _unseen(ch)), len(value))
+    if value.startswith(FORMULA_STARTS) or value.startswith(FORMULA_STARTS, lead):
         return "'" + value
     return value
 

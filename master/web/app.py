@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request, Response
@@ -190,9 +191,19 @@ def _answer_errors(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed(request))
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not read the body
+            return error(422, _unreadable(exc.__cause__))
         return error(exc.status_code, str(exc.detail), headers or None)
 
     _answer_failures(app)
+
+
+def _unreadable(exc: ValueError) -> str:
+    """A JSON body that is well formed but that ``json`` does not read: text not in UTF-8, or an
+    integer past Python's digit limit for int-from-text."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "the body is not valid JSON (not UTF-8 text)"
+    return f"the body holds a number of more than {sys.get_int_max_str_digits()} digits"
 
 
 def _answer_failures(app: FastAPI) -> None:
