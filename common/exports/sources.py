@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -44,6 +43,8 @@ logger = logging.getLogger(__name__)
 SOURCE_HINT = "set SOURCE_ALLOW_PRIVATE to allow"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
+# objects and lists a source page may hold for each row of its page_size (a row, its cells' JSON)
+OBJECTS_PER_ROW = 64
 
 
 # --- checking what a task says (the master, at delivery) ------------------------------------
@@ -325,15 +326,23 @@ def page_text(body: bytes | bytearray) -> str:
 def parse_page(body: bytes | bytearray | str, number: int, step: int | None = None) -> Page:
     """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}.
 
-    Read a value at a time (``_Scan``), so a page costs memory for the rows it may hold: the
-    rows are counted as they are parsed and a page is refused at its first row past ``step``
-    (the task's page_size), before the rest is read into objects."""
+    Parsed whole only when its objects and lists (counted by their ``{`` and ``[``, a count that
+    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the task's
+    page_size): parsed, each costs some 60-100 bytes of memory for its 2-3 bytes of text, so a page
+    of millions of ``{}`` is refused in one line before it is made into objects."""
     text = body if isinstance(body, str) else page_text(body)
+    if step is not None:
+        objects = text.count("{") + text.count("[")
+        if objects > OBJECTS_PER_ROW * step + OBJECTS_PER_ROW:
+            raise SourceFailed(f"source page {number} holds {objects} objects or lists, more than "
+                               f"{OBJECTS_PER_ROW} a row of page_size {step}")
     try:
-        answer = _Scan(text, number, step).answer()
+        answer = json.loads(text)
     except (ValueError, RecursionError):
         head = text[:20].strip().replace("\n", " ")
         raise _Retry(f"the answer is not JSON (begins {head!r})") from None
+    if not isinstance(answer, dict):
+        raise _Retry("the answer is not a JSON object {status, msg, data}")
     status = answer.get("status", 200)
     if status not in (200, "200", 0, "0"):
         msg = str(answer.get("msg") or "")[:200].replace("\n", " ")
@@ -346,87 +355,10 @@ def parse_page(body: bytes | bytearray | str, number: int, step: int | None = No
         total = int(total)
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise _Retry("the answer's data.total is not a whole number")
-    return Page(inner["data"], total, inner)
-
-
-class _Scan:
-    """A page's JSON read by hand down to its rows, each value parsed by ``json``'s own decoder
-    (``raw_decode`` from a position), so that the rows are counted one by one as they are made.
-    Keys repeated in an object: the last one counts, as with ``json.loads``. ValueError when the
-    text is not JSON."""
-
-    DECODER = json.JSONDecoder()
-    SPACE = re.compile(r"[ \t\n\r]*")
-
-    def __init__(self, text: str, number: int, step: int | None) -> None:
-        self.text, self.pos, self.number, self.step = text, 0, number, step
-
-    def peek(self) -> str:
-        self.pos = self.SPACE.match(self.text, self.pos).end()  # type: ignore[union-attr]
-        return self.text[self.pos:self.pos + 1]
-
-    def value(self) -> Any:
-        self.peek()
-        value, self.pos = self.DECODER.raw_decode(self.text, self.pos)
-        return value
-
-    def members(self, close: str) -> Iterator[None]:
-        """Between ``{``/``[`` (already passed) and ``close``: yields once per member, whose
-        reading is the caller's, and checks the commas."""
-        if self.peek() == close:
-            self.pos += 1
-            return
-        while True:
-            yield
-            sep = self.peek()
-            self.pos += 1
-            if sep == close:
-                return
-            if sep != ",":
-                raise ValueError(f"expected ',' or {close!r} at {self.pos - 1}")
-
-    def object(self, read: Callable[[str], Any]) -> dict:
-        """The object that starts here (at its ``{``), each member's value read by ``read(key)``."""
-        self.pos += 1
-        got: dict = {}
-        for _ in self.members("}"):
-            if self.peek() != '"':
-                raise ValueError(f"expected a key at {self.pos}")
-            key, self.pos = json.decoder.scanstring(self.text, self.pos + 1)  # type: ignore[attr-defined]
-            if self.peek() != ":":
-                raise ValueError(f"expected ':' at {self.pos}")
-            self.pos += 1
-            got[key] = read(key)
-        return got
-
-    def answer(self) -> dict:
-        """The whole answer, its data.data rows read one by one (``rows``)."""
-        first = self.peek()
-        if first != "{":
-            if first != "[":  # a list is never parsed: it may be any size
-                self.value()  # ValueError when it is not JSON at all
-            raise _Retry("the answer is not a JSON object {status, msg, data}")
-        answer = self.object(lambda key: self.object(self._inner) if key == "data" and self.peek() == "{"
-                             else self.value())
-        if self.peek():
-            raise ValueError(f"extra data at {self.pos}")
-        return answer
-
-    def _inner(self, key: str) -> Any:
-        return self.rows() if key == "data" and self.peek() == "[" else self.value()
-
-    def rows(self) -> list:
-        """The rows array, refused at its first row past ``step`` or its first that is not an object."""
-        self.pos += 1
-        rows: list = []
-        for _ in self.members("]"):
-            if self.step is not None and len(rows) == self.step:
-                raise SourceFailed(f"source page {self.number} has more rows than page_size {self.step}")
-            row = self.value()
-            if not isinstance(row, dict):
-                raise _Retry("a row of the answer is not an object")
-            rows.append(row)
-        return rows
+    rows = inner["data"]
+    if not all(isinstance(r, dict) for r in rows):
+        raise _Retry("a row of the answer is not an object")
+    return Page(rows, total, inner)
 
 
 @dataclass
