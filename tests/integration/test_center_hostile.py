@@ -145,3 +145,13 @@ def test_an_integer_of_5000_digits_is_a_422_in_one_line(fast, field, text):
         assert got.status_code == 422, (got.request.url, got.status_code, got.text[:300])
         assert "\n" not in got.text and len(got.text) < 1000, got.text[:300]
     assert "Traceback" not in output and "ValueError" not in output
+
+
+def test_the_csv_cell_rule_looks_past_invisible_characters():
+    from common.exports.tabular import csv_cell
+
+    spaced = {" ", "\xa0", "\u3000", "\x00 \u200b"}  # a space before the '=': text already
+    for lead in LEADS:
+        raw = lead + LEAK
+        assert csv_cell(raw) == (raw if lead in spaced else "'" + raw), repr(lead)
+    assert csv_cell("\x00") == "\x00" and csv_cell("a\x00=1") == "a\x00=1"
