@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import IO, Any, Callable, Iterator, Mapping
@@ -35,7 +34,7 @@ import urllib3
 
 from common import netguard
 from common.config import settings
-from common.errors import AddressRefused, SourceFailed, ValidationError
+from common.errors import AddressRefused, SourceFailed, ValidationError, too_many_digits
 from common.exports.tabular import WRITERS, check_fits
 from common.exports.templates import Node, Table, Template, from_data, parse_template
 
@@ -116,9 +115,8 @@ def _json(value: Any, what: str) -> Any:
                 return json.loads(stripped)
             except (json.JSONDecodeError, RecursionError):
                 raise ValidationError(f"{what} is not valid JSON") from None
-            except ValueError:  # an integer past Python's digit limit for int-from-text
-                raise ValidationError(f"{what}: a number has more than {sys.get_int_max_str_digits()} "
-                                      "digits") from None
+            except ValueError:  # an integer past Python's digit limit
+                raise too_many_digits(what) from None
     return value
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request, Response
@@ -23,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.errors import DownclusterError, http_status
+from common.errors import DownclusterError, http_status, too_many_digits
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
@@ -203,7 +202,7 @@ def _unreadable(exc: ValueError) -> str:
     integer past Python's digit limit for int-from-text."""
     if isinstance(exc, UnicodeDecodeError):
         return "the body is not valid JSON (not UTF-8 text)"
-    return f"the body holds a number of more than {sys.get_int_max_str_digits()} digits"
+    return str(too_many_digits("the body"))
 
 
 def _answer_failures(app: FastAPI) -> None:

@@ -155,3 +155,22 @@ def test_the_csv_cell_rule_looks_past_invisible_characters():
         raw = lead + LEAK
         assert csv_cell(raw) == (raw if lead in spaced else "'" + raw), repr(lead)
     assert csv_cell("\x00") == "\x00" and csv_cell("a\x00=1") == "a\x00=1"
+
+
+def test_an_integer_of_5000_digits_in_toml_or_a_template_is_a_422(fast):
+    """The other parsers of text a caller gives: a manifest's TOML, a template's TOML or JSON."""
+    token = new_token("dev", "user", "7")
+    with WebServer(fast.env) as web:
+        assert web.call("POST", "/api/v1/jobs", token, json={"manifest": 'name = "big"\n'}).status_code == 201
+        answers = [
+            web.call("POST", "/api/v1/jobs", token, json={"manifest": f'name = "big"\nx = {HUGE}\n'}),
+            web.call("POST", "/v1/task", token, data={"project_id": "7", "name": "huge", "source_data": "[{}]",
+                                                      "template": f"x = {HUGE}"}),
+            web.call("POST", "/api/v1/exports", token, json={"job": "big", "format": "csv",
+                                                            "template": f'{{"col": {HUGE}}}'}),
+        ]
+        output = web._read()
+    for got in answers:
+        assert got.status_code == 422 and "more than 4300 digits" in got.json()["error"], (
+            got.request.url, got.status_code, got.text[:300])
+    assert "Traceback" not in output and "ValueError" not in output
