@@ -164,8 +164,8 @@ def test_an_integer_of_5000_digits_in_toml_or_a_template_is_a_422(fast):
         assert web.call("POST", "/api/v1/jobs", token, json={"manifest": 'name = "big"\n'}).status_code == 201
         answers = [
             web.call("POST", "/api/v1/jobs", token, json={"manifest": f'name = "big"\nx = {HUGE}\n'}),
-            web.call("POST", "/v1/task", token, data={"project_id": "7", "name": "huge", "source_data": "[{}]",
-                                                      "template": f"x = {HUGE}"}),
+            web.call("POST", "/v1/task", token, data={"project_id": "7", "name": "huge",
+                                                      "source_data": "[{}]", "template": f"x = {HUGE}"}),
             web.call("POST", "/api/v1/exports", token, json={"job": "big", "format": "csv",
                                                             "template": f'{{"col": {HUGE}}}'}),
         ]
