@@ -8,9 +8,10 @@ on (to an export writer) before the next is asked for, so memory holds one page 
 ``total`` says; a page of more objects and lists than OBJECTS_PER_ROW a row of ``page_size``
 (counted before it is parsed, ``parse_page``) is refused, so one page costs about twice its bytes.
 It stops when ``total`` rows have come or a page is empty; an empty page before ``total``, a page
-that goes past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails. A page that answers 5xx or 429, times out, or is not JSON of that shape is tried
-again (SOURCE_RETRIES tries, waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with
-one line. The first page's ``template``, ``header`` and ``footer`` override the task's.
+that goes past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails.
+A page that answers 5xx or 429, times out, or is not JSON of that shape is tried again
+(SOURCE_RETRIES tries, waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one
+line. The first page's ``template``, ``header`` and ``footer`` override the task's.
 
 Addresses: the URL is read by the webhooks' parser (``common.notify.callback_target``: plain
 http(s), printable ASCII, no user info); its host is resolved once per pull and every address
