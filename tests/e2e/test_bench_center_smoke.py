@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_bench_center_measures_both_formats():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_center.py"), "--rows", "6000",
-                           "--step", "2500", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_center.py"), "--rows", "12000",
+                           "--step", "5000", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(proc.stdout)
     assert [r["format"] for r in results] == ["csv", "xlsx"]
     for r in results:
-        assert r["rows"] == 6000 and r["rows_per_s"] > 0 and 0 < r["peak_rss_mb"] < 1000 and r["bytes"] > 0
+        assert r["rows"] == 12000 and r["rows_per_s"] > 0 and 0 < r["peak_rss_mb"] < 1000 and r["bytes"] > 0
