@@ -159,9 +159,10 @@ def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: 
 
 def _judged(url: str, seen: set[str], report: IntakeReport, follow: Follow | None, from_url: str,
             depth: int) -> str | None:
-    """A URL found on a page or read in a sitemap, checked as any line (``check_url``), once per
-    call (``seen``) and, for a following job, judged by its scope from ``from_url`` at ``depth``:
-    the URL to add, or None (counted in ``report``)."""
+    """A URL found on a page or read in a sitemap, checked as any line (``check_url``), taken once
+    per call (``seen``) and, for a following job, judged by its scope from ``from_url`` at
+    ``depth``: the URL to add, or None (counted in ``report``). A URL refused from one page is
+    judged again from the next that links to it (shallower, or from another site)."""
     try:
         url = check_url(url, settings.MAX_URL_LENGTH)
     except ValidationError:
@@ -170,10 +171,10 @@ def _judged(url: str, seen: set[str], report: IntakeReport, follow: Follow | Non
     if url in seen:
         report.duplicate += 1
         return None
-    seen.add(url)
     if follow is not None and refusal(follow, from_url, url, depth):
-        report.refused += 1
+        report.refused += 1  # (not seen: another page of the call may be shallower, or in scope)
         return None
+    seen.add(url)
     return url
 
 

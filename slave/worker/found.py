@@ -33,8 +33,9 @@ from pymongo.errors import PyMongoError
 
 from common import intake
 from common.errors import ValidationError
+from common.queue.wake import wake
 from common.store import leases
-from common.store.connection import transient, with_retries
+from common.store.connection import redis_conn, transient, with_retries
 from slave.worker.outcome import Outcome, Pair, Part
 
 if TYPE_CHECKING:
@@ -46,10 +47,15 @@ logger = logging.getLogger(__name__)
 
 
 def hand_over(ok: list[Pair]) -> None:
-    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held."""
+    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held; when
+    any task was added, wake the dispatcher (``common.queue.wake``): they go out now, not at its
+    next scheduled run."""
+    added = 0
     for job_id, (ctx, pages, read) in _by_job(_held(_yielding(ok))).items():
-        _add(job_id, ctx, "found links", intake.add_found, pages)
-        _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
+        added += _add(job_id, ctx, "found links", intake.add_found, pages)
+        added += _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
+    if added:
+        wake(redis_conn())
 
 
 def _yields(p: Part, o: Outcome) -> bool:
@@ -88,15 +94,17 @@ def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list]]:
     return by_job
 
 
-def _add(job_id: ObjectId, ctx: JobContext, what: str, add: Callable, items: list) -> None:
+def _add(job_id: ObjectId, ctx: JobContext, what: str, add: Callable, items: list) -> int:
+    """Hand ``items`` to intake's ``add``; returns how many tasks it added."""
     if not items:
-        return
+        return 0
     try:
         report = with_retries(partial(add, job_id, ctx.follow, items), what)
     except (ValidationError, PyMongoError) as exc:
         if isinstance(exc, PyMongoError) and transient(exc):
             raise  # MongoDB away past the retries: the entry fails unsettled, its pages run again
         logger.warning("job %s: %s not added: %s", ctx.name, what, exc)  # the job removed meanwhile
-        return
+        return 0
     logger.debug("job %s: %d %s added, %d known, %d refused, %d due by lastmod", ctx.name,
                  report.added, what, report.duplicate, report.refused + report.rejected, report.due)
+    return report.added + report.due

@@ -263,6 +263,25 @@ def test_depth_and_pages_caps_hold_in_intake(cluster, tmp_path):
     assert len(_tasks("crawl")) == 5
 
 
+def test_a_link_too_deep_on_one_page_is_taken_from_a_shallower_page_of_the_same_write(cluster, tmp_path):
+    """Issue 54: one write's pages at depths 2 (its links too deep) and 1 both link to a URL:
+    it is added at depth 2, found on the shallower page (it was refused for good when the deep
+    page came first: seen once, judged once)."""
+    job = _following(tmp_path, "crawl", "max_depth = 2\n")
+    add_urls("crawl", ["http://a.test/0"])
+    seed = _tasks("crawl")["http://a.test/0"]["_id"]
+    follow = context.load_context(job.id).follow
+    add_found(job.id, follow, [(seed, "http://a.test/0", ["http://a.test/1", "http://a.test/2"])])
+    one, two = (_tasks("crawl")[f"http://a.test/{n}"]["_id"] for n in (1, 2))
+    add_found(job.id, follow, [(one, "http://a.test/1", ["http://a.test/3"])])
+    deep = _tasks("crawl")["http://a.test/3"]["_id"]  # depth 2: its links would be 3 deep
+    report = add_found(job.id, follow, [(deep, "http://a.test/3", ["http://a.test/4"]),
+                                        (two, "http://a.test/2", ["http://a.test/4"])])
+    assert (report.added, report.refused) == (1, 1)
+    found = _tasks("crawl")["http://a.test/4"]
+    assert (found["depth"], found["parent"]) == (2, two)
+
+
 def test_a_lost_leases_page_adds_no_links(cluster, tmp_path):
     _following(tmp_path, "crawl")
     lease, ctx, outcomes = _claimed(cluster, "crawl", ["http://a.test/0", "http://a.test/1"])
