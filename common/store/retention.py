@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from bson import ObjectId
 from pymongo.collection import Collection
 
-from common.store import counts
+from common.store import counts, known
 from common.store import tasks as store_tasks
 from common.store.data import body_of, gridfs_of
 from common.store.fence import named as named_by_tasks
@@ -186,8 +186,10 @@ def remove_final(job_id: ObjectId, before: datetime, span: Span, end: float,
             for part in in_chunks(ids):
                 data += drop_data(list(CrawlerDownloadData._get_collection().find(
                     {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))
+                known.forget(job_id)  # before and after: no removed URL stays in intake's filter
                 gone = tasks.delete_many({"_id": {"$in": part}, **final,
                                           "last_update_datetime": {"$lt": before}}).deleted_count
+                known.forget(job_id)
                 counts.move([(job_id, final["status"], None, gone)])
                 left = {d["_id"] for d in tasks.find({"_id": {"$in": part}}, {"_id": 1})} \
                     if gone < len(part) else set()

@@ -51,8 +51,8 @@ def hand_over(ok: list[Pair]) -> None:
     any task was added, wake the dispatcher (``common.queue.wake``): they go out now, not at its
     next scheduled run."""
     added = 0
-    for job_id, (ctx, pages, read) in _by_job(_held(_yielding(ok))).items():
-        added += _add(job_id, ctx, "found links", intake.add_found, pages)
+    for job_id, (ctx, pages, read, deep) in _by_job(_held(_yielding(ok))).items():
+        added += _add(job_id, ctx, "found links", partial(intake.add_found, carried=deep), pages)
         added += _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
     if added:
         wake(redis_conn())
@@ -80,12 +80,14 @@ def _held(found: list[Pair]) -> list[Pair]:
     return [(p, o) for p, o in found if o.task.id in held]
 
 
-def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list]]:
+def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list, dict]]:
     """{job id: (its context, found links as ``add_found`` takes them, sitemap entries as
-    ``add_from_sitemaps`` takes them)}."""
-    by_job: dict[ObjectId, tuple[JobContext, list, list]] = {}
+    ``add_from_sitemaps`` takes them, the pages' depths their leases carried)}."""
+    by_job: dict[ObjectId, tuple[JobContext, list, list, dict]] = {}
     for p, o in found:
-        _, pages, read = by_job.setdefault(p.ctx.job_id, (p.ctx, [], []))
+        _, pages, read, deep = by_job.setdefault(p.ctx.job_id, (p.ctx, [], [], {}))
+        if o.task.depth is not None:
+            deep[o.task.id] = o.task.depth
         if o.sitemap is not None:
             s = o.sitemap
             read.append((o.task.id, o.task.uri, s.depth, s.pages, s.sitemaps, s.lastmods))

@@ -188,6 +188,26 @@ def test_retention_removes_the_keys_of_the_tasks_it_removes(cluster, tmp_path):
     _each_once(job.id, urls)
 
 
+def test_known_urls_are_refused_by_the_filter_in_redis_before_mongodb(cluster, tmp_path, monkeypatch):
+    """Issue 54: a URL the job has is refused by the filter in Redis (``common.store.known``)
+    without a read of MongoDB; with Redis flushed, MongoDB (the truth) refuses it and the filter
+    is rebuilt from that read; a URL in neither is added."""
+    import common.intake
+
+    job = register(tmp_path, "filt")
+    urls = [f"http://127.0.0.1:1/{i}" for i in range(50)]
+    assert intake.add_tasks("filt", urls).added == 50
+    asked: list[list[str]] = []
+    real = common.intake.known_uris
+    monkeypatch.setattr(common.intake, "known_uris", lambda j, u: asked.append(u) or real(j, u))
+    assert intake.add_tasks("filt", urls).duplicate == 50 and asked == []
+    cluster.redis.flushall()
+    assert intake.add_tasks("filt", urls).duplicate == 50 and sorted(asked[0]) == sorted(urls)
+    new = "http://127.0.0.1:1/new"
+    assert intake.add_tasks("filt", [*urls, new]).added == 1 and asked[1] == [new]  # rebuilt
+    _each_once(job.id, [*urls, new])
+
+
 def test_migrate_makes_the_keys_of_a_store_written_before_them(cluster, tmp_path, monkeypatch, caplog):
     """A store of the version before: tasks with no keys, a unique (job, uri). Until ``migrate``
     runs, processes say so and no URL is added twice (the old index refuses it, the key written
