@@ -137,10 +137,12 @@ def add_sitemaps(job_id: ObjectId, urls: Iterable[str]) -> IntakeReport:
     return report
 
 
-def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: int | None = None) -> int:
+def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: int | None = None,
+            found: bool = False) -> int:
     """Store the tasks of ``chunk`` the job has no task for yet (the first ``room`` of them, if
-    given; the rest refused), numbered; returns how many were added."""
-    fresh = _unknown(job_id, chunk, known := Filter(job_id))
+    given; the rest refused), numbered; returns how many were added. ``found``: URLs found on
+    pages or in sitemaps (a crawl's frontier), judged first by the job's filter in Redis."""
+    fresh = _unknown(job_id, chunk, known := Filter(job_id, found))
     report.duplicate += len(chunk) - len(fresh)
     if room is not None and len(fresh) > room:
         report.refused += len(fresh) - room
@@ -220,10 +222,10 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
                 continue
             chunk.append(NewTask(taken, "", depth, task_id))
             if len(chunk) >= CHUNK:
-                room -= _insert(job_id, chunk, report, room)
+                room -= _insert(job_id, chunk, report, room, found=True)
                 chunk.clear()
     if chunk and room > 0:
-        _insert(job_id, chunk, report, room)
+        _insert(job_id, chunk, report, room, found=True)
     return report
 
 
@@ -251,11 +253,11 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[Sitema
                 stamped[taken] = lastmods[taken].astimezone(timezone.utc).replace(tzinfo=None)
             chunk.append(replace(new, uri=taken))
             if len(chunk) >= CHUNK:
-                added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
+                added = _insert(job_id, chunk, report, None if room is None else max(room, 0), True)
                 room = None if room is None else room - added
                 chunk.clear()
     if chunk:
-        _insert(job_id, chunk, report, None if room is None else max(room, 0))
+        _insert(job_id, chunk, report, None if room is None else max(room, 0), True)
     if stamped:
         report.due = due_by_lastmod(job_id, stamped)
     return report

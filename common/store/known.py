@@ -2,9 +2,10 @@
 
 A Redis set per job and generation (``downcluster:known:<job id>:<n>``, ``n`` read from
 ``downcluster:known:<job id>``) of 16-byte digests (BLAKE2b) of URLs the job has a task for.
-Intake asks it first (``Filter.read``): a URL in it is a duplicate without a read of MongoDB; the
-rest are read in MongoDB as before (``tasks.known_uris``), and what MongoDB has, or intake has
-just stored, is added (``Filter.remember``). It is a cache of MongoDB, never the source of truth:
+Intake of found URLs (links, sitemap entries: a crawl's frontier) asks it first
+(``Filter.read``): a URL in it is a duplicate without a read of MongoDB; the rest are read in
+MongoDB as before (``tasks.known_uris``), and what MongoDB has, or intake has just stored, is
+added (``Filter.remember``). It is a cache of MongoDB, never the source of truth:
 
 * a URL is added only once its task is stored (never for a key whose task may not exist: such
   a key is taken over by a later intake, which a filter must not stop), so a URL in the filter
@@ -54,14 +55,16 @@ return n
 
 
 class Filter:
-    """The job's filter as one intake call sees it: the generation it read, and the URLs known."""
+    """The job's filter as one intake call sees it: the generation it read, and the URLs known.
+    ``on`` False (``task add``, the API, generators: URLs given, not found) reads and keeps
+    nothing: a job fed a hundred million URLs does not hold them in Redis too."""
 
-    def __init__(self, job_id: ObjectId) -> None:
-        self.key, self.set = _key(job_id), ""
+    def __init__(self, job_id: ObjectId, on: bool = True) -> None:
+        self.key, self.set, self.on = _key(job_id), "", on
 
     def read(self, uris: list[str]) -> set[str]:
         """The URLs among ``uris`` the filter knows the job has (none when Redis is away)."""
-        if not uris:
+        if not uris or not self.on:
             return set()
         try:
             n, hits = redis_conn().eval(_READ, 1, self.key, *(_digest(u) for u in uris))
