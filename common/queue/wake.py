@@ -21,7 +21,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 WAKE_KEY = "downcluster:dispatch:wake"
-WAKE_GAP = 0.2    # seconds a loop rests after a run at least, so a stream of wake-ups is a run a gap
+WAKE_GAP = 0.5    # seconds a loop rests after a run at least: a stream of wake-ups is a run a gap
 WAIT_SLICE = 1.0  # the longest single blocking wait (a stopping loop notices within this)
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,11 @@ never settles SUCCESS after all (the worker died and the recoveries ran out, the
 cancelled) has added them. Both are rare and add only what the page links to; the other order
 lost links whenever a worker died in its window, which no later step could find again.
 
+A page's depth comes with its task in the entry's lease (``LeaseTask.depth``), else intake reads
+it from the task. When any task was added the dispatcher is woken (``common.queue.wake``), after
+the tasks are stored: found links go out at its next run, within a fraction of a second, not at
+its next scheduled one.
+
 A job removed meanwhile takes none (logged: nothing to add to), as does a store that refuses
 the insert; MongoDB away past the retries raises, as every write of the writer does: the entry
 fails before any settle and is recovered, its links offered again by the next attempt.
