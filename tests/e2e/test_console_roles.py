@@ -143,10 +143,12 @@ def set_value(driver, element_id: str, text: str) -> None:
     )
 
 
-def shoot(driver, name: str, width: int) -> Path:
-    """A screenshot of the whole page at ``width`` px into var/."""
-    height = driver.execute_script("return Math.max(document.body.scrollHeight, 600)")
-    driver.set_window_size(width, min(int(height) + 140, 4000))
+def shoot(driver, name: str, width: int, height: int = 0) -> Path:
+    """A screenshot at ``width`` px into var/: ``height`` px of the page's top, or all of it."""
+    driver.set_window_size(width, height or 900)
+    if not height:
+        height = driver.execute_script("return Math.max(document.body.scrollHeight, 600)") + 140
+    driver.set_window_size(width, min(int(height), 4000))
     VAR.mkdir(exist_ok=True)
     path = VAR / f"console-{name}-{width}.png"
     path.write_bytes(driver.get_screenshot_as_png())
@@ -213,7 +215,9 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
         )
         assert 40 < top < 100, top  # beside the 4th line, not below the editor
         assert not Job.objects(name="shop")
-        shoot(user, "register-error", 1280)
+        shoot(user, "register-error", 1280, 640)
+        shoot(user, "register-error", 390, 844)
+        user.set_window_size(1280, 900)
         set_value(user, "code", CODE)
         click(user, "//button[text()='Register']")
         wait_text(user, "h1", "Job shop")
@@ -234,12 +238,23 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
         worker_until_stored(cluster, "shop", 1000)
         wait_text(user, "#job-counts", "SUCCESS 1,000", timeout=20)  # the page updates by itself
         seen |= visit(user, web.base, "#/job/shop", "SUCCESS 1,000")
-        shoot(user, "job", 1280)
-        shoot(user, "job", 390)
+        shoot(user, "job", 1280, 1100)
+        shoot(user, "job", 390, 844)
         user.set_window_size(1280, 900)
         task = user.find_element(By.CSS_SELECTOR, "#t-tasks td a").get_attribute("href").split("#")[1]
         seen |= visit(user, web.base, f"#{task}", "Attempts (1)")
         shoot(user, "task", 1280)
+        # change its settings and code: the manifest comes back rebuilt from the job's page
+        seen |= visit(user, web.base, "#/edit/shop", "Change job shop")
+        WebDriverWait(user, 15).until(
+            lambda d: 'dispatch_num = 1000' in d.find_element(By.ID, "manifest").get_attribute("value")
+        )
+        manifest = user.find_element(By.ID, "manifest").get_attribute("value")
+        set_value(user, "manifest", manifest.replace("priority = 5", "priority = 7"))
+        set_value(user, "code", CODE)
+        click(user, "//button[text()='Save changes']")
+        wait_text(user, "#view p", "priority 7")
+        assert Job.objects.get(name="shop").priority == 7
 
         seen |= visit(user, web.base, "#/exports/shop", "Request export", "#export-form")
         click(user, "//button[text()='Request export']")
@@ -292,6 +307,7 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
         sign_in(analyst, web.base, keys["analyst"])
         looked = visit(analyst, web.base, "#/jobs", "shop")
         looked |= visit(analyst, web.base, "#/job/shop", "SUCCESS 1,000")
+        shoot(analyst, "job-analyst", 1280, 900)
         looked |= visit(analyst, web.base, "#/center", "orders today")
         looked |= visit(analyst, web.base, "#/exports", "Request an export")
         assert looked <= operations and not looked & CHANGES, looked & CHANGES

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 from starlette.concurrency import run_in_threadpool
 
@@ -33,6 +33,7 @@ from master.web.contract import (
     TaskStatus,
     Versions,
     answers,
+    whole,
 )
 from master.web.errors import ApiError
 
@@ -475,7 +476,7 @@ def get_audit(_: Admin, limit: Limit = None, before: Annotated[str | None, Query
 # --- tokens (admins) -----------------------------------------------------------------------
 
 TokenName = Annotated[str, Path(pattern=tokens.NAME_RE.pattern, description="the token's name")]
-ProjectIdIn = Annotated[int, Field(ge=1, le=2**31)]
+ProjectIdIn = Annotated[int, Field(ge=1, le=2**31), BeforeValidator(whole)]
 
 
 class TokenIn(Strict):
@@ -504,12 +505,15 @@ def list_tokens(_: Admin) -> dict:
     return {"tokens": [_token_row(t) for t in tokens.listing()]}
 
 
-@router.post("/tokens", tags=["tokens"], status_code=201, responses=answers(401, 403, 404))
+@router.post("/tokens", tags=["tokens"], status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "a token of that name exists (revoke it first)"}))
 def create_token(body: TokenIn, token: Admin) -> dict:
     """A new token (``downcluster token create``): its secret is in this answer only (only its
     hash is kept)."""
     for project_id in body.projects:
         access.check_project(token, project_id)
+    if any(t["name"] == body.name for t in tokens.listing()):
+        raise ApiError(409, f"a token named {body.name!r} exists: revoke it first")
     held = sorted(set(body.projects))
     secret = tokens.create(body.name, body.role, held)
     audit.record(token, "token.create", body.name, role=body.role, projects=held)

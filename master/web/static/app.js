@@ -256,7 +256,7 @@ const onOff = (j) => (j.status === "ON"
 
 views.job = async function (name) {
   const n = q(name), filter = state.filter.get("t-tasks") || "", after = cursorOf("t-tasks");
-  const taskQuery = `limit=50${filter ? `&status=${filter}` : ""}${after ? `&after=${after}` : ""}`;
+  const taskQuery = `limit=20${filter ? `&status=${filter}` : ""}${after ? `&after=${after}` : ""}`;
   const [j, tasks, data] = await Promise.all([api("GET", `/jobs/${n}`), api("GET", `/jobs/${n}/tasks?${taskQuery}`),
     api("GET", `/jobs/${n}/data?limit=20`)]);
   const counts = TASK_STATUSES.map((k) => `${k} ${num(j.counts[k])}`).join(" · ");
@@ -422,7 +422,7 @@ views.register = async function (name) {
   const held = (await api("GET", "/projects")).projects || [];
   const key = editing ? `edit:${name}` : "register";
   const form = keep(key, () => registerForm(editing, name, held));
-  if (editing && !form.dataset.filled) { form.dataset.filled = "1"; prefill(name); }
+  if (editing && !form.dataset.filled) { form.dataset.filled = "1"; prefill(name, form.querySelector("#manifest")); }
   return [el("h1", {}, editing ? `Change job ${name}` : "Register a job"), form];
 };
 views.edit = (name) => views.register(name);
@@ -454,7 +454,7 @@ function registerForm(editing, name, held) {
 }
 
 // A manifest rebuilt from what the job's page shows (its code is not handed back by the API).
-async function prefill(name) {
+async function prefill(name, area) {
   const j = await api("GET", `/jobs/${q(name)}`);
   const s = j.settings || {};
   const lines = [`name = "${j.name}"`, `priority = ${j.priority}`, `type = "${j.type}"`];
@@ -465,8 +465,8 @@ async function prefill(name) {
     if (s[k] == null) continue;
     lines.push(`${k} = ${typeof s[k] === "string" ? `"${s[k]}"` : String(s[k])}`);
   }
-  $("manifest").value = lines.join("\n") + "\n";
-  $("manifest").dispatchEvent(new Event("input"));
+  area.value = lines.join("\n") + "\n";
+  area.dispatchEvent(new Event("input"));
 }
 
 // --- exports of jobs -----------------------------------------------------------------------
