@@ -405,7 +405,7 @@ function showLineError(message) {
   const m = /line (\d+)/.exec(message);
   const where = /^(generator |manifest|name|priority|type |settings|host|follow|sitemaps)/.test(message) || !/code/.test(message) ? "manifest" : "code";
   const area = $(where), mark = $(`${where}-error`);
-  const line = m ? Number(m[1]) : 0;
+  const line = m ? Number(m[1]) : keyLine(area.value, message);
   mark.textContent = line ? `◀ line ${line}: ${message}` : message;
   mark.dataset.line = String(line || 1);
   mark.hidden = false; area.classList.add("bad");
@@ -415,6 +415,14 @@ function showLineError(message) {
     area.scrollTop = Math.max(0, (line - 3) * (parseFloat(getComputedStyle(area).lineHeight) || 18));
   }
   place(area, mark);
+}
+
+// An error that names a key but no line ("priority must be ..."): the line where that key is set.
+function keyLine(text, message) {
+  const key = /^(?:manifest key |setting )?['"]?([A-Za-z_][A-Za-z0-9_]*)/.exec(message);
+  if (!key) return 0;
+  const at = text.split("\n").findIndex((l) => new RegExp(`^\\s*${key[1]}\\s*=`).test(l));
+  return at + 1;
 }
 
 views.register = async function (name) {
@@ -463,7 +471,8 @@ async function prefill(name, area) {
   lines.push("", "[settings]");
   for (const k of ["dispatch_num", "max_retry_times", "download_engine", "prior", "host_concurrency", "host_delay", "obey_robots", "allow_private"]) {
     if (s[k] == null) continue;
-    lines.push(`${k} = ${typeof s[k] === "string" ? `"${s[k]}"` : String(s[k])}`);
+    const v = s[k], float = k === "host_delay" && Number.isInteger(v); // TOML: 0 is an integer, 0.0 a float
+    lines.push(`${k} = ${typeof v === "string" ? JSON.stringify(v) : float ? v.toFixed(1) : String(v)}`);
   }
   area.value = lines.join("\n") + "\n";
   area.dispatchEvent(new Event("input"));
