@@ -79,8 +79,8 @@ class DispatchLog(Record):
 
 @dataclass(frozen=True, slots=True)
 class AlertLog(Record):
-    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall`` or
-    ``generator_fail``, of a job (None: cluster-wide)."""
+    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall``,
+    ``generator_fail`` or ``unreadable_entry``, of a job (None: cluster-wide)."""
 
     id: ObjectId
     job: ObjectId | None = None
@@ -100,6 +100,8 @@ class RegistrationError(Record):
     manifest: str | None = None
     reason: str = ""
     hostname: str | None = None
+    project: int | None = None
+    actor: str | None = None
     add_datetime: datetime | None = None
 
 

@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.errors import DownclusterError, http_status
+from common.errors import DownclusterError, http_status, too_many_digits
+from common.secrets import AccessLogFilter
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
@@ -138,6 +139,9 @@ def create_app() -> FastAPI:
     from common.sentry import init_sentry
 
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)
+    access_log = logging.getLogger("uvicorn.access")  # signed links' sig, tokens, source_data: masked
+    if not any(isinstance(f, AccessLogFilter) for f in access_log.filters):
+        access_log.addFilter(AccessLogFilter())
     connect_mongo(ensure_indexes=mongo_answers(seconds=1.0))
     app = FastAPI(
         title="downcluster",
@@ -190,9 +194,19 @@ def _answer_errors(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed(request))
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # a body FastAPI could not read
+            return error(422, _unreadable(exc.__cause__))
         return error(exc.status_code, str(exc.detail), headers or None)
 
     _answer_failures(app)
+
+
+def _unreadable(exc: ValueError) -> str:
+    """A JSON body that is well formed but that ``json`` does not read: text not in UTF-8, or an
+    integer past Python's digit limit for int-from-text."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "the body is not valid JSON (not UTF-8 text)"
+    return str(too_many_digits("the body"))
 
 
 def _answer_failures(app: FastAPI) -> None:
