@@ -165,7 +165,7 @@ def worker_until_stored(cluster, name: str, n: int) -> None:
 
 
 def tokens() -> dict[str, str]:
-    assert cli("project", "create", "team-a").exit_code == 0
+    assert cli("project", "create", "team-a", "--allow-private").exit_code == 0  # the local site
     assert cli("project", "create", "team-b").exit_code == 0
 
     def make(name, role, *project):
