@@ -239,6 +239,8 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
             "return document.querySelector('#t-tasks td a').hash"
         )  # one read: no stale node
         seen |= visit(user, web.base, task, "Attempts (1)")
+        facts = wait_text(user, "#task-facts", "depth")
+        assert "SUCCESS" in facts and "0" in facts and "found on" in facts and "[object" not in facts
         shoot(user, "task", 1280)
         # change its settings and code: the manifest comes back rebuilt from the job's page
         seen |= visit(user, web.base, "#/edit/shop", "Change job shop")

@@ -360,10 +360,9 @@ views.task = async function (id) {
     ["visits", `${num(t.visits)} (${num(t.not_modified)} not modified)`], ["added", when(t.add_datetime)], ["updated", when(t.last_update_datetime)]];
   return [
     el("h1", {}, "Task ", el("code", {}, t.id)),
-    el("dl", { class: "facts" }, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
+    el("dl", { class: "facts", id: "task-facts" }, facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
     el("h2", {}, `Attempts (${t.download_logs.length}), newest first`),
-    table([col("when", (l) => when(l.add_datetime), 0, (l) => l.add_datetime), col("status", "status"), col("HTTP", (l) => l.status_code ?? "-", 1, (l) => l.status_code),
-      col("bytes", "response_size", 1), col("ms", (l) => (l.spend_time / 1000).toFixed(0), 1, (l) => l.spend_time), col("host", "downloads_hostname"),
+    table([col("when", (l) => when(l.add_datetime), 0, (l) => l.add_datetime), col("status", "status"), col("bytes", "response_size", 1), col("ms", (l) => (l.spend_time / 1000).toFixed(0), 1, (l) => l.spend_time), col("host", "downloads_hostname"),
       col("reason", (l) => l.failed_reason || "-")], t.download_logs, "no attempt yet", "t-attempts"),
     el("h2", {}, "Versions"),
     table([col("version", "version", 1), col("stored", (v) => when(v.add_datetime), 0, (v) => v.add_datetime), col("HTTP", (v) => v.status_code ?? "-", 1, (v) => v.status_code),
@@ -599,7 +598,7 @@ views.center = async function () {
     el("div", { class: "tools" }, statusFilter("t-center", Object.values(CENTER_STATUS))),
     table(centerColumns(owners), d.tasks, "no download tasks", "t-center"),
     el("div", { class: "pager" }, el("button", { type: "button", "data-action": "list_center_tasks", disabled: page <= 1, onclick: () => go(page - 1) }, "Previous"),
-      el("span", { class: "muted" }, `page ${page} of ${pages} · ${num(d.total)} tasks`),
+      el("span", { class: "muted" }, `page ${page} of ${pages} · ${num(d.total)} task${d.total === 1 ? "" : "s"}`),
       el("button", { type: "button", "data-action": "list_center_tasks", disabled: page >= pages, onclick: () => go(page + 1) }, "Next")),
     el("h2", {}, "Request a download task"), centerForm(held),
   ];
