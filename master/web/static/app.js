@@ -473,9 +473,16 @@ async function prefill(name, area) {
     const v = s[k], float = k === "host_delay" && Number.isInteger(v); // TOML: 0 is an integer, 0.0 a float
     lines.push(`${k} = ${typeof v === "string" ? JSON.stringify(v) : float ? v.toFixed(1) : String(v)}`);
   }
+  const hidden = ["proxy", "cookie"].filter((k) => s[k]).concat(s.headers && s.headers.length ? ["headers"] : [], s.download_js_chars ? ["download_js"] : [], s.report_mails ? ["report_mails"] : []);
+  if (hidden.length) lines.push(`# not handed back by the API (set again, or they are dropped): ${hidden.join(", ")}`);
+  for (const [table, value] of [["follow", j.follow], ["sitemaps", j.sitemaps]]) if (value) lines.push("", `[${table}]`, ...tomlPairs(value));
+  if (j.generator) lines.push("", "# this job has a [generator] (its code is not handed back by the API): declare it again here or it is removed");
   area.value = lines.join("\n") + "\n";
   area.dispatchEvent(new Event("input"));
 }
+// key = value lines of a flat table (strings, numbers, booleans, arrays of them), as TOML.
+const tomlPairs = (table) => Object.entries(table).filter(([, v]) => v != null && typeof v !== "object" || Array.isArray(v))
+  .map(([k, v]) => `${k} = ${JSON.stringify(v)}`);
 
 // --- exports of jobs -----------------------------------------------------------------------
 views.exports = async function (job) {
