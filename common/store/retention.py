@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from bson import ObjectId
 from pymongo.collection import Collection
 
-from common.store import counts
+from common.store import counts, known
 from common.store import tasks as store_tasks
 from common.store.data import body_of, gridfs_of
 from common.store.fence import named as named_by_tasks
@@ -195,7 +195,9 @@ def remove_tasks(job_id: ObjectId, status: str, before: datetime, ids: list[Obje
         uris = {d["_id"]: d["uri"] for d in tasks.find({"_id": {"$in": part}, **unchanged}, {"uri": 1})}
         data += drop_data(list(CrawlerDownloadData._get_collection().find(
             {"task": {"$in": list(uris)}}, {"_id": 1, "response_body_gridfs": 1})))
+        known.forget(job_id)  # before and after: no removed URL stays in intake's filter
         gone = tasks.delete_many({"_id": {"$in": list(uris)}, **unchanged}).deleted_count
+        known.forget(job_id)
         counts.move([(job_id, status, None, gone)])
         left = {d["_id"] for d in tasks.find({"_id": {"$in": list(uris)}}, {"_id": 1})} \
             if gone < len(uris) else set()
