@@ -331,6 +331,15 @@ CENTER_RETRY_AFTER seconds after the last ended."""
 CENTER_RETRY_AFTER = 60
 """Seconds between the runs of a /v1 download task whose source failed (seed 000: 60)."""
 
+CENTER_TASK_RETENTION_DAYS = 30
+"""Days a download task of the center is kept after it ended (failed, cancelled, or expired: a
+done task's file goes after EXPORT_TTL); then its document, with the rows it carried inline, is
+archived (CENTER_ARCHIVE_DIR) and removed by the defender. 0: kept for ever."""
+
+CENTER_ARCHIVE_DIR = ""
+"""Directory the removed download tasks are archived to, one JSON line each, a file a day
+(center-YYYY-MM-DD.jsonl); empty: removed without an archive."""
+
 SMTP_URL = ""
 """smtp://[user:pass@]host:port, smtps://..., or smtp://...?starttls=1; empty: mails are not sent."""
 

@@ -15,12 +15,13 @@ beside them in every answer): 1 waiting (PENDING), 2 processing (RUNNING), 3 don
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO, Any, cast
 from urllib.parse import quote
 
@@ -235,16 +236,23 @@ def deliver(redis: Redis, params: dict, token: Token | None = None,
             extra: dict | None = None) -> ExportRecord:
     """Check a task and queue it on down_export (a worker pulls its source and writes its file);
     audited as ``center.deliver``. ``extra``: kept in the task's ``center`` beside the checked
-    parameters (the /v1 interface's: ``master.center_v1``)."""
+    parameters (the /v1 interface's: ``master.center_v1``); a /v1 task identical to one of the
+    same caller underway, or done within EXPORT_DEDUP_WINDOW, is that one (seeds 001, 004)."""
     task = check(params, token)
     task.center.update(extra or {})
-    return _store(redis, task, token)
+    if not (extra or {}).get("v1"):
+        return _store(redis, task, token)
+    digest = "center:" + hashlib.sha256(json.dumps([params, extra], sort_keys=True, default=str,
+                                                   ensure_ascii=False).encode()).hexdigest()
+    window = timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)
+    same = exports.earlier(digest, utcnow(), window, token.id if token else None)
+    return same if same is not None else _store(redis, task, token, digest)
 
 
-def _store(redis: Redis, task: Task, token: Token | None) -> ExportRecord:
+def _store(redis: Redis, task: Task, token: Token | None, digest: str | None = None) -> ExportRecord:
     now = utcnow()
     export = exports.add(ExportRecord(
-        id=ObjectId(), format=task.format, template="", filter={}, digest=f"center:{ObjectId()}",
+        id=ObjectId(), format=task.format, template="", filter={}, digest=digest or f"center:{ObjectId()}",
         callback_urls=[task.callback] if task.callback else [], mails=[],
         requested_by=token.name if token else "", created_at=now, retry_at=now,
         max_exec_time=task.max_exec_time, project=task.project_id, center=task.center,

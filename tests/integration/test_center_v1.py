@@ -150,6 +150,8 @@ def test_a_caller_of_the_seeds_center_switches_by_its_base_url(center, backend):
     made = caller.post("/v1/task", task(backend, callback=f"{backend}/callback"))
     assert made["status"] == 200 and set(made) == {"status", "msg", "info", "data", "retry"}, made
     task_id = made["data"]["task_id"]
+    again = caller.post("/v1/task", task(backend, callback=f"{backend}/callback"))  # seeds 001, 004
+    assert again["data"]["task_id"] == task_id
     wrapped = caller.post("/v1/task", task(backend, "/nototal", n=230, type="excel"), wrap=True)
     assert wrapped["status"] == 200, wrapped
     filtered = caller.post("/v1/task", task(backend, "/filtered", n=400, step=7))  # step 7: 1000
@@ -266,3 +268,54 @@ def test_deleting_a_task_is_its_requesters_or_an_admins(center, backend):
     assert r.json()["deleted"] == [made["task_id"]]
     actions = {e.action for e in AuditEntry.objects(target=made["task_id"])}
     assert actions == {"center.deliver", "center.delete"}
+
+
+def test_a_failed_source_runs_again_on_the_seeds_schedule(cluster, monkeypatch, backend):
+    """Seed 000's center: a task whose source failed is run again a minute later, 3 runs in all
+    (CENTER_TASK_RETRIES, CENTER_RETRY_AFTER); meanwhile callers see it 处理中 (3)."""
+    from datetime import timedelta
+
+    from common.store.models import store_now
+    from master import center as center_module
+    from master import center_v1
+    from slave.exporter import run_export
+
+    with_settings(cluster, monkeypatch, {**FAST, "DOWNCLUSTER_CENTER_TASK_RETRIES": "3"})
+    assert cli("project", "create", "orders").exit_code == 0
+    unsigned = {"project_id": "1", "name": "never signed", "source_url": f"{backend}/total?n=5"}
+    given, extra = center_v1.params_of(unsigned)  # no CENTER_APP_ID: the back end refuses the pulls
+    export = center_module.deliver(cluster.redis, given, None, extra)
+    for attempt in (1, 2):
+        assert run_export(str(export.id), "w1") == "retry"
+        done = Export.objects.get(id=export.id)
+        assert done.state == "PENDING" and done.attempts == attempt
+        assert done.retry_at - store_now() > timedelta(seconds=30)  # CENTER_RETRY_AFTER: 60 s
+        record = center_module.get(str(export.id))
+        shown = center_v1.describe(record)
+        assert (shown["status"], shown["status_name"]) == (3, "处理中")
+    assert run_export(str(export.id), "w1") == "failed"
+    assert center_v1.describe(center_module.get(str(export.id)))["status"] == 6
+
+
+def test_ended_tasks_are_archived_then_removed(cluster, monkeypatch, tmp_path):
+    from datetime import timedelta
+
+    from common.store.models import store_now
+    from master import center as center_module
+    from master.exports import service
+    from master.ops import retention
+
+    with_settings(cluster, monkeypatch, {"DOWNCLUSTER_CENTER_ARCHIVE_DIR": str(tmp_path / "archive")})
+    assert cli("project", "create", "orders").exit_code == 0
+    rows = json.dumps([{"secret_row": "x" * 100}] * 3)
+    old, recent = (center_module.deliver(cluster.redis, {"project_id": 1, "name": f"t{i}",
+                                                         "source_data": rows}) for i in range(2))
+    for export in (old, recent):
+        service.cancel(cluster.redis, str(export.id))
+    Export.objects(id=old.id).update_one(set__finished_at=store_now() - timedelta(days=31))
+    assert retention.enforce().center_tasks == 1
+    assert Export.objects(id=old.id).count() == 0 and Export.objects(id=recent.id).count() == 1
+    [archive] = (tmp_path / "archive").iterdir()
+    [line] = archive.read_text().splitlines()
+    kept = json.loads(line)
+    assert kept["_id"] == str(old.id) and kept["center"]["source_data"] == rows
