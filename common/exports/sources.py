@@ -39,12 +39,13 @@ from common import netguard
 from common.config import settings
 from common.errors import AddressRefused, SourceFailed, ValidationError
 from common.exports.tabular import WRITERS, check_fits
-from common.exports.templates import Node, Table, Template, from_data, parse_template
+from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
 logger = logging.getLogger(__name__)
 SOURCE_HINT = "set SOURCE_ALLOW_PRIVATE to allow"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
+V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
 
 
 # --- checking what a task says (the master, at delivery) ------------------------------------
@@ -131,6 +132,8 @@ class Look:
     default_width: float | None = None
     default_height: float | None = None
     keys_only: bool = False                    # the header is the rows' keys (a /v1 task's CSV)
+    v1: Mapping[str, Any] | None = None        # a /v1 task's col_align, header_align, footer_align,
+                                               # rowoffset; its widths in characters
 
 
 def look_of(center: Mapping[str, Any]) -> Look:
@@ -145,7 +148,8 @@ def look_of(center: Mapping[str, Any]) -> Look:
 
     return Look(center.get("template"), each("title"), each("summary"),
                 tuple(as_pairs(p) for p in each("header")), tuple(as_pairs(p) for p in each("footer")),
-                center.get("default_width"), center.get("default_height"), bool(center.get("keys_header")))
+                center.get("default_width"), center.get("default_height"), bool(center.get("keys_header")),
+                {k: center.get(k) for k in V1_LOOK} if center.get("v1") else None)
 
 
 def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], Any]) -> tuple:
@@ -169,8 +173,27 @@ def build_template(look: Look, first_rows: list | dict | None, answer: dict | No
     template = _template_of(_given_template(look, answer, index, tables), first_rows)
     sheet = replace(template, default_width=look.default_width or template.default_width,
                     default_height=look.default_height or template.default_height)
+    if look.v1 is not None:
+        sheet = _as_v1(sheet, look.v1)
     return replace(sheet, tables=tuple(_dressed(table, look, answer, index if tables > 1 else i)
                                        for i, table in enumerate(sheet.tables)))
+
+
+def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
+    """A /v1 task's template as seed 000's center draws it: widths in Excel's characters, the
+    rows offset, header and footer aligned, ``col_align`` for the leaves that give no align."""
+    align = v1.get("col_align") or ""
+
+    def aligned(node: Node) -> Node:
+        if node.children:
+            return replace(node, children=tuple(aligned(c) for c in node.children))
+        if not align or (node.style is not None and node.style.align):
+            return node
+        return replace(node, style=replace(node.style or Style(), align=align))
+
+    tables = tuple(replace(t, col=tuple(aligned(n) for n in t.col)) for t in sheet.tables)
+    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.get("rowoffset") or 0),
+                   header_align=v1.get("header_align") or "", footer_align=v1.get("footer_align") or "")
 
 
 def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:

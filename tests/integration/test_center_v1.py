@@ -319,3 +319,59 @@ def test_ended_tasks_are_archived_then_removed(cluster, monkeypatch, tmp_path):
     [line] = archive.read_text().splitlines()
     kept = json.loads(line)
     assert kept["_id"] == str(old.id) and kept["center"]["source_data"] == rows
+
+
+STYLED = [
+    {"title": "订单", "children": [
+        {"name": "order_no", "title": "订单号", "width": -1, "align": "center", "bold": 1, "color": "red",
+         "bg_color": "#FFEEDD", "type": "string", "height": 30},
+        {"name": "amount", "title": "金额", "style": {"width": 20, "align": "right"}}]},
+    {"name": "station", "title": "油站"}]
+
+
+def _styles(book_path):
+    """What a reader finds in the file: widths, alignments, fonts, fills, where the data starts."""
+    import openpyxl
+
+    sheet = openpyxl.load_workbook(book_path).active
+    first = next(r for r in range(1, 20) if sheet.cell(r, 1).value == "订单号")
+    data = sheet.cell(first + 1, 1)
+    return {"header_row": sheet.cell(first - 1, 1).value, "first": first, "value": data.value,
+            "order_no": (data.alignment.horizontal, data.font.b, data.font.color.rgb[-6:],
+                         data.fill.fgColor.rgb[-6:]),
+            "amount": sheet.cell(first + 1, 2).alignment.horizontal,
+            "station": sheet.cell(first + 1, 3).alignment.horizontal,
+            "pair": sheet.cell(first - 2, 2).alignment.horizontal,
+            "widths": (sheet.column_dimensions["A"].width, sheet.column_dimensions["B"].width),
+            "head_bold": sheet.cell(first - 1, 1).font.b,
+            "row_height": sheet.row_dimensions[first + 1].height}
+
+
+def test_the_callers_template_styles_and_offsets_in_the_xlsx(center, backend, tmp_path):
+    """Seed 000's leaf style keys (flat and in style{}), width -1 (automatic) and widths in Excel's
+    characters, col_align, header_align, rowoffset and default_height, as openpyxl reads the file
+    and as LibreOffice reads it (its own re-save of the file, read again)."""
+    from tests.integration.test_download_center import _convert, _soffice
+
+    cluster, web, caller = center
+    made = caller.post("/v1/task", task(backend, n=40, type="excel", template=json.dumps(STYLED),
+                                        col_align="left", header=json.dumps({"油站": "钓鱼岛"}),
+                                        header_align="right", rowoffset=2, default_height=30,
+                                        default_width=12))
+    assert made["status"] == 200, made
+    burst_worker(cluster)
+    book = tmp_path / "styled.xlsx"
+    book.write_bytes(caller.get("/v1/download/async", {"task_id": made["data"]["task_id"]}).content)
+    want = {"header_row": "订单", "first": 5, "value": "NO0",
+            "order_no": ("center", True, "FF0000", "FFEEDD"),
+            "amount": "right", "station": "left", "pair": "right", "head_bold": True, "row_height": 30}
+    got = _styles(book)
+    assert {k: got[k] for k in want} == want, got
+    auto, amount = got["widths"]
+    assert amount == pytest.approx(20, abs=0.2) and 7 <= auto <= 12, got["widths"]  # "NO39" + margin
+    soffice = _soffice()
+    again = _convert(soffice, book, "xlsx:Calc MS Excel 2007 XML", tmp_path / "lo")
+    seen = _styles(again)
+    assert {k: seen[k] for k in ("first", "value", "order_no", "amount", "station", "pair")} == {
+        k: want[k] for k in ("first", "value", "order_no", "amount", "station", "pair")}, seen
+    assert seen["widths"][1] == pytest.approx(20, abs=0.6)
