@@ -324,6 +324,10 @@ carry ``app_id`` and a ``token`` signed with CENTER_APP_SECRET, and so do its fo
 CENTER_APP_SECRET = ""
 """The secret of CENTER_APP_ID (give it to the sources and callback receivers that check it)."""
 
+CENTER_SIGNATURE_WINDOW = 300
+"""Seconds a signed /v1 request's ``timestamp`` may be from the center's clock, when the caller
+sends one (seed 000's signature has no time of its own)."""
+
 CENTER_TASK_RETRIES = 3
 """Runs of a /v1 download task whose source fails (seed 000's center: 3); the next run starts
 CENTER_RETRY_AFTER seconds after the last ended."""

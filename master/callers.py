@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
+from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.signing import wecar_ok
 from common.store import callers as store
@@ -84,7 +86,9 @@ def listing() -> list[dict]:
 
 def signed(params: dict[str, Any]) -> control.Token:
     """The caller whose ``app_id`` and ``token`` are in ``params``, its token checked over the
-    other parameters; Refused otherwise."""
+    other parameters; Refused otherwise. The scheme carries no time of its own: a ``timestamp``
+    parameter (UNIX seconds, signed with the rest) is held to CENTER_SIGNATURE_WINDOW when a
+    caller sends one (docs/exports.md: how replays are bounded without it)."""
     app_id, token = params.get("app_id"), params.get("token")
     if not isinstance(app_id, str) or not app_id or not isinstance(token, str) or not token:
         raise Refused(300, "invalid invoke:no app_id or token.")
@@ -93,6 +97,14 @@ def signed(params: dict[str, Any]) -> control.Token:
         raise Refused(300, "invalid invoke:invalid app_id.")
     if not wecar_ok(params, found[0], token):
         raise Refused(301, "invalid invoke:verify token faild.")
+    stamp = params.get("timestamp")
+    if stamp is not None:  # a caller that signs a time has it held to CENTER_SIGNATURE_WINDOW
+        try:
+            late = abs(time.time() - float(stamp)) > settings.CENTER_SIGNATURE_WINDOW
+        except (TypeError, ValueError):
+            late = True
+        if late:
+            raise Refused(301, "invalid invoke:timestamp outside CENTER_SIGNATURE_WINDOW.")
     return found[1]
 
 

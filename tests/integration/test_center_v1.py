@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, quote_plus, urlsplit
 
@@ -88,6 +89,12 @@ class Backend(BaseHTTPRequestHandler):
         token = q.pop("token", "")
         if q.get("app_id") != CENTER_ID or wecar_sign(q, CENTER_SECRET) != token:
             return self._json({"status": 300, "msg": "invalid invoke:verify token faild.", "data": []})
+        if parts.path == "/redirect":  # to wherever ?to= says (a service of the cluster)
+            self.send_response(302)
+            self.send_header("Location", q["to"])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         page, size, n = int(q["page"]), int(q["page_size"]), int(q.get("n", 0))
         rows = [{"order_no": f"NO{i}", "amount": i * 10, "station": f"站{i % 3}"}
                 for i in range(page * size, min(n, (page + 1) * size))]
@@ -209,6 +216,10 @@ def test_signatures_projects_and_errors_answer_as_the_seeds_center(center, backe
     assert caller.post("/v1/task", {**params, "project_id": "2"})["status"] == 502  # not its project
     assert caller.get("/v1/task", {"task_id": "6" * 40}).json()["status"] == 507
     assert caller.post("/v1/task", {**params, "name": "x"})["status"] == 300
+    # the scheme has no time of its own; a caller that signs a timestamp has it checked
+    now = int(time.time())
+    assert caller.post("/v1/task", {**params, "timestamp": now - 3600})["status"] == 301
+    assert caller.post("/v1/task", {**params, "timestamp": now})["status"] == 200
     # a Bearer token keeps working beside signatures
     admin = new_token("root", "admin")
     r = requests.post(web.base + "/v1/task", data=params, headers={"Authorization": f"Bearer {admin}"},
@@ -375,3 +386,16 @@ def test_the_callers_template_styles_and_offsets_in_the_xlsx(center, backend, tm
     assert {k: seen[k] for k in ("first", "value", "order_no", "amount", "station", "pair")} == {
         k: want[k] for k in ("first", "value", "order_no", "amount", "station", "pair")}, seen
     assert seen["widths"][1] == pytest.approx(20, abs=0.6)
+
+
+def test_a_pull_never_follows_a_redirect(center, backend):
+    """A source answering 302 towards a service of the cluster: the pull stops there (no request
+    reaches the Location) and the task fails with that one line."""
+    cluster, web, caller = center
+    redis_port = cluster.redis_server.port
+    target = f"http://127.0.0.1:{redis_port}/"
+    made = caller.post("/v1/task", task(backend) | {
+        "source_url": f"{backend}/redirect?to={target}"})
+    burst_worker(cluster)
+    got = caller.get("/v1/task", {"task_id": made["data"]["task_id"]}).json()["data"]
+    assert got["status"] == 6 and got["failed_reason"].endswith("answered HTTP 302"), got
