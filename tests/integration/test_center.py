@@ -328,7 +328,7 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         assert requests.get(url, timeout=30).content == file.content
         assert _v1(web, "GET", f"/v1/download/url?task_id={task_id}", other)["status"] == 507
         listing = _v1(web, "GET", "/v1/tasks?project_ids=7,8&page=1&page_size=2", token)["data"]
-        assert listing["total"] == 3 and len(listing["data"]) == 1
+        assert listing["total"] == 3 and len(listing["data"]) == 1  # (the two-table task comes later)
         named = _v1(web, "GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单&page=0", token)
         assert [t["task_id"] for t in named["data"]["data"]] == [bad["task_id"], task_id]  # newest first
         failed_ones = _v1(web, "GET", "/v1/tasks?project_ids=7&status=6&page=0", token)["data"]["data"]
@@ -344,6 +344,11 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
         sync = web.call("POST", "/v1/download/sync", token, json={"project_id": 7, "name": "xlsx now",
                                                                   "type": "excel", "source_data": [{"a": 1}]})
         assert sync.status_code == 200 and sync.content[:2] == b"PK"
+        tables = {"project_id": "7", "name": "two tables", "source_data": json.dumps([[{"a": 1}], [{"b": 2}]]),
+                  "template": json.dumps([{"a": "A"}, {"b": "B"}]), "title": json.dumps(["one", "two"])}
+        assert _v1(web, "POST", "/v1/task/multiple", token, data=tables)["status"] == 200
+        sync = web.call("POST", "/v1/download/sync/multiple", token, data=tables)
+        assert sync.status_code == 200 and sync.content[:2] == b"PK", sync.text
         bad = _v1(web, "GET", "/v1/download/sync", token, params={**form, "source_url": f"{source}/html?n=1"})
         assert bad["status"] == 510 and "not JSON" in bad["msg"]
         # bad input: status 300 at delivery, one line; the web stays up
