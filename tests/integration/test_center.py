@@ -345,7 +345,8 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
                                                                   "type": "excel", "source_data": [{"a": 1}]})
         assert sync.status_code == 200 and sync.content[:2] == b"PK"
         tables = {"project_id": "7", "name": "two tables",
-                  "source_data": json.dumps([[{"a": 1}], [{"b": 2}]]), "template": json.dumps([{"a": "A"}, {"b": "B"}]), "title": json.dumps(["one", "two"])}
+                  "source_data": json.dumps([[{"a": 1}], [{"b": 2}]]),
+                  "template": json.dumps([{"a": "A"}, {"b": "B"}]), "title": json.dumps(["one", "two"])}
         assert _v1(web, "POST", "/v1/task/multiple", token, data=tables)["status"] == 200
         sync = web.call("POST", "/v1/download/sync/multiple", token, data=tables)
         assert sync.status_code == 200 and sync.content[:2] == b"PK", sync.text
