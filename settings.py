@@ -154,7 +154,8 @@ or host:port, e.g. the address of a web on another host or of an internal servic
 SANDBOX_ALLOW = ""
 """host:port pairs that python and shell downloaders of jobs without ``allow_private`` may
 reach although they are on this host or loopback: typically a local forward proxy. The browser
-engine's pages of such jobs go by the same rule."""
+engine's pages of such jobs go by the same rule, and the built-in engines accept these (and only
+these) private addresses as such jobs' ``proxy``."""
 
 SERVICES_REFRESH = 60.0
 """Seconds between two looks at where the cluster's services really are (names resolved again,

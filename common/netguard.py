@@ -4,7 +4,8 @@ webhooks share. A request is judged on the address it connects to, never on a UR
 - Refused always: the cluster's own services (the hosts and ports of REDIS_URL, MONGO_URI,
   MONGO_LOG_URI, MONGO_CONTROL_URI, WEB_BIND and PUBLIC_URL; a service on this machine is matched on any
   local address of its port), and unspecified or multicast addresses.
-- Refused unless allowed (a job's ``allow_private``, WEBHOOK_ALLOW_PRIVATE): every address that
+- Refused unless allowed (a job's ``allow_private``, which only an administrator grants;
+  WEBHOOK_ALLOW_PRIVATE; for a proxy, also its listing in SANDBOX_ALLOW): every address that
   is not globally routable: loopback, private, link-local (169.254.169.254, the cloud metadata
   service), shared and reserved ranges.
 """
@@ -21,7 +22,8 @@ from urllib.parse import urlsplit
 from common.config import settings
 from common.errors import AddressRefused
 
-DOWNLOAD_HINT = "set allow_private = true for intranet crawls"
+DOWNLOAD_HINT = "private reach is an administrator's grant: allow_private in a project opened to it"
+PROXY_HINT = "a proxy on a private address needs the job's allow_private, an administrator's grant"
 DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "mongodb": 27017, "http": 80, "https": 443}
 LOCAL = "local"  # an endpoint on this machine: its port on any local address
 
@@ -132,23 +134,51 @@ def judge_url(url: str, allow_private: bool) -> None:
     judge_literal(parts.hostname, parts.port or default_port, allow_private)
 
 
-def judge_proxy(proxy: str) -> None:
-    """A proxy a job names may be private (its choice), never a service of the cluster: judged on
-    every address its host resolves to (numbers in any form a resolver accepts included; names
-    resolved at most once a PROXY_TTL per host and port). Blocking: call it off an event loop."""
+def judge_proxy(proxy: str, allow_private: bool) -> None:
+    """A proxy a job names is judged by the job's own rule — a private one only with the grant
+    of ``allow_private``, a service of the cluster never — on every address its host resolves
+    to (numbers in any form a resolver accepts included; names resolved at most once a PROXY_TTL
+    per host and port). Blocking: call it off an event loop."""
     try:
         parts = urlsplit(proxy)
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower(), 1080)
     except ValueError:
         return  # the engine says what is wrong with it
     host = (parts.hostname or "").rstrip(".").lower()
-    judge_literal(host, port, allow_private=True)
-    if host and literal_ip(host) is None and not (host == "localhost" or host.endswith(".localhost")):
-        for address in _proxy_addresses(host, port, int(time.monotonic() // PROXY_TTL)):
-            judge(address, port, allow_private=True)
+    if host == "localhost" or host.endswith(".localhost"):
+        addresses: tuple[str, ...] = ("127.0.0.1",)
+    elif literal_ip(host) is not None:
+        addresses = (str(literal_ip(host)),)
+    else:
+        addresses = _proxy_addresses(host, port, int(time.monotonic() // PROXY_TTL)) if host else ()
+    for address in addresses:  # one refused refuses the proxy
+        judge_proxy_peer(address, port, allow_private)
+
+
+def judge_proxy_peer(ip: str, port: int, allow_private: bool) -> None:
+    """Judge the address a connection to a job's proxy goes to: the job's rule, or the operator's
+    listing of it in SANDBOX_ALLOW."""
+    listed = _operator_proxies(settings.SANDBOX_ALLOW, int(time.monotonic() // PROXY_TTL))
+    granted = (parse_ip(ip), port) in listed
+    judge(ip, port, allow_private or granted, PROXY_HINT)
 
 
 PROXY_TTL = 60.0
+
+
+@lru_cache(maxsize=8)
+def _operator_proxies(listed: str, epoch: int) -> frozenset:
+    """(address, port) of the proxies the operator lists in SANDBOX_ALLOW (``host:port``, comma
+    or space separated): private ones a job may use without ``allow_private``, as its sandbox may."""
+    found = set()
+    for item in listed.replace(",", " ").split():
+        host, _, port = item.rpartition(":")
+        if not port.isdigit() or not host.strip("[]"):
+            continue
+        host = host.strip("[]")
+        for address in ((host,) if parse_ip(host) is not None else _proxy_addresses(host, int(port), epoch)):
+            found.add((parse_ip(address), int(port)))
+    return frozenset(found)
 
 
 @lru_cache(maxsize=256)

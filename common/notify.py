@@ -89,8 +89,9 @@ def _addresses(target: CallbackTarget) -> list[str]:
     """The judged addresses of ``target``'s host (ValidationError with one line when refused)."""
     try:
         return netguard.resolve(target.host, target.port, settings.WEBHOOK_ALLOW_PRIVATE, WEBHOOK_HINT)
-    except AddressRefused as exc:
-        raise ValidationError(f"callback_url {exc.reason}") from None
+    except AddressRefused:  # never which address a name inside resolves to: only that it is not public
+        raise ValidationError(f"callback_url: {target.host} is not a public address "
+                              f"({WEBHOOK_HINT})") from None
     except OSError:
         raise ValidationError(f"callback_url: cannot resolve {target.host}") from None
 

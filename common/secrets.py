@@ -7,7 +7,7 @@ import re
 import threading
 from collections import OrderedDict
 from typing import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _HEADER_SECRET = re.compile(
@@ -100,6 +100,36 @@ class RedactingFilter(logging.Filter):
         except Exception:  # a broken format string must not hide the record
             return True
         record.msg, record.args = redact(message), None
+        return True
+
+
+# query parameters that are credentials or a caller's data: never written whole in an access log
+QUERY_SECRETS = frozenset({"sig", "token", "ticket", "secret", "password", "source_data", "access_token",
+                           "session", "key"})
+_QUERY_PAIR = re.compile(r"(?P<key>[^&=?#]+)=(?P<value>[^&#]*)")
+
+
+def mask_query(path: str) -> str:
+    """``path`` with the values of its credential and data parameters (QUERY_SECRETS, however
+    percent-encoded or cased) replaced by ``***``."""
+    head, sep, query = path.partition("?")
+    if not sep:
+        return path
+
+    def mask(found: re.Match) -> str:
+        key = unquote_plus(found["key"]).strip().lower()
+        return f"{found['key']}=***" if key in QUERY_SECRETS else found[0]
+    return head + sep + _QUERY_PAIR.sub(mask, query)
+
+
+class AccessLogFilter(logging.Filter):
+    """uvicorn's access log with ``mask_query`` applied to each request's path (its third
+    argument), the rest of its format untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], mask_query(args[2]), *args[3:])
         return True
 
 

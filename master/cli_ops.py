@@ -84,6 +84,9 @@ def migrate() -> None:
                f"moved {report.claims_moved} notification claims to the one claim protocol; dropped "
                f"{report.indexes_retired} indexes an earlier version kept (made {report.keys_made} "
                f"keys of tasks first)")
+    for name in report.private_revoked or []:
+        click.echo(f"  job {name}: allow_private withdrawn (its project is not opened to private addresses; "
+                   "an admin may register it again to grant it)", err=True)
     for left in report.secrets_kept or []:
         click.echo(
             f"  left in the source database (the control database has another of that name): {left}", err=True

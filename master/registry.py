@@ -22,7 +22,7 @@ from common.errors import Forbidden, NotFound, ValidationError
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store import due, generators, jobs
+from common.store import due, generators, jobs, projects
 from common.store.models import OFF, ON, utcnow
 from common.store.records import DownloadType, Job
 
@@ -35,6 +35,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 TOP_KEYS = {"name", "priority", "host", "type", "code", "settings", "generator", "follow", "sitemaps"}
 GENERATOR_KEYS = {"type", "code", "source", "schedule", "schemes"}
 SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]{0,31}$")
+PROJECT_GRANT, ADMIN_GRANT = "project", "admin"  # who let a job reach private addresses
 
 
 @dataclass
@@ -294,13 +295,15 @@ def ensure_download_types() -> None:
     jobs.ensure_types(DOWNLOADER_TYPES)
 
 
-def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
-    """Create or update the job, its downloader and its settings; (job, created)."""
+def store(spec: JobSpec, project: int | None = None, token: Token | None = None) -> tuple[Job, bool]:
+    """Create or update the job, its downloader and its settings; (job, created). Private reach is
+    the administrator's grant (``private_grant``)."""
     ensure_download_types()
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
     fields = jobsettings.resolved(spec.settings, settings)
+    fields["private_grant"] = private_grant(bool(fields.get("allow_private")), project, token)
     follow = None if spec.follow is None else {k: list(v) if isinstance(v, tuple) else v
                                                for k, v in asdict(spec.follow).items()}
     sitemaps = None if spec.sitemaps is None else {k: list(v) if isinstance(v, tuple) else v
@@ -317,6 +320,23 @@ def store(spec: JobSpec, project: int | None = None) -> tuple[Job, bool]:
     else:
         generators.store(job.id, g.type, g.code, g.schedule, g.schemes, g.digest, utcnow())
     return job, created
+
+
+def private_grant(wanted: bool, project: int | None, token: Token | None) -> str:
+    """Who grants a job's ``allow_private``: ``project`` (an admin opened its project to private
+    addresses), ``admin`` (an admin registered it), or "" (not asked for). Anyone else asking is
+    refused: reach is granted, never taken."""
+    from master import access
+
+    if not wanted:
+        return ""
+    found = projects.by_id(project) if project is not None else None
+    if found is not None and found.allow_private:
+        return PROJECT_GRANT
+    if access.is_admin(token):
+        return ADMIN_GRANT
+    raise Forbidden("allow_private needs an administrator's grant: a project created with "
+                    "--allow-private, or an admin registering the job")
 
 
 def register(path: str | Path, token: Token | None = None, project: int | None = None) -> Job:
@@ -341,18 +361,30 @@ def register_text(manifest: str, code: str | None = None, token: Token | None = 
 
 
 def _logged(load, label: str, guess, token: Token | None, project: int | None) -> tuple[Job, bool]:
+    actor = token.name if token is not None else "cli"
     try:
         spec = load()
-    except ValidationError as exc:
-        jobs.log_rejected(guess(), label, str(exc), settings.HOSTNAME)
+    except ValidationError as exc:  # logged in the submitter's project, whatever name it gave
+        jobs.log_rejected(guess(), label, str(exc), settings.HOSTNAME, _submitted_to(token, project), actor)
         raise
     # who may: not a rejection of the manifest, so not logged where readers of the job would see it
     project_id = _project(spec.name, token, project)
     try:
-        return store(spec, project_id)
+        return store(spec, project_id, token)
     except ValidationError as exc:
-        jobs.log_rejected(spec.name, label, str(exc), settings.HOSTNAME)
+        jobs.log_rejected(spec.name, label, str(exc), settings.HOSTNAME, project_id, actor)
         raise
+
+
+def _submitted_to(token: Token | None, wanted: int | None) -> int | None:
+    """The project a rejected manifest was meant for, as far as the caller may name one (None:
+    only admins see the rejection)."""
+    from master import access
+
+    try:
+        return access.project_for_new_job(token, wanted)
+    except (NotFound, Forbidden):
+        return None
 
 
 def _project(name: str, token: Token | None, wanted: int | None) -> int:

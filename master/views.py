@@ -235,9 +235,9 @@ def body(data_id: Any, job_ids: list | None = None) -> tuple[int, Iterator[bytes
 
 
 def log_page(log: Any, job: Any = None, limit: Any = None, after: Any = None,
-             job_ids: list | None = None, job_names: set[str] | None = None) -> dict:
-    """A page of one log, newest first (of the jobs ``job_ids`` / named ``job_names``, when
-    given: the registration log by name, the others by id)."""
+             job_ids: list | None = None, project_ids: list[int] | None = None) -> dict:
+    """A page of one log, newest first (of the jobs ``job_ids``, when given; the registration
+    log: of the rejections submitted to the projects ``project_ids``)."""
     if plain(log, "log") not in pages.LOGS:
         raise NotFound(f"no log {log!r}: one of {', '.join(pages.LOGS)}")
     job_id = job_name = None
@@ -248,7 +248,7 @@ def log_page(log: Any, job: Any = None, limit: Any = None, after: Any = None,
     mark = object_id(after, "after") if after is not None else None
     n = clamp(limit)
     found = pages.logs(log, n + 1, mark, job_id=job_id, job_name=job_name, job_ids=job_ids,
-                       job_names=None if job_names is None else sorted(job_names))
+                       project_ids=project_ids)
     page = _page(found, n, pages.SHOWN[log], jobs.names())
     return {"logs": page["items"], "next": page["next"]}
 

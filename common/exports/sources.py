@@ -42,7 +42,7 @@ from common.exports.tabular import WRITERS, check_fits
 from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
 logger = logging.getLogger(__name__)
-SOURCE_HINT = "set SOURCE_ALLOW_PRIVATE to allow"
+SOURCE_HINT = "private sources need a project an administrator opened to them"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
 V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
@@ -74,8 +74,8 @@ def check_source_url(url: Any, allow_private: bool | None = None) -> Target:
         raise ValidationError(str(exc).replace("callback_url", "source_url", 1)) from None
     try:
         addresses = netguard.resolve(parsed.host, parsed.port, allow, SOURCE_HINT)
-    except AddressRefused as exc:
-        raise ValidationError(f"source_url {exc.reason}") from None
+    except AddressRefused:  # never which address a name inside resolves to: only that it is not public
+        raise ValidationError(f"source_url: {parsed.host} is not a public address ({SOURCE_HINT})") from None
     except OSError:
         raise ValidationError(f"source_url: cannot resolve {parsed.host}") from None
     return Target(url, parsed.scheme, parsed.host, parsed.port, parsed.target, parsed.host_header,

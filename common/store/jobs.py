@@ -12,7 +12,7 @@ registration stores nothing but its log line. The report fields of a job (``repo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -117,8 +117,10 @@ def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, f
     return Job.from_doc(doc.to_mongo()), created
 
 
-def log_rejected(name: str, manifest: str, reason: str, hostname: str) -> None:
-    CrawlerRegistrationErrorLog(name=name, manifest=manifest, reason=reason, hostname=hostname).save()
+def log_rejected(name: str, manifest: str, reason: str, hostname: str, project: int | None = None,
+                 actor: str | None = None) -> None:
+    CrawlerRegistrationErrorLog(name=name, manifest=manifest, reason=reason, hostname=hostname,
+                                project=project, actor=actor).save()
 
 
 def type_rows() -> list[tuple[DownloadType, int]]:
@@ -217,16 +219,19 @@ class WorkerJob:
     settings: JobSettings
     follow: dict[str, Any] | None = None  # the checked [follow] table (None: follows nothing)
     sitemaps: dict[str, Any] | None = None  # the checked [sitemaps] table (None: no sitemap)
+    project: int | None = None  # its project (None: stored before projects, ``default``'s)
 
 
 def context(job_id: ObjectId) -> WorkerJob | None:
     """What a worker needs of a job (None if it is gone)."""
-    job = JobDoc._get_collection().find_one({"_id": job_id},
-                                            {"name": 1, "status": 1, "follow": 1, "sitemaps": 1})
+    fields = {"name": 1, "status": 1, "follow": 1, "sitemaps": 1, "project": 1}
+    job = JobDoc._get_collection().find_one({"_id": job_id}, fields)
     if job is None:
         return None
     download = CrawlerDownload._get_collection().find_one({"job": job_id})
     conf = JobSettings.maybe(CrawlerDownloadSetting._get_collection().find_one({"job": job_id})) or UNSET
+    if conf.allow_private and not conf.private_grant:  # asked for, never granted: no private reach
+        conf = replace(conf, allow_private=False)
     language, supported = "none", True
     if download is not None and download.get("types"):
         t = CrawlerDownloadType._get_collection().find_one({"_id": download["types"]},
@@ -238,4 +243,25 @@ def context(job_id: ObjectId) -> WorkerJob | None:
     return WorkerJob(name=job["name"], status=OFF if off else job.get("status", OFF),
                      download_id=download["_id"] if download else None,
                      code=(download or {}).get("code", ""), language=language, supported=supported,
-                     settings=conf, follow=job.get("follow"), sitemaps=job.get("sitemaps"))
+                     settings=conf, follow=job.get("follow"), sitemaps=job.get("sitemaps"),
+                     project=job.get("project"))
+
+
+def settle_private_grants(open_projects: set[int], default_project: int) -> list[str]:
+    """Jobs stored asking for ``allow_private`` before it needed a grant: those of a project an
+    admin opened to private addresses are granted by it; the others lose it. The names of those.
+    Safe to repeat."""
+    coll = CrawlerDownloadSetting._get_collection()
+    ungranted = {"allow_private": True, "private_grant": {"$in": [None, ""]}}
+    asked = {d["job"]: d["_id"] for d in coll.find(ungranted, {"job": 1})}
+    if not asked:
+        return []
+    lost: list[str] = []
+    for doc in JobDoc._get_collection().find({"_id": {"$in": list(asked)}}, {"name": 1, "project": 1}):
+        granted = (doc.get("project") or default_project) in open_projects
+        change = {"private_grant": "project"} if granted else {"allow_private": False}
+        coll.update_one({"_id": asked[doc["_id"]]}, {"$set": change})
+        if not granted:
+            lost.append(doc["name"])
+    return sorted(lost)
+

@@ -60,8 +60,10 @@ class CrawlerRegistrationErrorLog(Document):
     manifest = StringField()
     reason = StringField(max_length=10240, required=True)
     hostname = StringField()
+    project = IntField()   # the project it was submitted to (null: an admin's, or older)
+    actor = StringField()  # the token's name, or "cli" at the master's command line
     add_datetime = DateTimeField(default=utcnow)
-    meta = {"db_alias": "log"}
+    meta = {"db_alias": "log", "indexes": [("project", "-_id")]}
 
 
 class NotificationLog(Document):

@@ -100,6 +100,8 @@ class RegistrationError(Record):
     manifest: str | None = None
     reason: str = ""
     hostname: str | None = None
+    project: int | None = None
+    actor: str | None = None
     add_datetime: datetime | None = None
 
 

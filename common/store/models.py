@@ -175,7 +175,8 @@ class CrawlerDownloadSetting(Document):
     obey_robots = BooleanField()  # None: true for the built-in engine
     allow_private = BooleanField(
         **field_args("allow_private")
-    )  # downloads may reach loopback/private addresses too
+    )  # downloads may reach loopback/private addresses too, once granted:
+    private_grant = StringField()  # who granted it: "project" (opened by an admin) or "admin"; else none
     data_retention_days = IntField(
         **field_args("data_retention_days")
     )  # None: DATA_RETENTION_DAYS; 0: for ever

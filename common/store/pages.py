@@ -81,7 +81,7 @@ SHOWN: dict[str, Shape] = {
     "alert": (("job", True), ("type", True), ("reason", True), ("content_bytes", True), ("hostname", True),
               ("add_datetime", True)),
     "registration": (("name", True), ("manifest", False), ("reason", True), ("hostname", False),
-                     ("add_datetime", True)),
+                     ("project", False), ("actor", False), ("add_datetime", True)),
 }
 
 
@@ -169,22 +169,24 @@ def body(data_id: ObjectId, job_ids: list[ObjectId] | None = None) -> tuple[int,
 
 def logs(log: str, limit: int, after: ObjectId | None, job_id: ObjectId | None = None,
          job_name: str | None = None, job_ids: list[ObjectId] | None = None,
-         job_names: list[str] | None = None) -> list[LogRecord]:
+         project_ids: list[int] | None = None) -> list[LogRecord]:
     """Up to ``limit`` of log ``log`` (one of LOGS), newest first, as its records: of job
     ``job_id`` (the registration log: of ``job_name``), or of every job — of those of ``job_ids``
-    (the registration log: named ``job_names``) when given."""
+    (the registration log: submitted to a project of ``project_ids``) when given."""
     model, record = LOGS[log]
-    return [record.from_doc(d) for d in _log_docs(model, limit, after, job_id, job_name, job_ids, job_names)]
+    found = _log_docs(model, limit, after, job_id, job_name, job_ids, project_ids)
+    return [record.from_doc(d) for d in found]
 
 
 def _log_docs(model: type[Document], limit: int, after: ObjectId | None, job_id: ObjectId | None,
-              job_name: str | None, job_ids: list[ObjectId] | None, job_names: list[str] | None) -> list[Doc]:
+              job_name: str | None, job_ids: list[ObjectId] | None,
+              project_ids: list[int] | None) -> list[Doc]:
     flt: dict[str, Any] = {}
     span = Span()
     if model is CrawlerRegistrationErrorLog:
         flt = {"name": job_name} if job_name is not None else {}
-        if job_names is not None:
-            flt = {"$and": [flt, {"name": {"$in": job_names}}]}
+        if project_ids is not None:  # a rejection is its submitter's project's, whatever name it gave
+            flt = {**flt, "project": {"$in": project_ids}}
     elif model is CrawlerDownloadLog:
         return _newest_of_jobs(model._get_collection(), [job_id] if job_id is not None else job_ids, limit,
                                after)

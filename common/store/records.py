@@ -116,6 +116,7 @@ class JobSettings(Record):
     host_delay: float | None = None
     obey_robots: bool | None = None
     allow_private: bool | None = None
+    private_grant: str | None = None  # who granted allow_private ("project", "admin"); none: no reach
     data_retention_days: int | None = None
     log_retention_days: int | None = None
     revisit: float | None = None

@@ -19,7 +19,9 @@ holds it (``common.store.claims``), until the same moment.
 Indexes an earlier version made and this one no longer keeps are dropped, and a page version
 stored twice (before one document per version was kept) keeps the document its task names;
 before the unique (job, uri) of ``crawler_task`` is dropped, every task gets its key
-(``crawler_task_key``), a job's tasks in batches.
+(``crawler_task_key``), a job's tasks in batches. A job that asked for ``allow_private`` before
+private reach was an administrator's grant keeps it if its project was opened to it, and loses it
+otherwise (named in the report; an admin may register it again to grant it).
 
 Idempotent: a second run finds nothing to do.
 """
@@ -45,6 +47,7 @@ class MigrationReport:
     projects_filled: tuple[int, int, int] = (0, 0, 0)  # jobs, exports, tokens put into `default`
     indexes_retired: int = 0
     keys_made: int = 0  # keys of tasks stored before crawler_task_key (their URLs unique by an index)
+    private_revoked: list[str] | None = None  # jobs that asked for allow_private, in a project not open to it
     secrets_kept: list[str] | None = (
         None  # documents left in the source: the control database has another by that name
     )
@@ -71,5 +74,7 @@ def migrate() -> MigrationReport:
     report.projects_filled = projects.upgrade()
     report.claims_moved = notifications.upgrade_claims()
     report.indexes_retired, report.keys_made = retire_indexes()
+    opened = {p.id for p in projects.listing(None) if p.allow_private}
+    report.private_revoked = jobs.settle_private_grants(opened, projects.default_id())
     return report
 

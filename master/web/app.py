@@ -23,6 +23,7 @@ from starlette.routing import Match
 
 from common.config import settings
 from common.errors import DownclusterError, http_status
+from common.secrets import AccessLogFilter
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
@@ -138,6 +139,9 @@ def create_app() -> FastAPI:
     from common.sentry import init_sentry
 
     init_sentry(settings.SENTRY_DSN, server_name=settings.HOSTNAME or None)
+    access_log = logging.getLogger("uvicorn.access")  # signed links' sig, tokens, source_data: masked
+    if not any(isinstance(f, AccessLogFilter) for f in access_log.filters):
+        access_log.addFilter(AccessLogFilter())
     connect_mongo(ensure_indexes=mongo_answers(seconds=1.0))
     app = FastAPI(
         title="downcluster",

@@ -80,10 +80,12 @@ class Coalescing:
     def keys(urls: list[str], ctx, shape: dict) -> list[str]:
         """The coalescing key of each URL requested as ``ctx`` and ``shape`` (its request-shaping
         settings: engine, proxy, cookie, headers, user agent) say, and as far as its redirects may
-        go (a following job's scope: hosts and patterns)."""
+        go (a following job's scope: hosts and patterns); within the job's project only (a copy
+        names the task it came from: another project's must never be named)."""
         follow = ctx.follow
         scope = None if follow is None else [follow.scope, [*follow.sites], [*follow.allow], [*follow.deny]]
-        shaped = json.dumps([ctx.engine, shape.get("proxy", ""), shape.get("cookie", ""),
+        shaped = json.dumps([getattr(ctx, "project", None), ctx.engine, shape.get("proxy", ""),
+                             shape.get("cookie", ""),
                              sorted((shape.get("headers") or {}).items()), shape.get("user_agent", ""),
                              bool(shape.get("allow_private")), *([scope] if scope is not None else [])])
         return [COALESCE_PREFIX + hashlib.sha256(f"{shaped}\n{normalise(url)}".encode()).hexdigest()[:40]

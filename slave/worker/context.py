@@ -32,6 +32,7 @@ class JobContext:
     supported: bool = True  # its downloader type's is_support (an administrator may disable a language)
     follow: Follow | None = None  # the job's [follow]: its pages are read for links, the links followed
     sitemaps: Sitemaps | None = None  # the job's [sitemaps]: its sitemap tasks are read as sitemaps
+    project: int | None = None  # its project: requests are coalesced only within one
 
 
 _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
@@ -53,7 +54,7 @@ def load_context(job_id: ObjectId) -> JobContext | None:
             language=job.language, code=job.code, engine=conf.download_engine or "",
             max_retry_times=conf.max_retry_times or 0, settings=conf, supported=job.supported,
             follow=check_follow(dict(job.follow) if job.follow else None),
-            sitemaps=check_sitemaps(dict(job.sitemaps) if job.sitemaps else None))
+            sitemaps=check_sitemaps(dict(job.sitemaps) if job.sitemaps else None), project=job.project)
     at = time.monotonic()
     _contexts[job_id] = (at, ctx)
     if len(_contexts) > MAX_CONTEXTS:  # a cache: a dropped job is read again from MongoDB

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 import pytest
 
+from common import netguard
 from common.config import load, settings
 from common.errors import ValidationError
 from common.notify import check_callback, deliver_due, queue_webhook
@@ -53,7 +54,7 @@ def test_a_private_callback_is_refused_unless_allowed_then_goes_to_the_judged_ad
         by_name = f"http://localhost:{port}/hook?key=k"
         load(flags=dict(settings.flags, WEBHOOK_ALLOW_PRIVATE=False))
         for url in (hook.url, by_name, f"http://[::ffff:127.0.0.1]:{port}/", f"http://2130706433:{port}/"):
-            with pytest.raises(ValidationError, match="loopback address"):
+            with pytest.raises(ValidationError, match="is not a public address"):
                 check_callback(url)
         queue_webhook(by_name, "export.succeeded", {"id": "a"})
         assert deliver_due() == 0 and hook.received == []
@@ -67,7 +68,7 @@ def test_a_private_callback_is_refused_unless_allowed_then_goes_to_the_judged_ad
         assert headers["host"] == f"localhost:{port}" and body == b'{"id":"b"}'
 
         load(flags=dict(settings.flags, WEB_BIND=f"127.0.0.1:{port}"))  # the receiver is the cluster's web
-        with pytest.raises(ValidationError, match=f"127.0.0.1:{port} is a service of this cluster"):
+        with pytest.raises(ValidationError, match="127.0.0.1 is not a public address"):
             check_callback(hook.url)
         queue_webhook(hook.url, "export.succeeded", {"id": "c"})
         assert deliver_due() == 0 and len(hook.received) == 1
@@ -107,7 +108,7 @@ def test_builtin_engines_refuse_private_addresses_unless_the_job_allows(cluster,
     assert set(reasons) == set(urls)
     for url, why in urls.items():
         assert reasons[url] == f"refused: {why}" + ("" if "0.0.0.0" in why else
-                                                     " (set allow_private = true for intranet crawls)"), url
+                                                     f" ({netguard.DOWNLOAD_HINT})"), url
     assert CrawlerDownloadData.objects(job=Job.objects.get(name="strict")).count() == 0
     assert _reasons("intranet") == {}  # ordinary (intranet) downloads still work
     assert CrawlerDownloadData.objects(job=Job.objects.get(name="intranet")).count() == 2

@@ -210,7 +210,8 @@ def test_the_browser_reaches_no_private_address_unless_allowed_and_never_the_clu
     refused = _fail(chrome.fetch, f"{site}/js/render/1", allow_private=False)
     assert (
         refused.reason
-        == "refused: 127.0.0.1 is a loopback address (set allow_private = true for intranet crawls)"
+        == "refused: 127.0.0.1 is a loopback address (private reach is an administrator's grant: "
+           "allow_private in a project opened to it)"
     )
     assert not refused.retryable
     with WebhookReceiver() as web:  # stands in for the cluster's web: it must see no request

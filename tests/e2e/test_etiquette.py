@@ -19,7 +19,7 @@ from common.store.models import CrawlerDownloadData, CrawlerTask, store_now
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import ROBOTS, TRAFFIC, page_body
 from slave.download.robots import ROBOTS_PREFIX
-from tests.helpers import add_urls, cli, register, statuses, wait_for
+from tests.helpers import add_urls, cli, register, statuses, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -263,4 +263,20 @@ def test_a_failed_download_is_not_shared(cluster, tmp_path):
     assert len(ok) == 1 and len(failed) == 1 and failed[0]["failed_reason"].startswith("HTTP 500")
     data = CrawlerDownloadData._get_collection().find_one({"task": ok[0]["_id"]})
     assert bytes(data["response_body"]) == b"ok shared"
+    assert CrawlerDownloadLog._get_collection().count_documents({"coalesced_from": {"$ne": None}}) == 0
+
+
+def test_identical_requests_of_two_projects_are_not_coalesced(cluster, tmp_path):
+    """A copy names the task it came from: another project's is never copied nor named."""
+    urls = [f"{cluster.site}/page/{i}" for i in range(20)]
+    for project in ("red", "blue"):
+        assert cli("project", "create", project).exit_code == 0
+        made = cli("job", "register", str(write_job(tmp_path, f"job-{project}", dispatch_num=100)),
+                   "--project", project)
+        assert made.exit_code == 0, made.output
+        add_urls(f"job-{project}", urls)
+    assert dispatch_once(cluster.redis).total == 40
+    workers(cluster, 2, COALESCE_WINDOW=60)
+    assert statuses("job-red") == statuses("job-blue") == {"SUCCESS": 20}
+    assert sum(n for p, n in TRAFFIC.hits.items() if p.startswith("/page/")) == 40
     assert CrawlerDownloadLog._get_collection().count_documents({"coalesced_from": {"$ne": None}}) == 0

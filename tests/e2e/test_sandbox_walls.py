@@ -432,3 +432,31 @@ def test_a_page_in_the_browser_engine_reaches_no_cluster_service(walled):
         site.close()
     assert b"hostile page" in got.body
     assert {"/page", "/pixel"} <= set(site.paths) and web.hits == 0  # the pixel came; nothing reached the web
+
+
+def test_a_python_job_that_asked_for_private_reach_without_a_grant_opens_no_loopback_socket(cluster,
+                                                                                             tmp_path):
+    """The attacker's way in before private reach was granted: a user's python job with
+    ``allow_private`` set by that user opened raw TCP to the worker's loopback and read the
+    answer. Stored so (no grant), its box runs as an ordinary uid; granted, the same code
+    reaches the service."""
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, Job
+    from master.dispatch.dispatcher import dispatch_once
+    from tests.helpers import add_urls, burst_worker, register
+
+    port = int(cluster.site.rsplit(":", 1)[1])  # a loopback service that is not the cluster's
+    target = f'{{"site": ["127.0.0.1", {port}, "GET / HTTP/1.0\\r\\n\\r\\n"]}}'
+    code = PROBE.replace('task["settings"]["targets"]', target)
+    register(tmp_path, "probe", kind="python", code=code, max_retry_times=1)
+    setting = CrawlerDownloadSetting.objects(job=Job.objects.get(name="probe"))
+    outcomes = []
+    for grant in (None, "admin"):
+        setting.update_one(set__allow_private=True, set__private_grant=grant)
+        CrawlerDownloadData.objects.delete()
+        add_urls("probe", [f"http://public.example/{grant}"])
+        assert dispatch_once(cluster.redis).total == 1
+        burst_worker(cluster, "--no-exports")
+        stored = CrawlerDownloadData.objects.get()
+        outcomes.append(json.loads(bytes(stored.response_body))["site"])
+    assert outcomes[0] == "refused" and outcomes[1].startswith("OPEN HTTP/")
+    eventually_no_boxed_processes()

@@ -358,3 +358,22 @@ def test_websocket_tells_running_progress_and_success_from_another_process(
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=30)
         assert time.monotonic() - started < 30
+
+
+def test_a_websocket_ends_soon_after_its_token_is_revoked(cluster, tmp_path, webs):
+    """Checked while it streams, not only at the handshake: a revoked token hears no more."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    one, _ = webs
+    ann = new_token("ann", "analyst")
+    _job_with_pages(cluster, tmp_path, n=1)
+    made = one.call("POST", "/api/v1/exports", ann, json={"job": "j", "format": "jsonl"}).json()
+    url = one.base.replace("http", "ws") + f"/api/v1/exports/{made['id']}/events"
+    with connect(url, additional_headers={"Authorization": f"Bearer {ann}"}, open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["state"] == "PENDING"  # no worker runs it: it stays open
+        assert cli("token", "revoke", "ann").exit_code == 0
+        assert "revoked" in json.loads(ws.recv(timeout=30))["error"]
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008

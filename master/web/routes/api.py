@@ -432,8 +432,7 @@ def list_logs(
     of the jobs of its projects only)."""
     if job is not None and log != "registration":
         access.job(job, token)
-    return views.log_page(log, job, limit, after, access.visible_job_ids(token),
-                          access.visible_job_names(token))
+    return views.log_page(log, job, limit, after, access.visible_job_ids(token), access.held(token))
 
 
 # --- projects, audit ---------------------------------------------------------------------

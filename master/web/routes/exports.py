@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import time
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -264,6 +265,9 @@ def download_now_with_body(name: JobName, body: SyncIn, token: Reader) -> Respon
 
 # --- events ------------------------------------------------------------------------------
 
+WS_RECHECK = 5.0  # seconds between two checks of a WebSocket's token while it streams
+
+
 def _ws_token(websocket: WebSocket):
     """The token of a WebSocket handshake: ``Authorization: Bearer`` or the console's session
     cookie (same origin only: a page elsewhere cannot use a visitor's session)."""
@@ -292,7 +296,8 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
     """Every change of the export's state and progress as a JSON text message (the same fields as
     its events: id, state, rows_done, rows_total, bytes, attempts, error, finished_at), starting
     with the current one; closed (1000) after a final state. A handshake without a valid token is
-    refused; an export this token may not see ends with {"error"} and close code 4404."""
+    refused; an export this token may not see ends with {"error"} and close code 4404; a token
+    revoked (or a session ended) while it streams ends it within WS_RECHECK s, with close code 1008."""
     token = await run_in_threadpool(_ws_token, websocket)
     if token is None:
         await websocket.close(code=1008)
@@ -312,12 +317,21 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
         )  # read after subscribing: nothing missed
         await websocket.send_json(last)
         closed = asyncio.ensure_future(websocket.receive())
+        checked = time.monotonic()
         while last["state"] not in FINAL_STATES:
-            got = asyncio.ensure_future(pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0))
+            got = asyncio.ensure_future(
+                pubsub.get_message(ignore_subscribe_messages=True, timeout=WS_RECHECK))
             done, _ = await asyncio.wait({got, closed}, return_when=asyncio.FIRST_COMPLETED)
             if closed in done:
                 got.cancel()
                 return
+            if time.monotonic() - checked >= WS_RECHECK:  # a token revoked meanwhile ends the stream
+                checked = time.monotonic()
+                if await run_in_threadpool(_ws_token, websocket) is None:
+                    got.cancel()
+                    await websocket.send_json({"error": "the token was revoked or the session ended"})
+                    await websocket.close(code=1008)
+                    return
             message = got.result()
             now = (
                 json.loads(message["data"])

@@ -52,33 +52,42 @@ PROXY_ERROR_NAMES = ("ProxyError", "ProxyConnectionError", "ProxyTimeoutError")
 class _GuardedResolver(AbstractResolver):
     """aiohttp's resolver, refusing a name when any address it resolves to is refused."""
 
-    def __init__(self, allow_private: bool) -> None:
-        self.allow_private = allow_private
+    def __init__(self, allow_private: bool, proxied: bool = False) -> None:
+        self.judge = _judge_for(allow_private, proxied)
         self._inner = DefaultResolver()
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET):
         found = await self._inner.resolve(host, port, family)
         for info in found:
-            netguard.judge(info["host"], info["port"], self.allow_private)
+            self.judge(info["host"], info["port"])
         return found
 
     async def close(self) -> None:
         await self._inner.close()
 
 
-def _guarded_socket(allow_private: bool):
+def _judge_for(allow_private: bool, proxied: bool):
+    """How a session's connections are judged: a proxy session's go to the job's proxy."""
+    if proxied:
+        return lambda ip, port: netguard.judge_proxy_peer(ip, port, allow_private)
+    return lambda ip, port: netguard.judge(ip, port, allow_private)
+
+
+def _guarded_socket(allow_private: bool, proxied: bool = False):
     """A socket factory that judges the address each socket is about to connect to."""
+    judge = _judge_for(allow_private, proxied)
+
     def make(addr_info) -> socket.socket:
         family, type_, proto, _, address = addr_info
-        netguard.judge(address[0], address[1], allow_private)
+        judge(address[0], address[1])
         return socket.socket(family, type_, proto)
     return make
 
 
 class Client:
     """The sessions of one event loop: one pooled session for direct fetches under each rule
-    (``allow_private`` or not), one for HTTP proxies (which may be private, never a service of
-    the cluster), one per SOCKS proxy. Close it when the loop ends."""
+    (``allow_private`` or not), one for HTTP proxies under each rule (a private proxy only with
+    ``allow_private``, a service of the cluster never), one per SOCKS proxy. Close it when the loop ends."""
 
     def __init__(self, limit: int = 512) -> None:
         self.limit = limit
@@ -86,7 +95,7 @@ class Client:
 
     def session(self, proxy: str, allow_private: bool = False) -> aiohttp.ClientSession:
         socks = proxy.lower().startswith("socks")
-        key = (proxy,) if socks else ("proxy",) if proxy else ("", bool(allow_private))
+        key = (proxy,) if socks else ("proxy" if proxy else "", bool(allow_private))
         s = self._sessions.get(key)
         if s is None or s.closed:
             if socks:
@@ -98,10 +107,10 @@ class Client:
                 connector: aiohttp.BaseConnector = ProxyConnector.from_url(url, limit=self.limit,
                                                                            rdns=remote_dns)
             else:
-                allow = bool(proxy) or bool(allow_private)
+                allow, proxied = bool(allow_private), bool(proxy)  # a proxy under the job's rule
                 connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300,
-                                                 resolver=_GuardedResolver(allow),
-                                                 socket_factory=_guarded_socket(allow))
+                                                 resolver=_GuardedResolver(allow, proxied),
+                                                 socket_factory=_guarded_socket(allow, proxied))
             s = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                       trust_env=False, auto_decompress=True,
                                       skip_auto_headers=("User-Agent", "Accept-Encoding"),
@@ -213,7 +222,8 @@ async def _fetch(url: str, limits: Limits, sent: CIMultiDict, proxy: str, client
         raise DownloadError("invalid request: a header name or value has forbidden characters",
                             retryable=False)
     if proxy:
-        await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)  # may resolve
+        await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy,
+                                                         allow_private)  # may resolve
     resp = await _follow(redirects, limits, proxy, client, allow_private)
     try:
         error = classify_status(resp.status, resp.headers.get("Retry-After"))

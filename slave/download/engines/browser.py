@@ -50,7 +50,7 @@ async def fetch(url: str, *, limits: Limits, pool: Pool, proxy: str = "", cookie
     try:
         netguard.judge_url(url, allow_private)
         if proxy:
-            await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy)
+            await asyncio.get_running_loop().run_in_executor(None, netguard.judge_proxy, proxy, allow_private)
     except AddressRefused as exc:
         raise DownloadError(redact(exc.reason, secrets), retryable=False) from None
     browser = await pool.acquire(allow_private)

@@ -175,10 +175,14 @@ class _TrackedConnection(_ConnectionBase):
 
 
 def _judge_peer(conn, sock) -> None:
-    """The connection's peer against the calling fetch's rules (a proxy the job chose may be
-    private, never a service of the cluster)."""
+    """The connection's peer — the site, or the proxy the job chose — against the calling fetch's
+    rules."""
     ip, port = sock.getpeername()[:2]
-    netguard.judge(ip, port, bool(conn.proxy) or getattr(_local, "allow_private", False))
+    allow = getattr(_local, "allow_private", False)
+    if conn.proxy:
+        netguard.judge_proxy_peer(ip, port, allow)
+    else:
+        netguard.judge(ip, port, allow)
 
 
 def _track(conn) -> None:
@@ -372,7 +376,7 @@ def fetch(url: str, *, limits: Limits, proxy: str = "", cookie: str = "",
 def _fetch(url, limits, sent, proxies, session, deadline, scope: Scope | None = None) -> Download:
     redirects = Redirects(url, sent, limits.max_redirects, getattr(_local, "allow_private", False), scope)
     if proxies:
-        netguard.judge_proxy(proxies["http"])
+        netguard.judge_proxy(proxies["http"], getattr(_local, "allow_private", False))
     while True:
         deadline.check()
         url = redirects.url()
