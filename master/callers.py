@@ -23,14 +23,15 @@ from typing import Any
 from pymongo.errors import DuplicateKeyError
 
 from common.config import settings
-from common.errors import NotFound, ValidationError
+from common.errors import Conflict, NotFound, ValidationError
 from common.signing import wecar_ok
 from common.store import callers as store
 from common.store import control, projects
 from master import tokens
 
 APP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
-KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,79}$")
+KEY_PATTERN = r"^[A-Za-z0-9_.:-]*[A-Za-z_.:-][A-Za-z0-9_.:-]*$"  # not a plain number: that is a project's id
+KEY_RE = re.compile(KEY_PATTERN)
 PREFIX = "caller."  # the name of a caller's token: caller.<app_id>
 
 
@@ -61,14 +62,14 @@ def add(app_id: str, project_ids: list[int], secret: str | None = None) -> Added
     if missing:
         raise NotFound(f"no project {missing[0]}")
     if store.exists(app_id):
-        raise ValidationError(f"caller {app_id!r} exists: remove it first")
+        raise Conflict(f"caller {app_id!r} exists: remove it first")
     generated = None if secret is not None else secrets.token_hex(16)
     tokens.create(PREFIX + app_id, "user", sorted(set(project_ids)))
     found = control.token(PREFIX + app_id)
     assert found is not None
     if not store.add(app_id, secret or str(generated), found.id):
         control.revoke(found)
-        raise ValidationError(f"caller {app_id!r} exists: remove it first")
+        raise Conflict(f"caller {app_id!r} exists: remove it first")
     return Added(app_id, sorted(set(project_ids)), generated)
 
 
@@ -115,7 +116,7 @@ def project_of(key: Any) -> int:
     text = str(key if key is not None else "").strip()
     if re.fullmatch(r"[1-9][0-9]{0,8}", text):
         return int(text)
-    found = store.project_of(text) if KEY_RE.match(text) else None
+    found = store.project_of(text) if KEY_RE.match(text) and len(text) <= 80 else None
     if found is None:
         raise NotFound(f"项目{text[:40]}不存在")
     return found
@@ -130,14 +131,14 @@ def key_of(project_id: int | None) -> str | None:
 
 def alias(key: str, project_id: int) -> None:
     """Let callers name project ``project_id`` by ``key`` (the id an earlier center gave them)."""
-    if not KEY_RE.match(key or "") or key.isdigit():
+    if not KEY_RE.match(key or "") or len(key) > 80:
         raise ValidationError("a project key must be 1-80 letters, digits, '_', '.', ':' or '-', "
                               "not a plain number")
     record = projects.by_id(project_id)
     if record is None:
         raise NotFound(f"no project {project_id}")
     if not store.add_key(key, "project", record.name, project_id):
-        raise ValidationError(f"project key {key!r} or a key of project {record.name!r} exists")
+        raise Conflict(f"project key {key!r} or a key of project {record.name!r} exists")
 
 
 def add_group(name: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Query, Request
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from common.config import settings
 from common.errors import ValidationError
@@ -20,6 +20,7 @@ from master.projects import resolve
 from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError
 from master.web.routes.api import Admin, Reader, Strict
+from master.web.routes.exports import _whole
 
 router = APIRouter(include_in_schema=False)
 
@@ -144,15 +145,21 @@ def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
 
 # --- the callers of the /v1 interface (admins) ----------------------------------------------
 
+WholeProject = Annotated[int, Field(ge=1, le=center.MAX_PROJECT), BeforeValidator(_whole)]
+
+
 class CallerIn(Strict):
     """A calling system: the app id and secret it signs its /v1 requests with, and its projects."""
     app_id: str = Field(min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    projects: list[int | str] = Field(min_length=1, max_length=100, description="ids or names")
+    projects: list[WholeProject] = Field(min_length=1, max_length=100, description="project ids")
     secret: str | None = Field(None, min_length=8, max_length=128,
                                description="the secret it already has (default: a new one, answered once)")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"app_id": "mp-backend", "projects": [7]}]})
 
 
-@api_router.post("/center/callers", status_code=201, responses=answers(401, 403, 404))
+@api_router.post("/center/callers", status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "a caller of that app_id exists"}))
 def add_caller(body: CallerIn, token: Admin) -> dict:
     """Register a caller; ``secret`` in the answer only when the cluster generated it."""
     added = callers.add(body.app_id, [resolve(p, token) for p in body.projects], body.secret)
@@ -178,11 +185,15 @@ def remove_caller(app_id: str, token: Admin) -> dict:
 
 
 class KeyIn(Strict):
-    key: str = Field(min_length=1, max_length=80, description="the string id callers send")
-    project: int | str = Field(description="the project (id or name) it names")
+    key: str = Field(min_length=1, max_length=80, pattern=callers.KEY_PATTERN,
+                     description="the string id callers send (not a plain number)")
+    project: WholeProject = Field(description="the project (its id) it names")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"key": "bf1fd528-b505-4e7c-9c3b-8a1f5d0c2e77", "project": 7}]})
 
 
-@api_router.post("/center/keys", status_code=201, responses=answers(401, 403, 404))
+@api_router.post("/center/keys", status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "the key, or a key of that project, exists"}))
 def add_key(body: KeyIn, token: Admin) -> dict:
     """Let callers name a project by the string id an earlier center gave them."""
     number = resolve(body.project, token)
