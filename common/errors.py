@@ -16,6 +16,8 @@ Mapped once (``ANSWERS``) to HTTP statuses (the API, the dispatcher's child) and
 """
 from __future__ import annotations
 
+import sys
+
 
 class DownclusterError(Exception):
     """Root of every error downcluster raises on purpose."""
@@ -27,6 +29,13 @@ class ConfigError(DownclusterError):
 
 class ValidationError(DownclusterError):
     """Input from a person (manifest, code, URL, setting) is invalid. Not retryable."""
+
+
+def too_many_digits(what: str) -> ValidationError:
+    """The one line for an integer past Python's limit for reading one from text: json and
+    tomllib raise a bare ValueError for it (not their decode error), so each parser of input
+    catches ValueError after its decode error and answers this."""
+    return ValidationError(f"{what}: a number has more than {sys.get_int_max_str_digits()} digits")
 
 
 class NotFound(ValidationError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from bson import ObjectId
@@ -28,6 +28,7 @@ from common.errors import ValidationError
 from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
+from common.store.known import Filter
 from common.store.models import job_named, utcnow
 from common.store.tasks import NewTask, commit, depths, due_by_lastmod, insert_numbered, known_uris, reserve
 from common.urls import check_url
@@ -136,11 +137,12 @@ def add_sitemaps(job_id: ObjectId, urls: Iterable[str]) -> IntakeReport:
     return report
 
 
-def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: int | None = None) -> int:
+def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: int | None = None,
+            found: bool = False) -> int:
     """Store the tasks of ``chunk`` the job has no task for yet (the first ``room`` of them, if
-    given; the rest refused), numbered; returns how many were added."""
-    known = known_uris(job_id, [t.uri for t in chunk])
-    fresh = [t for t in chunk if t.uri not in known]
+    given; the rest refused), numbered; returns how many were added. ``found``: URLs found on
+    pages or in sitemaps (a crawl's frontier), judged first by the job's filter in Redis."""
+    fresh = _unknown(job_id, chunk, known := Filter(job_id, found))
     report.duplicate += len(chunk) - len(fresh)
     if room is not None and len(fresh) > room:
         report.refused += len(fresh) - room
@@ -152,16 +154,30 @@ def _insert(job_id: ObjectId, chunk: list[NewTask], report: IntakeReport, room: 
         added, dupes = insert_numbered(job_id, fresh, first, utcnow())
     finally:
         commit(job_id, first, len(fresh))
+    if added == len(fresh):  # each has its task now (with any refused, which is unknown: none)
+        known.remember([t.uri for t in fresh])
     report.added += added
     report.duplicate += dupes
     return added
 
 
+def _unknown(job_id: ObjectId, chunk: list[NewTask], known: Filter) -> list[NewTask]:
+    """The tasks of ``chunk`` whose URL the job has no task for: those the filter in Redis knows
+    are left out first (``common.store.known``), the rest read in MongoDB (the truth), and what
+    MongoDB knows is added to the filter."""
+    hits = known.read([t.uri for t in chunk])
+    asked = [t.uri for t in chunk if t.uri not in hits]
+    stored = known_uris(job_id, asked) if asked else set()
+    known.remember(list(stored))
+    return [t for t in chunk if t.uri not in hits and t.uri not in stored]
+
+
 def _judged(url: str, seen: set[str], report: IntakeReport, follow: Follow | None, from_url: str,
             depth: int) -> str | None:
-    """A URL found on a page or read in a sitemap, checked as any line (``check_url``), once per
-    call (``seen``) and, for a following job, judged by its scope from ``from_url`` at ``depth``:
-    the URL to add, or None (counted in ``report``)."""
+    """A URL found on a page or read in a sitemap, checked as any line (``check_url``), taken once
+    per call (``seen``) and, for a following job, judged by its scope from ``from_url`` at
+    ``depth``: the URL to add, or None (counted in ``report``). A URL refused from one page is
+    judged again from the next that links to it (shallower, or from another site)."""
     try:
         url = check_url(url, settings.MAX_URL_LENGTH)
     except ValidationError:
@@ -170,23 +186,28 @@ def _judged(url: str, seen: set[str], report: IntakeReport, follow: Follow | Non
     if url in seen:
         report.duplicate += 1
         return None
-    seen.add(url)
     if follow is not None and refusal(follow, from_url, url, depth):
-        report.refused += 1
+        report.refused += 1  # (not seen: another page of the call may be shallower, or in scope)
         return None
+    seen.add(url)
     return url
 
 
-def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str, list[str]]]) -> IntakeReport:
+def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str, list[str]]],
+              carried: Mapping[ObjectId, int] | None = None) -> IntakeReport:
     """Add the URLs found on stored pages of a following job: ``pages`` are (task id, task URL,
-    URLs found on its page). Each URL is checked as any line (``check_url``), judged against its
-    page's task URL (``common.scope.refusal``) at the page's depth + 1, and added with that
+    URLs found on its page); ``carried``: depths of those pages their entry's lease carried (the
+    others are read from their tasks: one read). Each URL is checked as any line
+    (``check_url``), judged against its page's task URL (``common.scope.refusal``) at the
+    page's depth + 1, and added with that
     ``depth`` and its page as ``parent`` (the first page that found it, when several did),
     unless the job has it; past ``max_pages`` (the job's tasks, from its kept counts) the rest is
     refused. Several writers adding at once may each take the room they read: the job may pass
     ``max_pages`` by at most what they add together in one call."""
     report = IntakeReport()
-    deep = depths([task_id for task_id, _, urls in pages if urls])
+    carried = carried or {}
+    unknown = [task_id for task_id, _, urls in pages if urls and task_id not in carried]
+    deep = {**carried, **(depths(unknown) if unknown else {})}
     room = follow.max_pages - sum(counts.of_jobs([job_id]).get(job_id, {}).values())
     seen: set[str] = set()
     chunk: list[NewTask] = []
@@ -201,10 +222,10 @@ def add_found(job_id: ObjectId, follow: Follow, pages: list[tuple[ObjectId, str,
                 continue
             chunk.append(NewTask(taken, "", depth, task_id))
             if len(chunk) >= CHUNK:
-                room -= _insert(job_id, chunk, report, room)
+                room -= _insert(job_id, chunk, report, room, found=True)
                 chunk.clear()
     if chunk and room > 0:
-        _insert(job_id, chunk, report, room)
+        _insert(job_id, chunk, report, room, found=True)
     return report
 
 
@@ -232,11 +253,11 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[Sitema
                 stamped[taken] = lastmods[taken].astimezone(timezone.utc).replace(tzinfo=None)
             chunk.append(replace(new, uri=taken))
             if len(chunk) >= CHUNK:
-                added = _insert(job_id, chunk, report, None if room is None else max(room, 0))
+                added = _insert(job_id, chunk, report, None if room is None else max(room, 0), True)
                 room = None if room is None else room - added
                 chunk.clear()
     if chunk:
-        _insert(job_id, chunk, report, None if room is None else max(room, 0))
+        _insert(job_id, chunk, report, None if room is None else max(room, 0), True)
     if stamped:
         report.due = due_by_lastmod(job_id, stamped)
     return report

@@ -116,17 +116,22 @@ def data_export(name: str, fmt: str, template, codes, since, until, versions: st
 )
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The archive to write (default NAME-before-DATE.jsonl.gz here); never overwritten.")
-def archive(name: str, before: datetime, output: str | None) -> None:
+@click.option("--with-tasks", is_flag=True,
+              help="Also the pages: final tasks (SUCCESS, FAIL for good, DEAD, CANCEL) last changed before "
+                   "the date, each with every version of its data, removed with their data once the file "
+                   "is complete.")
+def archive(name: str, before: datetime, output: str | None, with_tasks: bool) -> None:
     """Save job NAME's earlier versions of pages and download logs stored before a date to a gzip
     JSON Lines file, then remove them from MongoDB (only once the file is complete); a page's
-    latest version stays."""
+    latest version stays, unless --with-tasks archives and removes its final task with it."""
     from master.ops.archive import archive as run
 
     connect()
     path = output or f"{name}-before-{before:%Y%m%dT%H%M%S}.jsonl.gz"
-    report = run(name, before, path)
-    click.echo(f"archived {report.data} data documents and {report.logs} download logs of {name} to {path} "
-               f"({report.bytes} bytes); removed them from MongoDB")
+    report = run(name, before, path, with_tasks)
+    tasks = f"{report.tasks} final tasks, " if with_tasks else ""
+    click.echo(f"archived {tasks}{report.data} data documents and {report.logs} download logs of {name} to "
+               f"{path} ({report.bytes} bytes); removed them from MongoDB")
 
 
 @click.group()

@@ -50,12 +50,15 @@ def token_create(name: str, role: str, project_keys: tuple[str, ...]) -> None:
     """Create token NAME; the token is printed once, alone on the last line (only its hash is kept)."""
     from master import audit
     from master.projects import resolve
-    from master.tokens import create
+    from master.tokens import create, holding
 
     connect()
-    ids = sorted({resolve(k) for k in project_keys})
+    ids = holding(role, [resolve(k) for k in project_keys])
     secret = create(name, role, ids)
     audit.record(None, "token.create", name, role=role, projects=ids)
+    if not project_keys and role != "admin":
+        click.echo(f"no --project: {name} holds project default (id {ids[0]}), where jobs registered "
+                   "without a project go", err=True)
     click.echo(f"created {role} token {name}; store it now, it is not shown again:", err=True)
     click.echo(secret)
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from common import intake, jobsettings
 from common.config import settings
 from common.cron import check_schedule
-from common.errors import Forbidden, NotFound, ValidationError
+from common.errors import Forbidden, NotFound, ValidationError, too_many_digits
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
@@ -277,6 +277,8 @@ def parse_manifest(text: str, label: str) -> Any:
         raise ValidationError(f"manifest {label} is not valid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses once per level of arrays and inline tables
         raise ValidationError(f"manifest {label} nests arrays or tables too deeply") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise too_many_digits(f"manifest {label}") from None
 
 
 def load_manifest(path: str | Path) -> JobSpec:

@@ -16,7 +16,8 @@ from datetime import timedelta
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.store import control
-from common.store.control_models import ROLES
+from common.store import projects as stored_projects
+from common.store.control_models import ADMIN, ROLES
 from common.store.models import utcnow
 
 TOKEN_PREFIX = "dct_"
@@ -28,9 +29,18 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+def holding(role: str, projects: list[int] | None) -> list[int]:
+    """The projects a new token of ROLE holds: ``projects``, or when none are named the
+    ``default`` project, where jobs registered without a project go (an admin holds every
+    project whatever it is given). Every door that makes tokens (the CLI, the API) asks here."""
+    if projects or role == ADMIN:
+        return sorted(set(projects or []))
+    return [stored_projects.default_id()]
+
+
 def create(name: str, role: str, projects: list[int] | None = None) -> str:
-    """Store a new token NAME with ROLE holding ``projects`` (ids); return the token (the only
-    time it exists in clear)."""
+    """Store a new token NAME with ROLE holding ``projects`` (ids; none: see ``holding``); return
+    the token (the only time it exists in clear)."""
     if not NAME_RE.match(name or ""):
         raise ValidationError(f"token name must be 1-64 letters, digits, '_', '.', '@' or '-', got {name!r}")
     if name == RESERVED:
@@ -40,7 +50,7 @@ def create(name: str, role: str, projects: list[int] | None = None) -> str:
     if control.token(name) is not None:
         raise ValidationError(f"a token named {name!r} exists: revoke it first")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    control.add_token(name, role, digest(token), projects)
+    control.add_token(name, role, digest(token), holding(role, projects))
     return token
 
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,23 @@ JOBS = ROOT / "scripts" / "demo_jobs"
 PAGES = 200
 DOWNCLUSTER = str(Path(sys.executable).parent / "downcluster")
 BURST_WORKER = [DOWNCLUSTER, "worker", "--burst", "--logging-level", "WARNING"]
+
+
+class StepFailed(Exception):
+    """A demo step failed: its one line says which and where to look."""
+
+
+@contextmanager
+def step(name: str, look: str):
+    """Run one step of the demo; any failure in it becomes StepFailed, one line naming the step,
+    what went wrong and where to look (``main`` prints it instead of a traceback)."""
+    try:
+        yield
+    except StepFailed:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - every failure of a step is reported the same way
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        raise StepFailed(f"demo failed at step '{name}': {what}; look at {look}") from None
 
 
 def run(args: list[str], env: dict, stdin: str | None = None, check: bool = True, quiet: bool = False) -> str:
@@ -110,55 +128,91 @@ def port_answers(port: int) -> bool:
     return not port_free(port)
 
 
-def main() -> int:
-    started = time.monotonic()
-    shutil.rmtree(VAR, ignore_errors=True)
-    (VAR / "export").mkdir(parents=True)
-    site, base = start_site()
-    with RedisServer() as redis, MongoServer(storage=str(VAR / "mongo")) as mongo:
-        env = {**os.environ, **env_for(redis.url, mongo.uri("downcluster"), mongo.uri("downcluster_log"),
-                                       HOSTNAME="demo-host", RETRY_BACKOFF_BASE="0.2", DOWNLOAD_TIMEOUT="30")}
-        print(f"services: redis 127.0.0.1:{redis.port} (with a password), "
-              f"mongodb {mongo.uri('downcluster')}, sample site {base}\n")
+WORKER_LOG = "the worker's log above"
+
+
+def crawl(env: dict, base: str, mongo_uri: str) -> None:
+    """Register the four jobs, add their URLs, and dispatch and drain until nothing is due."""
+    with step("register the jobs", f"the manifests in {JOBS}"):
         for manifest in ("python_job.toml", "shell_job.toml", "builtin_job.toml", "browser_job.toml"):
             run(["job", "register", str(JOBS / manifest)], env)
         run(["job", "list"], env)
+    with step("add the URLs", "the lines `task add` rejected above"):
         for offset, name in enumerate(("demo-python", "demo-shell", "demo-builtin")):
             urls = [f"{base}/page/{offset * PAGES + i}" for i in range(PAGES)]
             urls += [f"{base}/status/404", f"{base}/flaky/{name}/1", "ftp://not-http.example/x"]
             run(["task", "add", name, "-"], env, stdin="\n".join(urls) + "\n")
         rendered = "".join(f"{base}/js/render/{i}\n" for i in range(20))
         run(["task", "add", "demo-browser", "-"], env, stdin=rendered)
+    with step("dispatch and download", WORKER_LOG):
         for round_ in range(1, 40):  # pages handed back by a busy host or failed once are due again soon
             run(["dispatch"], env)
             print("$ downcluster worker --burst", flush=True)
-            workers = [subprocess.Popen(BURST_WORKER, env=env)]
-            for w in workers:
-                w.wait(timeout=600)
+            subprocess.run(BURST_WORKER, env=env, timeout=600)
             counts = json.loads(run(["stats", "--json"], env, quiet=True) or "{}")
             pending = sum(r["LIVE"] + r["DISPATCH"] for r in counts.get("jobs", []))
-            retrying = retries_left(mongo.uri("downcluster"))  # FAIL with retry_at: due again later
+            retrying = retries_left(mongo_uri)  # FAIL with retry_at: due again later
             if pending == 0 and retrying == 0 and round_ > 1:
                 break
             time.sleep(1.0 if retrying or pending else 0.0)
-        print()
-        run(["stats"], env)
+    print()
+    run(["stats"], env)
+
+
+def export(env: dict) -> None:
+    """Each job's data to var/export, and one page the browser rendered."""
+    with step("export the data", "`downcluster stats` above"):
         for name in ("demo-python", "demo-shell", "demo-builtin", "demo-browser"):
             out = VAR / "export" / f"{name}.jsonl"
             run(["data", "export", name, "--format", "jsonl", "-o", str(out)], env)
         csv_out = VAR / "export" / "demo-builtin.csv"
         run(["data", "export", "demo-builtin", "--format", "csv", "-o", str(csv_out)], env)
-        first = json.loads((VAR / "export" / "demo-browser.jsonl").read_text().splitlines()[0])
-        print(f"\na page rendered by the browser engine, as stored: {first.get('body_text', '')[:120]}")
-        port = 8080 if port_free(8080) else free_port()
-        env["DOWNCLUSTER_WEB_BIND"] = f"127.0.0.1:{port}"  # signed links are built on it
+    with step("the browser engine's pages",
+              f"`downcluster job show demo-browser` (its last failures) and {WORKER_LOG}"):
+        rendered = (VAR / "export" / "demo-browser.jsonl").read_text().splitlines()
+        if not rendered:
+            raise RuntimeError("no page of demo-browser was stored")
+        first = json.loads(rendered[0])
+    print(f"\na page rendered by the browser engine, as stored: {first.get('body_text', '')[:120]}")
+
+
+def export_center(env: dict, started: float) -> None:
+    """An xlsx report requested, run by a worker, fetched through the web's signed link."""
+    port = 8080 if port_free(8080) else free_port()
+    env["DOWNCLUSTER_WEB_BIND"] = f"127.0.0.1:{port}"  # signed links are built on it
+    with step("the xlsx export", f"`downcluster export list` and {WORKER_LOG}"):
         export_id = run(["export", "request", "demo-builtin", "--format", "xlsx", "--template",
                          str(JOBS / "report_template.json"), "--status", "200"], env).strip().splitlines()[-1]
         print("$ downcluster worker --burst   (the export runs on a worker)", flush=True)
         subprocess.run(BURST_WORKER, env=env, check=True, timeout=300)
         run(["export", "show", export_id], env)
+    with step("the web console", "`downcluster web --bind 127.0.0.1:PORT` run by hand"):
         serve_console(env, started, port, export_id)
-    site.shutdown()
+
+
+def main() -> int:
+    started = time.monotonic()
+    shutil.rmtree(VAR, ignore_errors=True)
+    (VAR / "export").mkdir(parents=True)
+    site, base = start_site()
+    try:
+        with ExitStack() as services:
+            with step("start the services", "redis-server and SecantusDB under var/ (`make services-check`)"):
+                redis = services.enter_context(RedisServer())
+                mongo = services.enter_context(MongoServer(storage=str(VAR / "mongo")))
+            env = {**os.environ, **env_for(redis.url, mongo.uri("downcluster"), mongo.uri("downcluster_log"),
+                                           HOSTNAME="demo-host", RETRY_BACKOFF_BASE="0.2",
+                                           DOWNLOAD_TIMEOUT="30")}
+            print(f"services: redis 127.0.0.1:{redis.port} (with a password), "
+                  f"mongodb {mongo.uri('downcluster')}, sample site {base}\n")
+            crawl(env, base, mongo.uri("downcluster"))
+            export(env)
+            export_center(env, started)
+    except StepFailed as exc:
+        print(f"\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        site.shutdown()
     print(f"\nexports in {VAR / 'export'}; demo took {time.monotonic() - started:.1f}s")
     return 0
 

@@ -6,13 +6,15 @@ The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's `
 ``token`` signed as seed 000's callers sign: ``common.signing.wecar_token``); the answer is
 ``{"status", "msg", "data": {"data": [rows], "total"?, "force_continue"?, "header"?, "footer"?,
 "template"?}}``. Pages are read one at a time and their rows handed on (to an export writer)
-before the next is asked for, so memory holds one page whatever ``total`` says. It stops when
-``total`` rows have come, or without a total at the first page shorter than page_size;
-``force_continue`` (not 0) asks for the next page whatever the length. An empty page before
-``total``, a page that goes past it, or more than SOURCE_MAX_ROWS rows means the source lied and
-the task fails. A page that answers 5xx or 429, times out, or is not JSON of that shape is tried
-again (SOURCE_RETRIES tries, waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with
-one line. The first page's ``template``, ``header`` and ``footer`` override the task's.
+before the next is asked for, so memory holds one page whatever ``total`` says; a page of more
+objects and lists than OBJECTS_PER_ROW a row of ``page_size`` (counted before it is parsed,
+``parse_page``) is refused, so one page costs about twice its bytes. It stops when ``total`` rows
+have come, or without a total at the first page shorter than page_size; ``force_continue`` (not
+0) asks for the next page whatever the length. An empty page before ``total``, a page that goes
+past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails. A page that
+answers 5xx or 429, times out, or is not JSON of that shape is tried again (SOURCE_RETRIES tries,
+waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one line. The first page's
+``template``, ``header`` and ``footer`` override the task's.
 
 Addresses: the URL is read by the webhooks' parser (``common.notify.callback_target``: plain
 http(s), printable ASCII, no user info); its host is resolved once per pull and every address
@@ -37,7 +39,7 @@ import urllib3
 
 from common import netguard
 from common.config import settings
-from common.errors import AddressRefused, SourceFailed, ValidationError
+from common.errors import AddressRefused, SourceFailed, ValidationError, too_many_digits
 from common.exports.tabular import WRITERS, check_fits
 from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
@@ -46,6 +48,8 @@ SOURCE_HINT = "private sources need a project an administrator opened to them"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
 V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
+# objects and lists a source page may hold for each row of its page_size (a row, its cells' JSON)
+OBJECTS_PER_ROW = 64
 
 
 # --- checking what a task says (the master, at delivery) ------------------------------------
@@ -117,6 +121,8 @@ def _json(value: Any, what: str) -> Any:
                 return json.loads(stripped)
             except (json.JSONDecodeError, RecursionError):
                 raise ValidationError(f"{what} is not valid JSON") from None
+            except ValueError:  # an integer past Python's digit limit
+                raise too_many_digits(what) from None
     return value
 
 
@@ -335,41 +341,59 @@ class Puller:
                 raise _Retry(f"answered HTTP {resp.status}")
             if resp.status != 200:
                 raise SourceFailed(f"source page {number} answered HTTP {resp.status}")
-            body = _read(resp, deadline)
+            text = page_text(_read(resp, deadline))  # the bytes let go once read as text
         finally:
             resp.release_conn()
-        return parse_page(body, number)
+        return parse_page(text, number, self.step)
 
 
 class _Retry(Exception):
     """A page to try again: 5xx, 429, timeout, malformed."""
 
 
-def _read(resp, deadline: float) -> bytes:
+def _read(resp, deadline: float) -> bytearray:
     """The whole body within SOURCE_PAGE_MAX_BYTES and the page's deadline (a source that trickles
     is a source that hangs)."""
-    limit, chunks, size = settings.SOURCE_PAGE_MAX_BYTES, [], 0
+    limit, body = settings.SOURCE_PAGE_MAX_BYTES, bytearray()
     try:
         # read1: at most one receive each (each bounded by the read timeout), so the deadline is
         # checked between receives and a trickle cannot stretch a page beyond it
         while chunk := resp.read1(256 * 1024):
-            size += len(chunk)
-            if size > limit:
+            if len(body) + len(chunk) > limit:
                 raise SourceFailed(f"a source page is larger than SOURCE_PAGE_MAX_BYTES ({limit} bytes)")
             if time.monotonic() > deadline:
                 raise _Retry(f"the page took longer than SOURCE_TIMEOUT ({settings.SOURCE_TIMEOUT:g} s)")
-            chunks.append(chunk)
+            body += chunk
     except (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError) as exc:
         raise _Retry(f"the answer stopped ({type(exc).__name__})") from None
-    return b"".join(chunks)
+    return body
 
 
-def parse_page(body: bytes, number: int) -> Page:
-    """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}."""
+def page_text(body: bytes | bytearray) -> str:
+    """A page's bytes as text, as ``json.loads`` reads bytes (UTF-8, -16 or -32)."""
     try:
-        answer = json.loads(body)
+        return body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:
+        raise _Retry("the answer is not JSON (not UTF-8 text)") from None
+
+
+def parse_page(body: bytes | bytearray | str, number: int, step: int | None = None) -> Page:
+    """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}.
+
+    Parsed whole only when its objects and lists (counted by their ``{`` and ``[``, a count that
+    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the task's
+    page_size): parsed, each costs some 60-100 bytes of memory for its 2-3 bytes of text, so a page
+    of millions of ``{}`` is refused in one line before it is made into objects."""
+    text = body if isinstance(body, str) else page_text(body)
+    if step is not None:
+        objects = text.count("{") + text.count("[")
+        if objects > OBJECTS_PER_ROW * step + OBJECTS_PER_ROW:
+            raise SourceFailed(f"source page {number} holds {objects} objects or lists, more than "
+                               f"{OBJECTS_PER_ROW} a row of page_size {step}")
+    try:
+        answer = json.loads(text)
     except (ValueError, RecursionError):
-        head = body[:20].decode("utf-8", "replace").strip().replace("\n", " ")
+        head = text[:20].strip().replace("\n", " ")
         raise _Retry(f"the answer is not JSON (begins {head!r})") from None
     if not isinstance(answer, dict):
         raise _Retry("the answer is not a JSON object {status, msg, data}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import unicodedata
 from typing import IO, Any, Callable, Iterable
 
 from common.errors import ValidationError
@@ -22,11 +23,25 @@ from common.store.models import iso
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
+def _unseen(ch: str) -> bool:
+    """A character a spreadsheet may skip before it looks for a formula: controls (C0 with NUL,
+    DEL, C1) and format characters (BOM, zero-width, word joiner, bidi marks, soft hyphen).
+    Spaces are not: LibreOffice reads `` =1`` (and no-break or ideographic spaces) as text."""
+    return unicodedata.category(ch) in ("Cc", "Cf")
+
+
 def csv_cell(value: Any) -> Any:
-    """A CSV cell that no spreadsheet runs: a string beginning like a formula gets a leading ``'``."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+    """A CSV cell that no spreadsheet runs: a string beginning like a formula, once the characters a
+    spreadsheet skips are passed over (``\\x00=HYPERLINK(...)``), gets a leading ``'``; the text is
+    kept whole."""
+    if not isinstance(value, str) or not value:
+        return value
+    if value.startswith(FORMULA_STARTS):
         return "'" + value
-    return value
+    if value[0].isprintable():  # nothing to pass over (most cells: one look)
+        return value
+    lead = next((i for i, ch in enumerate(value) if not _unseen(ch)), len(value))
+    return "'" + value if value.startswith(FORMULA_STARTS, lead) else value
 
 
 def csv_row(values: Iterable[Any]) -> list[Any]:

@@ -21,7 +21,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import ValidationError
+from common.errors import ValidationError, too_many_digits
 
 FIELDS = ("url", "status_code", "response_size", "body_text", "body_sha256", "encoding", "response_headers",
           "remote_ip", "hostname", "task", "add_datetime")
@@ -210,6 +210,8 @@ def parse_template(text: str | None, general: bool = False) -> Template:
             ) from None
         except RecursionError:  # the parser recurses once per level
             raise ValidationError("template nests too deeply") from None
+        except ValueError:  # an integer past Python's digit limit
+            raise too_many_digits("template") from None
     else:
         try:
             data = tomllib.loads(text)
@@ -217,6 +219,8 @@ def parse_template(text: str | None, general: bool = False) -> Template:
             raise ValidationError(f"template is not valid TOML: {str(exc).splitlines()[0]}") from None
         except RecursionError:
             raise ValidationError("template nests too deeply") from None
+        except ValueError:
+            raise too_many_digits("template") from None
     return from_data(data, general)
 
 

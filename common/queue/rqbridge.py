@@ -299,6 +299,29 @@ def delete_entry(redis: Redis, entry: str) -> None:
         got.job.delete(remove_from_queue=True)
 
 
+UNREADABLE = ("DeserializationError", "UnpicklingError")  # in rq's exc_info: the worker could not read it
+
+
+def failed_unread(redis: Redis, entry: str) -> str | None:
+    """The name of the rq worker that popped ``entry`` and failed it without reading it (a plain
+    ``rq worker`` unpickles; our entries are JSON): rq records such a job as failed, in its
+    queue's FailedJobRegistry, with a DeserializationError in its latest result's exc_info.
+    None for anything else (the entry gone, waiting, or failed for another reason)."""
+    try:
+        got = fetch_entry(redis, entry)
+    except ForeignEntry:
+        return None
+    if got is None or got.job.get_status(refresh=False) != JobStatus.FAILED:
+        return None
+    registry = FailedJobRegistry(got.job.origin, connection=redis, serializer=JSONSerializer,
+                                 job_class=JsonJob)
+    result = got.job.latest_result()
+    text = (result.exc_string or "") if result is not None else ""
+    if entry not in registry or not any(word in text for word in UNREADABLE):
+        return None
+    return got.job.worker_name or "?"
+
+
 def entries_waiting(redis: Redis, names: list[str]) -> set[str]:
     """Entry ids waiting in the queues ``names``."""
     pipe = redis.pipeline(transaction=False)

@@ -118,9 +118,10 @@ def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: Sequen
     prev = [t.prev.to_doc() if t.prev else {} for t in tasks] if any(t.prev for t in tasks) else None
     maps = ([[t.sitemap, t.depth] if t.sitemap else [] for t in tasks]
             if any(t.sitemap for t in tasks) else None)
+    depths = [t.depth for t in tasks] if any(t.depth for t in tasks) else None
     return Lease(id=lease, job=job_id, queue=queue, kind=kind, ids=[t.id for t in tasks],
                  uris=[t.uri for t in tasks], attempts=[t.attempts for t in tasks], prev=prev, sitemaps=maps,
-                 state=QUEUED,
+                 depths=depths, state=QUEUED,
                  hostname=settings.HOSTNAME, created_at=now)
 
 
@@ -146,8 +147,11 @@ def lease_tasks(lease: Lease) -> list[LeaseTask]:
     one cancelled meanwhile is downloaded, but the guarded settle stores nothing for it)."""
     prev: list[Mapping[str, Any] | None] = [*lease.prev] if lease.prev else [None] * len(lease.ids)
     maps: list[Sequence[Any]] = [*lease.sitemaps] if lease.sitemaps else [[]] * len(lease.ids)
-    return [LeaseTask(i, u, n, Prev.from_doc(p) if p else None, (m[0], int(m[1])) if m else None)
-            for i, u, n, p, m in zip(lease.ids, lease.uris, lease.attempts, prev, maps)]
+    # each task's depth when the lease has them (tasks found on pages); else None: seeds, or a
+    # lease written before depths were (the writer then reads them from the tasks)
+    deep: list[int | None] = [*lease.depths] if lease.depths else [None] * len(lease.ids)
+    return [LeaseTask(i, u, n, Prev.from_doc(p) if p else None, (m[0], int(m[1])) if m else None, d)
+            for i, u, n, p, m, d in zip(lease.ids, lease.uris, lease.attempts, prev, maps, deep)]
 
 
 def beat(lease_ids: Iterable[str], worker_id: str) -> None:
@@ -305,7 +309,7 @@ def open_leases() -> list[Lease]:
     """Every lease the defender judges (QUEUED, RUNNING, LOST), without their task lists."""
     return [Lease.from_doc(d) for d in CrawlerLease._get_collection().find(
         {"state": {"$in": [QUEUED, RUNNING, LOST]}},
-        {"ids": 0, "uris": 0, "attempts": 0, "prev": 0, "sitemaps": 0})]
+        {"ids": 0, "uris": 0, "attempts": 0, "prev": 0, "sitemaps": 0, "depths": 0})]
 
 
 def existing(lease_ids: Iterable[str]) -> set[str]:

@@ -79,8 +79,8 @@ class DispatchLog(Record):
 
 @dataclass(frozen=True, slots=True)
 class AlertLog(Record):
-    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall`` or
-    ``generator_fail``, of a job (None: cluster-wide)."""
+    """An alert (``crawler_dispatch_alert_log``, log database): ``queue_full``, ``queue_stall``,
+    ``generator_fail`` or ``unreadable_entry``, of a job (None: cluster-wide)."""
 
     id: ObjectId
     job: ObjectId | None = None

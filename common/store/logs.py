@@ -1,7 +1,7 @@
 """The log alias's records of downloads and dispatches: ``crawler_download_log`` (one per
 download attempt), ``crawler_dispatch_log`` (one per queue entry a dispatcher run wrote or
-failed to write), ``crawler_dispatch_alert_log`` (``queue_full``, ``queue_stall`` and
-``generator_fail`` alerts)
+failed to write), ``crawler_dispatch_alert_log`` (``queue_full``, ``queue_stall``, ``generator_fail`` and
+``unreadable_entry`` alerts)
 (``notification_log``, the delivery attempts, is written by ``common.store.notifications``).
 
 Indexes: ``crawler_download_log`` by ``task`` (a task's attempts) and ``(job, _id)`` (a job's, by
@@ -55,6 +55,15 @@ def add_alerts(alerts: list[tuple[ObjectId | None, str, str]], at: datetime) -> 
             {"job": job_id, "type": alert, "reason": reason, "content_bytes": len(reason.encode()),
              "hostname": settings.HOSTNAME, "add_datetime": at}
             for job_id, alert, reason in alerts])
+
+
+def add_alert_once(job_id: ObjectId | None, alert: str, reason: str, at: datetime) -> bool:
+    """Insert the alert unless one of the same type and reason is kept already (the log's
+    retention forgets it); whether it was inserted. Callers serialize (the dispatcher lock)."""
+    if collection(CrawlerDispatchAlertLog).find_one({"type": alert, "reason": reason}, {"_id": 1}):
+        return False
+    add_alerts([(job_id, alert, reason)], at)
+    return True
 
 
 def entry_log(job_id: ObjectId, queue: str, lease: str, count: int, now: datetime,

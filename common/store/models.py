@@ -286,6 +286,7 @@ class CrawlerLease(Document):
     attempts = ListField(IntField())  # their download_times when sent
     prev = ListField(DictField())     # revisits: each task's latest version (``common.store.tasks.Prev``)
     sitemaps = ListField(ListField())  # jobs with [sitemaps]: each sitemap task's [kind, depth] ([]: a page)
+    depths = ListField(IntField())    # each task's depth, when any was found on a page (else none)
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
     hostname = StringField()

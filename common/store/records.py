@@ -190,6 +190,7 @@ class Lease(Record):
     attempts: Sequence[int] = ()
     prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
     sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [kind, depth] ([]: a page)
+    depths: Sequence[int] | None = None  # each task's depth, when any was found on a page (else None)
     state: str = "QUEUED"
     worker: str | None = None
     hostname: str | None = None
@@ -225,6 +226,7 @@ class LeaseTask:
     attempts: int = 0
     prev: Prev | None = None
     sitemap: tuple[str, int] | None = None  # a sitemap task: (kind, depth); None: a page
+    depth: int | None = None  # its depth as the lease carries it (None: not carried, read from the task)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from bson import ObjectId
 from pymongo.collection import Collection
 
-from common.store import counts
+from common.store import counts, known
 from common.store import tasks as store_tasks
 from common.store.data import body_of, gridfs_of
 from common.store.fence import named as named_by_tasks
@@ -51,14 +51,16 @@ from common.store.models import (
     Notification,
     id_at,
 )
+from common.store.pages import TASK_FIELDS
 from common.store.paging import Doc, Span, by_id, in_chunks
-from common.store.records import DataDoc
+from common.store.records import DataDoc, Task
 
 TTL_LOGS = (CrawlerDispatchLog, CrawlerDispatchAlertLog, CrawlerRegistrationErrorLog, NotificationLog,
             CrawlerGeneratorLog)
 TTL_INDEX = "retention_add_datetime"
 BATCH = 2000
-FINAL = ({"status": SUCCESS}, {"status": DEAD}, {"status": CANCEL}, {"status": FAIL, "retry_at": None})
+FINAL: tuple[dict[str, str | None], ...] = (
+    {"status": SUCCESS}, {"status": DEAD}, {"status": CANCEL}, {"status": FAIL, "retry_at": None})
 
 
 def ensure_ttl(days: float) -> None:
@@ -160,39 +162,60 @@ def remove_old_logs(job_id: ObjectId, before: ObjectId, span: Span, end: float) 
     return _remove_old(CrawlerDownloadLog._get_collection(), job_id, before, span, end)
 
 
-def remove_final(job_id: ObjectId, before: datetime, span: Span, end: float,
-                 revisits: bool = False) -> tuple[int, int, bool]:
-    """Remove the job's final tasks last changed before ``before`` (and their data): per final
-    status, read window by window by (job, status, _id) — changed before it, so made before it —
-    and checked here (another predicate in the query would make the embedded store read every
-    task of the job). With ``revisits`` a SUCCESS task due for a visit (``retry_at`` set) is not
-    final. Returns (data removed, tasks removed, every one was reached)."""
-    tasks, cutoff, data, gone_all = CrawlerTask._get_collection(), id_at(before), 0, 0
+def final_tasks(job_id: ObjectId, before: datetime, span: Span,
+                revisits: bool = False) -> Iterator[tuple[str, list[Task]]]:
+    """The job's final tasks last changed before ``before``, in batches (their status, the tasks):
+    per final status, read window by window by (job, status, _id) — changed before it, so made
+    before it — and checked here (another predicate in the query would make the embedded store
+    read every task of the job). With ``revisits`` a SUCCESS task due for a visit (``retry_at``
+    set) is not final. A batch may be empty (none of a window's tasks qualified)."""
+    tasks, cutoff = CrawlerTask._get_collection(), id_at(before)
     for final in FINAL:
         after = None
-        while True:
-            if time.monotonic() >= end:
-                return data, gone_all, False
-            docs = by_id(tasks, {"job": job_id, "status": final["status"]}, BATCH, span=span, after=after,
-                         before=cutoff,
-                         projection={"_id": 1, "uri": 1, "retry_at": 1, "last_update_datetime": 1})
-            if not docs:
-                break
+        while docs := by_id(tasks, {"job": job_id, "status": final["status"]}, BATCH, span=span, after=after,
+                            before=cutoff, projection=TASK_FIELDS):
             after = docs[-1]["_id"]
-            ids = [d["_id"] for d in docs if (d.get("last_update_datetime") or before) < before
-                   and all(d.get(k) == v for k, v in final.items() if k != "status")
-                   and not (revisits and final["status"] == SUCCESS and d.get("retry_at"))]
-            uris = {d["_id"]: d["uri"] for d in docs}
-            for part in in_chunks(ids):
-                data += drop_data(list(CrawlerDownloadData._get_collection().find(
-                    {"task": {"$in": part}}, {"_id": 1, "response_body_gridfs": 1})))
-                gone = tasks.delete_many({"_id": {"$in": part}, **final,
-                                          "last_update_datetime": {"$lt": before}}).deleted_count
-                counts.move([(job_id, final["status"], None, gone)])
-                left = {d["_id"] for d in tasks.find({"_id": {"$in": part}}, {"_id": 1})} \
-                    if gone < len(part) else set()
-                store_tasks.forget(job_id, [(i, uris[i]) for i in part if i not in left])  # then keys
-                gone_all += gone
+            yield str(final["status"]), [Task.from_doc(d) for d in docs if _final(d, final, before, revisits)]
+
+
+def _final(doc: Doc, final: dict[str, str | None], before: datetime, revisits: bool) -> bool:
+    return ((doc.get("last_update_datetime") or before) < before
+            and all(doc.get(k) == v for k, v in final.items() if k != "status")
+            and not (revisits and final["status"] == SUCCESS and doc.get("retry_at")))
+
+
+def remove_tasks(job_id: ObjectId, status: str, before: datetime, ids: list[ObjectId]) -> tuple[int, int]:
+    """Remove the tasks ``ids`` that are still final (``status``) and last changed before
+    ``before``, with their data: the data first (a data document counts only while its task
+    names it), then the tasks, their counts, then their keys. Returns (data, tasks) removed."""
+    tasks, data, removed = CrawlerTask._get_collection(), 0, 0
+    final = next(f for f in FINAL if f["status"] == status)
+    unchanged = {**final, "last_update_datetime": {"$lt": before}}
+    for part in in_chunks(ids):
+        uris = {d["_id"]: d["uri"] for d in tasks.find({"_id": {"$in": part}, **unchanged}, {"uri": 1})}
+        data += drop_data(list(CrawlerDownloadData._get_collection().find(
+            {"task": {"$in": list(uris)}}, {"_id": 1, "response_body_gridfs": 1})))
+        known.forget(job_id)  # before and after: no removed URL stays in intake's filter
+        gone = tasks.delete_many({"_id": {"$in": list(uris)}, **unchanged}).deleted_count
+        known.forget(job_id)
+        counts.move([(job_id, status, None, gone)])
+        left = {d["_id"] for d in tasks.find({"_id": {"$in": list(uris)}}, {"_id": 1})} \
+            if gone < len(uris) else set()
+        store_tasks.forget(job_id, [(i, u) for i, u in uris.items() if i not in left])  # then keys
+        removed += gone
+    return data, removed
+
+
+def remove_final(job_id: ObjectId, before: datetime, span: Span, end: float,
+                 revisits: bool = False) -> tuple[int, int, bool]:
+    """Remove the job's final tasks last changed before ``before`` (``final_tasks``) and their
+    data, until ``end``. Returns (data removed, tasks removed, every one was reached)."""
+    data, gone_all = 0, 0
+    for final, docs in final_tasks(job_id, before, span, revisits):
+        if time.monotonic() >= end:
+            return data, gone_all, False
+        data_gone, tasks_gone = remove_tasks(job_id, final, before, [t.id for t in docs])
+        data, gone_all = data + data_gone, gone_all + tasks_gone
     return data, gone_all, True
 
 
@@ -237,6 +260,20 @@ def old_logs(job_id: ObjectId, before: ObjectId) -> Iterator[DownloadLog]:
     """The job's download logs made before ``before``, in ``_id`` order."""
     yield from map(DownloadLog.from_doc, CrawlerDownloadLog._get_collection().find(
         {"job": job_id, "_id": {"$lt": before}}).sort("_id", 1).batch_size(1000))
+
+
+def data_of_tasks(ids: list[ObjectId], but_old_before: ObjectId) -> Iterator[tuple[DataDoc, bytes]]:
+    """(document, body) of every version the tasks ``ids`` name (latest and earlier), in ``_id``
+    order, but the earlier versions made before ``but_old_before`` (``old_data``'s); a document
+    no task names is not read."""
+    coll = CrawlerDownloadData._get_collection()
+    fs = gridfs_of(coll.database)
+    docs = [d for d in coll.find({"task": {"$in": ids}}, {"_id": 1, "task": 1, "lease": 1, "superseded": 1})
+            if not (d.get("superseded") and d["_id"] < but_old_before)]
+    keep = sorted(named_by_tasks(docs))
+    for part in in_chunks(keep):
+        for doc in coll.find({"_id": {"$in": part}}, {"requests_body": 0}).sort("_id", 1):
+            yield DataDoc.from_doc(doc), body_of(doc, fs)
 
 
 def remove_data(ids: list[ObjectId]) -> None:

@@ -6,7 +6,10 @@ verdicts are ``common.store.leases.lease_verdict``):
   * QUEUED and absent from every queue on two looks at least ABSENCE_GRACE apart: the entry was
     lost (Redis flushed or restarted) or popped by a worker that died (or froze) before claiming
     it; a live worker claims what it pops well within the grace. Not an attempt: nothing is
-    counted. An entry still waiting in its queue is never touched, however long it waits.
+    counted. An entry still waiting in its queue is never touched, however long it waits. One
+    that an rq worker failed unread (started without ``--serializer json``: rq's failed registry
+    holds it with a DeserializationError) is given back the same way, with that reason; each such
+    worker is named once in the alert log (``unreadable_entry``) and the defender's log.
   * RUNNING with no heartbeat (``beat_at``, written to MongoDB by the worker, so a Redis restart
     does not fake a death) for HEARTBEAT_TTL, or started longer than LEASE_TIMEOUT ago: the
     attempt died. Its tasks get ``recoveries`` + 1; at MAX_RECOVERIES they end DEAD (poison).
@@ -28,13 +31,15 @@ from datetime import datetime
 from redis import Redis
 
 from common.config import settings
-from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, our_queues
+from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, failed_unread, our_queues
 from common.store import leases, orphans
+from common.store import logs as store_logs
 from common.store.connection import redis_conn
 from common.store.models import LOST, QUEUED, store_now
 from common.store.records import Lease
 
 logger = logging.getLogger(__name__)
+UNREADABLE_ALERT = "unreadable_entry"
 
 
 @dataclass
@@ -89,6 +94,8 @@ def _judge(redis: Redis, lease: Lease, here: bool, now: datetime, report: Recove
     if verdict is None:
         return
     reason, attempt = verdict
+    if lease.state == QUEUED:
+        reason = _unread(redis, lease, now) or reason
     if lease.state != LOST and not leases.mark_lost(lease, reason):
         return  # claimed or beat meanwhile: alive after all
     recovered, dead, again = leases.release(lease.id, reason, attempt, now)
@@ -100,6 +107,19 @@ def _judge(redis: Redis, lease: Lease, here: bool, now: datetime, report: Recove
         delete_entry(redis, entry_id(lease.id))
     except Exception:  # Redis away: the entry is harmless (its lease is gone) and expires with rq's cleanup
         pass
+
+
+def _unread(redis: Redis, lease: Lease, now: datetime) -> str | None:
+    """The reason of an entry lost to an rq worker that could not read it (started without the
+    JSON serializer), said once per such worker in the alert log and this log; else None."""
+    worker = failed_unread(redis, entry_id(lease.id))
+    if worker is None:
+        return None
+    alert = (f"rq worker {worker} took queue entries it cannot read (it unpickles; downcluster's entries "
+             "are JSON): start rq workers with `--serializer json`")
+    if store_logs.add_alert_once(None, UNREADABLE_ALERT, alert, now):
+        logger.warning("defender: %s", alert)
+    return f"queue entry failed unread by rq worker {worker}: start rq workers with `--serializer json`"
 
 
 def sweep(budget: float | None = None) -> int:

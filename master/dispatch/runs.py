@@ -15,6 +15,7 @@ from redis import Redis
 
 from common.config import settings
 from common.errors import DispatchLocked, http_status
+from common.queue import wake
 from common.secrets import redact
 from common.store.connection import connect_mongo, unreachable
 from master.dispatch.dispatcher import check_settings, dispatch_once, timed_run
@@ -77,7 +78,9 @@ def _child_run(flags: dict) -> tuple[int, dict | str]:
 
 
 def dispatch_loop(redis: Redis, interval: float, max_runs: int | None = None, on_run=None) -> None:
-    """``dispatch --loop``: keep the queues topped up, holding the lock between runs. The
+    """``dispatch --loop``: keep the queues topped up, holding the lock between runs, ``interval``
+    seconds apart or sooner when intake wakes it (``common.queue.wake``: found links, at least
+    WAKE_GAP after the last run). The
     defender runs every HEARTBEAT_INTERVAL seconds (it cannot judge faster than heartbeats
     change), not every top-up. Finding the lock held, it stands by and takes over once it is
     free (a dead holder's lock expires within DISPATCH_LOCK_TTL). SIGTERM (a supervisor stopping
@@ -148,7 +151,7 @@ def _hold(redis: Redis, lock: DispatchLock, stopping: threading.Event, interval:
                 on_run(report)
             if loop.finished:
                 break
-            stopping.wait(interval)
+            wake.rest(redis, interval, stopping)  # the interval, or less: found tasks wake it
             lock.keep()
     except DispatchLocked as exc:  # lost the lock (Redis away longer than its TTL): stand by again
         logger.warning("%s; standing by", exc)

@@ -5,6 +5,10 @@ rq-scheduler keeps the cron entry (visible to its own tools) and moves it onto t
 SimpleWorker in burst mode. Both steps run in the main thread, one after the other, every
 ``interval`` seconds, so signals work and no second loop shares a Redis connection; slaves
 never run master code.
+
+Between its checks it looks for the dispatcher's wake-up (``common.queue.wake``: tasks found
+on stored pages, to send now) every 0.2 s, and on one puts a run on ``down_dispatch`` at once:
+a crawl under cron goes a level deeper in seconds, not one cron period a level.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from rq_scheduler import Scheduler
 from common.config import settings
 from common.errors import DispatchLocked
 from common.queue.rqbridge import JsonJob, rq_queue
+from common.queue.wake import woken
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,17 @@ def install(redis: Redis, cron: str) -> Scheduler:
     sched.cron(cron, func=scheduled_dispatch, id=JOB_ID, queue_name=QUEUE,
                timeout=settings.DISPATCH_USE_POOL_TIMEOUT, result_ttl=600, use_local_timezone=False)
     return sched
+
+
+def _rest(redis: Redis, interval: float, stopping: list) -> None:
+    """Wait ``interval`` seconds, or until a signal or a wake-up: a run is then queued now."""
+    end = time.monotonic() + interval
+    while not stopping and time.monotonic() < end:
+        if woken(redis):
+            rq_queue(QUEUE, redis).enqueue(scheduled_dispatch, job_timeout=settings.DISPATCH_USE_POOL_TIMEOUT,
+                                           result_ttl=600)
+            return
+        time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
 
 def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float = 10.0) -> None:
@@ -74,9 +90,7 @@ def run_scheduler(redis: Redis, cron: str, burst: bool = False, interval: float 
             return
         for sig in (signal.SIGTERM, signal.SIGINT):  # the worker installs its own while it works
             signal.signal(sig, stop)
-        end = time.monotonic() + interval
-        while not stopping and time.monotonic() < end:
-            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+        _rest(redis, interval, stopping)
         if stopping:
             logger.info("scheduler: stopping")
             return

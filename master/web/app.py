@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from common.config import settings
-from common.errors import DownclusterError, http_status
+from common.errors import DownclusterError, http_status, too_many_digits
 from common.secrets import AccessLogFilter
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
@@ -195,9 +195,19 @@ def _answer_errors(app: FastAPI) -> None:
             headers["Allow"] = ", ".join(_allowed(request))
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # a body FastAPI could not read
+            return error(422, _unreadable(exc.__cause__))
         return error(exc.status_code, str(exc.detail), headers or None)
 
     _answer_failures(app)
+
+
+def _unreadable(exc: ValueError) -> str:
+    """A JSON body that is well formed but that ``json`` does not read: text not in UTF-8, or an
+    integer past Python's digit limit for int-from-text."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "the body is not valid JSON (not UTF-8 text)"
+    return str(too_many_digits("the body"))
 
 
 def _answer_failures(app: FastAPI) -> None:

@@ -4,7 +4,7 @@ parameter types from here, so the published constraints and the ones the server 
 same declarations (a request the description allows is accepted, one it forbids gets 422)."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
 from fastapi.routing import APIRoute
@@ -66,3 +66,9 @@ def operation_id(route: APIRoute) -> str:
     """The route function's name (``list_jobs``, ``request_export``): stable, and a good method
     name in a generated client."""
     return route.name
+
+
+def whole(value: Any) -> Any:
+    """JSON has numbers, not integers: 200.0 is the integer 200 (JSON Schema says so too); used
+    as a ``BeforeValidator`` of an integer field of a strict model."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value

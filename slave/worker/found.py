@@ -19,6 +19,11 @@ never settles SUCCESS after all (the worker died and the recoveries ran out, the
 cancelled) has added them. Both are rare and add only what the page links to; the other order
 lost links whenever a worker died in its window, which no later step could find again.
 
+A page's depth comes with its task in the entry's lease (``LeaseTask.depth``), else intake reads
+it from the task. When any task was added the dispatcher is woken (``common.queue.wake``), after
+the tasks are stored: found links go out at its next run, within a fraction of a second, not at
+its next scheduled one.
+
 A job removed meanwhile takes none (logged: nothing to add to), as does a store that refuses
 the insert; MongoDB away past the retries raises, as every write of the writer does: the entry
 fails before any settle and is recovered, its links offered again by the next attempt.
@@ -33,8 +38,9 @@ from pymongo.errors import PyMongoError
 
 from common import intake
 from common.errors import ValidationError
+from common.queue.wake import wake
 from common.store import leases
-from common.store.connection import transient, with_retries
+from common.store.connection import redis_conn, transient, with_retries
 from slave.worker.outcome import Outcome, Pair, Part
 
 if TYPE_CHECKING:
@@ -46,10 +52,15 @@ logger = logging.getLogger(__name__)
 
 
 def hand_over(ok: list[Pair]) -> None:
-    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held."""
-    for job_id, (ctx, pages, read) in _by_job(_held(_yielding(ok))).items():
-        _add(job_id, ctx, "found links", intake.add_found, pages)
-        _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
+    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held; when
+    any task was added, wake the dispatcher (``common.queue.wake``): they go out now, not at its
+    next scheduled run."""
+    added = 0
+    for job_id, (ctx, pages, read, deep) in _by_job(_held(_yielding(ok))).items():
+        added += _add(job_id, ctx, "found links", partial(intake.add_found, carried=deep), pages)
+        added += _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
+    if added:
+        wake(redis_conn())
 
 
 def _yields(p: Part, o: Outcome) -> bool:
@@ -74,12 +85,14 @@ def _held(found: list[Pair]) -> list[Pair]:
     return [(p, o) for p, o in found if o.task.id in held]
 
 
-def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list]]:
+def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list, dict]]:
     """{job id: (its context, found links as ``add_found`` takes them, sitemap entries as
-    ``add_from_sitemaps`` takes them)}."""
-    by_job: dict[ObjectId, tuple[JobContext, list, list]] = {}
+    ``add_from_sitemaps`` takes them, the pages' depths their leases carried)}."""
+    by_job: dict[ObjectId, tuple[JobContext, list, list, dict]] = {}
     for p, o in found:
-        _, pages, read = by_job.setdefault(p.ctx.job_id, (p.ctx, [], []))
+        _, pages, read, deep = by_job.setdefault(p.ctx.job_id, (p.ctx, [], [], {}))
+        if o.task.depth is not None:
+            deep[o.task.id] = o.task.depth
         if o.sitemap is not None:
             s = o.sitemap
             read.append((o.task.id, o.task.uri, s.depth, s.pages, s.sitemaps, s.lastmods))
@@ -88,15 +101,17 @@ def _by_job(found: list[Pair]) -> dict[ObjectId, tuple[JobContext, list, list]]:
     return by_job
 
 
-def _add(job_id: ObjectId, ctx: JobContext, what: str, add: Callable, items: list) -> None:
+def _add(job_id: ObjectId, ctx: JobContext, what: str, add: Callable, items: list) -> int:
+    """Hand ``items`` to intake's ``add``; returns how many tasks it added."""
     if not items:
-        return
+        return 0
     try:
         report = with_retries(partial(add, job_id, ctx.follow, items), what)
     except (ValidationError, PyMongoError) as exc:
         if isinstance(exc, PyMongoError) and transient(exc):
             raise  # MongoDB away past the retries: the entry fails unsettled, its pages run again
         logger.warning("job %s: %s not added: %s", ctx.name, what, exc)  # the job removed meanwhile
-        return
+        return 0
     logger.debug("job %s: %d %s added, %d known, %d refused, %d due by lastmod", ctx.name,
                  report.added, what, report.duplicate, report.refused + report.rejected, report.due)
+    return report.added + report.due

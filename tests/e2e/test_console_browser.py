@@ -159,9 +159,11 @@ def test_console_in_headless_chromium(cluster, browser, tmp_path):
         assert Job.objects.get(name="site").status == "OFF"
 
         browser.get(web.base + "/#/job/site")
-        wait_text(browser, "#view", "Requeue DEAD tasks")
-        assert "/status/500/dead" in wait_text(browser, "#view", "DEAD tasks (1)")
-        click(browser, "//button[text()='Requeue DEAD tasks']")
+        wait_text(browser, "#view", "Requeue tasks")
+        Select(browser.find_element(By.ID, "filter-t-tasks")).select_by_value("DEAD")  # the DEAD tasks only
+        WebDriverWait(browser, 15).until(lambda d: "/page/9" not in d.find_element(By.ID, "t-tasks").text)
+        assert "/status/500/dead" in wait_text(browser, "#t-tasks", "/status/500/dead")
+        click(browser, "//button[text()='Requeue tasks']")  # FAIL and DEAD are ticked
         wait_text(browser, "#status", "requeued")
         assert statuses("site").get("DEAD", 0) == 0
 

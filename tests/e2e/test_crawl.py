@@ -272,3 +272,40 @@ def test_a_revisited_pages_new_links_are_followed(cluster, tmp_path, own_site):
              what="the revisit's new link")
     found, page = (CrawlerTask.objects.get(job=job, uri=own_site + p) for p in ("/version/2", "/changing"))
     assert found.depth == 1 and found.parent == page.id
+
+
+def _start(cluster, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([str(Path(sys.executable).parent / "downcluster"), *args],
+                            env={**os.environ, **cluster.env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("dispatcher", ["loop", "scheduler"])
+def test_a_deep_crawl_goes_a_level_deeper_without_waiting_for_the_dispatchers_schedule(cluster, tmp_path,
+                                                                                      dispatcher):
+    """Issue 54: found links are sent when their page is stored, not at the dispatcher's next
+    scheduled run. A crawl of depth 6 (127 pages) ends under a dispatcher whose next scheduled
+    run is ten minutes away (a loop of --interval 600, or the cron scheduler with a yearly
+    schedule after one run by hand): each level's links wake it (``common.queue.wake``)."""
+    following(tmp_path, "deep", "max_depth = 6\n", dispatch_num=1000)
+    add_urls("deep", [cluster.site + "/links/0"])
+    if dispatcher == "loop":
+        procs = [_start(cluster, "dispatch", "--loop", "--interval", "600")]
+    else:
+        assert dispatch_once(cluster.redis).total == 1  # the cron's first run
+        procs = [_start(cluster, "scheduler", "--cron", "0 0 1 1 *", "--interval", "600")]
+    procs.append(_start(cluster, "worker", "--no-exports"))
+    try:
+        wait_for(lambda: CrawlerTask.objects(status="SUCCESS").count() == 127, 120, "the crawl to its depth")
+    finally:
+        _stop(procs)
+    tasks = {d["uri"]: d for d in CrawlerTask._get_collection().find({})}
+    assert sorted(tasks) == sorted(f"{cluster.site}/links/{n}" for n in range(127))
+    check_lineage(tasks, 6)

@@ -167,3 +167,47 @@ def test_a_plain_rq_worker_runs_the_same_entries(cluster, tmp_path):
     )
     assert w.work(burst=True)
     assert statuses("plain") == {"SUCCESS": 3}
+
+
+def _plain_rq_worker(cluster, name: str) -> None:
+    """rq's own worker as seed 003 starts it: no ``--serializer json`` (it unpickles)."""
+    done = subprocess.run([str(BIN / "rq"), "worker", "--burst", "--name", name, "down_high"],
+                          env={**os.environ, "RQ_REDIS_URL": cluster.env["DOWNCLUSTER_REDIS_URL"]},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_rq_worker_without_the_json_serializer_is_named_as_the_cause(cluster, tmp_path, monkeypatch):
+    """A plain `rq worker` pops an entry and fails it unread (rq's failed registry, a
+    DeserializationError): the defender gives the tasks back after ABSENCE_GRACE as for any lost
+    entry, with the reason "start rq workers with `--serializer json`" (not "Redis flushed"),
+    and names each such worker once in the alert log, however many entries it spoils."""
+    from common.config import load
+    from common.store.log_models import CrawlerDispatchAlertLog
+    from common.store.models import CrawlerTask
+    from master.dispatch.defender import recover
+
+    monkeypatch.setenv("DOWNCLUSTER_ABSENCE_GRACE", "0")  # lost at the second look, whenever it is
+    load()
+    register(tmp_path, "unread", priority=0)
+    for round_ in range(2):
+        add_urls("unread", [f"{cluster.site}/page/{round_ * 10 + i}" for i in range(3)])
+        assert dispatch_once(cluster.redis).total >= 3
+        _plain_rq_worker(cluster, "pickling-worker")
+        assert len(FailedJobRegistry("down_high", connection=cluster.redis)) >= 1
+        assert recover(cluster.redis).requeued == 0  # first look: missing, not yet judged
+        report = recover(cluster.redis)
+        assert report.requeued >= 3 and statuses("unread") == {"LIVE": 3 * (round_ + 1)}, report
+        reasons = {t.failed_reason for t in CrawlerTask.objects(status="LIVE")}
+        assert reasons == {"sent again: queue entry failed unread by rq worker pickling-worker: start rq "
+                           "workers with `--serializer json`"}, reasons
+        assert FailedJobRegistry("down_high", connection=cluster.redis).count == 0  # the entry is gone
+    alerts = [a.reason for a in CrawlerDispatchAlertLog.objects(type="unreadable_entry")]
+    assert len(alerts) == 1 and "pickling-worker" in alerts[0] and "--serializer json" in alerts[0], alerts
+    # back as for any lost entry: the next dispatch sends them, to a worker that reads JSON
+    dispatch_once(cluster.redis)
+    from rq import SimpleWorker
+
+    SimpleWorker([Queue("down_high", connection=cluster.redis)], connection=cluster.redis,
+                 serializer="json").work(burst=True)
+    assert statuses("unread") == {"SUCCESS": 6}

@@ -100,10 +100,12 @@ def _soffice() -> str:
     return found
 
 
-def _convert(soffice: str, source: Path, to: str, tmp_path: Path) -> Path:
+def _convert(soffice: str, source: Path, to: str, tmp_path: Path, infilter: str | None = None) -> Path:
     profile = tmp_path / "lo-profile"
-    subprocess.run([soffice, f"-env:UserInstallation=file://{profile}", "--headless", "--convert-to", to,
-                    "--outdir", str(tmp_path), str(source)], check=True, capture_output=True, timeout=180)
+    reading = [f"--infilter={infilter}"] if infilter else []
+    subprocess.run([soffice, f"-env:UserInstallation=file://{profile}", "--headless", *reading,
+                    "--convert-to", to, "--outdir", str(tmp_path), str(source)],
+                   check=True, capture_output=True, timeout=180)
     out = tmp_path / (source.stem + "." + to.split(":")[0])
     assert out.exists(), f"LibreOffice wrote no {out.name}"
     return out

@@ -135,7 +135,7 @@ def test_bad_requests_store_nothing(cluster, tmp_path):
         ({"fmt": "pdf"}, "format"),
         ({"template": "x = ["}, "TOML"),
         ({"callback_url": "ftp://x/"}, "http"),
-        ({"callback_url": "http://127.0.0.1:9/x"}, "loopback"),
+        ({"callback_url": "http://127.0.0.1:9/x"}, "not a public address"),
         ({"mails": ["not-a-mail"]}, "e-mail"),
         ({"flt": {"status": ["teapot"]}}, "status"),
     ]:

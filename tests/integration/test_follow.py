@@ -244,6 +244,28 @@ def test_links_of_a_stored_page_become_tasks_with_depth_and_parent(cluster, tmp_
     assert "depth: 0\n" in cli("task", "show", "crawl", seed).output
 
 
+def test_a_found_pages_depth_travels_in_its_lease_and_its_links_go_one_deeper(cluster, tmp_path, monkeypatch):
+    """Issue 54: the entry of found pages carries their depths (the writer reads no task for
+    them); the seeds' entry carries none (read from the tasks, as a lease written before)."""
+    import common.intake
+
+    _following(tmp_path, "crawl", "max_depth = 3\n")
+    lease, ctx, (outcome,) = _claimed(cluster, "crawl", ["http://a.test/0"])
+    assert lease.depths is None and outcome.task.depth is None
+    outcome.links = Found(urls=["http://a.test/1"])
+    store_outcomes(ctx, lease.id, FRESH, [outcome], utcnow())
+    dispatch_once(cluster.redis)
+    found = leases.claim(CrawlerLease._get_collection().find_one({"state": "QUEUED"})["_id"], "w1")
+    assert found.depths == [1] and leases.lease_tasks(found)[0].depth == 1
+    read: list = []
+    monkeypatch.setattr(common.intake, "depths", lambda ids: read.append(ids) or {})
+    one = writer.Outcome(task=leases.lease_tasks(found)[0], error=None, spend_us=5,
+                         download=Download(200, {}, b"<html>", "http://a.test/1"))
+    one.links = Found(urls=["http://a.test/2"])
+    assert store_outcomes(ctx, found.id, FRESH, [one], utcnow())["success"] == 1
+    assert read == [] and _tasks("crawl")["http://a.test/2"]["depth"] == 2
+
+
 def test_depth_and_pages_caps_hold_in_intake(cluster, tmp_path):
     job = _following(tmp_path, "crawl", "max_depth = 2\nmax_pages = 4\n")
     add_urls("crawl", ["http://a.test/0"])
@@ -261,6 +283,25 @@ def test_depth_and_pages_caps_hold_in_intake(cluster, tmp_path):
     report = add_found(job.id, follow, [(two, "http://a.test/2/0", ["http://a.test/3/0"])])
     assert report.added == 0 and report.refused == 1  # deeper than max_depth 2
     assert len(_tasks("crawl")) == 5
+
+
+def test_a_link_too_deep_on_one_page_is_taken_from_a_shallower_page_of_the_same_write(cluster, tmp_path):
+    """Issue 54: one write's pages at depths 2 (its links too deep) and 1 both link to a URL:
+    it is added at depth 2, found on the shallower page (it was refused for good when the deep
+    page came first: seen once, judged once)."""
+    job = _following(tmp_path, "crawl", "max_depth = 2\n")
+    add_urls("crawl", ["http://a.test/0"])
+    seed = _tasks("crawl")["http://a.test/0"]["_id"]
+    follow = context.load_context(job.id).follow
+    add_found(job.id, follow, [(seed, "http://a.test/0", ["http://a.test/1", "http://a.test/2"])])
+    one, two = (_tasks("crawl")[f"http://a.test/{n}"]["_id"] for n in (1, 2))
+    add_found(job.id, follow, [(one, "http://a.test/1", ["http://a.test/3"])])
+    deep = _tasks("crawl")["http://a.test/3"]["_id"]  # depth 2: its links would be 3 deep
+    report = add_found(job.id, follow, [(deep, "http://a.test/3", ["http://a.test/4"]),
+                                        (two, "http://a.test/2", ["http://a.test/4"])])
+    assert (report.added, report.refused) == (1, 1)
+    found = _tasks("crawl")["http://a.test/4"]
+    assert (found["depth"], found["parent"]) == (2, two)
 
 
 def test_a_lost_leases_page_adds_no_links(cluster, tmp_path):

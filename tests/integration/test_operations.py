@@ -8,7 +8,7 @@ import pymongo
 
 from common.store.control_models import ApiToken, ClusterSecret, WebSession
 from master import tokens
-from tests.helpers import burst_worker, cli
+from tests.helpers import add_urls, burst_worker, cli
 
 SECRET_COLLECTIONS = {"cluster_secret", "api_token", "web_session"}
 
@@ -167,6 +167,47 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
         assert task.history == [] and kept == 1
     again = cli("archive", "old", "--before", later, "-o", str(out))
     assert again.exit_code == 2 and "exists" in again.output  # never overwritten
+
+
+def test_archive_with_tasks_saves_pages_then_removes_them_with_their_tasks(cluster, tmp_path, monkeypatch):
+    """`archive --with-tasks`: the final tasks changed before T go to the file with every version of
+    their data (read back byte-exact), then leave MongoDB with their data, bodies, logs and keys;
+    a task still to download stays, and no task is left naming data that is gone."""
+    import base64
+    import gzip
+    from datetime import timedelta
+
+    from common.store.models import CrawlerDownloadData, CrawlerTask, Job, utcnow
+    from sample_site import page_body
+    from tests.integration.test_exports import _job_with_pages
+
+    monkeypatch.setenv("DOWNCLUSTER_GRIDFS_THRESHOLD", "1000")  # the first versions' bodies in GridFS
+    _job_with_pages(cluster, tmp_path, n=3, name="old")
+    job = Job.objects.get(name="old")
+    _stored_again(job)  # each page: an earlier version (page_body) and its latest (b"v2")
+    add_urls("old", [f"{cluster.site}/page/9"])  # LIVE: not final, stays
+    later = (utcnow() + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = tmp_path / "old.jsonl.gz"
+    result = cli("archive", "old", "--before", later, "--with-tasks", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "archived 3 final tasks, 6 data documents and 3 download logs" in result.output
+    lines = [json.loads(line) for line in gzip.open(out, "rt", encoding="utf-8")]
+    tasks = {r["task_id"]: r for r in lines if r["kind"] == "task"}
+    assert len(tasks) == 3 and {r["status"] for r in tasks.values()} == {"SUCCESS"}
+    bodies: dict[str, list[bytes]] = {}
+    for record in (r for r in lines if r["kind"] == "data"):
+        bodies.setdefault(record["task_id"], []).append(base64.b64decode(record["body_base64"]))
+    assert bodies.keys() == tasks.keys()
+    for task_id, got in bodies.items():
+        n = int(tasks[task_id]["uri"].rsplit("/", 1)[1])
+        assert sorted(got) == sorted([page_body(n), b"v2"])  # both versions, byte-exact
+    assert _counts(job) == {"data": 0, "tasks": 1, "logs": 0, "gridfs": 0}
+    assert [t.status for t in CrawlerTask.objects(job=job)] == ["LIVE"]
+    assert CrawlerDownloadData.objects.count() == 0  # no data without its task, no task naming gone data
+    stats = cli("stats", "--json")
+    row = next(r for r in json.loads(stats.output)["jobs"] if r["job"] == "old")
+    assert row["SUCCESS"] == 0 and row["LIVE"] == 1, row
+    assert "added 3" in add_urls("old", [f"{cluster.site}/page/{i}" for i in range(3)])  # their keys went too
 
 
 # --- metrics, alerts, Sentry -------------------------------------------------------------------

@@ -242,13 +242,16 @@ def test_upgrade_puts_a_store_written_before_projects_into_default(cluster, tmp_
         assert web.call("GET", f"/api/v1/exports/{old_export.id}", old_analyst).status_code == 200
         assert web.call("POST", "/api/v1/jobs/old/disable", old_analyst).status_code == 403
         assert web.call("POST", "/api/v1/jobs/old/disable", old_admin).status_code == 200
-        # a token made after the upgrade holds only what it is given
-        new_token("late", "analyst", "default")
-        nobody = cli("token", "create", "nobody", "--role", "analyst").stdout.strip().splitlines()[-1]
-        assert web.call("GET", "/api/v1/jobs/old", nobody).status_code == 404
+        # a token made after the upgrade holds only what it is given (given nothing: default)
+        late = cli("token", "create", "late", "--role", "analyst").stdout.strip().splitlines()[-1]
+        assert web.call("GET", "/api/v1/jobs/old", late).status_code == 200
+        _project("other")
+        nobody = cli("token", "create", "nobody", "--role", "analyst", "--project", "other")
+        nobody_token = nobody.stdout.strip().splitlines()[-1]
+        assert web.call("GET", "/api/v1/jobs/old", nobody_token).status_code == 404
         again = cli("migrate")
         assert "put 0 jobs, 0 exports and 0 tokens" in again.output
-        assert web.call("GET", "/api/v1/jobs/old", nobody).status_code == 404
+        assert web.call("GET", "/api/v1/jobs/old", nobody_token).status_code == 404
 
 
 def _code_before_projects(tmp_path) -> Path | None:
@@ -379,3 +382,34 @@ def test_the_audit_log_tells_who_did_what(cluster, tmp_path):
     on = next(e for e in shown if e["action"] == "job.on")
     assert on["actor"] == "u1" and on["target"] == "j" and on["project"] == 1
     assert "job.off" in cli("audit").stdout
+
+
+def test_a_token_made_without_a_project_holds_default_at_every_door(cluster, tmp_path):
+    """`token create NAME --role analyst` as README writes it (no --project) holds `default`,
+    where a job registered without a project goes: the command says so, `token list` and the
+    API's session show it, and the API lists that job; `master.tokens.create` (what any other
+    door calls) gives the same. Before, such a token held nothing and saw no job."""
+    from master import tokens
+
+    result = cli("job", "register", str(write_job(tmp_path, "plainjob")))
+    assert result.exit_code == 0, result.output
+    other = _project("elsewhere")
+    _register(tmp_path, "hidden", other)
+    made = subprocess.run([str(Path(sys.executable).parent / "downcluster"), "token", "create", "alice",
+                           "--role", "analyst"], env={**os.environ, **cluster.env}, capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert "holds project default" in made.stderr
+    default = Project.objects.get(name="default").id
+    assert ApiToken.objects.get(name="alice").projects == [default]
+    listed = cli("token", "list").output
+    assert any(line.startswith("alice") and f" {default} " in line for line in listed.splitlines()), listed
+    direct = tokens.create("bob", "user")
+    assert ApiToken.objects.get(name="bob").projects == [default]
+    with WebServer(cluster.env) as web:
+        for secret in (made.stdout.strip().splitlines()[-1], direct):
+            assert web.call("GET", "/api/v1/session", secret).json()["projects"] == [default]
+            names = [j["name"] for j in web.call("GET", "/api/v1/jobs", secret).json()["jobs"]]
+            assert names == ["plainjob"]
+    admin = tokens.create("carol", "admin")
+    assert admin and ApiToken.objects.get(name="carol").projects == []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bson import ObjectId
 
-from common.store import counts, pages
+from common.store import counts, known, pages
 from common.store import tasks as task_store
 from common.store.connection import connect_mongo, disconnect_mongo
 from common.store.models import SUCCESS, CrawlerTask, CrawlerTaskKey, Job, utcnow
@@ -186,6 +186,38 @@ def test_retention_removes_the_keys_of_the_tasks_it_removes(cluster, tmp_path):
     assert report.tasks == 3 and _tasks(job.id) == {} and _keys(job.id) == {}
     assert intake.add_tasks("short", urls).added == 3  # the job may have them again
     _each_once(job.id, urls)
+
+
+def test_known_urls_are_refused_by_the_filter_in_redis_before_mongodb(cluster, tmp_path, monkeypatch):
+    """Issue 54: a found URL the job has is refused by the filter in Redis
+    (``common.store.known``) without a read of MongoDB; with Redis flushed, MongoDB (the truth)
+    refuses it and the filter is rebuilt from that read; a URL in neither is added. URLs given
+    (``task add``) neither read nor fill it."""
+    import common.intake
+    from common.jobsettings import Follow
+
+    job = register(tmp_path, "filt")
+    seed = "http://127.0.0.1:1/"
+    intake.add_tasks("filt", [seed])
+    page, follow = _tasks(job.id)[seed][0], Follow(max_depth=10, max_pages=1000)
+    urls = [f"http://127.0.0.1:1/{i}" for i in range(50)]
+
+    def found(links: list[str]):
+        return common.intake.add_found(job.id, follow, [(page, seed, links)])
+
+    assert found(urls).added == 50
+    asked: list[list[str]] = []
+    real = common.intake.known_uris
+    monkeypatch.setattr(common.intake, "known_uris", lambda j, u: asked.append(u) or real(j, u))
+    assert found(urls).duplicate == 50 and asked == []
+    assert intake.add_tasks("filt", urls).duplicate == 50 and sorted(asked.pop()) == sorted(urls)
+    cluster.redis.flushall()
+    assert found(urls).duplicate == 50 and sorted(asked[0]) == sorted(urls)
+    new = "http://127.0.0.1:1/new"
+    assert found([*urls, new]).added == 1 and asked[1] == [new]  # rebuilt
+    _each_once(job.id, [seed, *urls, new])
+    known.forget(job.id)  # what retention does around a removal: a new generation, empty
+    assert found(urls).duplicate == 50 and sorted(asked[2]) == sorted(urls)
 
 
 def test_migrate_makes_the_keys_of_a_store_written_before_them(cluster, tmp_path, monkeypatch, caplog):

@@ -34,7 +34,8 @@ def test_the_job_settings_model_mirrors_the_one_declaration():
     fields = CrawlerDownloadSetting._fields
     declared = {s.name for s in SETTINGS}
     assert declared <= set(fields)
-    assert set(fields) - declared == {"id", "job", "add_datetime", "last_update_datetime"}
+    # private_grant: not a manifest's setting but who granted allow_private (written by registration)
+    assert set(fields) - declared == {"id", "job", "add_datetime", "last_update_datetime", "private_grant"}
     for s in SETTINGS:
         field = fields[s.name]
         assert isinstance(field, kinds[s.value_type]), s.name

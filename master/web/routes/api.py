@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic import ValidationError as PydanticError
 from starlette.concurrency import run_in_threadpool
 
@@ -33,6 +33,7 @@ from master.web.contract import (
     TaskStatus,
     Versions,
     answers,
+    whole,
 )
 from master.web.errors import ApiError
 
@@ -469,3 +470,74 @@ def get_audit(_: Admin, limit: Limit = None, before: Annotated[str | None, Query
     changed or switched, their tasks and generators, tokens, projects, grants, exports requested,
     cancelled or retried."""
     return audit.page(limit, before, action)
+
+
+# --- tokens (admins) -----------------------------------------------------------------------
+
+TokenName = Annotated[str, Path(pattern=tokens.NAME_RE.pattern, description="the token's name")]
+ProjectIdIn = Annotated[int, Field(ge=1, le=2**31), BeforeValidator(whole)]
+
+
+class TokenIn(Strict):
+    name: str = Field(pattern=tokens.NAME_RE.pattern)
+    role: Literal["admin", "user", "analyst"]
+    projects: list[ProjectIdIn] = Field([], max_length=100, description="the projects it holds (ids)")
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"name": "ana", "role": "user", "projects": [2]}]})
+
+
+class GrantIn(Strict):
+    projects: list[ProjectIdIn] = Field([], max_length=100, description="projects to give (ids)")
+    jobs: list[Annotated[str, Field(max_length=128)]] = Field(
+        [], max_length=100, description="jobs whose every export it may see and download")
+    remove: bool = Field(False, description="take these away instead")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"projects": [2], "jobs": ["news"]}]})
+
+
+def _token_row(t: dict) -> dict:
+    return t | {"created": iso(t["created"]), "last_used": iso(t["last_used"])}
+
+
+@router.get("/tokens", tags=["tokens"], responses=answers(401, 403))
+def list_tokens(_: Admin) -> dict:
+    """Every token: name, role, projects, granted jobs, created and last used (never a secret)."""
+    return {"tokens": [_token_row(t) for t in tokens.listing()]}
+
+
+@router.post("/tokens", tags=["tokens"], status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "a token of that name exists (revoke it first)"}))
+def create_token(body: TokenIn, token: Admin) -> dict:
+    """A new token (``downcluster token create``): its secret is in this answer only (only its
+    hash is kept)."""
+    for project_id in body.projects:
+        access.check_project(token, project_id)
+    if any(t["name"] == body.name for t in tokens.listing()):
+        raise ApiError(409, f"a token named {body.name!r} exists: revoke it first")
+    held = sorted(set(body.projects))
+    secret = tokens.create(body.name, body.role, held)
+    audit.record(token, "token.create", body.name, role=body.role, projects=held)
+    return {"name": body.name, "role": body.role, "projects": held, "token": secret}
+
+
+@router.post("/tokens/{token_name}/grant", tags=["tokens"], responses=answers(401, 403, 404))
+def grant_token(token_name: TokenName, body: GrantIn, token: Admin) -> dict:
+    """Give the token projects, or let it see every export of jobs (``remove``: take them away),
+    as ``downcluster token grant``; its projects and granted jobs after."""
+    if body.projects:
+        projects.grant(token_name, list(body.projects), body.remove, token)
+    if body.jobs:
+        tokens.grant(token_name, list(body.jobs), body.remove)
+        action = "token.ungrant" if body.remove else "token.grant"
+        audit.record(token, action, token_name, jobs=list(body.jobs))
+    row = next((t for t in tokens.listing() if t["name"] == token_name), None)
+    if row is None:
+        raise ApiError(404, f"no token named {token_name!r}")
+    return {"name": token_name, "projects": row["projects"], "jobs": row["jobs"]}
+
+
+@router.post("/tokens/{token_name}/revoke", tags=["tokens"], responses=answers(401, 403, 404))
+def revoke_token(token_name: TokenName, token: Admin) -> dict:
+    """Revoke the token at once (its console sessions end too)."""
+    tokens.revoke(token_name)
+    audit.record(token, "token.revoke", token_name)
+    return {"name": token_name, "revoked": True}

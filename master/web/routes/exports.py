@@ -13,7 +13,7 @@ import json
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,7 +31,17 @@ from common.store.control_models import ADMIN
 from common.store.data import export_fits, export_source
 from master import audit, tokens, views
 from master.exports import service as exports
-from master.web.contract import JOB_NAME, READ, JobFilter, JobName, Limit, ObjectIdPath, Versions, answers
+from master.web.contract import (
+    JOB_NAME,
+    READ,
+    JobFilter,
+    JobName,
+    Limit,
+    ObjectIdPath,
+    Versions,
+    answers,
+    whole,
+)
 from master.web.errors import ApiError
 from master.web.routes.api import COOKIE, Reader, Strict, bearer
 from master.web.routes.files import stream_file
@@ -41,18 +51,13 @@ FORMATS = Literal["csv", "jsonl", "xlsx", "warc"]
 TEMPLATE_DOC = "an export template, TOML or JSON (columns, header trees, row headers, tables; see the README)"
 
 
-def _whole(value: Any) -> Any:
-    """JSON has numbers, not integers: 200.0 is the integer 200 (JSON Schema says so too)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
 # constraints before the validator: after it, pydantic publishes them as "ge"/"le", not JSON
 # Schema's minimum/maximum
-ExecTime = Annotated[int, Field(ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT), BeforeValidator(_whole)]
+ExecTime = Annotated[int, Field(ge=10, le=settings.EXPORT_MAX_EXEC_TIME_LIMIT), BeforeValidator(whole)]
 
 
 class ExportFilter(Strict):
-    status: list[Annotated[int, Field(ge=100, le=599), BeforeValidator(_whole)]] | None = Field(
+    status: list[Annotated[int, Field(ge=100, le=599), BeforeValidator(whole)]] | None = Field(
         None, description="HTTP status codes to keep")
     since: str | None = Field(
         None, json_schema_extra={"format": "date-time"}, description="downloaded at or after"

@@ -13,6 +13,7 @@ import ctypes
 import fcntl
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -20,10 +21,13 @@ import sys
 import tempfile
 
 from common.errors import DownloadError
+from common.secrets import redact
 from slave.download.engines import seccomp, wall
-from slave.download.engines.sandbox import box_argv
+from slave.download.engines.sandbox import box_argv, interpreter
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+STDERR_TAIL = 4096  # the bytes of a browser's stderr kept, to say why it did not start
+logger = logging.getLogger(__name__)
 
 
 class Crashed(Exception):
@@ -72,6 +76,8 @@ class Browser:
         self._pending: dict[int, asyncio.Future] = {}
         self._listeners: dict[str, asyncio.Queue] = {}
         self._reader: asyncio.Task | None = None
+        self._stderr: asyncio.Task | None = None
+        self.stderr_tail = b""
         self.dead = False
 
     def _argv(self, exe: str, commands: int, replies: int) -> tuple[list[str], tuple[int, ...]]:
@@ -81,11 +87,10 @@ class Browser:
                  "--disable-extensions", "--disable-dev-shm-usage", "--mute-audio", "--hide-scrollbars",
                  "--no-default-browser-check", "--password-store=basic",
                  f"--js-flags=--max-old-space-size={self.memory_mb}", "--remote-debugging-pipe"]
-        launch = [sys.executable, "-I", "-S", "-c", LAUNCH]
         if os.geteuid() != 0:  # no box without root (nor a wall): a developer's machine
             self.dir = tempfile.mkdtemp(prefix="downcluster-browser-")
-            return (launch + ["-1", str(commands), str(replies), exe, *flags,
-                              f"--user-data-dir={self.dir}", "about:blank"], (commands, replies))
+            return ([sys.executable, "-I", "-S", "-c", LAUNCH, "-1", str(commands), str(replies), exe, *flags,
+                     f"--user-data-dir={self.dir}", "about:blank"], (commands, replies))
         try:  # never render untrusted pages as root, nor where the wall does not hold
             wall.ensure()
         except wall.Unavailable as exc:
@@ -93,8 +98,10 @@ class Browser:
                                 retryable=True) from None
         uid = wall.browser_uid(self.allow_private)
         info, rules = os.open(os.devnull, os.O_WRONLY), seccomp.pipe_fd(unix=True)
-        argv = box_argv(info, rules, BOX_TMP_BYTES) + [
-            "--chdir", "/tmp", "--", *launch, str(uid), str(commands), str(replies), exe, *flags,
+        python = interpreter()  # the python downloaders' own, which the box mounts as theirs
+        argv = box_argv(info, rules, BOX_TMP_BYTES, python) + [
+            "--chdir", "/tmp", "--", python, "-I", "-S", "-c", LAUNCH, str(uid), str(commands), str(replies),
+            exe, *flags,
             "--user-data-dir=/tmp/profile", "about:blank"]
         return argv, (commands, replies, info, rules)
 
@@ -117,7 +124,7 @@ class Browser:
             env = {"HOME": self.dir or "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL, env=env, preexec_fn=child, pass_fds=handed,
+                stderr=asyncio.subprocess.PIPE, env=env, preexec_fn=child, pass_fds=handed,
                 cwd=self.dir or "/")
         except BaseException:  # not started: our ends of the pipe go too
             os.close(commands_w)
@@ -132,12 +139,34 @@ class Browser:
                                      os.fdopen(replies_r, "rb", 0))
         self.out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(commands_w, "wb", 0))
         self._reader = asyncio.create_task(self._read(reader))
+        assert self.proc.stderr is not None
+        self._stderr = asyncio.create_task(self._keep_stderr(self.proc.stderr))
         try:
             async with asyncio.timeout(30):
                 await self.call("Browser.getVersion")
         except (TimeoutError, Crashed):
             self.kill()
-            raise DownloadError("browser engine: chromium did not start", retryable=True) from None
+            raise DownloadError(await self._not_started(), retryable=True) from None
+
+    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
+        """Read the browser's (and its box's) stderr for its whole life, keeping the last
+        STDERR_TAIL bytes (a pipe nobody reads would stall it)."""
+        while chunk := await stream.read(65536):
+            self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL:]
+
+    async def _not_started(self) -> str:
+        """Why the browser did not start: the last lines of its stderr (bubblewrap's too),
+        secrets masked; also logged."""
+        if self._stderr is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stderr), 2)  # what it wrote before dying
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+        text = self.stderr_tail.decode("utf-8", "replace")
+        lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+        tail = redact(" | ".join(lines[-3:]))[-600:]
+        logger.warning("browser engine: chromium did not start; its stderr ends: %s", tail or "(nothing)")
+        return "browser engine: chromium did not start" + (f": {tail}" if tail else " (its stderr is empty)")
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -193,6 +222,8 @@ class Browser:
                 await asyncio.wait_for(self.proc.wait(), 5)
             except (TimeoutError, ProcessLookupError):
                 pass
+        if self._stderr is not None:
+            self._stderr.cancel()
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the box goes with it) and forget the pipe."""

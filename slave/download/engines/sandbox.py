@@ -13,6 +13,7 @@ line saying what to install: never a weaker box.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import selectors
@@ -42,6 +43,7 @@ from slave.download.engines.sandbox_main import (
 
 __all__ = ["run_generator", "run_python", "run_shell"]
 
+logger = logging.getLogger(__name__)
 SANDBOX_MAIN = str(Path(__file__).resolve().with_name("sandbox_main.py"))
 RESOURCE_SIGNALS: dict[int, str] = {signal.SIGXCPU: "CPU limit", signal.SIGXFSZ: "file size limit"}
 
@@ -55,6 +57,7 @@ class _Outcome:
         self.returncode: int | None = None
         self.timed_out = False
         self.overflow = False
+        self.reported = False  # sandbox_main reported the downloader's exit (the box started)
 
 
 BASE_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -124,9 +127,37 @@ def interpreter() -> str:
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")  # empty in the box; /var/run leads to /run
 
 
-def box_argv(info_fd: int, seccomp_fd: int, size_bytes: int) -> list[str]:
-    """bubblewrap's options for a box (a downloader's or a browser's): see the module docstring.
-    The command follows, after ``--``."""
+def _under_private(path: str) -> bool:
+    """Strictly below a private directory (never one of them whole: the box's /tmp stays its own)."""
+    return any(path.startswith(d + "/") for d in PRIVATE_DIRS)
+
+
+def install_mounts(python: str) -> list[tuple[str, str]]:
+    """(host path, path in the box) of the install ``python`` runs from that the box's private
+    directories would hide (a venv or an interpreter under /tmp): its prefix (the directory
+    above its ``bin``) as named and as resolved, and this process's venv and base prefixes when
+    ``python`` is ours."""
+    found = python if os.sep in python else shutil.which(python)
+    if found is None:
+        return []
+    named = os.path.abspath(found)
+    prefixes = {os.path.dirname(os.path.dirname(p)) for p in (named, os.path.realpath(named))}
+    if os.path.realpath(named) == os.path.realpath(sys.executable):
+        prefixes |= {sys.prefix, sys.base_prefix}
+    mounts = set()
+    for prefix in prefixes:
+        real = os.path.realpath(prefix)
+        if os.path.isdir(real):
+            mounts |= {(real, path) for path in (prefix, real) if _under_private(path)}
+    return sorted(mounts)
+
+
+def box_argv(info_fd: int, seccomp_fd: int, size_bytes: int, python: str) -> list[str]:
+    """bubblewrap's options for a box (a downloader's or a browser's), the one description of
+    what every box mounts: the host read-only, private size-capped ``PRIVATE_DIRS``, and the
+    install of ``python`` (the box's interpreter) read-only where those would hide it, so a
+    project installed anywhere (a venv under /tmp, a path with spaces) runs. The command
+    follows, after ``--``."""
     argv = ["bwrap", "--die-with-parent", "--new-session",
             "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
             "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
@@ -134,14 +165,17 @@ def box_argv(info_fd: int, seccomp_fd: int, size_bytes: int) -> list[str]:
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for private in PRIVATE_DIRS:
         argv += ["--perms", "1777", "--size", str(size_bytes), "--tmpfs", private]
+    for host, inside in install_mounts(python):
+        argv += ["--ro-bind", host, inside]
     return argv
 
 
 def _command(mode: str, limits: Limits, status_fd: int, info_fd: int, seccomp_fd: int) -> list[str]:
     """bubblewrap around ``sandbox_main``: see the module docstring."""
-    return box_argv(info_fd, seccomp_fd, limits.max_file_mb * 1024 * 1024) + [
+    python = interpreter()
+    return box_argv(info_fd, seccomp_fd, limits.max_file_mb * 1024 * 1024, python) + [
         "--ro-bind", script(), MAIN_INSIDE, "--chdir", "/tmp", "--",
-        interpreter(), "-I", MAIN_INSIDE, mode, str(status_fd)]
+        python, "-I", MAIN_INSIDE, mode, str(status_fd)]
 
 
 def _box_pid(info: bytes) -> int | None:
@@ -224,6 +258,7 @@ def _run_as(uid: int, mode: str, message: dict, limits: Limits, stdout_cap: int)
             except OSError:
                 status = b""
             outcome.returncode = _wait_status(status, proc.returncode)
+            outcome.reported = bool(status.strip())
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     if pipe is not None:
@@ -335,6 +370,9 @@ def _process_error(outcome: _Outcome, limits: Limits, stdout_cap: int) -> Downlo
         why = RESOURCE_SIGNALS.get(-code)
         reason = f"killed by signal {name}" + (f" ({why})" if why else "") + (f": {tail}" if tail else "")
         return DownloadError(reason, retryable=why is None)
+    if not outcome.reported and tail.startswith("bwrap:"):  # the box did not start: no downloader ran
+        logger.warning("sandbox did not start: %s", redact(tail))
+        return DownloadError(f"the sandbox did not start: {tail}", retryable=True)
     return DownloadError(f"exit status {code}" + (f": {tail}" if tail else ""), retryable=True)
 
 
