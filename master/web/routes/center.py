@@ -17,10 +17,9 @@ from common.errors import ValidationError
 from common.store.connection import redis_conn
 from master import audit, callers, center
 from master.projects import resolve
-from master.web.contract import ObjectIdPath, answers
+from master.web.contract import ObjectIdPath, answers, whole
 from master.web.errors import ApiError
 from master.web.routes.api import Admin, Reader, Strict
-from master.web.routes.exports import _whole
 
 router = APIRouter(include_in_schema=False)
 
@@ -145,7 +144,7 @@ def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
 
 # --- the callers of the /v1 interface (admins) ----------------------------------------------
 
-WholeProject = Annotated[int, Field(ge=1, le=center.MAX_PROJECT), BeforeValidator(_whole)]
+WholeProject = Annotated[int, Field(ge=1, le=center.MAX_PROJECT), BeforeValidator(whole)]
 
 
 class CallerIn(Strict):
