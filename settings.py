@@ -317,6 +317,34 @@ SOURCE_MAX_ROWS = 20_000_000
 SOURCE_DATA_MAX_BYTES = 4 * 1024 * 1024
 """Largest source_data (rows given inline with the task, as JSON text) a download task may carry."""
 
+CENTER_APP_ID = ""
+"""The download center's own app id (seed 000's callers know the center by it): its source pulls
+carry ``app_id`` and a ``token`` signed with CENTER_APP_SECRET, and so do its form callbacks
+(/v1 tasks). Empty: pulls are unsigned and /v1 callbacks carry no app_id or token."""
+
+CENTER_APP_SECRET = ""
+"""The secret of CENTER_APP_ID (give it to the sources and callback receivers that check it)."""
+
+CENTER_SIGNATURE_WINDOW = 300
+"""Seconds a signed /v1 request's ``timestamp`` may be from the center's clock, when the caller
+sends one (seed 000's signature has no time of its own)."""
+
+CENTER_TASK_RETRIES = 3
+"""Runs of a /v1 download task whose source fails (seed 000's center: 3); the next run starts
+CENTER_RETRY_AFTER seconds after the last ended."""
+
+CENTER_RETRY_AFTER = 60
+"""Seconds between the runs of a /v1 download task whose source failed (seed 000: 60)."""
+
+CENTER_TASK_RETENTION_DAYS = 30
+"""Days a download task of the center is kept after it ended (failed, cancelled, or expired: a
+done task's file goes after EXPORT_TTL); then its document, with the rows it carried inline, is
+archived (CENTER_ARCHIVE_DIR) and removed by the defender. 0: kept for ever."""
+
+CENTER_ARCHIVE_DIR = ""
+"""Directory the removed download tasks are archived to, one JSON line each, a file a day
+(center-YYYY-MM-DD.jsonl); empty: removed without an archive."""
+
 SMTP_URL = ""
 """smtp://[user:pass@]host:port, smtps://..., or smtp://...?starttls=1; empty: mails are not sent."""
 

@@ -23,6 +23,7 @@ COMMANDS = {
     "data": "master.cli_data:data",
     "export": "master.cli_data:export",
     "center": "master.center_cli:center",
+    "caller": "master.center_cli:caller",
     "worker": "slave.cli:worker",
     "web": "master.cli_web:web",
     "token": "master.cli_web:token",

@@ -106,6 +106,11 @@ def queue_webhook(url: str, event: str, payload: dict) -> None:
     notifications.add("webhook", url, event, json.dumps(payload, separators=(",", ":")))
 
 
+def queue_form(url: str, event: str, form: str) -> None:
+    """A callback POSTed as ``application/x-www-form-urlencoded`` (``form``: the body)."""
+    notifications.add("form", url, event, form)
+
+
 def queue_mail(to: str, event: str, subject: str, text: str) -> None:
     if not settings.SMTP_URL:
         logger.info("SMTP_URL is not set: mail %s to %s not sent", event, to)
@@ -138,8 +143,9 @@ def deliver_due(limit: int = 50) -> int:
 def _attempt(doc: NotificationRecord) -> int:
     error = None
     try:
-        if doc.kind == "webhook":
-            _post(doc.target, doc.event, doc.body.encode())
+        if doc.kind in ("webhook", "form"):
+            kind = "application/json" if doc.kind == "webhook" else "application/x-www-form-urlencoded"
+            _post(doc.target, doc.event, doc.body.encode(), kind)
         else:
             _mail(doc.target, doc.subject, doc.body)
     except Exception as exc:  # any failure of the receiver or the network is retried
@@ -163,7 +169,7 @@ def _attempt(doc: NotificationRecord) -> int:
 
 def _shown(doc: NotificationRecord) -> str:
     """The target as logged: a webhook URL without its query (it may carry a receiver's token)."""
-    if doc.kind != "webhook":
+    if doc.kind == "mail":
         return doc.target
     parts = urlsplit(doc.target)
     return redact(
@@ -171,11 +177,11 @@ def _shown(doc: NotificationRecord) -> str:
     )
 
 
-def _post(url: str, event: str, body: bytes) -> None:
+def _post(url: str, event: str, body: bytes, kind: str = "application/json") -> None:
     """POST to an address judged now (what a name resolves to may have changed since the request),
     connecting to that address, never to the name again."""
     target = callback_target(url)
-    headers = {"Host": target.host_header, "Content-Type": "application/json",
+    headers = {"Host": target.host_header, "Content-Type": kind,
                "User-Agent": "downcluster-webhook/1.0", "X-Downcluster-Event": event,
                "X-Downcluster-Signature": webhook_signature(body)}
     failure: Exception | None = None

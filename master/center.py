@@ -15,12 +15,13 @@ beside them in every answer): 1 waiting (PENDING), 2 processing (RUNNING), 3 don
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import IO, Any, cast
 from urllib.parse import quote
 
@@ -28,7 +29,7 @@ from bson import ObjectId
 from redis import Redis
 
 from common.config import settings
-from common.errors import NotFound, ValidationError
+from common.errors import Forbidden, NotFound, ValidationError
 from common.exports.events import publish
 from common.exports.sources import (
     Puller,
@@ -39,6 +40,7 @@ from common.exports.sources import (
     parse_task_template,
     per_table,
     pull,
+    pull_options,
     text,
     write_inline,
     write_pulled,
@@ -55,8 +57,8 @@ from common.store.control import Token
 from common.store.data import drop_export_file
 from common.store.models import EXPORT_RUNNING, PENDING, SUCCESS, iso, utcnow
 from common.store.records import ExportRecord
-from master import access
-from master.exports.service import check_exec_time, may_see, push, sync_slots
+from master import access, audit
+from master.exports.service import check_exec_time, may_see, owns, push, sync_slots
 
 STATUS = {"PENDING": 1, "RUNNING": 2, "SUCCESS": 3, "FAIL": 4, "CANCEL": 5, "EXPIRED": 6}
 STATUS_TEXT = {1: "waiting", 2: "processing", 3: "done", 4: "failed", 5: "cancelled", 6: "expired"}
@@ -230,20 +232,33 @@ def _check_layout(template: Any, n: int, fmt: str) -> None:
         raise ValidationError("multi-table mode (source_data as a list of tables) needs type excel")
 
 
-def deliver(redis: Redis, params: dict, token: Token | None = None) -> ExportRecord:
-    """Check a task and queue it on down_export (a worker pulls its source and writes its file)."""
-    return _store(redis, check(params, token), token)
+def deliver(redis: Redis, params: dict, token: Token | None = None,
+            extra: dict | None = None) -> ExportRecord:
+    """Check a task and queue it on down_export (a worker pulls its source and writes its file);
+    audited as ``center.deliver``. ``extra``: kept in the task's ``center`` beside the checked
+    parameters (the /v1 interface's: ``master.center_v1``); a /v1 task identical to one of the
+    same caller underway, or done within EXPORT_DEDUP_WINDOW, is that one (seeds 001, 004)."""
+    task = check(params, token)
+    task.center.update(extra or {})
+    if not (extra or {}).get("v1"):
+        return _store(redis, task, token)
+    digest = "center:" + hashlib.sha256(json.dumps([params, extra], sort_keys=True, default=str,
+                                                   ensure_ascii=False).encode()).hexdigest()
+    window = timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)
+    same = exports.earlier(digest, utcnow(), window, token.id if token else None)
+    return same if same is not None else _store(redis, task, token, digest)
 
 
-def _store(redis: Redis, task: Task, token: Token | None) -> ExportRecord:
+def _store(redis: Redis, task: Task, token: Token | None, digest: str | None = None) -> ExportRecord:
     now = utcnow()
     export = exports.add(ExportRecord(
-        id=ObjectId(), format=task.format, template="", filter={}, digest=f"center:{ObjectId()}",
+        id=ObjectId(), format=task.format, template="", filter={}, digest=digest or f"center:{ObjectId()}",
         callback_urls=[task.callback] if task.callback else [], mails=[],
         requested_by=token.name if token else "", created_at=now, retry_at=now,
         max_exec_time=task.max_exec_time, project=task.project_id, center=task.center,
         owner=token.id if token else None))
     push(redis, export)
+    audit.record(token, "center.deliver", export.id, export.project, name=task.center.get("name"))
     return export
 
 
@@ -266,12 +281,14 @@ class Queued:
     reason: str
 
 
-def sync(redis: Redis, params: dict, token: Token | None = None) -> Written | Queued:
+def sync(redis: Redis, params: dict, token: Token | None = None,
+         extra: dict | None = None) -> Written | Queued:
     """The seed's synchronous download: the same parameters, the file written here and now when
     the rows are at most EXPORT_SYNC_MAX_ROWS (source_data's count, or source_url's first page's
     total) and a slot is free; otherwise the task is queued as ``deliver`` would. A source that
     breaks its word raises SourceFailed (nothing is answered but the one line)."""
     task = check(params, token)
+    task.center.update(extra or {})
     limit = settings.EXPORT_SYNC_MAX_ROWS
     slots = sync_slots()
     if not slots.acquire(blocking=False):
@@ -288,12 +305,13 @@ def sync(redis: Redis, params: dict, token: Token | None = None) -> Written | Qu
         else:
             step = task.center["step"]
             with Puller(task.center["source_url"], step, f"sync-{secrets.token_hex(6)}",
-                        private_allowed(task.project_id)) as puller:
+                        private_allowed(task.project_id), **pull_options(task.center)) as puller:
                 pulled = pull(puller, look)
-                if pulled.total > limit:
+                if pulled.total is None or pulled.total > limit:
                     out.close()
-                    return Queued(_store(redis, task, token), f"the source's total {pulled.total} "
-                                  f"is more than EXPORT_SYNC_MAX_ROWS ({limit})")
+                    why = ("the source gives no total" if pulled.total is None else
+                           f"the source's total {pulled.total} is more than EXPORT_SYNC_MAX_ROWS ({limit})")
+                    return Queued(_store(redis, task, token), why)
                 rows = write_pulled(pulled, task.format, out)
     except BaseException:
         out.close()
@@ -356,9 +374,11 @@ class Page:
     page_size: int
 
 
-def listing(params: dict, token: Token | None = None) -> Page:
+def listing(params: dict, token: Token | None = None, states: list[str] | None = None,
+            first: int = 1, most: int = 100) -> Page:
     """Tasks of ``project_ids`` newest first, with the seed's filters (status, operator_id,
-    merchant_type, merchant_id, task_name: a part of the name) and paging (page from 1)."""
+    merchant_type, merchant_id, task_name: a part of the name) and paging (page from ``first``,
+    at most ``most`` a page); ``states``: the states wanted (instead of ``status``)."""
     allowed = {"project_ids", "page", "page_size", "status", "operator_id", "merchant_type", "merchant_id",
                "task_name"}
     unknown = sorted(set(params) - allowed)
@@ -366,10 +386,12 @@ def listing(params: dict, token: Token | None = None) -> Page:
         raise ValidationError(f"unknown parameter {unknown[0][:40]!r}")
     projects = id_list(params.get("project_ids"), "project_ids",
                        lambda v: check_project(token, v, "project_ids"))
-    page = integer(params.get("page"), "page", 1, 10**6, default=1)
-    size = integer(params.get("page_size"), "page_size", 1, 100, default=20)
+    page = integer(params.get("page"), "page", first, 10**6, default=first)
+    size = integer(params.get("page_size"), "page_size", 1, most, default=20)
     query: dict[str, Any] = {"project": {"$in": projects}}
-    if params.get("status") not in (None, ""):
+    if states is not None:
+        query["state"] = {"$in": states}
+    elif params.get("status") not in (None, ""):
         numbers = id_list(params.get("status"), "status", lambda v: integer(v, "status", 1, 6))
         query["state"] = {"$in": [STATE_OF[n] for n in numbers]}
     if params.get("operator_id") not in (None, ""):
@@ -379,30 +401,44 @@ def listing(params: dict, token: Token | None = None) -> Page:
             query[f"center.{key}"] = integer(params[key], key, 0, 2**53)
     if params.get("task_name") not in (None, ""):
         query["center.name"] = {"$regex": re.escape(str(params["task_name"])[:60])}
-    tasks, total = store.page(query, (page - 1) * size, size)
+    tasks, total = store.page(query, (page - first) * size, size)
     return Page(tasks, total, page, size)
 
 
-def delete(redis: Redis, task_ids: Any, project_ids: Any, token: Token | None = None) -> dict:
-    """Remove tasks (named by id, within ``project_ids``) and their files; a running one stops at
-    its next progress write. Ids not found (or not visible) are listed, not an error."""
+def delete(redis: Redis, task_ids: Any, project_ids: Any, token: Token | None = None,
+           operator_id: Any = None) -> dict:
+    """Remove tasks (named by id, within ``project_ids``; with ``operator_id``, only that
+    operator's) and their files; a running one stops at its next progress write. Ids not found
+    (or not visible) are listed, not an error. Deleting is the requester's or an admin's, as
+    cancelling is: a task of another requester refuses the whole call (Forbidden) before anything
+    is removed. Each removal is audited as ``center.delete``."""
     projects = id_list(project_ids, "project_ids", lambda v: check_project(token, v, "project_ids"))
     ids = id_list(task_ids, "task_ids", str)
-    deleted, missing = [], []
+    found, missing = [], []
     for task_id in ids:
         try:
             export = get(task_id, token, projects)
         except NotFound:
             missing.append(task_id[:40])
             continue
-        if export.state in (PENDING, EXPORT_RUNNING):
-            exports.cancel(export.id, utcnow())
-            rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
-        store.remove(export.id)
-        drop_export_file(export.file_id)
-        publish(export.id)
-        deleted.append(str(export.id))
-    return {"deleted": deleted, "not_found": missing}
+        if operator_id not in (None, "") and (export.center or {}).get("operator_id") != str(operator_id):
+            missing.append(task_id[:40])
+            continue
+        if token is not None and not access.is_admin(token) and not owns(token, export):
+            raise Forbidden("only the task's requester or an admin may delete it")
+        found.append(export)
+    return {"deleted": [_remove(redis, e, token) for e in found], "not_found": missing}
+
+
+def _remove(redis: Redis, export: ExportRecord, token: Token | None) -> str:
+    if export.state in (PENDING, EXPORT_RUNNING):
+        exports.cancel(export.id, utcnow())
+        rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
+    store.remove(export.id)
+    drop_export_file(export.file_id)
+    publish(export.id)
+    audit.record(token, "center.delete", export.id, export.project)
+    return str(export.id)
 
 
 def disposition(name: str) -> str:

@@ -1,6 +1,7 @@
 """``downcluster center``: the general download center's tasks (seed 000) at the command line,
 the same actions as ``/v1/task`` and ``/v1/tasks`` (``master/center.py``) with the seed's
-parameter names as options."""
+parameter names as options; ``downcluster caller``: the calling systems of its /v1 interface
+(``master/callers.py``)."""
 from __future__ import annotations
 
 import json
@@ -97,3 +98,69 @@ def center_delete(project_ids: str, task_ids: tuple[str, ...]) -> None:
     connect()
     got = delete(redis_conn(), list(task_ids), project_ids)
     click.echo(f"deleted {len(got['deleted'])}; not found: {', '.join(got['not_found']) or '-'}")
+
+
+@click.group()
+def caller() -> None:
+    """The systems that call the download center's /v1 interface with signed requests."""
+
+
+@caller.command("add")
+@click.argument("app_id")
+@click.option("--project", "project_keys", multiple=True, required=True,
+              help="A project (id or name) the caller may use; repeat for more.")
+@click.option("--secret", default=None, help="The secret it already signs with (default: a new one, "
+              "printed once). Prefer DOWNCLUSTER_CALLER_SECRET: argv is visible to other users.")
+def caller_add(app_id: str, project_keys: tuple[str, ...], secret: str | None) -> None:
+    """Register APP_ID for these projects; prints the generated secret alone on the last line."""
+    import os
+
+    from master import audit, callers
+    from master.projects import resolve
+
+    connect()
+    secret = secret or os.environ.get("DOWNCLUSTER_CALLER_SECRET") or None
+    added = callers.add(app_id, [resolve(k) for k in project_keys], secret)
+    audit.record(None, "caller.add", app_id, projects=added.projects)
+    click.echo(f"caller {app_id} may use projects {', '.join(map(str, added.projects))}", err=True)
+    if added.secret is not None:
+        click.echo("its secret (shown this once):", err=True)
+        click.echo(added.secret)
+
+
+@caller.command("list")
+def caller_list() -> None:
+    """Every caller: app id, projects (never secrets)."""
+    from master import callers
+
+    connect()
+    for c in callers.listing():
+        click.echo(f"{c['app_id']:<32}{','.join(map(str, c['projects'])) or '-'}")
+
+
+@caller.command("remove")
+@click.argument("app_id")
+def caller_remove(app_id: str) -> None:
+    """Remove APP_ID: its signed requests are refused from now on."""
+    from master import audit, callers
+
+    connect()
+    callers.remove(app_id)
+    audit.record(None, "caller.remove", app_id)
+    click.echo(f"removed caller {app_id}")
+
+
+@caller.command("alias")
+@click.argument("key")
+@click.argument("project_key")
+def caller_alias(key: str, project_key: str) -> None:
+    """Let callers name project PROJECT_KEY (id or name) by KEY: the string id an earlier center
+    gave them (``project_id`` of their requests)."""
+    from master import audit, callers
+    from master.projects import resolve
+
+    connect()
+    number = resolve(project_key)
+    callers.alias(key, number)
+    audit.record(None, "caller.alias", key, number)
+    click.echo(f"project {number} is {key} for callers")

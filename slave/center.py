@@ -10,7 +10,15 @@ from typing import IO, TYPE_CHECKING, Callable, Iterator, cast
 
 from common.config import settings
 from common.exports.events import publish
-from common.exports.sources import Puller, inline_tables, look_of, pull, write_inline, write_pulled
+from common.exports.sources import (
+    Puller,
+    inline_tables,
+    look_of,
+    pull,
+    pull_options,
+    write_inline,
+    write_pulled,
+)
 from common.exports.tabular import CONTENT_TYPES
 from common.store import exports, projects
 from common.store.data import Upload, export_upload
@@ -40,9 +48,11 @@ def write_task(task: ExportRecord, file_id: ObjectId, wrap: Callable[[Iterator[d
         _, rows = write_inline(look, tables, task.format, out, wrap)
         return rows, upload
     allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(task.project)
-    with Puller(center["source_url"], int(center.get("step") or 1000), str(task.id), allow) as puller:
+    with Puller(center["source_url"], int(center.get("step") or 1000), str(task.id), allow,
+                **pull_options(center)) as puller:
         pulled = pull(puller, look)
-        exports.set_total(task.id, worker_id, pulled.total)
-        publish(task.id)
+        if pulled.total is not None:
+            exports.set_total(task.id, worker_id, pulled.total)
+            publish(task.id)
         rows = write_pulled(pulled, task.format, out, wrap)
     return rows, upload

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Sequence
 
 from common.config import settings
-from common.notify import deliver_due, queue_mail, queue_webhook
-from common.signing import export_url
+from common.notify import deliver_due, queue_form, queue_mail, queue_webhook
+from common.signing import center_download_url, center_task_id, export_url, php_query, wecar_token
 from common.store import exports
 from common.store.models import SUCCESS, iso
 from common.store.records import ExportRecord
@@ -55,7 +56,11 @@ def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
         if export.center:  # a download task of the center: its caller knows it by these
             payload |= {"task_id": str(export.id), "project_id": export.project,
                         "name": export.center.get("name")}
-        for target in export.callback_urls if callbacks is None else callbacks:
+        targets = export.callback_urls if callbacks is None else callbacks
+        if export.center and export.center.get("v1"):
+            _form_callbacks(export, targets, ok)
+            targets = []
+        for target in targets:
             queue_webhook(target, event, payload)
         subject = f"downcluster export {export.id} of {export.job_name}: {export.state}"
         lines = [f"Export {export.id} of job {export.job_name} ({export.format}) ended {export.state}.",
@@ -68,3 +73,19 @@ def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
         logging.getLogger(__name__).warning(
             "export %s: notifications not queued: %s", export.id, type(exc).__name__
         )
+
+
+def _form_callbacks(export: ExportRecord, targets: Sequence[str], ok: bool) -> None:
+    """A /v1 task's callback as seed 000's center sends it: on success only, a form POST of the
+    center's ``app_id``, ``data`` = JSON {task_id, download_url} and ``token`` (``wecar_token``
+    under CENTER_APP_SECRET); ``download_url`` is a signed link that needs no token."""
+    if not ok:
+        return
+    url = center_download_url(export.id, settings.EXPORT_NOTICE_URL_TTL)
+    data = json.dumps({"task_id": center_task_id(export.id), "download_url": url}, separators=(",", ":"))
+    form: dict = {"data": data}
+    if settings.CENTER_APP_ID:
+        form = {"app_id": settings.CENTER_APP_ID, "data": data}
+        form["token"] = wecar_token(form, settings.CENTER_APP_SECRET)
+    for target in targets:
+        queue_form(target, "export.succeeded", php_query(form))

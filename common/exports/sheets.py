@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import unicodedata
 from collections import defaultdict
 from datetime import datetime
 from typing import IO, Any, Callable, Iterable, Iterator
@@ -37,8 +38,19 @@ def cell_text(value: Any) -> Any:
     return value
 
 
-def _pixels(points: float | None, chars: int) -> int:
+def _pixels(points: float | None, chars: int, in_chars: bool = False) -> int:
+    """A column's pixels: from a width in points (with ``in_chars``, the width a file states in
+    Excel's characters, as PhpSpreadsheet writes the number it is given), else from a number of
+    characters."""
+    if points and in_chars:
+        return round(points * 7)
     return round(points * 4 / 3) if points else chars * 7 + 5
+
+
+def _chars(value: Any) -> int:
+    """How many character widths a value takes in a cell (an East Asian wide character: two)."""
+    text = str(cell_text(value)) if value is not None else ""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text[:255])
 
 
 class _Block:
@@ -73,29 +85,48 @@ class _Writer:
         self.fmt_summary = book.add_format({"text_wrap": True, "valign": "top"})
         self.fmt_key = book.add_format({"bold": True})
         self.fmt_value = book.add_format({"align": "left"})
-        self.cells: dict[str, Any] = {}
+        self.cells: dict[tuple, Any] = {}
         self.widths = self._widths()
+        self.sheets: list[Any] = []
+        self.auto = self._auto()   # column -> widest text so far (width -1: as wide as its cells)
 
     # --- sheets --------------------------------------------------------------------------
 
     def _widths(self) -> list[int]:
         """Each column's width in pixels: the widest any table gives it."""
         widths: dict[int, int] = {}
-        default = self.template.default_width
+        default, chars = self.template.default_width, self.template.width_chars
         for table in self.template.tables:
             for i in range(table.row_depth):
-                widths[i] = max(widths.get(i, 0), _pixels(default, 16))
+                widths[i] = max(widths.get(i, 0), _pixels(default, 16, chars))
             for i, leaf in enumerate(table.columns, table.row_depth):
-                px = _pixels(leaf.width or default, WIDE_FIELDS.get(leaf.name, 18))
+                px = _pixels(leaf.width or default, WIDE_FIELDS.get(leaf.name, 18), chars)
                 if leaf.name == "add_datetime" and not leaf.width:
                     px = max(px, DATE_PIXELS)  # a date-time shown whole, not as ###
                 widths[i] = max(widths.get(i, 0), px)
         return [widths[i] for i in range(max(widths) + 1)]
 
+    def _auto(self) -> dict[int, int]:
+        """The columns as wide as their cells (every table's leaf there says width -1), each
+        starting from its headers' titles."""
+        auto: dict[int, int] = {}
+        for table in self.template.tables:
+            for i, leaf in enumerate(table.columns, table.row_depth):
+                if leaf.auto_width:
+                    auto[i] = max(auto.get(i, 0), _chars(leaf.title))
+        return auto
+
+    def fit(self) -> None:
+        """Set the automatic columns' widths on every sheet (read when the book is closed)."""
+        for sheet in self.sheets:
+            for col, chars in self.auto.items():
+                sheet.set_column_pixels(col, col, (min(chars, 100) + 2) * 7 + 5)
+
     def new_sheet(self) -> None:
         self.count += 1
         name = self.template.sheet if self.count == 1 else f"{self.template.sheet[:25]} ({self.count})"
         sheet = self.sheet = self.book.add_worksheet(name)
+        self.sheets.append(sheet)
         self.line = 0
         for col, px in enumerate(self.widths):
             sheet.set_column_pixels(col, col, px)
@@ -124,10 +155,23 @@ class _Writer:
 
     def fmt_cell(self, leaf: Node, value: Any) -> Any:
         number = leaf.format or ("yyyy-mm-dd hh:mm:ss" if isinstance(value, datetime) else "")
-        if number not in self.cells:
-            self.cells[number] = self.book.add_format({"border": 1, "valign": "top",
-                                                       **({"num_format": number} if number else {})})
-        return self.cells[number]
+        key = (number, leaf.style)
+        if key not in self.cells:
+            look: dict[str, Any] = {"border": 1, "valign": "top"}
+            if number:
+                look["num_format"] = number
+            style = leaf.style
+            if style is not None:
+                given = {"align": style.align, "bold": style.bold, "font_color": style.color,
+                         "bg_color": style.bg_color}
+                look |= {k: v for k, v in given.items() if v}
+            self.cells[key] = self.book.add_format(look)
+        return self.cells[key]
+
+    def seen(self, col: int, value: Any) -> None:
+        """Note a value written in an automatic column."""
+        if col in self.auto and value is not None:
+            self.auto[col] = max(self.auto[col], _chars(value))
 
     def value(self, row: int, col: int, value: Any, fmt: Any) -> None:
         sheet = self.sheet
@@ -142,14 +186,17 @@ class _Writer:
 
     # --- a table -------------------------------------------------------------------------
 
-    def pairs(self, table: Table, pairs: tuple[tuple[str, str], ...]) -> None:
-        block = _Block()
+    def pairs(self, table: Table, pairs: tuple[tuple[str, str], ...], align: str = "") -> None:
+        block, fmt = _Block(), self.fmt_value
+        if align:
+            fmt = self.cells.get(("pairs", align)) or self.book.add_format({"align": align})
+            self.cells[("pairs", align)] = fmt
         for i, (key, text) in enumerate(pairs):
             if table.width == 1:
-                block.put(i, 0, f"{key}: {text}", self.fmt_value)
+                block.put(i, 0, f"{key}: {text}", fmt)
                 continue
             block.put(i, 0, key, self.fmt_key)
-            block.span(i, 1, i, table.width - 1, text, self.fmt_value)
+            block.span(i, 1, i, table.width - 1, text, fmt)
         self.emit(block)
 
     def heading(self, table: Table) -> None:
@@ -165,7 +212,7 @@ class _Writer:
             chars = max(10, sum(self.widths[:table.width]) // 7)
             self.sheet.set_row(self.line, min(409, 15 * math.ceil(len(table.summary) / chars)))
             self.emit(block)
-        self.pairs(table, table.header)
+        self.pairs(table, table.header, self.template.header_align)
 
     def column_headers(self, table: Table, single: bool) -> None:
         block, offset = _Block(), table.row_depth
@@ -188,6 +235,7 @@ class _Writer:
             for col, leaf in enumerate(columns):
                 value = row.get(leaf.name)
                 self.value(r, col, value, self.fmt_cell(leaf, value))
+                self.seen(col, value)
             self.line += 1
             n += 1
         return n
@@ -208,6 +256,7 @@ class _Writer:
                 for col, column in enumerate(table.columns, offset):
                     value = row.get(column.name)
                     block.put(line, col, cell_text(value), self.fmt_cell(column, value))
+                    self.seen(col, value)
                 line += 1
         return block, n
 
@@ -226,7 +275,7 @@ class _Writer:
             n = self.rows(table, rows, single)
         if table.footer and not self.room(len(table.footer)):
             self.new_sheet()
-        self.pairs(table, table.footer)
+        self.pairs(table, table.footer, self.template.footer_align)
         return n
 
 
@@ -270,10 +319,12 @@ def write_xlsx(template: Template, source: Iterable[dict] | Callable[[Table], An
                                               "tmpdir": tempfile.gettempdir()})
         writer, n = _Writer(book, template), 0
         writer.new_sheet()
+        writer.line += min(template.row_offset, 1000)
         for i, table in enumerate(template.tables):
             if i and writer.room(1):
                 writer.line += 1  # a blank row between tables
             n += writer.table(table, rows_for(table))
+        writer.fit()
         book.close()
         while chunk := tmp.read(1024 * 1024):
             out.write(chunk)

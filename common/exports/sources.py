@@ -2,16 +2,19 @@
 the rows given inline with the task, or ``source_url``, pulled page by page.
 
 The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's ``step``) and
-``_task_id`` added to its query; the answer is ``{"status", "msg", "data": {"data": [rows],
-"total", "header"?, "footer"?, "template"?}}``. Pages are read one at a time and their rows handed
-on (to an export writer) before the next is asked for, so memory holds one page whatever
-``total`` says; a page of more objects and lists than OBJECTS_PER_ROW a row of ``page_size``
-(counted before it is parsed, ``parse_page``) is refused, so one page costs about twice its bytes.
-It stops when ``total`` rows have come or a page is empty; an empty page before ``total``, a page
-that goes past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails.
-A page that answers 5xx or 429, times out, or is not JSON of that shape is tried again
-(SOURCE_RETRIES tries, waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one
-line. The first page's ``template``, ``header`` and ``footer`` override the task's.
+``_task_id`` added to its query (and, when the center has CENTER_APP_ID, ``app_id`` and a
+``token`` signed as seed 000's callers sign: ``common.signing.wecar_token``); the answer is
+``{"status", "msg", "data": {"data": [rows], "total"?, "force_continue"?, "header"?, "footer"?,
+"template"?}}``. Pages are read one at a time and their rows handed on (to an export writer)
+before the next is asked for, so memory holds one page whatever ``total`` says; a page of more
+objects and lists than OBJECTS_PER_ROW a row of ``page_size`` (counted before it is parsed,
+``parse_page``) is refused, so one page costs about twice its bytes. It stops when ``total`` rows
+have come, or without a total at the first page shorter than page_size; ``force_continue`` (not
+0) asks for the next page whatever the length. An empty page before ``total``, a page that goes
+past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails. A page that
+answers 5xx or 429, times out, or is not JSON of that shape is tried again (SOURCE_RETRIES tries,
+waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one line. The first page's
+``template``, ``header`` and ``footer`` override the task's.
 
 Addresses: the URL is read by the webhooks' parser (``common.notify.callback_target``: plain
 http(s), printable ASCII, no user info); its host is resolved once per pull and every address
@@ -29,7 +32,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from typing import IO, Any, Callable, Iterator, Mapping
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import certifi
 import urllib3
@@ -38,12 +41,13 @@ from common import netguard
 from common.config import settings
 from common.errors import AddressRefused, SourceFailed, ValidationError, too_many_digits
 from common.exports.tabular import WRITERS, check_fits
-from common.exports.templates import Node, Table, Template, from_data, parse_template
+from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
 logger = logging.getLogger(__name__)
 SOURCE_HINT = "private sources need a project an administrator opened to them"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
+V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
 # objects and lists a source page may hold for each row of its page_size (a row, its cells' JSON)
 OBJECTS_PER_ROW = 64
 
@@ -133,6 +137,9 @@ class Look:
     footer: tuple[tuple | None, ...] = (None,)
     default_width: float | None = None
     default_height: float | None = None
+    keys_only: bool = False                    # the header is the rows' keys (a /v1 task's CSV)
+    v1: Mapping[str, Any] | None = None        # a /v1 task's col_align, header_align, footer_align,
+                                               # rowoffset; its widths in characters
 
 
 def look_of(center: Mapping[str, Any]) -> Look:
@@ -147,7 +154,8 @@ def look_of(center: Mapping[str, Any]) -> Look:
 
     return Look(center.get("template"), each("title"), each("summary"),
                 tuple(as_pairs(p) for p in each("header")), tuple(as_pairs(p) for p in each("footer")),
-                center.get("default_width"), center.get("default_height"))
+                center.get("default_width"), center.get("default_height"), bool(center.get("keys_header")),
+                {k: center.get(k) for k in V1_LOOK} if center.get("v1") else None)
 
 
 def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], Any]) -> tuple:
@@ -171,12 +179,33 @@ def build_template(look: Look, first_rows: list | dict | None, answer: dict | No
     template = _template_of(_given_template(look, answer, index, tables), first_rows)
     sheet = replace(template, default_width=look.default_width or template.default_width,
                     default_height=look.default_height or template.default_height)
+    if look.v1 is not None:
+        sheet = _as_v1(sheet, look.v1)
     return replace(sheet, tables=tuple(_dressed(table, look, answer, index if tables > 1 else i)
                                        for i, table in enumerate(sheet.tables)))
 
 
+def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
+    """A /v1 task's template as seed 000's center draws it: widths in Excel's characters, the
+    rows offset, header and footer aligned, ``col_align`` for the leaves that give no align."""
+    align = v1.get("col_align") or ""
+
+    def aligned(node: Node) -> Node:
+        if node.children:
+            return replace(node, children=tuple(aligned(c) for c in node.children))
+        if not align or (node.style is not None and node.style.align):
+            return node
+        return replace(node, style=replace(node.style or Style(), align=align))
+
+    tables = tuple(replace(t, col=tuple(aligned(n) for n in t.col)) for t in sheet.tables)
+    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.get("rowoffset") or 0),
+                   header_align=v1.get("header_align") or "", footer_align=v1.get("footer_align") or "")
+
+
 def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:
     """The source answer's template, else the task's; in multi-table mode table ``index``'s."""
+    if look.keys_only:
+        return None
     raw = answer.get("template") if answer.get("template") not in (None, "", [], {}) else look.template
     raw = _json(raw, "template")
     if tables > 1:
@@ -215,19 +244,29 @@ def _nth(seq: tuple, j: int) -> Any:
 
 # --- the pull (a worker, or the web process for a synchronous download) ----------------------
 
+def pull_options(center: Mapping[str, Any]) -> dict:
+    """A task's Puller options: signed with the center's own app id when it has one (settings),
+    and the pause between pages a /v1 task asked for (``interval``, milliseconds)."""
+    sign = (settings.CENTER_APP_ID, settings.CENTER_APP_SECRET) if settings.CENTER_APP_ID else None
+    return {"sign": sign, "interval": float(center.get("interval") or 0) / 1000}
+
+
 @dataclass
 class Page:
     rows: list
-    total: int
+    total: int | None            # None: the source gives no total (pull until a short page)
     answer: dict
+    force_continue: Any = None   # the answer's data.force_continue: given, only 0 stops the pull
 
 
 class Puller:
     """Pulls one task's source_url page by page over one connection pool to a judged address."""
 
-    def __init__(self, url: str, step: int, task_id: str, allow_private: bool | None = None) -> None:
+    def __init__(self, url: str, step: int, task_id: str, allow_private: bool | None = None,
+                 sign: tuple[str, str] | None = None, interval: float = 0.0) -> None:
         self.url, self.step, self.task_id = url, step, task_id
         self.allow_private = allow_private
+        self.sign, self.interval = sign, interval  # (app_id, secret): signed pulls; seconds between pages
         self.pool: urllib3.HTTPConnectionPool | None = None
         self.target: Target | None = None
 
@@ -267,12 +306,27 @@ class Puller:
                 delay *= 2
         raise AssertionError("unreachable")
 
+    def _query(self, number: int) -> str:
+        """The query a page is asked with: page, page_size, _task_id and, for a signed pull, app_id
+        and token (``wecar_token`` over these and the URL's own query parameters, as a receiver
+        checking every parameter it is given sees them)."""
+        params: dict[str, Any] = {"page": number, "page_size": self.step, "_task_id": self.task_id}
+        if self.sign is None:
+            return urlencode(params)
+        from common.signing import wecar_token  # (pure functions; the module also reads the store)
+
+        app_id, secret = self.sign
+        params["app_id"] = app_id
+        assert self.target is not None
+        own = dict(parse_qsl(urlsplit(self.target.target).query, keep_blank_values=True))
+        params["token"] = wecar_token({**own, **params}, secret)
+        return urlencode(params)
+
     def _fetch(self, number: int) -> Page:
         if self.pool is None:
             self.pool = self._connect()
         assert self.target is not None
-        query = urlencode({"page": number, "page_size": self.step, "_task_id": self.task_id})
-        path = self.target.target + ("&" if "?" in self.target.target else "?") + query
+        path = self.target.target + ("&" if "?" in self.target.target else "?") + self._query(number)
         headers = {"Host": self.target.host_header, "Accept": "application/json", "User-Agent": USER_AGENT}
         deadline = time.monotonic() + settings.SOURCE_TIMEOUT
         try:
@@ -353,28 +407,33 @@ def parse_page(body: bytes | bytearray | str, number: int, step: int | None = No
     total = inner.get("total")
     if isinstance(total, str) and total.isdigit():
         total = int(total)
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         raise _Retry("the answer's data.total is not a whole number")
     rows = inner["data"]
     if not all(isinstance(r, dict) for r in rows):
         raise _Retry("a row of the answer is not an object")
-    return Page(rows, total, inner)
+    return Page(rows, total, inner, inner.get("force_continue"))
 
 
 @dataclass
 class Pulled:
-    """What a pull knows once its first page came: the template to write with, and the rows."""
+    """What a pull knows once its first page came: the template to write with, the total (None
+    when the source gives none), and the rows."""
     template: Template
-    total: int
+    total: int | None
     rows: Iterator[dict]
 
 
 def pull(puller: Puller, look: Look) -> Pulled:
     """Read the first page (for its template and total) and give the rows as they come, page by
-    page; the iterator raises SourceFailed when the source breaks its word."""
+    page; the iterator raises SourceFailed when the source breaks its word.
+
+    The end: ``total`` rows, or (no total) the first page shorter than page_size; a page whose
+    answer carries ``force_continue`` goes on to the next whatever its length, unless it is 0
+    (seed 000's center: a source that filters its pages after reading them), up to the total."""
     first = puller.page(0)
     total, step = first.total, puller.step
-    if total > settings.SOURCE_MAX_ROWS:
+    if total is not None and total > settings.SOURCE_MAX_ROWS:
         raise SourceFailed(f"the source's total {total} is over SOURCE_MAX_ROWS ({settings.SOURCE_MAX_ROWS})")
     try:
         template = build_template(look, first.rows, first.answer)
@@ -384,24 +443,44 @@ def pull(puller: Puller, look: Look) -> Pulled:
     def rows() -> Iterator[dict]:
         page, got, number = first, 0, 0
         while True:
-            if not page.rows:
-                if got < total:
-                    raise SourceFailed(f"the source ended after {got} rows of the {total} its total promised "
-                                       f"(page {number} was empty)")
-                return
-            if got + len(page.rows) > total:
-                raise SourceFailed(f"the source gave more rows than its total of {total} (page {number})")
-            if len(page.rows) > step:
-                raise SourceFailed(f"source page {number} has {len(page.rows)} rows, "
-                                   f"more than page_size {step}")
+            _check_page(page, number, got, total, step)
             yield from page.rows
             got += len(page.rows)
-            if got >= total:
+            if _last(page, got, total, step):
                 return
             number += 1
+            if number > settings.SOURCE_MAX_ROWS // step + 1000:  # empty pages asked for ever
+                raise SourceFailed(f"the source kept asking for more after {number} pages")
+            if puller.interval > 0:
+                time.sleep(puller.interval)
             page = puller.page(number)
 
     return Pulled(template, total, rows())
+
+
+def _check_page(page: Page, number: int, got: int, total: int | None, step: int) -> None:
+    """SourceFailed when a page breaks the source's word: empty before its total, past its total,
+    longer than page_size, or past SOURCE_MAX_ROWS."""
+    if total is not None and not page.rows and got < total and page.force_continue is None:
+        raise SourceFailed(f"the source ended after {got} rows of the {total} its total promised "
+                           f"(page {number} was empty)")
+    if total is not None and got + len(page.rows) > total:
+        raise SourceFailed(f"the source gave more rows than its total of {total} (page {number})")
+    if len(page.rows) > step:
+        raise SourceFailed(f"source page {number} has {len(page.rows)} rows, more than page_size {step}")
+    if got + len(page.rows) > settings.SOURCE_MAX_ROWS:
+        raise SourceFailed(f"the source gave more than SOURCE_MAX_ROWS ({settings.SOURCE_MAX_ROWS}) rows")
+
+
+def _last(page: Page, got: int, total: int | None, step: int) -> bool:
+    """Whether the pull ends after ``page``."""
+    if total is not None and got >= total:
+        return True
+    if page.force_continue is not None:
+        return page.force_continue in (0, "0")
+    if total is None:
+        return len(page.rows) < step
+    return False
 
 
 # --- source_data (rows inline) ----------------------------------------------------------

@@ -32,7 +32,20 @@ MAX_TEMPLATE = 64 * 1024
 MAX_DEPTH, MAX_LEAVES, MAX_TABLES, MAX_PAIRS = 8, 200, 20, 50
 MAX_ROW_HEAD_ROWS = 10_000  # rows reserved by row headers, all tables together
 TABLE_KEYS = {"title", "summary", "header", "footer", "col", "row", "row_field", "status", "columns"}
+# a caller's (general) template's nodes may also carry seed 000's style keys, flat or in "style"
+STYLE_KEYS = {"type", "color", "bg_color", "bold", "align", "height", "style"}
+ALIGNS = ("left", "center", "right")
+COLOR_RE = re.compile(r"^(black|white|red|green|blue|yellow|cyan|#?[0-9A-Fa-f]{6}|#?[0-9A-Fa-f]{3})?$")
 SHEET_KEYS = {"sheet", "default_width", "default_height", "tables"}
+
+
+@dataclass(frozen=True)
+class Style:
+    """How a column's data cells look (the keys seed 000's callers give a template's leaves)."""
+    align: str = ""                # left, center or right
+    bold: bool = False
+    color: str = ""                # the font's colour: a name or RRGGBB
+    bg_color: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,9 +54,11 @@ class Node:
     title: str
     name: str = ""                 # leaf: the field (col) or the row_field value (row)
     format: str = ""               # col leaf: Excel number format
-    width: float | None = None     # col leaf: points
+    width: float | None = None     # col leaf: points (a /v1 task's: Excel's character widths)
     row_count: int = 1             # row leaf: data rows it holds
     children: tuple["Node", ...] = ()
+    style: Style | None = None     # col leaf of a caller's template: its data cells' look
+    auto_width: bool = False       # col leaf: width -1, as wide as what it shows
 
     @property
     def leaf(self) -> bool:
@@ -143,6 +158,10 @@ class Template:
     sheet: str = "data"
     default_width: float | None = None
     default_height: float | None = None
+    width_chars: bool = False      # widths are Excel's character widths (a /v1 task's), not points
+    row_offset: int = 0            # blank rows above the first table (a /v1 task's rowoffset)
+    header_align: str = ""         # the header and footer pairs' alignment (left, center, right)
+    footer_align: str = ""
 
     @property
     def plain(self) -> bool:
@@ -339,7 +358,8 @@ def _tree(raw: Any, where: str, rows: bool, level: int = 1, general: bool = Fals
 
 
 def _node(raw: Any, where: str, rows: bool, level: int, general: bool = False) -> Node:
-    allowed = {"title", "name", "children"} | ({"row_count"} if rows else {"format", "width"})
+    allowed = ({"title", "name", "children"} | ({"row_count"} if rows else {"format", "width"})
+               | (STYLE_KEYS | {"width"} if general else set()))
     if not isinstance(raw, dict):
         raise ValidationError(f"{where}: a header node must be a table with title and name or children")
     unknown = sorted(set(raw) - allowed)
@@ -368,12 +388,55 @@ def _node(raw: Any, where: str, rows: bool, level: int, general: bool = False) -
     fmt = raw.get("format", "")
     if not isinstance(fmt, str) or len(fmt) > 64:
         raise ValidationError(f"{where}: format must be an Excel number format of at most 64 characters")
+    if general and set(raw) & (STYLE_KEYS | {"width"}):
+        style, width, auto = _style(raw, where)
+        return Node(_text(raw.get("title", name), f"{where}.title"), name, fmt, width, style=style,
+                    auto_width=auto)
     return Node(
         _text(raw.get("title", name), f"{where}.title"),
         name,
         fmt,
         _points(raw.get("width"), f"{where}.width"),
     )
+
+
+def _style(raw: dict, where: str) -> tuple[Style | None, float | None, bool]:
+    """A caller's leaf style (seed 000: ``style`` {...}, else the flat keys): the look of its
+    cells, its width (0: the default; negative: as wide as its cells) and whether it is automatic.
+    ``type`` and ``height`` are taken and not used (the cell's type follows its value; rows have
+    the task's default_height)."""
+    cfg = raw["style"] if isinstance(raw.get("style"), dict) else raw
+    if "style" in raw and not isinstance(raw["style"], dict):
+        raise ValidationError(f"{where}.style must be an object of width, align, bold, color, bg_color")
+    align, bold = cfg.get("align") or "", cfg.get("bold", False)
+    if align not in ("", *ALIGNS):
+        raise ValidationError(f"{where}: align must be left, center or right")
+    for key in ("color", "bg_color"):
+        if not isinstance(cfg.get(key, ""), str) or not COLOR_RE.match(cfg.get(key, "")):
+            raise ValidationError(f"{where}: {key} must be a colour name or RRGGBB")
+    for key in ("width", "height"):
+        value = cfg.get(key, 0)
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,4}", value.strip()):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -4000 <= value <= 4000:
+            raise ValidationError(f"{where}: {key} must be a number up to 4000")
+    width = float(cfg.get("width") or 0)
+    if width > 255:
+        raise ValidationError(f"{where}: width must be at most 255 (Excel's widest column)")
+    style = Style(align, bool(bold) and bold not in ("0", "false"), _color(cfg.get("color", "")),
+                  _color(cfg.get("bg_color", "")))
+    return (style if style != Style() else None), (width if width > 0 else None), width < 0
+
+
+def _color(value: str) -> str:
+    names = {"black": "#000000", "white": "#FFFFFF", "red": "#FF0000", "green": "#00FF00",
+             "blue": "#0000FF", "yellow": "#FFFF00", "cyan": "#00FFFF"}
+    if not value:
+        return ""
+    value = value.lstrip("#")
+    if value in names:
+        return names[value]
+    return "#" + (value if len(value) == 6 else "".join(c * 2 for c in value)).upper()
 
 
 def _columns(raw: Any, where: str, general: bool = False) -> tuple[Node, ...]:

@@ -4,11 +4,12 @@
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from bson import ObjectId
 
-from common.store.models import Export, collection
+from common.store.models import CANCELLED, EXPIRED, FAIL, Export, collection
 from common.store.records import ExportRecord
 
 
@@ -25,3 +26,16 @@ def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[ExportRecor
 def remove(export_id: ObjectId) -> None:
     """Delete a task's document (its file is dropped by the caller)."""
     collection(Export).delete_one({"_id": export_id})
+
+
+def ended_before(cutoff: datetime, limit: int) -> list[ExportRecord]:
+    """Download tasks that ended (FAIL, CANCEL, EXPIRED: a done one's file expires first) before
+    ``cutoff``, oldest first, with everything they carry (for the archive)."""
+    query = {"center": {"$exists": True, "$ne": {}}, "state": {"$in": [FAIL, CANCELLED, EXPIRED]},
+             "finished_at": {"$lt": cutoff}}
+    found = collection(Export).find(query).sort("finished_at", 1).limit(limit)
+    return [ExportRecord.from_doc(d) for d in found]
+
+
+def remove_many(export_ids: list[ObjectId]) -> int:
+    return int(collection(Export).delete_many({"_id": {"$in": export_ids}}).deleted_count)

@@ -79,3 +79,28 @@ class ClusterSecret(Document):
     id = StringField(primary_key=True)
     value = StringField(required=True)
     meta = {"db_alias": "control"}
+
+
+class CenterCaller(Document):
+    """A calling system of the download center's /v1 interface (seed 000): its ``app_id``, the
+    secret it signs with (kept here, in clear, because its md5 signature can only be checked with
+    the secret itself; never in the analysts' databases, never logged) and the token whose
+    projects and role it acts with."""
+    id = StringField(primary_key=True)       # the app_id
+    secret = StringField(required=True)
+    token = ObjectIdField(required=True)     # ApiToken.id (role user, the caller's projects)
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "control", "collection": "center_caller"}
+
+
+class CenterKey(Document):
+    """A caller's string id of a project or a project group (/v1/project, /v1/group): ``kind``
+    project (``project``: our project's number) or group; names unique within their kind."""
+    id = StringField(primary_key=True)       # the string the caller sends
+    kind = StringField(choices=("project", "group"), required=True)
+    name = StringField(required=True, max_length=80)
+    project = IntField()                     # kind project: the project it names
+    group = StringField()                    # kind project: its group's id
+    add_datetime = DateTimeField(default=utcnow)
+    meta = {"db_alias": "control", "collection": "center_key",
+            "indexes": [{"fields": ["kind", "name"], "unique": True}, "project"]}

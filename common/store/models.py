@@ -422,11 +422,11 @@ class Export(Document):
 class Notification(Document):
     """A webhook or mail to deliver; retried with backoff until delivered or out of attempts."""
 
-    kind = StringField(choices=("webhook", "mail"), required=True)
+    kind = StringField(choices=("webhook", "form", "mail"), required=True)  # form: a /v1 task's callback
     target = StringField(required=True)          # URL or address
     event = StringField(required=True)           # export.succeeded, export.failed, job.report, job.alert
     subject = StringField(default="")
-    body = StringField(default="")               # JSON text (webhook) or message text (mail)
+    body = StringField(default="")               # JSON text (webhook), urlencoded (form) or text (mail)
     state = StringField(choices=(PENDING, SUCCESS, FAIL), default=PENDING)
     attempts = IntField(default=0)
     next_at = DateTimeField(default=utcnow)

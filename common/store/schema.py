@@ -2,7 +2,15 @@
 the indexes of, and what docs/schema.md lists (a test holds them equal)."""
 from __future__ import annotations
 
-from common.store.control_models import ApiToken, AuditEntry, ClusterSecret, Project, WebSession
+from common.store.control_models import (
+    ApiToken,
+    AuditEntry,
+    CenterCaller,
+    CenterKey,
+    ClusterSecret,
+    Project,
+    WebSession,
+)
 from common.store.log_models import (
     CrawlerDispatchAlertLog,
     CrawlerDispatchLog,
@@ -38,6 +46,8 @@ ALL_MODELS = (
     ClusterSecret,
     ApiToken,
     WebSession,
+    CenterCaller,
+    CenterKey,
     Job,
     CrawlerDownloadType,
     CrawlerDownload,

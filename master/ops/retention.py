@@ -40,6 +40,7 @@ class RetentionReport:
     tasks: int = 0
     download_logs: int = 0
     notifications: int = 0
+    center_tasks: int = 0
     finished: bool = True  # False: the time budget ran out; the next run goes on
 
 
@@ -83,7 +84,11 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
     if settings.NOTIFICATION_RETENTION_DAYS:
         cutoff = _before(settings.NOTIFICATION_RETENTION_DAYS, now)
         report.notifications = store.remove_notifications(cutoff, end)
+    if settings.CENTER_TASK_RETENTION_DAYS:
+        report.center_tasks = age_center_tasks(now - timedelta(days=settings.CENTER_TASK_RETENTION_DAYS), end)
     report.finished = time.monotonic() < end
+    if report.center_tasks:
+        logger.info("retention: archived and removed %s download tasks", report.center_tasks)
     if report.data or report.tasks or report.download_logs or report.notifications:
         logger.info(
             "retention: removed %s data documents, %s final tasks, %s download logs, %s notifications",
@@ -93,3 +98,38 @@ def enforce(now: datetime | None = None, budget: float = 30.0) -> RetentionRepor
             report.notifications,
         )
     return report
+
+
+def age_center_tasks(cutoff: datetime, end: float) -> int:
+    """Download tasks of the center that ended before ``cutoff``: each written to the day's archive
+    (CENTER_ARCHIVE_DIR, when set) before its document and any file are removed, in batches until
+    ``end``; how many went. A task is removed only once its line is written and flushed."""
+    from common.store import center
+    from common.store.data import drop_export_file
+
+    removed = 0
+    while time.monotonic() < end:
+        batch = center.ended_before(cutoff, 100)
+        if not batch:
+            break
+        if settings.CENTER_ARCHIVE_DIR:
+            _archive(batch)
+        for task in batch:
+            drop_export_file(task.file_id)
+        removed += center.remove_many([t.id for t in batch])
+    return removed
+
+
+def _archive(batch: list) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    folder = Path(settings.CENTER_ARCHIVE_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"center-{utcnow():%Y-%m-%d}.jsonl"
+    with open(path, "a", encoding="utf-8") as out:
+        for task in batch:
+            out.write(json.dumps(task.to_doc(), default=str, ensure_ascii=False) + "\n")
+        out.flush()
+        os.fsync(out.fileno())

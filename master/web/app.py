@@ -27,7 +27,7 @@ from common.secrets import AccessLogFilter
 from common.store.connection import connect_mongo, mongo_answers, unreachable
 from master.web.contract import operation_id
 from master.web.errors import SECURITY_HEADERS, ApiError, error, send_error
-from master.web.routes import api, center, console, exports, files, metrics
+from master.web.routes import api, center, console, exports, files, metrics, v1
 
 logger = logging.getLogger("downcluster.web")
 QUERY_KEY = re.compile(r"^[a-z_]{1,32}$")
@@ -157,10 +157,11 @@ def create_app() -> FastAPI:
     app.include_router(api.router, prefix="/api/v1")
     app.include_router(exports.router, prefix="/api/v1")
     app.include_router(center.api_router, prefix="/api/v1")
-    app.include_router(center.router)  # the /v1 dialect of the download center
+    app.include_router(v1.router)  # the /v1 interface of the download center, as its callers use it
     app.include_router(files.router)
     app.include_router(metrics.router)
     app.include_router(console.router)
+    app.include_router(v1.ws_router)  # the center's WebSocket, on any path: last
     origins = [o.strip() for o in settings.API_CORS_ORIGINS.split(",") if o.strip()]
     if origins:
         from fastapi.middleware.cors import CORSMiddleware

@@ -25,7 +25,8 @@ from tests.integration.test_web_api import new_token
 from tests.web_helpers import WebServer
 
 FAST = {"DOWNCLUSTER_SOURCE_ALLOW_PRIVATE": "1", "DOWNCLUSTER_SOURCE_RETRIES": "2",
-        "DOWNCLUSTER_SOURCE_RETRY_DELAY": "0.05", "DOWNCLUSTER_SOURCE_TIMEOUT": "1.5"}
+        "DOWNCLUSTER_SOURCE_RETRY_DELAY": "0.05", "DOWNCLUSTER_SOURCE_TIMEOUT": "1.5",
+        "DOWNCLUSTER_CENTER_TASK_RETRIES": "1"}
 OTHER = {"title": "Other", "children": [{"title": "Age", "name": "age"}, {"title": "City", "name": "city"}]}
 TEMPLATE = [{"title": "Person", "children": [{"title": "Name", "name": "name"}, OTHER]}]
 
@@ -285,68 +286,81 @@ def test_private_sources_only_where_allowed_and_never_the_clusters_services(clus
         center.check(task(source_url=f"http://127.0.0.1:{redis_port}/"))
 
 
+def _v1(web, method: str, path: str, token: str | None, **kw) -> dict:
+    """A /v1 call with a Bearer token: always HTTP 200, the outcome in the envelope's status."""
+    r = web.call(method, path, token, **kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server, tmp_path):
-    """The seed's calls as its document gives them: POST /v1/task (form and JSON), the task, the
-    list by project_ids with filters and paging, GET /v1/download/sync, delete; a real worker."""
-    token = new_token("sys", "analyst", "7", "8", "9")
+    """The seed's calls as its document gives them, with Bearer tokens beside the callers'
+    signatures (tests/integration/test_center_v1.py): POST /v1/task (form and JSON), the task,
+    the list by project_ids with filters and paging from 0, GET /v1/download/sync, delete; a
+    real worker."""
+    token = new_token("sys", "user", "7", "8", "9")
     other = new_token("eve", "analyst", "9")  # a system of project 9 alone
     with WebServer(fast.env) as web:
         form = {"project_id": "7", "name": "订单导出", "type": "csv", "step": "100", "operator_id": "u1",
                 "merchant_type": "2", "merchant_id": "88", "source_url": f"{source}/rows?n=321",
                 "file_name": "订单"}
-        r = web.call("POST", "/v1/task", token, data=form)
-        assert r.status_code == 201, r.text
-        task_id = r.json()["task_id"]
-        assert r.json()["status"] == 1 and r.json()["state"] == "PENDING"
-        r = web.call("POST", "/v1/task", token, json={"project_id": 8, "name": "json task", "type": "excel",
+        r = _v1(web, "POST", "/v1/task", token, data=form)
+        assert r["status"] == 200, r
+        task_id = r["data"]["task_id"]
+        r = _v1(web, "POST", "/v1/task", token, json={"project_id": 8, "name": "json task", "type": "excel",
                                                       "source_data": [{"a": 1}], "template": {"a": "A"}})
-        assert r.status_code == 201, r.text
-        bad = web.call("POST", "/v1/task", token, data={**form, "source_url": f"{source}/fewer?n=500"}).json()
+        assert r["status"] == 200, r
+        fewer = {**form, "source_url": f"{source}/fewer?n=500"}
+        bad = _v1(web, "POST", "/v1/task", token, data=fewer)["data"]
         burst_worker(fast)  # a real worker: the bad source fails its task, the worker goes on and ends well
-        failed = web.call("GET", f"/v1/task/{bad['task_id']}", token).json()
-        assert failed["status"] == 4 and failed["state"] == "FAIL" and failed["url"] is None, failed["error"]
-        assert failed["error"] == ("SourceFailed: the source ended after 100 rows of the 500 its total "
-                                   "promised (page 1 was empty)")
-        got = web.call("GET", f"/v1/task?task_id={task_id}&project_id=7", token).json()
-        assert got["status"] == 3 and got["rows"] == 321 and got["file_name"] == "订单", got
-        assert web.call("GET", f"/v1/task/{task_id}", other).status_code == 404  # not its task
-        assert web.call("GET", f"/v1/task/{r.json()['task_id']}", token).json()["status"] == 3  # the JSON one
-        assert web.call("GET", f"/v1/task?task_id={task_id}&project_id=8", token).status_code == 404
-        file = requests.get(got["url"], timeout=30)  # the temporary link
+        failed = _v1(web, "GET", f"/v1/task?task_id={bad['task_id']}", token)["data"]
+        assert (failed["status"], failed["status_name"]) == (6, "处理失败"), failed
+        assert failed["failed_reason"] == ("SourceFailed: the source ended after 100 rows of the 500 its "
+                                           "total promised (page 1 was empty)")
+        got = _v1(web, "GET", f"/v1/task?task_id={task_id}", token)["data"]
+        assert got["status"] == 4 and got["rows"] == 321 and got["file_name"] == "订单", got
+        assert _v1(web, "GET", f"/v1/task?task_id={task_id}", other)["status"] == 507  # not its task
+        assert _v1(web, "GET", f"/v1/task?task_id={r['data']['task_id']}", token)["data"]["status"] == 4
+        file = web.call("GET", f"/v1/download/async?task_id={task_id}", token)
         assert file.status_code == 200 and len(file.text.splitlines()) == 322
         assert "filename*=UTF-8''%E8%AE%A2%E5%8D%95.csv" in file.headers["content-disposition"]
-        assert web.call("GET", got["file"], token).content == file.content  # the permanent route
-        fresh = web.call("GET", f"/v1/task/{task_id}/url?ttl=60", token).json()
-        assert requests.get(fresh["url"], timeout=30).content == file.content
-        assert web.call("GET", f"/v1/task/{task_id}/url", other).status_code == 404
-        listing = web.call("GET", "/v1/tasks?project_ids=7,8&page=2&page_size=2", token).json()
-        assert listing["total"] == 3 and len(listing["tasks"]) == 1
-        named = web.call("GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单", token).json()
-        assert [t["task_id"] for t in named["tasks"]] == [bad["task_id"], task_id]  # newest first
-        failed_ones = web.call("GET", "/v1/tasks?project_ids=7&status=4", token).json()["tasks"]
+        url = _v1(web, "GET", f"/v1/download/url?task_id={task_id}", token)["data"]["url"]
+        assert requests.get(url, timeout=30).content == file.content
+        assert _v1(web, "GET", f"/v1/download/url?task_id={task_id}", other)["status"] == 507
+        listing = _v1(web, "GET", "/v1/tasks?project_ids=7,8&page=1&page_size=2", token)["data"]
+        assert listing["total"] == 3 and len(listing["data"]) == 1  # (the two-table task comes later)
+        named = _v1(web, "GET", "/v1/tasks?project_ids=7,8&merchant_type=2&task_name=订单&page=0", token)
+        assert [t["task_id"] for t in named["data"]["data"]] == [bad["task_id"], task_id]  # newest first
+        failed_ones = _v1(web, "GET", "/v1/tasks?project_ids=7&status=6&page=0", token)["data"]["data"]
         assert [t["task_id"] for t in failed_ones] == [bad["task_id"]]
         # a project the token does not hold does not exist for it; its own project's tasks it sees
-        assert web.call("GET", "/v1/tasks?project_ids=7,8", other).status_code == 404
-        assert web.call("GET", "/v1/tasks?project_ids=9", other).status_code == 200
+        assert _v1(web, "GET", "/v1/tasks?project_ids=7,8&page=0", other)["status"] == 502
+        assert _v1(web, "GET", "/v1/tasks?project_ids=9&page=0", other)["status"] == 200
         # the synchronous download: the same parameters, small data, the file itself
-        sync = web.call("GET", "/v1/download/sync", token,
-                        params={**form, "source_url": f"{source}/rows?n=42"})
+        small = {**form, "source_url": f"{source}/rows?n=42"}
+        sync = web.call("GET", "/v1/download/sync", token, params=small)
         assert sync.status_code == 200 and sync.headers["x-export-rows"] == "42", sync.text
-        assert sync.text.splitlines()[1] == "姓名0,20,city 0"
+        assert sync.text.splitlines()[:2] == ["name,age,city", "姓名0,20,city 0"]  # the rows' keys
         sync = web.call("POST", "/v1/download/sync", token, json={"project_id": 7, "name": "xlsx now",
                                                                   "type": "excel", "source_data": [{"a": 1}]})
         assert sync.status_code == 200 and sync.content[:2] == b"PK"
-        bad = web.call("GET", "/v1/download/sync", token, params={**form, "source_url": f"{source}/html?n=1"})
-        assert bad.status_code == 502 and "not JSON" in bad.json()["error"]
-        # bad input: 422 at delivery, one line; the web stays up
+        tables = {"project_id": "7", "name": "two tables",
+                  "source_data": json.dumps([[{"a": 1}], [{"b": 2}]]),
+                  "template": json.dumps([{"a": "A"}, {"b": "B"}]), "title": json.dumps(["one", "two"])}
+        assert _v1(web, "POST", "/v1/task/multiple", token, data=tables)["status"] == 200
+        sync = web.call("POST", "/v1/download/sync/multiple", token, data=tables)
+        assert sync.status_code == 200 and sync.content[:2] == b"PK", sync.text
+        bad = _v1(web, "GET", "/v1/download/sync", token, params={**form, "source_url": f"{source}/html?n=1"})
+        assert bad["status"] == 510 and "not JSON" in bad["msg"]
+        # bad input: status 300 at delivery, one line; the web stays up
         redis_port = fast.redis.connection_pool.connection_kwargs["port"]
-        for params, line in [({**form, "step": "50"}, "step"), ({**form, "name": "x"}, "name"),
+        for params, line in [({**form, "name": "x"}, "name"),
                              ({**form, "source_url": "file:///etc/passwd"}, "source_url"),
                              ({**form, "source_url": f"http://127.0.0.1:{redis_port}/"},
                               "not a public address")]:
-            r = web.call("POST", "/v1/task", token, data=params)
-            assert r.status_code == 422 and line in r.json()["error"], r.text
-        assert web.call("POST", "/v1/task", None, data=form).status_code == 401
+            r = _v1(web, "POST", "/v1/task", token, data=params)
+            assert r["status"] == 300 and line in r["msg"], r
+        assert _v1(web, "POST", "/v1/task", None, data=form)["status"] == 300
         # the same actions, typed, in the /api/v1 description
         made = web.call("POST", "/api/v1/center/tasks", token, json={
             "project_id": 9, "name": "typed", "source_data": [{"k": "v"}], "header": {"a": "b"}})
@@ -360,10 +374,12 @@ def test_the_seeds_interface_over_http(fast, source, redis_server, mongo_server,
                         token).json()["deleted"] == [typed_id]
         paths = web.call("GET", "/api/v1/openapi.json").json()["paths"]
         assert "/api/v1/center/tasks" in paths and not any(p.startswith("/v1/") for p in paths)
-        gone = web.call("DELETE", f"/v1/tasks?task_ids={task_id},{'0' * 24}&project_ids=7", token).json()
-        assert gone == {"deleted": [task_id], "not_found": ["0" * 24]}
-        assert web.call("GET", f"/v1/task/{task_id}", token).status_code == 404
-        assert requests.get(got["url"], timeout=30).status_code == 404
+        gone = _v1(web, "POST", "/v1/tasks/delete", token, data={"task_ids": f"{task_id},{'0' * 24}",
+                                                                 "project_ids": "7"})
+        assert gone["status"] == 200
+        assert _v1(web, "GET", f"/v1/task?task_id={task_id}", token)["status"] == 507
+        assert _v1(web, "GET", f"/v1/download/async?task_id={task_id}", token)["status"] == 507
+        assert requests.get(url, timeout=30).json()["status"] == 507
 
 
 def test_the_command_line_says_what_the_api_says(fast, source, tmp_path):
@@ -487,41 +503,43 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
 
 def test_every_center_route_answers_404_across_projects(fast, source):
     """Three projects, a user and an analyst token of each: a task of one project exists for no
-    token of another, on every route of the seed's interface and of /api/v1/center; a token
-    names only project ids it holds."""
+    token of another, on every route of the seed's interface (its "no such task" 507 and "no such
+    project" 502) and of /api/v1/center (404); a token names only project ids it holds."""
     tokens = {(p, role): new_token(f"{role}{p}", role, str(p))
               for p in (7, 8, 9) for role in ("user", "analyst")}
     with WebServer(fast.env) as web:
         made = {}
         for p in (7, 8, 9):
             body = task(project_id=p, source_data=[{"a": p}])
-            r = web.call("POST", "/v1/task", tokens[(p, "user")], json=body)
-            assert r.status_code == 201, r.text
-            made[p] = r.json()["task_id"]
+            r = _v1(web, "POST", "/v1/task", tokens[(p, "user")], json=body)
+            assert r["status"] == 200, r
+            made[p] = r["data"]["task_id"]
         burst_worker(fast)
         for (p, role), token in tokens.items():
             mine, theirs = made[p], [made[q] for q in (7, 8, 9) if q != p]
-            assert web.call("GET", f"/v1/task/{mine}", token).json()["status"] == 3
+            assert _v1(web, "GET", f"/v1/task?task_id={mine}", token)["data"]["status"] == 4
             # the task's own doors too, for every token of its project (not only its requester)
-            assert web.call("GET", f"/api/v1/exports/{mine}/file", token).status_code == 200
-            assert web.call("GET", f"/v1/tasks?project_ids={p}", token).json()["total"] == 1
+            assert web.call("GET", f"/api/v1/exports/{mine[:24]}/file", token).status_code == 200
+            assert _v1(web, "GET", f"/v1/tasks?project_ids={p}&page=0", token)["data"]["total"] == 1
             for other in theirs:
                 q = next(k for k, v in made.items() if v == other)
-                for method, path in (("GET", f"/v1/task/{other}"), ("GET", f"/v1/task?task_id={other}"),
-                                     ("GET", f"/v1/task/{other}/url"), ("GET", f"/v1/tasks?project_ids={q}"),
-                                     ("GET", f"/api/v1/center/tasks/{other}"),
-                                     ("GET", f"/api/v1/center/tasks?project_ids={q}"),
-                                     ("DELETE", f"/v1/tasks?task_ids={other}&project_ids={q}"),
-                                     ("DELETE", f"/api/v1/center/tasks?task_ids={other}&project_ids={q}"),
-                                     ("GET", f"/api/v1/exports/{other}"),
-                                     ("GET", f"/api/v1/exports/{other}/file")):
-                    got = web.call(method, path, token)
-                    assert got.status_code == 404, (role, p, method, path, got.status_code, got.text)
-                for method, path, body in (("POST", "/v1/task", task(project_id=q, source_data=[])),
-                                           ("POST", "/v1/download/sync", task(project_id=q, source_data=[]))):
-                    got = web.call(method, path, token, json=body)
-                    assert got.status_code == 404, (role, p, path, got.status_code, got.text)
-        assert all(Export.objects.get(id=t).state == "SUCCESS" for t in made.values())  # nothing deleted
+                for method, path, code in (
+                        ("GET", f"/v1/task?task_id={other}", 507),
+                        ("GET", f"/v1/download/url?task_id={other}", 507),
+                        ("GET", f"/v1/download/async?task_id={other}", 507),
+                        ("GET", f"/v1/tasks?project_ids={q}&page=0", 502),
+                        ("DELETE", f"/v1/tasks?task_ids={other}&project_ids={q}", 502)):
+                    got = _v1(web, method, path, token)
+                    assert got["status"] == code, (role, p, method, path, got)
+                for path in (f"/api/v1/center/tasks/{other[:24]}", f"/api/v1/center/tasks?project_ids={q}",
+                             f"/api/v1/exports/{other[:24]}", f"/api/v1/exports/{other[:24]}/file"):
+                    assert web.call("GET", path, token).status_code == 404, (role, p, path)
+                got = web.call("DELETE", f"/api/v1/center/tasks?task_ids={other[:24]}&project_ids={q}", token)
+                assert got.status_code == 404, (role, p, got.text)
+                for path in ("/v1/task", "/v1/download/sync"):
+                    got = _v1(web, "POST", path, token, json=task(project_id=q, source_data=[]))
+                    assert got["status"] == 502, (role, p, path, got)
+        assert all(Export.objects.get(id=t[:24]).state == "SUCCESS" for t in made.values())  # nothing deleted
 
 
 def test_private_sources_where_the_project_allows_them(cluster, monkeypatch, source):

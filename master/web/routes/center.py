@@ -1,14 +1,7 @@
-"""The seed's own interface (seed 000, the general download center) under /v1, so a caller of such
-a center switches by changing its base URL: deliver a task (``POST /v1/task``, form or JSON), the
-synchronous download (``GET``/``POST /v1/download/sync``), a task by ``task_id``, a list by
-``project_ids``, delete by ``task_ids`` + ``project_ids``. The same tokens as /api/v1
-(``Authorization: Bearer``); every error is ``{"error": "one line"}``. Thin: each route reads its
-parameters and calls ``master.center``; its file, link and WebSocket are the export's
-(/api/v1/exports/{task_id}/...).
-
-These /v1 routes are outside the /api/v1 OpenAPI description (they take form or JSON bodies with
-the seed's loose types); docs/exports.md describes them. The same actions with typed JSON are in
-the description, under /api/v1/center/tasks (``api_router``).
+"""The download center's tasks (seed 000) with typed JSON, in the /api/v1 description
+(``api_router``: /api/v1/center/tasks), and the parameter reading the seed's /v1 interface shares
+(``_params``: the query, and a form or JSON body over it; ``master/web/routes/v1.py``).
+Thin: each route reads its parameters and calls ``master.center``.
 """
 from __future__ import annotations
 
@@ -16,21 +9,17 @@ import json
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ConfigDict, Field
-from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Query, Request
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from common.config import settings
-from common.errors import SourceFailed, ValidationError
-from common.exports.tabular import CONTENT_TYPES
+from common.errors import ValidationError
 from common.store.connection import redis_conn
-from master import center
-from master.exports.service import link
-from master.web.contract import ObjectIdPath, answers
+from master import audit, callers, center
+from master.projects import resolve
+from master.web.contract import ObjectIdPath, answers, whole
 from master.web.errors import ApiError
-from master.web.routes.api import Reader, Strict
+from master.web.routes.api import Admin, Reader, Strict
 
 router = APIRouter(include_in_schema=False)
 
@@ -62,77 +51,6 @@ async def _params(request: Request) -> dict:
             raise ApiError(415, "send the parameters as application/json or "
                                 "application/x-www-form-urlencoded")
     return params
-
-
-@router.post("/v1/task", status_code=201)
-async def deliver_task(request: Request, token: Reader) -> dict:
-    """Deliver a task: its id, state and status; a worker pulls its rows and writes its file."""
-    params = await _params(request)
-    export = await run_in_threadpool(center.deliver, redis_conn(), params, token)
-    return center.describe(export)
-
-
-@router.get("/v1/task")
-def find_task(token: Reader, task_id: str = "", project_id: str = "") -> dict:
-    """A task by ``task_id`` (and, when given, its ``project_id``)."""
-    projects = [center.check_project(token, project_id)] if project_id else None
-    return center.describe(center.get(task_id, token, projects))
-
-
-@router.get("/v1/task/{task_id}")
-def show_task(task_id: str, token: Reader) -> dict:
-    return center.describe(center.get(task_id, token))
-
-
-@router.get("/v1/task/{task_id}/url")
-def task_link(task_id: str, token: Reader, ttl: str = "") -> dict:
-    """A temporary signed link to a done task's file (default 5 minutes; ``ttl`` seconds)."""
-    export = center.get(task_id, token)
-    seconds = center.integer(ttl, "ttl", 1, settings.EXPORT_URL_MAX_TTL) if ttl else None
-    url, ends = link(str(export.id), seconds, token)
-    return {"url": url, "expires_at": ends.isoformat() + "Z"}
-
-
-@router.get("/v1/tasks")
-def list_tasks(request: Request, token: Reader) -> dict:
-    """Tasks of ``project_ids`` with the seed's filters and paging (page from 1)."""
-    page = center.listing(dict(request.query_params), token)
-    return {"total": page.total, "page": page.page, "page_size": page.page_size,
-            "tasks": [center.describe(t) for t in page.tasks]}
-
-
-@router.delete("/v1/tasks")
-@router.post("/v1/tasks/delete")
-async def delete_tasks(request: Request, token: Reader) -> dict:
-    """Delete tasks by ``task_ids`` within ``project_ids`` (comma-separated, or JSON lists)."""
-    params = await _params(request)
-    unknown = sorted(set(params) - {"task_ids", "project_ids"})
-    if unknown:
-        raise ValidationError(f"unknown parameter {unknown[0][:40]!r}")
-    return await run_in_threadpool(center.delete, redis_conn(), params.get("task_ids"),
-                                   params.get("project_ids"), token)
-
-
-@router.get("/v1/download/sync")
-@router.post("/v1/download/sync")
-async def download_sync(request: Request, token: Reader) -> Response:
-    """The file at once (small data), or 202 and the queued task when it is too large."""
-    params = await _params(request)
-    try:
-        got = await run_in_threadpool(center.sync, redis_conn(), params, token)
-    except SourceFailed as exc:
-        raise ApiError(502, str(exc)) from None
-    if isinstance(got, center.Queued):
-        where = f"/v1/task/{got.export.id}"
-        return JSONResponse({**center.describe(got.export), "reason": got.reason}, status_code=202,
-                            headers={"Location": where})
-    return StreamingResponse(
-        iter(lambda: got.out.read(256 * 1024), b""),
-        media_type=CONTENT_TYPES[got.format],
-        background=BackgroundTask(got.out.close),
-        headers={"Content-Length": str(got.size), "Cache-Control": "private, no-store",
-                 "X-Export-Rows": str(got.rows), "Content-Disposition": center.disposition(got.name)},
-    )
 
 
 # --- the same actions in the /api/v1 description (typed JSON; OpenAPI) -------------------------
@@ -222,3 +140,62 @@ def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
         project_ids: ProjectIds) -> dict:
     """Remove download tasks (within these projects) and their files; a running one stops."""
     return center.delete(redis_conn(), task_ids, project_ids, token)
+
+
+# --- the callers of the /v1 interface (admins) ----------------------------------------------
+
+WholeProject = Annotated[int, Field(ge=1, le=center.MAX_PROJECT), BeforeValidator(whole)]
+
+
+class CallerIn(Strict):
+    """A calling system: the app id and secret it signs its /v1 requests with, and its projects."""
+    app_id: str = Field(min_length=1, max_length=48, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    projects: list[WholeProject] = Field(min_length=1, max_length=100, description="project ids")
+    secret: str | None = Field(None, min_length=8, max_length=128,
+                               description="the secret it already has (default: a new one, answered once)")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"app_id": "mp-backend", "projects": [7]}]})
+
+
+@api_router.post("/center/callers", status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "a caller of that app_id exists"}))
+def add_caller(body: CallerIn, token: Admin) -> dict:
+    """Register a caller; ``secret`` in the answer only when the cluster generated it."""
+    added = callers.add(body.app_id, [resolve(p, token) for p in body.projects], body.secret)
+    audit.record(token, "caller.add", added.app_id, projects=added.projects)
+    answer: dict = {"app_id": added.app_id, "projects": added.projects}
+    if added.secret is not None:
+        answer["secret"] = added.secret
+    return answer
+
+
+@api_router.get("/center/callers", responses=answers(401, 403))
+def list_callers(token: Admin) -> dict:
+    """Every caller (app id and projects; never a secret)."""
+    return {"callers": [{**c, "added": c["added"].isoformat() + "Z" if c["added"] else None}
+                        for c in callers.listing()]}
+
+
+@api_router.delete("/center/callers/{app_id}", responses=answers(401, 403, 404))
+def remove_caller(app_id: str, token: Admin) -> dict:
+    callers.remove(app_id)
+    audit.record(token, "caller.remove", app_id)
+    return {"removed": app_id}
+
+
+class KeyIn(Strict):
+    key: str = Field(min_length=1, max_length=80, pattern=callers.KEY_PATTERN,
+                     description="the string id callers send (not a plain number)")
+    project: WholeProject = Field(description="the project (its id) it names")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"key": "bf1fd528-b505-4e7c-9c3b-8a1f5d0c2e77", "project": 7}]})
+
+
+@api_router.post("/center/keys", status_code=201, responses=answers(
+    401, 403, 404, 409, why={409: "the key, or a key of that project, exists"}))
+def add_key(body: KeyIn, token: Admin) -> dict:
+    """Let callers name a project by the string id an earlier center gave them."""
+    number = resolve(body.project, token)
+    callers.alias(body.key, number)
+    audit.record(token, "caller.alias", body.key, number)
+    return {"key": body.key, "project": number}
