@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BeforeValidator, ConfigDict, Field
 
 from common.config import settings
-from common.errors import ValidationError
+from common.errors import ValidationError, too_many_digits
 from common.store.connection import redis_conn
 from master import audit, callers, center
 from master.projects import resolve
@@ -33,8 +33,10 @@ async def _params(request: Request) -> dict:
         if body and kind == "application/json":
             try:
                 got = json.loads(body)
-            except (ValueError, RecursionError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 raise ValidationError("the body is not valid JSON") from None
+            except ValueError:  # an integer past Python's digit limit
+                raise too_many_digits("the body") from None
             if not isinstance(got, dict):
                 raise ValidationError("the body must be a JSON object of the task's parameters")
             params.update(got)

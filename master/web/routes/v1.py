@@ -24,7 +24,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from common.errors import Conflict, DownclusterError, Forbidden, NotFound, SourceFailed, ValidationError
+from common.errors import (
+    Conflict,
+    DownclusterError,
+    Forbidden,
+    NotFound,
+    SourceFailed,
+    ValidationError,
+    too_many_digits,
+)
 from common.exports.tabular import CONTENT_TYPES
 from common.signing import check_export_sig, export_url
 from common.store import exports, projects
@@ -68,8 +76,10 @@ def _unwrapped(params: dict) -> dict:
     if isinstance(inner, str):
         try:
             inner = json.loads(inner)
-        except (ValueError, RecursionError):
+        except (json.JSONDecodeError, RecursionError):
             raise ValidationError("data is not valid JSON") from None
+        except ValueError:  # an integer past Python's digit limit
+            raise too_many_digits("data") from None
     if not isinstance(inner, dict):
         raise ValidationError("data must be a JSON object of the parameters")
     return inner
