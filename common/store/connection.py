@@ -275,10 +275,11 @@ def _mongo_members(alias: str, uri: str, timeout: float) -> set[tuple[str, int]]
         found.update((str(h), int(p)) for h, p in parse_uri(uri, connect_timeout=timeout)["nodelist"])
     except Exception:  # noqa: BLE001 - an SRV name that does not resolve now tells nothing
         pass
-    if _mongo_pid == os.getpid():
-        try:
-            client = mongoengine.get_connection(alias)
-            found.update((str(h), int(p)) for h, p in client.topology_description.server_descriptions())
-        except Exception:  # noqa: BLE001 - not connected here
-            pass
+    with _lock:  # never beside a disconnect: a connection asked for then would be made again half-way
+        if _mongo_pid == os.getpid():
+            try:
+                client = mongoengine.get_connection(alias)
+                found.update((str(h), int(p)) for h, p in client.topology_description.server_descriptions())
+            except Exception:  # noqa: BLE001 - not connected here
+                pass
     return found

@@ -25,7 +25,9 @@ def test_bench_crawl_reaches_every_page_once_and_reports(tmp_path):
     for run in (r["crawl"], r["fed"]):
         assert run["outcome"] == "complete"
         assert run["tasks"] == run["success"] == run["data_docs"] == PAGES
-        assert run["steady_pages_per_s"] > 0 and run["store_cpu_ms_per_page"] > 0
+        # 100 pages may be stored in a write or two: no span for a steady rate (0.0), a whole-run one
+        assert run["overall_pages_per_s"] > 0 and run["steady_pages_per_s"] >= 0
+        assert run["store_cpu_ms_per_page"] > 0
     # page n links to 2n+1, 2n+2 and n+1 below PAGES (page 0: 1 and 2), PAGES - 1 of them new
     assert r["links_handed"] == sum(len({k for k in (2 * n + 1, 2 * n + 2, n + 1) if k < PAGES})
                                     for n in range(PAGES))
