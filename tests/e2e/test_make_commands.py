@@ -12,7 +12,10 @@ pytestmark = pytest.mark.slow
 
 
 def _make(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DOWNCLUSTER_")}
+    # as a newcomer's shell runs it: not a sub-make of the `make test` running this suite (whose
+    # MAKELEVEL and MAKEFLAGS would add "make[1]: Entering directory" lines and its flags)
+    outer = {"MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOWNCLUSTER_") and k not in outer}
     return subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
