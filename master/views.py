@@ -123,7 +123,7 @@ def job_detail(name: Any) -> dict:
             "host_concurrency": s.host_concurrency or None,
             "host_delay": s.host_delay or 0.0,
             "obey_robots": s.obey_robots is not False,
-            "allow_private": bool(s.allow_private),
+            "allow_private": bool(s.allow_private and s.private_grant),  # as the workers honour it
         }
     row["code_chars"] = jobs.code_chars(job)
     row["generator"] = generators.summary(job.id)
