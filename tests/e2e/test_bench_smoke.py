@@ -57,9 +57,12 @@ def test_bench_smoke_measures_every_figure(tmp_path):
     for side in sides:
         run = c[side][0]
         assert run["complete"] and run["done"] == run["pages"] == PAGES, (side, run)
-        for fig in ("steady_pages_per_s", "to_last_s", "store_cpu_ms_per_page", "store_write_ops_per_page",
+        for fig in ("overall_pages_per_s", "to_last_s", "store_cpu_ms_per_page", "store_write_ops_per_page",
                     "store_bytes_in_per_page", "client_cpu_ms_per_page"):
             assert _positive(run[fig]), (side, fig, run)
+        # 150 pages may land in a write or two (an entry stores 50 at once): then no span between the
+        # 5th and 95th percentile page gives a steady rate (0.0); the whole-run rate above always exists
+        assert run["steady_pages_per_s"] >= 0, (side, run)
         assert run["to_first_s"] <= run["to_last_s"], run
     ours = c["ours"][0]
     assert ours["data_docs"] == ours["log_docs"] == PAGES, ours
@@ -67,7 +70,8 @@ def test_bench_smoke_measures_every_figure(tmp_path):
     assert ours["store_write_ops_per_page"] < 0.5, ours
     if c["peer"]:
         assert c["peer"][0]["store_write_ops_per_page"] >= 1.0  # Scrapy's pipeline: one insert_one a page
-        assert _positive(c["ratio"]) and len(c["ratio_pairs"]) == 1, c
+        if all(c[side][0]["steady_pages_per_s"] for side in sides):
+            assert _positive(c["ratio"]) and len(c["ratio_pairs"]) == 1, c
 
     assert _positive(r["etiquette_ratio"]) and r["e2e_0ms_plain_b"]["complete"]
     assert r["exports"]["rows"] == 2000
