@@ -54,6 +54,10 @@ demo: $(STAMP) services-check
 
 # tests/unit starts no services (the inner loop); tests/integration and tests/e2e use real ones.
 PYTEST_ARGS ?=
+# pytest-xdist: three workers on two cores (the tests wait on processes much of the time); the tests
+# that share something of the machine run on one worker, one after another (XDIST_GROUPS in
+# tests/conftest.py). XDIST= runs the suite in one process. Timings: docs/testing.md.
+XDIST ?= -n 3 --dist loadgroup
 # pywb (the WARC replay check of tests/e2e/test_warc.py) pins redis 2.10.6 against our 8.x: it gets a
 # venv of its own under var/, built here, before the tests (no test reaches a package index).
 PYWB := pywb==2.10.0
@@ -64,7 +68,7 @@ $(PYWB_STAMP):
 	  || echo "note: pywb could not be installed; the WARC replay test will be skipped"
 
 test: $(STAMP) services-check lint $(PYWB_STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # ruff (style, imports, likely bugs; 110 columns) and mypy, configured in pyproject.toml; the store
 # (common/store/) also under mypy --strict (the modules it imports are checked by the line before).

@@ -93,3 +93,35 @@ def fast_recovery(cluster, monkeypatch):
     from tests.helpers import FAST_RECOVERY, with_settings
 
     return with_settings(cluster, monkeypatch, FAST_RECOVERY)
+
+
+# `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadgroup`, Makefile). Each
+# worker has its own session services above (free ports), so tests share nothing by default; the
+# tests here do share something of the machine, and a group runs on one worker, one test after
+# another (a key names a file, or one test of it).
+XDIST_GROUPS = {
+    # var/ of the checkout: `make demo` empties it; pywb's venv, screenshots and a PNG live there
+    "tests/e2e/test_make_commands.py": "checkout-var",
+    "tests/e2e/test_warc.py": "checkout-var",
+    "tests/e2e/test_console_browser.py": "checkout-var",
+    "tests/e2e/test_console_roles.py": "checkout-var",
+    "tests/integration/test_download_center.py::test_seed_template_in_excel_openpyxl_and_libreoffice":
+        "checkout-var",
+    # the machine's network: namespaces, the fixed 198.18.0.201/30 on a veth, /etc/hosts
+    "tests/e2e/test_multihost.py": "machine-net",
+    "tests/e2e/test_sandbox_walls.py": "machine-net",
+    "tests/e2e/test_wall_blind_spots.py": "machine-net",
+    # whole Chromiums with tight page waits: one at a time beside the console's
+    "tests/e2e/test_browser_engine.py": "chromium",
+    "tests/e2e/test_center_browser.py": "chromium",
+    "tests/e2e/test_install_anywhere.py": "chromium",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        group = XDIST_GROUPS.get(f"{path}::{name.split('[')[0]}") or XDIST_GROUPS.get(path)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -102,8 +102,11 @@ def test_a_stored_formula_is_neutralised_in_csv_kept_raw_in_jsonl_and_a_string_i
     soffice = shutil.which("soffice") or shutil.which("libreoffice")
     if soffice is None:
         return  # LibreOffice's own reading is checked where it is installed
-    subprocess.run([soffice, "--headless", "--convert-to", "xlsx", "--outdir", str(tmp_path), str(whole_csv)],
-                   check=True, capture_output=True, timeout=120)
+    # a profile of its own: a LibreOffice already running on the shared one (another test on another
+    # xdist worker) would take the conversion over and this one return at once
+    profile = f"-env:UserInstallation=file://{tmp_path / 'lo-profile'}"
+    subprocess.run([soffice, profile, "--headless", "--convert-to", "xlsx", "--outdir", str(tmp_path),
+                    str(whole_csv)], check=True, capture_output=True, timeout=120)
     converted = openpyxl.load_workbook(tmp_path / "whole.xlsx").active
     header = [c.value for c in converted[1]]
     cell = converted.cell(row=2, column=header.index("body") + 1)
