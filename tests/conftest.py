@@ -95,10 +95,13 @@ def fast_recovery(cluster, monkeypatch):
     return with_settings(cluster, monkeypatch, FAST_RECOVERY)
 
 
+
 # `make test` runs the suite on pytest-xdist workers (`-n 3 --dist loadgroup`, Makefile). Each
 # worker has its own session services above (free ports), so tests share nothing by default; the
 # tests here do share something of the machine, and a group runs on one worker, one test after
-# another (a key names a file, or one test of it).
+# another (a key names a file, or one test of it). xdist's own xdist_group marks do not group under
+# pytest 9.2 (xdist 3.8 renames ``item._nodeid``, which pytest 9 no longer reads): the scheduler
+# below groups by these names instead.
 XDIST_GROUPS = {
     # var/ of the checkout: `make demo` empties it; pywb's venv, screenshots and a PNG live there
     "tests/e2e/test_make_commands.py": "checkout-var",
@@ -111,17 +114,28 @@ XDIST_GROUPS = {
     "tests/e2e/test_multihost.py": "machine-net",
     "tests/e2e/test_sandbox_walls.py": "machine-net",
     "tests/e2e/test_wall_blind_spots.py": "machine-net",
-    # whole Chromiums with tight page waits: one at a time beside the console's
+    # whole Chromiums with page waits: one at a time here, beside the console's
     "tests/e2e/test_browser_engine.py": "chromium",
     "tests/e2e/test_center_browser.py": "chromium",
     "tests/e2e/test_install_anywhere.py": "chromium",
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(items):
-    for item in items:
-        path, _, name = item.nodeid.partition("::")
-        group = XDIST_GROUPS.get(f"{path}::{name.split('[')[0]}") or XDIST_GROUPS.get(path)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group(nodeid: str) -> str | None:
+    """The group of XDIST_GROUPS that test ``nodeid`` belongs to, if any."""
+    path, _, name = nodeid.partition("::")
+    return XDIST_GROUPS.get(f"{path}::{name.split('[')[0]}") or XDIST_GROUPS.get(path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: every test a unit of its own, each group one unit (largest first)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
