@@ -57,7 +57,9 @@ def test_make_test_is_lint_then_the_suite():
     assert steps == [[".venv/bin/ruff", "check", "."], [".venv/bin/mypy"],
                      [".venv/bin/mypy", "--strict", "--follow-imports=silent"],
                      [".venv/bin/python", "-m", "pytest"]], plan.stdout
-    assert plan.stdout.splitlines()[-1].endswith("pytest -q tests/unit/test_queue_names.py")
+    # on pytest-xdist workers, the tests that share the machine grouped (docs/testing.md)
+    assert plan.stdout.splitlines()[-1] == (
+        ".venv/bin/python -m pytest -q -n 3 --dist loadgroup tests/unit/test_queue_names.py")
     proc = _make("-o", "lint", "test", small, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "ruff" not in proc.stdout
