@@ -271,10 +271,13 @@ def test_a_revisited_pages_new_links_are_followed(cluster, tmp_path, own_site):
     assert found.depth == 1 and found.parent == page.id
 
 
-def _start(cluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(Path(sys.executable).parent / "downcluster"), *args],
-                            env={**os.environ, **cluster.env}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+def _start(cluster, log: Path, *args: str) -> subprocess.Popen:
+    """``downcluster ARGS`` in the background, its stderr to file ``log`` (kept under pytest's
+    basetemp to read after a failure; a pipe nobody reads would stop the process at 64 KB)."""
+    with log.open("ab") as err:
+        return subprocess.Popen([str(Path(sys.executable).parent / "downcluster"), *args],
+                                env={**os.environ, **cluster.env}, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -294,11 +297,12 @@ def test_a_deep_crawl_goes_a_level_deeper_without_waiting_for_the_dispatchers_sc
     following(tmp_path, "deep", "max_depth = 6\n", dispatch_num=1000)
     add_urls("deep", [cluster.site + "/links/0"])
     if dispatcher == "loop":
-        procs = [_start(cluster, "dispatch", "--loop", "--interval", "600")]
+        procs = [_start(cluster, tmp_path / "dispatcher.log", "dispatch", "--loop", "--interval", "600")]
     else:
         assert dispatch_once(cluster.redis).total == 1  # the cron's first run
-        procs = [_start(cluster, "scheduler", "--cron", "0 0 1 1 *", "--interval", "600")]
-    procs.append(_start(cluster, "worker", "--no-exports"))
+        procs = [_start(cluster, tmp_path / "dispatcher.log", "scheduler", "--cron", "0 0 1 1 *",
+                        "--interval", "600")]
+    procs.append(_start(cluster, tmp_path / "worker.log", "worker", "--no-exports"))
     try:
         wait_for(lambda: CrawlerTask.objects(status="SUCCESS").count() == 127, 120, "the crawl to its depth")
     finally:
