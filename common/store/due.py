@@ -228,6 +228,7 @@ def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], no
     (``due_again`` checked the rest). By ``_id`` and one status at a time, as an ``$or`` makes
     some servers scan every task; the counts move by what each update changed, in one write."""
     moves: list[tuple[ObjectId | None, str | None, str, int]] = []
+    lowest = min((t.id for _, _, picked in entries for t in picked), default=None)
     for lease, queue, picked in entries:
         for status in (FAIL, LIVE, SUCCESS):
             ids = [t.id for t in picked if t.status == status]
@@ -241,4 +242,4 @@ def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], no
                 {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
                 {"$set": sent}).modified_count
             moves.append((job_id, status, DISPATCH, moved))
-    counts.move(moves)
+    counts.move(moves, floors={(job_id, DISPATCH): lowest} if lowest is not None else None)

@@ -271,7 +271,8 @@ def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reas
         {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job_id, held_status(kind), LIVE, given)])
+    counts.move([(job_id, held_status(kind), LIVE, given)],
+                floors={(job_id, LIVE): min(ids)} if ids else None)
     return int(given)
 
 
@@ -390,7 +391,8 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
             },
         ).modified_count
         held = _held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
-        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
+        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)],
+                    floors={(lease.get("job"), s): min(ids) for s in (DEAD, LIVE)} if ids else None)
         if dead:
             claims.give_up_alert(LEASE, lease.get("job"), f"{dead} task(s) of entry {lease_id} DEAD after "
                                                           f"{settings.MAX_RECOVERIES} recoveries: {reason}")

@@ -20,7 +20,7 @@ from bson import ObjectId
 from mongoengine import Document
 from pymongo.collection import Collection
 
-from common.store import counts
+from common.store import counts, floors
 from common.store.data import gridfs_of
 from common.store.fence import shown
 from common.store.log_models import (
@@ -91,6 +91,9 @@ def tasks(job_id: ObjectId, status: str | None, limit: int, after: ObjectId | No
           newest: bool) -> list[Task]:
     """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order (what
     ``SHOWN["tasks"]`` shows of each: the rest of a record is left at its defaults)."""
+    if status is not None and not newest:  # from where the status's tasks begin (common.store.floors)
+        return [Task.from_doc(d) for d in floors.page(job_id, status, limit, after, counts.span(job_id),
+                                                      TASK_FIELDS)]
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
         flt["status"] = status

@@ -27,6 +27,7 @@ FIRST_WINDOW = timedelta(seconds=1)
 IN_MAX = 50  # values of one $in: the embedded store matches each document against the list (50: 0.4 ms a
              # value; 3,500 in one list: 13 ms a value)
 SKEW = timedelta(days=1)  # ids made by a host whose clock is behind (or ahead)
+FINE_FIRST = 32  # ids: the first window of a ``fine`` read (one process's ids of one second are consecutive)
 Doc = dict[str, Any]  # a raw document: what the store's own modules read here and make records of
 
 
@@ -38,10 +39,31 @@ class Span:
     last: ObjectId | None = None
 
 
+def _fine(after: ObjectId, before: ObjectId | None) -> Iterator[Doc]:
+    """Ranges from just above ``after`` to the end of its second, the first ``FINE_FIRST`` ids
+    wide, each next twice as wide (the last one ends at ``before`` if that comes first)."""
+    low, width = int(str(after), 16) + 1, FINE_FIRST
+    second_ends = min((low >> 64) + 1 << 64, (1 << 96) - 1)
+    end = min(second_ends, int(str(before), 16)) if before is not None else second_ends
+    while low < end:
+        high = min(low + width, end)
+        yield {"$gte": ObjectId(f"{low:024x}"), "$lt": ObjectId(f"{high:024x}")}
+        low, width = high, width * 2
+
+
 def windows(span: Span, after: ObjectId | None = None, newest: bool = False,
-            before: ObjectId | None = None) -> Iterator[Doc]:
+            before: ObjectId | None = None, fine: bool = False) -> Iterator[Doc]:
     """``_id`` ranges that partition everything beyond ``after`` (exclusive), in order; oldest
-    first, ``before`` (exclusive) ends the last range instead of leaving it open."""
+    first, ``before`` (exclusive) ends the last range instead of leaving it open. ``fine``
+    (oldest first from ``after``): the rest of ``after``'s second is read first in ranges that
+    begin a few ids wide (a page that starts where a burst of ids does reads a few of them,
+    not the burst's first second)."""
+    if fine and after is not None and not newest and int(str(after), 16) + 1 < 1 << 96:
+        yield from _fine(after, before)
+        second_ends = min((int(str(after), 16) + 1 >> 64) + 1 << 64, (1 << 96) - 1)
+        if before is not None and int(str(before), 16) <= second_ends:
+            return
+        after = ObjectId(f"{second_ends - 1:024x}")
     now = datetime.now(timezone.utc)
     start = span.first.generation_time if span.first is not None else now
     end = span.last.generation_time + FIRST_WINDOW if span.last is not None else now
@@ -70,13 +92,14 @@ def _within(flt: Doc, rng: Doc) -> Doc:
 
 def by_id(coll: Collection[Doc], flt: Doc, limit: int, *, span: Span, after: ObjectId | None = None,
           newest: bool = False, before: ObjectId | None = None, projection: Doc | None = None,
-          computed: bool = False) -> list[Doc]:
+          computed: bool = False, fine: bool = False) -> list[Doc]:
     """Up to ``limit`` documents matching ``flt`` (which names no ``_id``) in ``_id`` order — newest
     first if ``newest`` — beyond ``after`` (and, oldest first, below ``before``). ``computed``:
-    ``projection`` is an aggregation ``$project`` (fields computed on the server, such as a body's size)."""
+    ``projection`` is an aggregation ``$project`` (fields computed on the server, such as a body's size);
+    ``fine``: see ``windows``."""
     out: list[Doc] = []
     order = -1 if newest else 1
-    for rng in windows(span, after, newest, before):
+    for rng in windows(span, after, newest, before, fine):
         query, k = _within(flt, rng), limit - len(out)
         if computed:
             out += coll.aggregate([{"$match": query}, {"$sort": {"_id": order}}, {"$limit": k},

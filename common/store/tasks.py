@@ -349,12 +349,13 @@ def dispatched_leases(before: datetime) -> set[str]:
 def send_again(lease: str, reason: str, now: datetime) -> int:
     """The DISPATCH tasks of ``lease`` (an entry that can no longer be claimed) go again at
     once, no attempt counted. Returns how many (counts moved)."""
-    job = (_tasks().find_one({"status": DISPATCH, "lease": lease}, {"job": 1}) or {}).get("job")
+    held = list(_tasks().find({"status": DISPATCH, "lease": lease}, {"job": 1}).sort("_id", 1).limit(1))
+    job, lowest = (held[0].get("job"), held[0]["_id"]) if held else (None, None)
     again = _tasks().update_many(
         {"status": DISPATCH, "lease": lease},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job, DISPATCH, LIVE, again)])
+    counts.move([(job, DISPATCH, LIVE, again)], floors={(job, LIVE): lowest} if lowest is not None else None)
     return again
 
 

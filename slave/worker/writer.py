@@ -26,6 +26,8 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
 
+from bson import ObjectId
+
 from common import revisit
 from common.config import settings
 from common.metrics import count_pages, reason_class
@@ -178,12 +180,20 @@ def _read_back(p: Part, ok: list[Pair], kept: list[Pair], failed: list[Pair], la
 
 def _move_counts(parts: list[Part], counted: list[dict[str, int]]) -> None:
     """The jobs' kept counts follow what each part settled (``common.store.counts``)."""
-    moves = []
+    moves: list[counts.Move] = []
+    floors: counts.Floors = {}
     for p, c in zip(parts, counted):
         held = leases.held_status(p.kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
-    with_retries(lambda: counts.move(moves), "task counts")
+        ids: list[ObjectId] = [o.task.id for o in p.outcomes]
+        if not ids:
+            continue
+        lowest = min(ids)  # of every task the part held: at or below any it settled
+        for status in (SUCCESS, FAIL, LIVE):
+            key = (p.ctx.job_id, status)
+            floors[key] = min(floors.get(key, lowest), lowest)
+    with_retries(lambda: counts.move(moves, floors=floors), "task counts")
 
 
 def _retry_at(p: Part, o: Outcome, now: datetime) -> datetime | None:
