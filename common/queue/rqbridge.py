@@ -2,10 +2,11 @@
 rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/integration/test_rqbridge.py``
 fails when rq changes a format relied on here.
 
-Entries are real rq jobs of three kinds (``Kind``), each kind stated in the job's meta
+Entries are real rq jobs of four kinds (``Kind``), each kind stated in the job's meta
 (``{"kind": ...}``): a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,
 an export entry ``dcx-<export id>`` calls ``slave.worker.entries.run_export(id)``, a generator run
-``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, so a plain ``rq worker`` runs any,
+``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, a job's dry run on one URL
+``dcd-<dry run id>`` calls ``slave.worker.entries.run_dry_run(id)``, so a plain ``rq worker`` runs any,
 and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them. ``fetch_entry`` reads an
 entry as an ``Entry`` (its kind and the record it names); an entry queued before kinds were stated
 gets its kind from its function, there and only there.
@@ -50,6 +51,7 @@ RQ_VERSION = "3.0.0"
 DOWNLOAD_FUNCTION = "slave.worker.entries.run_batch"
 EXPORT_FUNCTION = "slave.worker.entries.run_export"
 GENERATE_FUNCTION = "slave.worker.entries.run_generator"
+DRY_RUN_FUNCTION = "slave.worker.entries.run_dry_run"
 
 
 class Kind(str, Enum):
@@ -58,6 +60,7 @@ class Kind(str, Enum):
     DOWNLOAD = "download"  # a lease's tasks (the download queues)
     EXPORT = "export"      # one attempt of an export (down_export)
     GENERATE = "generate"  # one generator run (down_generate)
+    DRY_RUN = "dry_run"    # a job's engine on one URL, storing nothing (down_super: common/dryrun.py)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ FORMS = {
     Kind.DOWNLOAD: _Form("dc-", DOWNLOAD_FUNCTION),
     Kind.EXPORT: _Form("dcx-", EXPORT_FUNCTION),
     Kind.GENERATE: _Form("dcg-", GENERATE_FUNCTION),
+    Kind.DRY_RUN: _Form("dcd-", DRY_RUN_FUNCTION),
 }
 # what entries queued before the rooms layout call: still run (slave/jobs.py keeps the names for plain rq
 # workers)
@@ -130,6 +134,15 @@ def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
     rq_queue(queue, redis).enqueue_call(GENERATE_FUNCTION, args=(run_id,), job_id=generate_entry_id(run_id),
                                         result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
                                         description=f"generator run {run_id}", meta=_meta(Kind.GENERATE))
+
+
+def push_dry_run(redis: Redis, queue: str, ref: str, timeout: int, ttl: int) -> None:
+    """Queue dry run ``ref`` on ``queue`` (down_super; not capped: one person's click, and a
+    worker takes it before any download entry); gone unrun after ``ttl`` seconds."""
+    entry = f"{FORMS[Kind.DRY_RUN].prefix}{ref}"
+    rq_queue(queue, redis).enqueue_call(DRY_RUN_FUNCTION, args=(ref,), job_id=entry, result_ttl=0,
+                                        failure_ttl=ttl, ttl=ttl, timeout=timeout,
+                                        description=f"dry run {ref}", meta=_meta(Kind.DRY_RUN))
 
 
 def push_export(redis: Redis, queue: str, export_id: str, timeout: int) -> None:

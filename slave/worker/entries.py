@@ -30,6 +30,14 @@ def run_export(export_id: str) -> str:
     return run(export_id, f"rq-{host_name()}-{os.getpid()}")
 
 
+def run_dry_run(ref: str) -> dict:
+    """Entry point for rq on ``down_super``: a job's dry run on one URL, storing nothing
+    (``slave/worker/dryrun.py``); ``downcluster worker`` takes these entries itself."""
+    from slave.worker.dryrun import run
+
+    return run(ref)
+
+
 def run_generator(run_id: str) -> dict:
     """Entry point for rq on ``down_generate``: one run of a job's generator (its URLs go through
     intake); ``downcluster worker`` takes these entries itself."""

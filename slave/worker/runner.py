@@ -215,6 +215,8 @@ class Loop:
             Kind.DOWNLOAD: _Lane(lambda: self.queues if self._room() else [], None, self._download),
             Kind.EXPORT: _Lane(lambda: [EXPORT_QUEUE] if self.exports and self._export_idle() else [],
                                EXPORT_QUEUE, self._export),
+            # read from the download queues (a dry run waits in down_super, before any download)
+            Kind.DRY_RUN: _Lane(lambda: [], None, self._dry_run),
         }
 
     def _room(self) -> bool:
@@ -339,6 +341,11 @@ class Loop:
         work = asyncio.get_running_loop().run_in_executor(self.export_pool, _export, export_id,
                                                           self.runner.worker_id)
         self.export_running = asyncio.create_task(self._run(execution, work, entry_id))
+
+    def _dry_run(self, ref: str, execution: Execution, entry_id: str) -> asyncio.Task:
+        from slave.worker.dryrun import perform
+
+        return asyncio.create_task(self._run(execution, perform(self.runner.fetcher, ref), entry_id))
 
     def _generated(self) -> None:
         self.generating -= 1
