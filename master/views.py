@@ -17,6 +17,7 @@ from redis import Redis
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
+from common.secrets import mask_proxy
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
 from common.store.connection import as_text
@@ -103,8 +104,11 @@ MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their q
                     2: "foreign: entries go to the foreign queues (workers with --foreign)"}
 
 
-def job_detail(name: Any) -> dict:
-    """One job: its row, its settings with secrets masked, and its last failures."""
+def job_detail(name: Any, secrets: bool = False) -> dict:
+    """One job: its row, its settings with secrets masked, and its last failures. ``secrets``
+    (for a caller who may change the job): its proxy with the password masked, its cookie and its
+    headers' values too, so that a change can hand them back (the masked proxy unchanged keeps
+    the stored one: ``master.registry``)."""
     job = jobs.named(name)
     row = next(r for r in job_rows() if r["name"] == job.name)
     s = jobs.settings_of(job)
@@ -125,6 +129,9 @@ def job_detail(name: Any) -> dict:
             "obey_robots": s.obey_robots is not False,
             "allow_private": bool(s.allow_private and s.private_grant),  # as the workers honour it
         }
+        if secrets:
+            row["settings"].update(proxy=mask_proxy(s.proxy or ""), cookie=s.cookie or "",
+                                   header_values=dict(s.headers or {}))
     row["code_chars"] = jobs.code_chars(job)
     row["generator"] = generators.summary(job.id)
     row["follow"] = dict(job.follow) if job.follow else None  # its [follow] table (None: follows no links)

@@ -416,3 +416,42 @@ def test_a_token_made_without_a_project_holds_default_at_every_door(cluster, tmp
             assert names == ["plainjob"]
     admin = tokens.create("carol", "admin")
     assert admin and ApiToken.objects.get(name="carol").projects == []
+
+
+def test_the_roles_that_may_change_a_job_are_shown_its_proxy_cookie_and_headers(cluster, tmp_path):
+    """A user (or admin) of the job's project reads back its proxy (the password masked), cookie
+    and headers' values, and a change that hands back the masked proxy keeps the stored one; an
+    analyst reads them masked, as before."""
+    from common.store.models import CrawlerDownloadSetting
+
+    project = _project("secrets")
+    proxy = "http://bob:s3cret@proxy.example.com:3128"
+    manifest = write_job(tmp_path, "guarded", proxy=proxy, cookie="sid=abc123", allow_private=False)
+    manifest.write_text(manifest.read_text() + 'headers = { "X-Api-Key" = "k-1", Accept = "text/html" }\n')
+    assert cli("job", "register", str(manifest), "--project", str(project)).exit_code == 0
+    user, analyst = new_token("u-s", "user", "secrets"), new_token("a-s", "analyst", "secrets")
+    stored = lambda: CrawlerDownloadSetting.objects.get(job=Job.objects.get(name="guarded").id)  # noqa: E731
+    with WebServer(cluster.env) as web:
+        for token in (user, new_token("root", "admin")):
+            shown = web.call("GET", "/api/v1/jobs/guarded", token).json()["settings"]
+            assert shown["proxy"] == "http://bob:***@proxy.example.com:3128" and shown["cookie"] == "sid=abc123"
+            assert shown["header_values"] == {"X-Api-Key": "k-1", "Accept": "text/html"}
+            assert shown["headers"] == ["Accept", "X-Api-Key"]
+        seen = web.call("GET", "/api/v1/jobs/guarded", analyst).json()["settings"]
+        assert seen["proxy"] == "***" and seen["cookie"] == "***" and "header_values" not in seen
+        assert "s3cret" not in web.call("GET", "/api/v1/jobs/guarded", user).text
+
+        def change(proxy_line: str) -> None:
+            text = ('name = "guarded"\ntype = "none"\n[settings]\n'
+                    f'{proxy_line}cookie = "sid=abc123"\nheaders = {{ "X-Api-Key" = "k-2" }}\n')
+            got = web.call("POST", "/api/v1/jobs", user, json={"manifest": text})
+            assert got.status_code == 200, got.text
+
+        change('proxy = "http://bob:***@proxy.example.com:3128"\n')  # handed back unchanged: kept
+        assert stored().proxy == proxy and stored().headers == {"X-Api-Key": "k-2"}
+        change('proxy = "http://bob:n3w@proxy.example.com:3128"\n')  # a new one: taken
+        assert stored().proxy == "http://bob:n3w@proxy.example.com:3128"
+        change('proxy = "http://eve:***@proxy.example.com:3128"\n')  # not the stored one masked: as given
+        assert stored().proxy == "http://eve:***@proxy.example.com:3128"
+        change("")  # left out: dropped
+        assert not stored().proxy

@@ -175,7 +175,9 @@ def register_job(body: JobIn, response: Response, token: Reader) -> dict:
 
 @router.get("/jobs/{name}", tags=["jobs"], responses=answers(401, 404))
 def show_job(name: JobName, token: Reader) -> dict:
-    return views.job_detail(access.job(name, token).name)
+    """One job: counts, settings (to a user or admin of its project also its proxy, password
+    masked, its cookie and its headers' values: a change hands them back), its last failures."""
+    return views.job_detail(access.job(name, token).name, secrets=access.may_change(token))
 
 
 @router.post("/jobs/{name}/enable", tags=["jobs"], responses=answers(401, 403, 404))
