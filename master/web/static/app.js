@@ -301,7 +301,7 @@ function lookupForm(name) {
 // answer is waited for in the request (20 s), then asked for again while the entry waits.
 function dryRunSection(name) {
   const form = keep(`dry:${name}`, () => {
-    const url = el("input", { id: "dry-url", type: "url", required: true, size: "48", placeholder: "https://example.org/page", "aria-label": "the URL to fetch" });
+    const url = el("input", { id: "dry-url", type: "url", required: true, placeholder: "https://example.org/page", "aria-label": "the URL to fetch" });
     const result = el("div", { id: "dry-result", "aria-live": "polite" });
     const f = el("form", { id: "dry-form", class: "panel" }, el("div", { class: "row" }, url,
       el("button", { type: "submit", "data-action": "dry_run_job" }, "Dry run"), el("span", { class: "error form-error" })), result);
