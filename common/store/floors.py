@@ -39,6 +39,7 @@ from common.store import counts
 from common.store.counts import TOP  # the floor of a status with no task: the next to enter lowers it
 from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount, collection
 from common.store.paging import Doc, Span, by_id
+from common.store.records import Task
 
 
 def _below(oid: ObjectId) -> ObjectId:
@@ -66,7 +67,7 @@ def raise_to(job_id: ObjectId, status: str, version: int | None, to: ObjectId) -
 
 
 def page(job_id: ObjectId, status: str, limit: int, after: ObjectId | None, span: Span,
-         projection: Doc | None = None) -> list[Doc]:
+         projection: Doc | None = None) -> list[Task]:
     """Up to ``limit`` of the job's tasks in ``status`` after ``after``, oldest first, read from
     the floor on in windows that begin a few ids wide; a page that began at the floor raises
     the floor to its first task (to ``TOP`` when the status has none)."""
@@ -80,7 +81,7 @@ def page(job_id: ObjectId, status: str, limit: int, after: ObjectId | None, span
         first = found[0]["_id"] if found else (TOP if limit else None)
         if first is not None and (floor is None or first > floor):
             raise_to(job_id, status, version, first)
-    return found
+    return [Task.from_doc(d) for d in found]
 
 
 def tend(budget: float) -> int:

@@ -92,8 +92,7 @@ def tasks(job_id: ObjectId, status: str | None, limit: int, after: ObjectId | No
     """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order (what
     ``SHOWN["tasks"]`` shows of each: the rest of a record is left at its defaults)."""
     if status is not None and not newest:  # from where the status's tasks begin (common.store.floors)
-        return [Task.from_doc(d) for d in floors.page(job_id, status, limit, after, counts.span(job_id),
-                                                      TASK_FIELDS)]
+        return floors.page(job_id, status, limit, after, counts.span(job_id), TASK_FIELDS)
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
         flt["status"] = status

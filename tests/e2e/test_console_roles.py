@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from common.queue.rqbridge import queue_key
 from common.store.models import Export, Job
 from master.dispatch.dispatcher import dispatch_once
 from tests.e2e.test_console_browser import BIN, CHROMIUM, DRIVER, ROOT, click, wait_text
-from common.queue.rqbridge import queue_key
 from tests.helpers import cli, statuses, wait_for
 from tests.web_helpers import WebServer
 
