@@ -10,6 +10,7 @@ request, expire after ``TTL`` seconds. No task, data, log, lease or count is wri
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from redis import Redis
@@ -18,6 +19,7 @@ TTL = 600          # seconds a dry run's request and result live in Redis
 BODY_CHARS = 20_000  # the body's text shown, at most (the rest is cut; ``truncated`` says so)
 HEADER_CHARS = 2_000  # one header's value, at most
 PREFIX = "downcluster:dry-run:"
+WAIT_SLICE = 2.0  # seconds of one blocking pop
 
 
 def _key(ref: str, part: str = "") -> str:
@@ -53,9 +55,14 @@ def result(redis: Redis, ref: str) -> dict[str, Any] | None:
 
 def wait(redis: Redis, ref: str, timeout: float) -> dict[str, Any] | None:
     """The result of dry run ``ref``, waiting up to ``timeout`` seconds for it to come."""
+    end = time.monotonic() + timeout
     found = result(redis, ref)
-    if found is not None or timeout <= 0:
-        return found
-    if redis.blpop([_key(ref, ":done")], timeout=timeout):
-        redis.rpush(_key(ref, ":done"), "1")  # for any other request waiting on it
-    return result(redis, ref)
+    while found is None:
+        left = end - time.monotonic()
+        if left < 0.01:  # (a BLPOP timeout of 0 would wait for ever)
+            return None
+        # in slices: one BLPOP never outlasts the client's socket timeout
+        if redis.blpop([_key(ref, ":done")], timeout=min(left, WAIT_SLICE)):
+            redis.rpush(_key(ref, ":done"), "1")  # for any other request waiting on it
+        found = result(redis, ref)
+    return found

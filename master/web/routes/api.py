@@ -204,6 +204,7 @@ class DryRunIn(Strict):
 DRY_RUN_WHY = {403: "the token's role may not change this job (an analyst)",
                404: "no such job (or not one of the token's projects), or no such dry run of it "
                     "(kept 10 minutes)"}
+DRY_RUN_INVALID = "the URL is not one intake accepts (an http or https URL with a host)"
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the `id` of a dry run")]
 DryWait = Annotated[float, Query(ge=0, le=dryrun.WAIT_MAX, description="seconds to wait for the answer")]
 
@@ -211,7 +212,7 @@ DryWait = Annotated[float, Query(ge=0, le=dryrun.WAIT_MAX, description="seconds 
 @router.post("/jobs/{name}/dry-run", tags=["jobs"], status_code=202, responses={
     200: {"description": "a worker answered within `wait`: `state` done, with `response` or `error`"},
     202: {"description": "queued: not answered within `wait` (poll GET .../dry-run/{id})"},
-    **answers(401, 403, 404, why=DRY_RUN_WHY)})
+    **answers(401, 403, 404, why=DRY_RUN_WHY, invalid=DRY_RUN_INVALID)})
 def dry_run_job(name: JobName, body: DryRunIn, response: Response, token: Reader) -> dict:
     """Run the job's engine on one URL on a worker, with every wall a task has (sandbox, private
     reach, time and size limits, robots.txt), and show what it fetched (status, headers, the
