@@ -3,6 +3,8 @@ with the walls a task has and answers through Redis; nothing is stored (no task,
 lease, count); the roles and projects rules of changing a job hold."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from common.store.log_models import CrawlerDownloadLog
 from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, CrawlerTaskCount
 from tests.helpers import burst_worker, cli, register, write_job
@@ -18,7 +20,7 @@ def _stored() -> dict[str, int]:
 
 
 def _ask(web, token: str, job: str, url: str) -> str:
-    queued = web.call("POST", f"/api/v1/jobs/{job}/dry-run", token, json={"url": url, "wait": 0})
+    queued = web.call("POST", f"/api/v1/jobs/{job}/dry-run", token, json={"url": url})
     assert queued.status_code == 202, queued.text
     assert queued.json()["state"] == "queued" and queued.json()["url"] == url
     return queued.json()["id"]
@@ -57,11 +59,14 @@ def test_a_dry_run_fetches_through_a_worker_and_stores_nothing(cluster, tmp_path
         assert "refused" in private and "\n" not in private
         big = got["big"].json()
         assert "response" not in big and "4096" in big["error"], big
-        # waiting for the answer in the same request
-        done = web.call("POST", "/api/v1/jobs/dry/dry-run", user, json={"url": f"{site}/page/9", "wait": 0})
-        burst_worker(cluster, "--no-exports")
-        again = web.call("GET", f"/api/v1/jobs/dry/dry-run/{done.json()['id']}", user, params={"wait": 1})
-        assert "page 9" in again.json()["response"]["body"]
+        # a request waiting for the answer gets it when the worker has written it
+        done = web.call("POST", "/api/v1/jobs/dry/dry-run", user, json={"url": f"{site}/page/9"})
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(web.call, "GET", f"/api/v1/jobs/dry/dry-run/{done.json()['id']}", user,
+                                  params={"wait": 50})
+            burst_worker(cluster, "--no-exports")
+            again = waiting.result()
+        assert again.status_code == 200 and "page 9" in again.json()["response"]["body"]
         # roles and projects: an analyst may not; another job's id, a bad URL, an unknown id
         refused = web.call("POST", "/api/v1/jobs/dry/dry-run", analyst, json={"url": f"{site}/page/1"})
         assert refused.status_code == 403

@@ -196,9 +196,7 @@ def disable_job(name: JobName, token: Reader) -> dict:
 
 class DryRunIn(Strict):
     url: str = Field(min_length=1, max_length=8192, pattern=r"^[^\r\n]*$", description="the one URL to fetch")
-    wait: float = Field(20.0, ge=0, le=dryrun.WAIT_MAX, description=(
-        "seconds to wait for a worker's answer (0: answer at once; then poll GET .../dry-run/{run_id})"))
-    model_config = ConfigDict(json_schema_extra={"examples": [{"url": "https://example.org/a", "wait": 20}]})
+    model_config = ConfigDict(json_schema_extra={"examples": [{"url": "https://example.org/a"}]})
 
 
 DRY_RUN_WHY = {403: "the token's role may not change this job (an analyst)",
@@ -210,27 +208,27 @@ DryWait = Annotated[float, Query(ge=0, le=dryrun.WAIT_MAX, description="seconds 
 
 
 @router.post("/jobs/{name}/dry-run", tags=["jobs"], status_code=202, responses={
-    200: {"description": "a worker answered within `wait`: `state` done, with `response` or `error`"},
-    202: {"description": "queued: not answered within `wait` (poll GET .../dry-run/{id})"},
+    202: {"description": "queued: its answer is read with GET .../dry-run/{id} (which may wait for it)"},
     **answers(401, 403, 404, why=DRY_RUN_WHY, invalid=DRY_RUN_INVALID)})
-def dry_run_job(name: JobName, body: DryRunIn, response: Response, token: Reader) -> dict:
+def dry_run_job(name: JobName, body: DryRunIn, token: Reader) -> dict:
     """Run the job's engine on one URL on a worker, with every wall a task has (sandbox, private
-    reach, time and size limits, robots.txt), and show what it fetched (status, headers, the
-    body's text cut to 20,000 characters, or the failure in one line) without storing anything."""
+    reach, time and size limits, robots.txt), storing nothing; ``show_dry_run`` answers what it
+    fetched (status, headers, the body's text cut to 20,000 characters, or the failure in one line)."""
     job = access.job(name, token, change=True)
     redis = redis_conn()
     ref = dryrun.start(redis, job, body.url)
     audit.record(token, "job.dry_run", name, job.project)
-    shown = dryrun.show(redis, job, ref, body.wait)
-    response.status_code = 200 if shown["state"] == "done" else 202
-    return shown
+    return dryrun.show(redis, job, ref, 0)
 
 
 @router.get("/jobs/{name}/dry-run/{run_id}", tags=["jobs"], responses={
-    202: {"description": "not answered yet"}, **answers(401, 403, 404, why=DRY_RUN_WHY)})
+    200: {"description": "answered: `state` done, with `response` or `error`"},
+    202: {"description": "not answered within `wait`: `state` queued"},
+    **answers(401, 403, 404, why=DRY_RUN_WHY)})
 def show_dry_run(name: JobName, run_id: RunId, response: Response, token: Reader,
                  wait: DryWait = 0.0) -> dict:
-    """A dry run of the job (``dry_run_job``): its answer, waiting up to ``wait`` seconds for it."""
+    """A dry run of the job (``dry_run_job``): its answer, waiting up to ``wait`` seconds (at most
+    60) for it to come."""
     job = access.job(name, token, change=True)
     shown = dryrun.show(redis_conn(), job, run_id, wait)
     response.status_code = 200 if shown["state"] == "done" else 202

@@ -297,8 +297,8 @@ function lookupForm(name) {
   } }, input, el("button", { type: "submit", "data-action": "find_task" }, "Find"), err);
 }
 
-// Dry run: the job's engine on one URL, on a worker, with a task's walls; nothing stored. The
-// answer is waited for in the request (20 s), then asked for again while the entry waits.
+// Dry run: the job's engine on one URL, on a worker, with a task's walls; nothing stored. Its
+// answer is waited for 20 s a request (a blocking pop on the server), asked again while it waits.
 function dryRunSection(name) {
   const form = keep(`dry:${name}`, () => {
     const url = el("input", { id: "dry-url", type: "url", required: true, placeholder: "https://example.org/page", "aria-label": "the URL to fetch" });
@@ -307,7 +307,7 @@ function dryRunSection(name) {
       el("button", { type: "submit", "data-action": "dry_run_job" }, "Dry run"), el("span", { class: "error form-error" })), result);
     f.onsubmit = (e) => { e.preventDefault(); submitting(f, async () => {
       result.replaceChildren(el("p", { class: "muted" }, "waiting for a worker…"));
-      let r = await api("POST", `/jobs/${q(name)}/dry-run`, { url: url.value.trim(), wait: 20 });
+      let r = await api("POST", `/jobs/${q(name)}/dry-run`, { url: url.value.trim() });
       for (let i = 0; r.state !== "done" && i < 15; i++) r = await api("GET", `/jobs/${q(name)}/dry-run/${r.id}?wait=20`);
       result.replaceChildren(...dryRunResult(r));
     }); };
