@@ -28,8 +28,9 @@ from common.errors import ValidationError
 from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
+from common.store.clock import utcnow
+from common.store.jobs import named as job_named
 from common.store.known import Filter
-from common.store.models import job_named, utcnow
 from common.store.tasks import NewTask, commit, depths, due_by_lastmod, insert_numbered, known_uris, reserve
 from common.urls import check_url
 

@@ -35,7 +35,7 @@ from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
 from common.store import notifications
-from common.store.models import store_now, utcnow
+from common.store.clock import store_now, utcnow
 from common.store.records import NotificationRecord
 
 logger = logging.getLogger(__name__)

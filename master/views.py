@@ -19,9 +19,10 @@ from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
+from common.store.clock import iso
 from common.store.connection import as_text
 from common.store.logrecords import DownloadLog
-from common.store.models import TASK_STATUSES, iso
+from common.store.models import TASK_STATUSES
 from common.store.records import DataDoc, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts

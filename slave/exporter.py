@@ -28,8 +28,8 @@ from common.exports.templates import parse_template
 from common.secrets import redact
 from common.sentry import capture
 from common.store import claims, exports, jobs
+from common.store.clock import store_now, utcnow
 from common.store.data import drop_export_file, export_source, export_total, export_upload
-from common.store.models import store_now, utcnow
 from common.store.records import ExportRecord
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,9 @@ from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
 from common.store import claims, generators, jobs, logs
+from common.store.clock import store_now, store_time, utcnow
 from common.store.jobs import WorkerJob
-from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
+from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS
 from common.store.records import Generator
 from slave.download.engines import sandbox
 from slave.download.job import limits_from_settings

@@ -8,7 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from common.cli import main
-from common.store.models import CrawlerLease, CrawlerTask, Job, store_now
+from common.store.clock import store_now
+from common.store.models import CrawlerLease, CrawlerTask, Job
 
 # An export template of the first form: header paths grouped by their common prefixes.
 TEMPLATE = '''

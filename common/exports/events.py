@@ -12,7 +12,8 @@ from common.config import settings
 from common.notify import deliver_due, queue_form, queue_mail, queue_webhook
 from common.signing import center_download_url, center_task_id, export_url, php_query, wecar_token
 from common.store import exports
-from common.store.models import SUCCESS, iso
+from common.store.clock import iso
+from common.store.models import SUCCESS
 from common.store.records import ExportRecord
 
 FINAL_STATES = ("SUCCESS", "FAIL", "CANCEL", "EXPIRED")

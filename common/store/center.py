@@ -9,7 +9,8 @@ from typing import Any
 
 from bson import ObjectId
 
-from common.store.models import CANCELLED, EXPIRED, FAIL, Export, collection
+from common.store.connection import collection
+from common.store.models import CANCELLED, EXPIRED, FAIL, Export
 from common.store.records import ExportRecord
 
 

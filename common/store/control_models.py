@@ -16,7 +16,7 @@ from mongoengine import (
     StringField,
 )
 
-from common.store.models import utcnow
+from common.store.clock import utcnow
 
 ADMIN, USER, ANALYST = "admin", "user", "analyst"
 ROLES = (ADMIN, USER, ANALYST)

@@ -22,14 +22,9 @@ from typing import Any, Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
+from common.store.connection import collection
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import (
-    TASK_STATUSES,
-    CrawlerDownloadData,
-    CrawlerTask,
-    CrawlerTaskCount,
-    collection,
-)
+from common.store.models import TASK_STATUSES, CrawlerDownloadData, CrawlerTask, CrawlerTaskCount
 from common.store.paging import Span
 
 Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)

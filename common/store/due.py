@@ -17,15 +17,9 @@ from typing import Any
 from bson import ObjectId
 
 from common.store import counts
-from common.store.models import (
-    DISPATCH,
-    FAIL,
-    LIVE,
-    SUCCESS,
-    Job,
-    collection,
-    store_now,
-)
+from common.store.clock import store_now
+from common.store.connection import collection
+from common.store.models import DISPATCH, FAIL, LIVE, SUCCESS, Job
 from common.store.paging import by_id, in_chunks
 from common.store.records import Job as JobRecord
 from common.store.records import Prev

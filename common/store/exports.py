@@ -24,8 +24,9 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.connection import collection
 from common.store.data import EXPORT_BUCKET
-from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export, collection
+from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export
 from common.store.records import ExportRecord
 
 

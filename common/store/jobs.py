@@ -18,16 +18,10 @@ from typing import Any
 
 from bson import ObjectId
 
+from common.errors import NotFound, ValidationError
+from common.store.clock import utcnow
 from common.store.log_models import CrawlerRegistrationErrorLog
-from common.store.models import (
-    OFF,
-    ON,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerDownloadType,
-    job_named,
-    utcnow,
-)
+from common.store.models import OFF, ON, CrawlerDownload, CrawlerDownloadSetting, CrawlerDownloadType
 from common.store.models import Job as JobDoc
 from common.store.records import DownloadType, Job, JobSettings
 
@@ -36,7 +30,12 @@ UNSET = JobSettings.from_doc({})  # the settings of a job without a settings doc
 
 def named(name: object) -> Job:
     """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
-    return job_named(name)
+    if not isinstance(name, str):
+        raise ValidationError("job must be a string")
+    job = JobDoc._get_collection().find_one({"name": name})
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return Job.from_doc(job)
 
 
 def find(name: str) -> Job | None:

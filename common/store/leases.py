@@ -28,6 +28,7 @@ from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
 from common.store import claims, counts
+from common.store.connection import collection
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -43,7 +44,6 @@ from common.store.models import (
     CrawlerLease,
     CrawlerOldVersion,
     CrawlerTask,
-    collection,
 )
 
 # the writer reaches these here, with the settles (re-exported)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mongoengine import DateTimeField, DictField, Document, IntField, ListField, ReferenceField, StringField
 
-from common.store.models import FAIL, RUN_STATUSES, SUCCESS, CrawlerTask, Job, utcnow
+from common.store.clock import utcnow
+from common.store.models import FAIL, RUN_STATUSES, SUCCESS, CrawlerTask, Job
 
 
 class CrawlerDownloadLog(Document):

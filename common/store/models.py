@@ -1,5 +1,5 @@
 """MongoDB documents (mongoengine) of the "source" database (jobs, tasks and their keys, data,
-leases, exports, notifications, generators), the statuses they hold and the store's clock. The
+leases, exports, notifications, generators), their indexes and the statuses they hold. The
 other two databases, one per connection alias, have modules of their own: "log"
 (``common.store.log_models``: download, dispatch, alert, registration error, notification and
 generator run logs) and "control" (``common.store.control_models``: projects, the audit log, API
@@ -8,14 +8,10 @@ tokens, web sessions, cluster secrets); ``common.store.schema`` lists every clas
 Collection names are mongoengine's defaults for the class names unless ``meta`` names them;
 analysts query them directly, so field names and status strings are part of the interface (README "Schema").
 Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
-and the indexes.
+and the indexes. The store's clock and the text form of a stored time are ``common.store.clock``.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from bson import ObjectId
 from mongoengine import (
     BinaryField,
     BooleanField,
@@ -29,66 +25,13 @@ from mongoengine import (
     ReferenceField,
     StringField,
 )
-from pymongo.collection import Collection
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store.records import Job as JobRecord
+from common.store.clock import iso as iso
+from common.store.clock import utcnow as utcnow
 
-
-def collection(model: Any) -> Collection[dict[str, Any]]:
-    """The pymongo collection of a document class (typed: mongoengine's own calls are not)."""
-    found: Collection[dict[str, Any]] = model._get_collection()
-    return found
-
-
-def utcnow() -> datetime:
-    """Naive UTC, as BSON stores it."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def store_now() -> datetime:
-    """The source store's clock (naive UTC): the one clock leases and exports are stamped with
-    (``$currentDate`` by workers) and judged by (the defender), whatever each machine's clock says."""
-    now: datetime = collection(CrawlerLease).database.command("hello")["localTime"]
-    return now
-
-
-_store_offset = timedelta(0)  # the store's clock minus this machine's, as last measured
-
-
-def sync_store_clock() -> None:
-    """Measure this machine's clock against the store's (to within half a round trip); the
-    worker's heartbeat does so every beat."""
-    global _store_offset
-    before = utcnow()
-    store = store_now()
-    after = utcnow()
-    _store_offset = store - (before + (after - before) / 2)
-
-
-def store_time() -> datetime:
-    """Now by the store's clock without asking it (this machine's, corrected by the last
-    ``sync_store_clock``): the due times and stamps a worker writes."""
-    return utcnow() + _store_offset
-
-
-OBJECT_ID_TIMES = (
-    datetime(1970, 1, 1),
-    datetime(2106, 2, 7, 6, 28, 15),
-)  # what an ObjectId's 4-byte time holds
-
-
-def id_at(when: datetime) -> ObjectId:
-    """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
-    outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
-    return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
-
-
-def iso(value: object) -> object:
-    """A stored (naive UTC) time as RFC 3339 in one shape, to the millisecond BSON keeps
-    (``2026-11-25T09:40:35.120Z``, ``.000Z`` on a whole second); anything else unchanged."""
-    return value.isoformat(timespec="milliseconds") + "Z" if isinstance(value, datetime) else value
-
+# ``iso`` and ``utcnow`` are re-exported for master/center.py alone (being moved to master/center/
+# by a change in parallel): once it imports them from common.store.clock, these two lines go.
 
 ON, OFF = "ON", "OFF"
 
@@ -122,18 +65,6 @@ class Job(Document):
     follow = DictField(default=None)  # the [follow] table registration checked (None: follows nothing)
     sitemaps = DictField(default=None)  # the [sitemaps] table registration checked (None: no sitemap)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
-
-
-def job_named(name: object) -> JobRecord:
-    """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
-    from common.errors import NotFound, ValidationError
-
-    if not isinstance(name, str):
-        raise ValidationError("job must be a string")
-    job = Job._get_collection().find_one({"name": name})
-    if job is None:
-        raise NotFound(f"no job named {name!r}")
-    return JobRecord.from_doc(job)
 
 
 class CrawlerDownloadType(Document):

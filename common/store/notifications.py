@@ -17,8 +17,9 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.connection import collection
 from common.store.log_models import NotificationLog
-from common.store.models import FAIL, PENDING, SUCCESS, Notification, collection
+from common.store.models import FAIL, PENDING, SUCCESS, Notification
 from common.store.records import NotificationRecord
 
 HOLD = 120  # seconds a delivery may take (connect and read timeouts included) before its claim lapses

@@ -21,6 +21,7 @@ from mongoengine import Document
 from pymongo.collection import Collection
 
 from common.store import counts
+from common.store.connection import collection
 from common.store.data import gridfs_of
 from common.store.fence import shown
 from common.store.log_models import (
@@ -41,7 +42,6 @@ from common.store.models import (
     CrawlerLease,
     CrawlerTask,
     Job,
-    collection,
 )
 from common.store.paging import Doc, Span, by_id
 from common.store.records import DataDoc, Task

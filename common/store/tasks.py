@@ -47,19 +47,10 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from common.errors import ValidationError
 from common.store import counts
+from common.store.clock import store_now, utcnow
+from common.store.connection import collection
 from common.store.leases import UNSET_LEASE
-from common.store.models import (
-    CANCEL,
-    DISPATCH,
-    LIVE,
-    SUCCESS,
-    CrawlerTask,
-    CrawlerTaskKey,
-    Job,
-    collection,
-    store_now,
-    utcnow,
-)
+from common.store.models import CANCEL, DISPATCH, LIVE, SUCCESS, CrawlerTask, CrawlerTaskKey, Job
 from common.store.paging import in_chunks
 from common.store.records import Task
 

@@ -48,10 +48,11 @@ from common.queue.rqbridge import (
 )
 from common.store import due, leases
 from common.store import logs as store_logs
+from common.store.clock import store_now, utcnow
 from common.store.connection import redis_conn
 from common.store.due import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from common.store.jobs import UNSET, dispatch_settings, on_jobs
-from common.store.models import AGAIN, FRESH, REVISIT, store_now, utcnow
+from common.store.models import AGAIN, FRESH, REVISIT
 from common.store.records import Job
 from master import maintenance as chores
 from master.dispatch import defender

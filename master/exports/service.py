@@ -37,10 +37,11 @@ from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import entry_exists, export_entry_id, push_export, rq_queue
 from common.signing import export_url
 from common.store import exports, projects
+from common.store.clock import iso, store_now, utcnow
 from common.store.control import Token
 from common.store.control_models import ADMIN
 from common.store.data import drop_export_file
-from common.store.models import EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
+from common.store.models import EXPORT_FORMATS, SUCCESS
 from common.store.records import ExportFilter, ExportRecord
 from master import access
 from master.views import object_id

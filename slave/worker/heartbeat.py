@@ -16,8 +16,8 @@ from typing import Any
 from common.config import host_name, settings
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import leases
+from common.store.clock import sync_store_clock
 from common.store.connection import redis_conn
-from common.store.models import sync_store_clock
 
 logger = logging.getLogger(__name__)
 

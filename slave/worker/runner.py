@@ -48,8 +48,9 @@ from common.queue.rqbridge import Kind
 from common.secrets import redact
 from common.sentry import capture
 from common.store import leases
+from common.store.clock import store_time
 from common.store.connection import connect_mongo, redis_conn
-from common.store.models import OFF, store_time
+from common.store.models import OFF
 from common.store.records import Lease
 from slave.download.fetching import Fetcher
 from slave.worker.context import load_context

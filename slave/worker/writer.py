@@ -33,8 +33,9 @@ from common.queue.retry import next_retry_at
 from common.revisit import Revisit
 from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
+from common.store.clock import store_time
 from common.store.connection import redis_conn, with_retries
-from common.store.models import FAIL, LIVE, SUCCESS, store_time
+from common.store.models import FAIL, LIVE, SUCCESS
 from common.store.records import Lease, LeaseTask
 from slave.worker import found, page_data
 from slave.worker.outcome import Outcome, Pair, Part

@@ -488,7 +488,7 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
     one's file expires by EXPORT_TTL as every export's does)."""
     from datetime import timedelta
 
-    from common.store.models import store_now
+    from common.store.clock import store_now
     from master.exports import service
 
     old, recent = (center.deliver(fast.redis, task(source_data="[]")) for _ in range(2))

@@ -14,10 +14,10 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.errors import ValidationError
+from common.store.clock import iso
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.control_models import ADMIN
-from common.store.models import iso
 from common.store.records import DownloadType
 from master import access, audit, generators, projects, registry, tokens, views
 from master.dispatch.runs import dispatch_in_child
