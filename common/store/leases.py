@@ -359,47 +359,57 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     if lease is None:
         return 0, 0, 0
     ids = lease.get("ids") or []
-    tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, **_held_by(lease_id, lease["kind"], lease.get("created_at"))}
     recovered = dead = again = 0
     if attempt:
-        dead = tasks.update_many(
-            {**flt, **claims.spent(LEASE)},
-            {
-                "$set": {
-                    "status": DEAD,
-                    "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
-                    "retry_at": None,
-                    "last_update_datetime": now,
-                },
-                "$inc": {"recoveries": 1},
-                "$unset": UNSET_LEASE,
-            },
-        ).modified_count
-        recovered = tasks.update_many(
-            flt,
-            {
-                "$set": {
-                    "status": LIVE,
-                    "retry_at": now,
-                    "failed_reason": f"recovered: {reason}",
-                    "last_update_datetime": now,
-                },
-                "$inc": {"recoveries": 1},
-                "$unset": UNSET_LEASE,
-            },
-        ).modified_count
-        held = _held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
-        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
-        if dead:
-            claims.give_up_alert(LEASE, lease.get("job"), f"{dead} task(s) of entry {lease_id} DEAD after "
-                                                          f"{settings.MAX_RECOVERIES} recoveries: {reason}")
+        recovered, dead = _recover(lease, reason, now)
     else:
         again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now,
                           lease.get("created_at"))
-    # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
-    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (fence.shown)
+    _forget(lease_id, lease.get("job"), ids, reason, now)
+    return recovered, dead, again
+
+
+def _recover(lease: Doc, reason: str, now: datetime) -> tuple[int, int]:
+    """The tasks a lost attempt held go again at once, counting a recovery; those out of
+    recoveries end DEAD (with an alert). Returns (recovered, dead)."""
+    lease_id, job = lease["_id"], lease.get("job")
+    tasks = CrawlerTask._get_collection()
+    guard = _held_by(lease_id, lease["kind"], lease.get("created_at"))
+    flt = {"_id": {"$in": lease.get("ids") or []}, **guard}
+    dead: int = tasks.update_many(
+        {**flt, **claims.spent(LEASE)},
+        {
+            "$set": {
+                "status": DEAD,
+                "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
+                "retry_at": None,
+                "last_update_datetime": now,
+            },
+            "$inc": {"recoveries": 1},
+            "$unset": UNSET_LEASE,
+        },
+    ).modified_count
+    recovered: int = tasks.update_many(
+        flt,
+        {
+            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}",
+                     "last_update_datetime": now},
+            "$inc": {"recoveries": 1},
+            "$unset": UNSET_LEASE,
+        },
+    ).modified_count
+    held = held_status(lease["kind"])
+    counts.move([(job, held, DEAD, dead), (job, held, LIVE, recovered)])
+    if dead:
+        claims.give_up_alert(LEASE, job, f"{dead} task(s) of entry {lease_id} DEAD after "
+                                         f"{settings.MAX_RECOVERIES} recoveries: {reason}")
+    return recovered, dead
+
+
+def _forget(lease_id: str, job: ObjectId | None, ids: list[ObjectId], reason: str, now: datetime) -> None:
+    """The lease's tasks are given back: no attempt under it can settle one any more, so what it
+    stored unsettled can go, and the lease ends (its tombstone first, for ``fence.shown``)."""
+    tombstone(lease_id, job, reason, ids, now)  # before the lease ends (fence.shown)
     drop_unsettled(lease_id, ids)
     remark_versions(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
-    return recovered, dead, again
