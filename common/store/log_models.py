@@ -71,7 +71,7 @@ class NotificationLog(Document):
     """One delivery attempt of a webhook or mail."""
 
     target = StringField()
-    kind = StringField()
+    channel = StringField(db_field="kind")  # webhook, form or mail
     event = StringField()
     status = StringField()                       # SENT or FAIL
     attempt = IntField()

@@ -211,12 +211,12 @@ class CrawlerLease(Document):
     id = StringField(primary_key=True)
     job = ReferenceField(Job, required=True)
     queue = StringField(required=True)
-    kind = StringField(choices=(FRESH, AGAIN, REVISIT), required=True)
+    attempt_kind = StringField(db_field="kind", choices=(FRESH, AGAIN, REVISIT), required=True)
     ids = ListField(ObjectIdField())
     uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
     attempts = ListField(IntField())  # their download_times when sent
-    prev = ListField(DictField())     # revisits: each task's latest version (``common.store.tasks.Prev``)
-    sitemaps = ListField(ListField())  # jobs with [sitemaps]: each sitemap task's [kind, depth] ([]: a page)
+    prev = ListField(DictField())     # revisits: each task's latest version (``common.store.records.Prev``)
+    sitemaps = ListField(ListField())  # [sitemaps]: each sitemap task's [sitemap, depth] ([]: a page)
     depths = ListField(IntField())    # each task's depth, when any was found on a page (else none)
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
@@ -353,7 +353,8 @@ class Export(Document):
 class Notification(Document):
     """A webhook or mail to deliver; retried with backoff until delivered or out of attempts."""
 
-    kind = StringField(choices=("webhook", "form", "mail"), required=True)  # form: a /v1 task's callback
+    # how it goes (form: a /v1 download task's callback)
+    channel = StringField(db_field="kind", choices=("webhook", "form", "mail"), required=True)
     target = StringField(required=True)          # URL or address
     event = StringField(required=True)           # export.succeeded, export.failed, job.report, job.alert
     subject = StringField(default="")

@@ -3,7 +3,8 @@ MongoDB document here and nowhere else (``from_doc`` / ``to_doc``), as rq keeps 
 ``Job.to_dict`` / ``Job.restore``. Store functions take and return these; no module outside
 ``common/store/`` names a field of a document (``tests/unit/test_store_fields.py``).
 
-An attribute is its document's field of the same name (``id`` is ``_id``); a field a document
+An attribute is its document's field of the same name (``id`` is ``_id``; one whose name says
+more than its field's names the field in its metadata, ``db_field``, as mongoengine does); a field a document
 lacks or holds null (an older document, or a read that projects it out) takes the attribute's
 default, the model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
 attributes hold what the driver read (not copied: a record is built thousands of times a second
@@ -12,7 +13,7 @@ on the worker's hot path, see ``docs/layout.md``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -184,12 +185,12 @@ class Lease(Record):
     id: str
     job: ObjectId
     queue: str
-    kind: str
+    attempt_kind: str = field(metadata={"db_field": "kind"})  # FRESH, AGAIN or REVISIT (common.store.leases)
     ids: Sequence[ObjectId] = ()
     uris: Sequence[str] = ()
     attempts: Sequence[int] = ()
     prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
-    sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [kind, depth] ([]: a page)
+    sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [sitemap, depth] ([]: a page)
     depths: Sequence[int] | None = None  # each task's depth, when any was found on a page (else None)
     state: str = "QUEUED"
     worker: str | None = None
@@ -225,7 +226,7 @@ class LeaseTask:
     uri: str
     attempts: int = 0
     prev: Prev | None = None
-    sitemap: tuple[str, int] | None = None  # a sitemap task: (kind, depth); None: a page
+    sitemap: tuple[str, int] | None = None  # a sitemap task: (its ``sitemap``, depth); None: a page
     depth: int | None = None  # its depth as the lease carries it (None: not carried, read from the task)
 
 
@@ -324,7 +325,7 @@ class NotificationRecord(Record):
     """A webhook or mail of the outbox (``notification``)."""
 
     id: ObjectId
-    kind: str
+    channel: str = field(metadata={"db_field": "kind"})  # webhook, form or mail
     target: str
     event: str
     subject: str = ""
@@ -459,7 +460,8 @@ def generated() -> None:
         if "_from_doc" in cls.__dict__ or "__slots__" not in cls.__dict__:
             continue  # done, or the class a slotted dataclass was made from (not the record)
         cls._attrs = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-        cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
+        cls._spec = tuple((f.metadata.get("db_field") or ("_id" if f.name == "id" else f.name),
+                           None if f.default is MISSING else f.default)
                           for f in fields(cls))  # type: ignore[arg-type]
         cls._from_doc = staticmethod(_fast_from_doc(cls))
 

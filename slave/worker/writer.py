@@ -131,8 +131,9 @@ def _log(s: Sorted, now: datetime) -> None:
 
 def _hand_backs(later: list[Pair], now: datetime) -> list:
     """The guarded hand-backs of the outcomes ``later`` (``leases.hand_back``)."""
-    return [leases.hand_back(o.task.id, p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
-                             o.deferred or 0.0, now, p.sent_at)
+    return [leases.hand_back(o.task.id, p.lease, p.attempt_kind,
+                             redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
+                             p.sent_at)
             for p, o in later]
 
 
@@ -181,7 +182,7 @@ def _move_counts(parts: list[Part], counted: list[dict[str, int]]) -> None:
     """The jobs' kept counts follow what each part settled (``common.store.counts``)."""
     moves = []
     for p, c in zip(parts, counted):
-        held = leases.held_status(p.kind)
+        held = leases.held_status(p.attempt_kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
@@ -225,7 +226,7 @@ def _visit(p: Part, o: Outcome, now: datetime):
             stored = {**seen, "prev_lease": prev.data_lease if prev else None}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
     due = now + timedelta(seconds=every) if rv.on else None  # (revisits turned off meanwhile: none)
-    return leases.settle_visit(o.task.id, p.lease, p.kind, now, due, every,
+    return leases.settle_visit(o.task.id, p.lease, p.attempt_kind, now, due, every,
                                stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
@@ -241,13 +242,13 @@ def _settles(ok: list[Pair], same: list[Pair],
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task.id)
     for p, ids in ok_by_part.values():
-        settles.extend(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
+        settles.extend(leases.settle_success(ids, p.lease, p.attempt_kind, now, p.sent_at))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
         if o.kept:
             settles.append(_visit(p, o, now))
             continue
-        settles.append(leases.settle_failure(o.task.id, p.lease, p.kind, redact(o.error.reason),
+        settles.append(leases.settle_failure(o.task.id, p.lease, p.attempt_kind, redact(o.error.reason),
                                              o.retry_at, now, p.sent_at))
     return settles
 
@@ -277,7 +278,7 @@ class RunningEntry:
     """A queue entry this worker runs: its lease, job, tasks, and what the writer has stored of it."""
 
     def __init__(self, lease: Lease, ctx: JobContext, tasks: list[LeaseTask], loop) -> None:
-        self.lease_id, self.kind, self.ctx, self.total = lease.id, lease.kind, ctx, len(tasks)
+        self.lease_id, self.attempt_kind, self.ctx, self.total = lease.id, lease.attempt_kind, ctx, len(tasks)
         self.sent_at = lease.created_at
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
         self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
@@ -378,7 +379,7 @@ class Writer(threading.Thread):
         entries = [e for e, outs in groups.items() if outs]
         if not entries:
             return
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        parts = [Part(e.ctx, e.lease_id, e.attempt_kind, groups[e], e.sent_at) for e in entries]
         for e, got in zip(entries, store_many(parts, store_time())):
             for name, n in got.items():
                 e.counts[name] += n

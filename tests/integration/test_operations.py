@@ -90,9 +90,9 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     assert CrawlerDownloadSetting.objects.get(job=short).data_retention_days == 1
     before = {"keep": _counts(keep), "short": _counts(short)}
     assert before["keep"]["data"] == 3 and before["keep"]["gridfs"] == 6 and before["short"]["logs"] == 3
-    done = Notification(kind="mail", target="a@example.org", event="job.report", state="SUCCESS")
+    done = Notification(channel="mail", target="a@example.org", event="job.report", state="SUCCESS")
     done.save()
-    waiting = Notification(kind="mail", target="b@example.org", event="job.report")
+    waiting = Notification(channel="mail", target="b@example.org", event="job.report")
     waiting.save()
 
     report = retention.enforce(now=utcnow() + timedelta(days=2))  # two days on

@@ -25,8 +25,8 @@ def _work(name: str, priority: int, n: int, again: int = 0, host: str = "") -> J
                    fresh=[Picked(f"{name}-{i}", "", i + 1) for i in range(n)])
 
 
-def _taken(work: JobWork, kind: str = FRESH) -> int:
-    return sum(len(e.ids) for e in work.entries if e.kind == kind)
+def _taken(work: JobWork, attempt_kind: str = FRESH) -> int:
+    return sum(len(e.ids) for e in work.entries if e.attempt_kind == attempt_kind)
 
 
 def test_plan_respects_queue_room_and_writes_alert():
