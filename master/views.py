@@ -95,7 +95,7 @@ def job_rows(names: set[str] | None = None) -> list[dict]:
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
     default = projects.default_id()
     return [{"name": j.name, "status": j.status, "priority": j.priority, "type": kinds.get(j.id, "?"),
-             "host": j.host or "", "project": j.project if j.project is not None else default,
+             "host": j.worker_host or "", "project": j.project if j.project is not None else default,
              "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
             for j in jobs.ordered() if names is None or j.name in names]
 
@@ -179,7 +179,7 @@ def _task(task: Task, job_name: str) -> dict:
         "recoveries": task.recoveries,
         "failed_reason": task.failed_reason,
         "retry_at": iso(task.retry_at),
-        "host": task.host_name or "",
+        "host": task.worker_host or "",
         "depth": task.depth or 0,
         "parent": str(task.parent) if task.parent else None,
         "sitemap": task.sitemap,  # "xml": a sitemap, "robots": a robots.txt (for its sitemaps); None: a page

@@ -31,10 +31,10 @@ WINDOW_MIN = 64
 
 @dataclass
 class Picked:
-    """One due task: its id, target host and (fresh tasks) seq."""
+    """One due task: its id, the worker host it must go to ("": any) and (fresh tasks) seq."""
 
     id: ObjectId
-    host: str
+    worker_host: str
     seq: int = 0
     uri: str = ""
     attempts: int = 0

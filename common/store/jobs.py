@@ -88,7 +88,7 @@ def download_type(language: str) -> DownloadType:
     return found
 
 
-def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
+def store(name: str, priority: int, worker_host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
           project: int | None = None, follow: dict[str, Any] | None = None,
           sitemaps: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
@@ -98,7 +98,7 @@ def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, f
     doc = JobDoc.objects(name=name).first()
     created = doc is None
     doc = doc or JobDoc(name=name, add_datetime=now)
-    doc.priority, doc.host, doc.follow, doc.last_update_datetime = priority, host, follow, now
+    doc.priority, doc.worker_host, doc.follow, doc.last_update_datetime = priority, worker_host, follow, now
     doc.sitemaps = sitemaps
     if project is not None:
         doc.project = project

@@ -44,7 +44,7 @@ class Job(Document):
     name = StringField(required=True, unique=True, max_length=128)
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=PRIORITIES[0], max_value=PRIORITIES[-1], default=DEFAULT_PRIORITY)
-    host = StringField(default="")
+    worker_host = StringField(db_field="host", default="")  # the worker host whose queues take it ("": any)
     project = IntField()  # the project it belongs to (null: the ``default`` project, before ``migrate``)
     # The fresh-task cursor (see common/store/tasks.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
@@ -134,7 +134,7 @@ class CrawlerTask(Document):
     status = StringField(choices=TASK_STATUSES, default=LIVE)
     download_times = IntField(default=0)
     recoveries = IntField(default=0)
-    host_name = StringField(default="")
+    worker_host = StringField(db_field="host_name", default="")  # the worker host that must take it ("": any)
     lease = StringField()
     queue = StringField()
     dispatched_at = DateTimeField()

@@ -80,7 +80,7 @@ class Job(Record):
     name: str
     status: str = "ON"
     priority: int = DEFAULT_PRIORITY
-    host: str = ""
+    worker_host: str = field(default="", metadata={"db_field": "host"})  # a machine of workers, never a site
     project: int | None = None
     seq_next: int = 0
     seq_sent: int = 0
@@ -155,7 +155,7 @@ class Task(Record):
     status: str = "LIVE"
     download_times: int = 0
     recoveries: int = 0
-    host_name: str = ""
+    worker_host: str = field(default="", metadata={"db_field": "host_name"})
     lease: str | None = None
     queue: str | None = None
     dispatched_at: datetime | None = None

@@ -66,12 +66,12 @@ def _tasks() -> Collection[dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class NewTask:
-    """A task intake adds (LIVE, never sent): its URL, its host ("" for any) and, for a URL found
+    """A task intake adds (LIVE, never sent): its URL, its worker host ("" for any) and, for a URL found
     on a page, its ``depth`` and the ``parent`` task it was found on; ``sitemap`` for a sitemap
     ("xml", ``depth``: the indexes that led to it) or a robots.txt read for its ("robots")."""
 
     uri: str
-    host: str = ""
+    worker_host: str = ""
     depth: int = 0
     parent: ObjectId | None = None
     sitemap: str = ""
@@ -247,7 +247,7 @@ def _keyed_docs(job_id: ObjectId, new: list[NewTask], ids: list[ObjectId], keys:
             continue
         doc: dict[str, Any] = {
             "_id": ids[i], "job": job_id, "uri": t.uri, "seq": first + i, "status": LIVE, "download_times": 0,
-            "recoveries": 0, "host_name": t.host, "add_datetime": now, "last_update_datetime": now}
+            "recoveries": 0, "host_name": t.worker_host, "add_datetime": now, "last_update_datetime": now}
         if t.parent is not None:
             doc["depth"], doc["parent"] = t.depth, t.parent
         if t.sitemap:

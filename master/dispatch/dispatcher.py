@@ -108,7 +108,7 @@ class JobWork:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
         level = queue_for_priority(self.job.priority)
-        host = picked.host or self.job.host or ""
+        host = picked.worker_host or self.job.worker_host or ""
         return queue_name(level, host, foreign=self.prior == PRIOR_FOREIGN)
 
 
@@ -139,7 +139,7 @@ class DispatchReport:
 
 def order_key(job: Job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
-    host, priority, name = job.host or "", job.priority, job.name or ""
+    host, priority, name = job.worker_host or "", job.priority, job.name or ""
     host_key = (0 if host else 1, host)
     if order == "host":
         return (*host_key, priority, name)

@@ -262,7 +262,7 @@ class RequeueIn(Strict):
 
 def _intake(name: str, lines: list[str], host: str, token: Token) -> dict:
     job = access.job(name, token, change=True)
-    report = add_tasks(name, lines, host=host)
+    report = add_tasks(name, lines, worker_host=host)
     audit.record(token, "tasks.add", name, job.project, added=report.added)
     return {"added": report.added, "duplicate": report.duplicate,
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
