@@ -176,9 +176,9 @@ def settle_success(ids: list[ObjectId], lease: str, attempt_kind: str, now: date
                    sent_at: datetime | None = None) -> list[UpdateMany]:
     """The successes of one entry: each names its data (``data_lease``). One UpdateMany per
     SETTLE_GROUP tasks: a store that checks ``$in`` by walking its list (the embedded one does,
-    twice per document) pays per task for the list's length, and per statement for the rest;
-    groups of 16 cost it about a tenth less per task than one statement of a whole entry
-    (``scripts/bench_settle.py``). The guard and the change are the same for every group."""
+    twice per document) pays per task for the list's length, and per statement for the rest, so
+    a group bounds the first (the choice of 16, measured with ``scripts/bench_settle.py``:
+    docs/benchmarks.md). The guard and the change are the same for every group."""
     change = {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                        "last_update_datetime": now},
               "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}

@@ -440,9 +440,8 @@ NO_FILTER = ExportFilter()  # every document of the job, each page's latest vers
 
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     """``from_doc`` for ``cls`` written out field by field, setting each slot through its
-    descriptor: a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, three
-    times the cost (25 fields: 2 µs against 6, measured in docs/layout.md), and the worker makes
-    records of every task it settles."""
+    descriptor, where a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``
+    (the costs of both: docs/layout.md): the worker makes records of every task it settles."""
     names: dict[str, Any] = {"new": object.__new__, "cls": cls}
     lines = ["def from_doc(doc):", "    get = doc.get", "    made = new(cls)"]
     for i, ((key, default), attr) in enumerate(zip(cls._spec, cls._attrs)):

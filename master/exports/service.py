@@ -224,7 +224,7 @@ def push(redis: Redis, export: ExportRecord) -> None:
 
 def owns(token: Token, export: ExportRecord) -> bool:
     """Whether ``token`` requested ``export`` (by id; an export stored before owners counts by
-    name, if it is not older than the token: see ``common.store.exports.owned_by``)."""
+    name, if it is not older than the token: see ``common.store.exports.Viewer``)."""
     if export.owner is not None:
         return bool(export.owner == token.id)
     since = token.add_datetime

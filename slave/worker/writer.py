@@ -4,9 +4,10 @@ what the pages yield handed to intake, then the settle of the tasks — on the h
 insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
-stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
-the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
-(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
+stored, and only if it still belongs to this entry (the guard of ``common.store.leases``,
+``_held_by``). Data of a task the entry could not settle (recovered meanwhile, cancelled) is an
+orphan that no reader sees (the fence, ``common.store.orphans``); it is removed at once here, else
+by the defender's sweep.
 The links found on a following job's pages (``common.intake.add_found``), and the pages and
 sitemaps read in sitemap tasks (``add_from_sitemaps``), go to intake after the data is stored and
 before the settle, of the pages whose entry still holds their task (``slave/worker/found.py``):
