@@ -179,7 +179,7 @@ def _task(task: Task, job_name: str) -> dict:
         "recoveries": task.recoveries,
         "failed_reason": task.failed_reason,
         "retry_at": iso(task.retry_at),
-        "host": task.worker_host or "",
+        "host": task.host_name or "",
         "depth": task.depth or 0,
         "parent": str(task.parent) if task.parent else None,
         "sitemap": task.sitemap,  # "xml": a sitemap, "robots": a robots.txt (for its sitemaps); None: a page

@@ -134,7 +134,7 @@ class CrawlerTask(Document):
     status = StringField(choices=TASK_STATUSES, default=LIVE)
     download_times = IntField(default=0)
     recoveries = IntField(default=0)
-    worker_host = StringField(db_field="host_name", default="")  # the worker host that must take it ("": any)
+    host_name = StringField(default="")  # the worker host that must take it ("": any); never a site
     lease = StringField()
     queue = StringField()
     dispatched_at = DateTimeField()

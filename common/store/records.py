@@ -155,7 +155,7 @@ class Task(Record):
     status: str = "LIVE"
     download_times: int = 0
     recoveries: int = 0
-    worker_host: str = field(default="", metadata={"db_field": "host_name"})
+    host_name: str = ""  # the worker host (its name, shown as is in pages and the archive); never a site
     lease: str | None = None
     queue: str | None = None
     dispatched_at: datetime | None = None
