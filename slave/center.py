@@ -22,34 +22,35 @@ from common.exports.sources import (
 from common.exports.tabular import CONTENT_TYPES
 from common.store import exports, projects
 from common.store.data import Upload, export_upload
-from common.store.records import ExportRecord
+from common.store.records import DownloadTaskParams, ExportRecord
 
 if TYPE_CHECKING:
     from bson import ObjectId
 
 
-def file_name(task: ExportRecord) -> str:
-    return f"{task.center.get('file_name') or task.id}.{task.format}"
+def file_name(task: ExportRecord, params: DownloadTaskParams) -> str:
+    return f"{params.file_name or task.id}.{task.format}"
 
 
 def write_task(task: ExportRecord, file_id: ObjectId, wrap: Callable[[Iterator[dict]], Iterator[dict]],
                worker_id: str) -> tuple[int, Upload]:
-    """Write the task's file; (rows, the closed-over upload, still open) — the caller checks it is
-    still its own before closing the upload, which publishes the file."""
-    center = task.center
+    """Write the download task's file; (rows, the closed-over upload, still open) — the caller
+    checks it is still its own before closing the upload, which publishes the file."""
+    params = task.center
+    assert params is not None, "a download task has its parameters"
     meta = {"export": task.id, "project_id": task.project, "contentType": CONTENT_TYPES[task.format]}
-    upload = export_upload(file_id, file_name(task), meta)
+    upload = export_upload(file_id, file_name(task, params), meta)
     out = cast(IO[bytes], upload)
-    look = look_of(center)
-    if center.get("source_data") is not None:
-        tables = inline_tables(center["source_data"])
+    look = look_of(params)
+    if params.source_data is not None:
+        tables = inline_tables(params.source_data)
         exports.set_total(task.id, worker_id, sum(len(t) for t in tables if isinstance(t, list)))
         publish(task.id)
         _, rows = write_inline(look, tables, task.format, out, wrap)
         return rows, upload
     allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(task.project)
-    with Puller(center["source_url"], int(center.get("step") or 1000), str(task.id), allow,
-                **pull_options(center)) as puller:
+    with Puller(params.source_url or "", params.step or 1000, str(task.id), allow,
+                **pull_options(params)) as puller:
         pulled = pull(puller, look)
         if pulled.total is not None:
             exports.set_total(task.id, worker_id, pulled.total)

@@ -3,7 +3,7 @@ the rows given inline with the task, or ``source_url``, pulled page by page.
 
 The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's ``step``) and
 ``_task_id`` added to its query (and, when the center has CENTER_APP_ID, ``app_id`` and a
-``token`` signed as seed 000's callers sign: ``common.signing.wecar_token``); the answer is
+``token`` signed as the /v1 interface's callers sign: ``common.signing.wecar_token``); the answer is
 ``{"status", "msg", "data": {"data": [rows], "total"?, "force_continue"?, "header"?, "footer"?,
 "template"?}}``. Pages are read one at a time and their rows handed on (to an export writer)
 before the next is asked for, so memory holds one page whatever ``total`` says; a page of more
@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import certifi
@@ -43,11 +43,13 @@ from common.errors import AddressRefused, SourceFailed, ValidationError, too_man
 from common.exports.tabular import WRITERS, check_fits
 from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
+if TYPE_CHECKING:
+    from common.store.records import DownloadTaskParams
+
 logger = logging.getLogger(__name__)
 SOURCE_HINT = "private sources need a project an administrator opened to them"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
-V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
 # objects and lists a source page may hold for each row of its page_size (a row, its cells' JSON)
 OBJECTS_PER_ROW = 64
 
@@ -138,24 +140,20 @@ class Look:
     default_width: float | None = None
     default_height: float | None = None
     keys_only: bool = False                    # the header is the rows' keys (a /v1 task's CSV)
-    v1: Mapping[str, Any] | None = None        # a /v1 task's col_align, header_align, footer_align,
-                                               # rowoffset; its widths in characters
+    v1: DownloadTaskParams | None = None       # a /v1 task's (col_align, header_align, footer_align,
+                                               # rowoffset); its widths in characters
 
 
-def look_of(center: Mapping[str, Any]) -> Look:
-    """The look a task stored (``master.center.check`` made it)."""
-    n = max(1, int(center.get("tables") or 1))
+def look_of(params: DownloadTaskParams) -> Look:
+    """The look a task's parameters give (``master.center.params.check`` made them)."""
+    n = max(1, params.tables)
 
-    def each(key: str) -> tuple:
-        return tuple(center.get(key) or (None,) * n)
+    def each(given: tuple) -> tuple:
+        return given or (None,) * n
 
-    def as_pairs(p: Any) -> tuple | None:
-        return None if p is None else tuple(tuple(x) for x in p)
-
-    return Look(center.get("template"), each("title"), each("summary"),
-                tuple(as_pairs(p) for p in each("header")), tuple(as_pairs(p) for p in each("footer")),
-                center.get("default_width"), center.get("default_height"), bool(center.get("keys_header")),
-                {k: center.get(k) for k in V1_LOOK} if center.get("v1") else None)
+    return Look(params.template, each(params.title), each(params.summary), each(params.header),
+                each(params.footer), params.default_width, params.default_height, params.keys_header,
+                params if params.v1 else None)
 
 
 def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], Any]) -> tuple:
@@ -185,10 +183,10 @@ def build_template(look: Look, first_rows: list | dict | None, answer: dict | No
                                        for i, table in enumerate(sheet.tables)))
 
 
-def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
-    """A /v1 task's template as seed 000's center draws it: widths in Excel's characters, the
+def _as_v1(sheet: Template, v1: DownloadTaskParams) -> Template:
+    """A /v1 download task's template as /v1 callers expect it drawn: widths in Excel's characters, the
     rows offset, header and footer aligned, ``col_align`` for the leaves that give no align."""
-    align = v1.get("col_align") or ""
+    align = v1.col_align or ""
 
     def aligned(node: Node) -> Node:
         if node.children:
@@ -198,8 +196,8 @@ def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
         return replace(node, style=replace(node.style or Style(), align=align))
 
     tables = tuple(replace(t, col=tuple(aligned(n) for n in t.col)) for t in sheet.tables)
-    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.get("rowoffset") or 0),
-                   header_align=v1.get("header_align") or "", footer_align=v1.get("footer_align") or "")
+    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.rowoffset or 0),
+                   header_align=v1.header_align or "", footer_align=v1.footer_align or "")
 
 
 def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:
@@ -244,11 +242,11 @@ def _nth(seq: tuple, j: int) -> Any:
 
 # --- the pull (a worker, or the web process for a synchronous download) ----------------------
 
-def pull_options(center: Mapping[str, Any]) -> dict:
+def pull_options(params: DownloadTaskParams) -> dict:
     """A task's Puller options: signed with the center's own app id when it has one (settings),
     and the pause between pages a /v1 task asked for (``interval``, milliseconds)."""
     sign = (settings.CENTER_APP_ID, settings.CENTER_APP_SECRET) if settings.CENTER_APP_ID else None
-    return {"sign": sign, "interval": float(center.get("interval") or 0) / 1000}
+    return {"sign": sign, "interval": float(params.interval or 0) / 1000}
 
 
 @dataclass
@@ -430,7 +428,7 @@ def pull(puller: Puller, look: Look) -> Pulled:
 
     The end: ``total`` rows, or (no total) the first page shorter than page_size; a page whose
     answer carries ``force_continue`` goes on to the next whatever its length, unless it is 0
-    (seed 000's center: a source that filters its pages after reading them), up to the total."""
+    (as /v1 sources use it: one that filters its pages after reading them), up to the total."""
     first = puller.page(0)
     total, step = first.total, puller.step
     if total is not None and total > settings.SOURCE_MAX_ROWS:

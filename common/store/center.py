@@ -23,11 +23,6 @@ def page(query: dict[str, Any], skip: int, limit: int) -> tuple[list[ExportRecor
             collection(Export).count_documents(tasks))
 
 
-def remove(export_id: ObjectId) -> None:
-    """Delete a task's document (its file is dropped by the caller)."""
-    collection(Export).delete_one({"_id": export_id})
-
-
 def ended_before(cutoff: datetime, limit: int) -> list[ExportRecord]:
     """Download tasks that ended (FAIL, CANCEL, EXPIRED: a done one's file expires first) before
     ``cutoff``, oldest first, with everything they carry (for the archive)."""

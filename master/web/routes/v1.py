@@ -1,17 +1,18 @@
-"""Seed 000's interface under /v1, as its callers use it, so that one switches by changing its
-base URL (``master.center_v1`` translates; ``master.center`` does the work).
+"""The /v1 interface (that of linvanda/download, which existing callers use) under /v1, so that a
+caller switches by changing its base URL (``master.center.v1`` translates;
+``master.center.service`` does the work).
 
 Who is asking: a registered caller's signed parameters (``app_id`` + ``token``:
-``master.callers.signed``), or ``Authorization: Bearer`` as on /api/v1. Parameters come from the
+``master.center.callers.signed``), or ``Authorization: Bearer`` as on /api/v1. Parameters come from the
 query and a form or JSON body; a ``data`` parameter (JSON text) holds them all when a caller
 wraps them (the signature is then over ``app_id`` and ``data``). Every answer but a file is
 ``{"status", "msg", "info", "data", "retry"}`` with HTTP 200: status 200 when it went well, else
-seed 000's codes (300 bad parameters or no signature, 301 a signature that does not verify,
-502 no such project, 503-505 projects and groups, 507 no such task, 509 not now, 510 the source
+the /v1 codes (300 bad parameters or no signature, 301 a signature that does not verify, 502 no
+such project, 503-505 projects and groups, 507 no such download task, 509 not now, 510 the source
 failed, 513 no file to download, 500 anything else).
 
-The WebSocket (``download|<task id>`` on any path, ``ws_router``) needs no token: the tagged task
-id is the credential (``master.center_v1.tagged``).
+The WebSocket (``download|<task id>`` on any path, ``ws_router``) needs no token: the tagged
+download task id is the credential (``master.center.v1.tagged``).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from common.store import exports, projects
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import SUCCESS
-from master import access, audit, callers, center
-from master import center_v1 as v1
+from master import access, audit
+from master.center import callers, v1
+from master.center import service as center
 from master.web.errors import ApiError
 from master.web.routes.api import bearer
 from master.web.routes.center import _params
@@ -52,7 +54,7 @@ CODES: dict[type, int] = {ValidationError: 300, Forbidden: 301, Conflict: 509, S
 
 
 def envelope(data: Any = None, status: int = 200, msg: str = "") -> JSONResponse:
-    """Seed 000's answer: always HTTP 200, the outcome in ``status``."""
+    """The /v1 answer: always HTTP 200, the outcome in ``status``."""
     return JSONResponse({"status": status, "msg": msg, "info": msg, "data": data if data is not None else [],
                          "retry": 0})
 
@@ -91,7 +93,7 @@ Handler = Callable[[dict, Token], Any]
 async def _answer(request: Request, work: Handler, missing: int = 507,
                   params: dict | None = None) -> Response:
     """Read, authorise and unwrap the request, run ``work`` (in a thread), and answer it: a
-    Response as it is, anything else as the envelope's data; errors as seed 000's codes."""
+    Response as it is, anything else as the envelope's data; errors as the /v1 codes."""
     try:
         raw = await _params(request) if params is None else params
         token = await run_in_threadpool(_who, request, raw)
@@ -189,7 +191,7 @@ def _file_of(params: dict, token: Token | None) -> Response:
 
 
 class _NoFile(DownclusterError):
-    """A task without a file to give (seed 000's 513)."""
+    """A download task without a file to give (the /v1 code 513)."""
 
 
 CODES[_NoFile] = 513
@@ -315,9 +317,9 @@ WS_POLL, WS_LIMIT = 1.0, 7200.0
 
 
 def _final_status(oid: str) -> int | None:
-    """The task's seed 000 status when it has ended (4 or 6), None while it runs; NotFound."""
+    """The download task's /v1 status when it has ended (4, 6 or 100), None while it runs; NotFound."""
     export = exports.get(v1.as_object_id(oid))
-    if export is None or not export.center:
+    if export is None or export.center is None:
         raise NotFound("任务不存在")
     status = v1.status_of(export)
     return status if status in (v1.SUC, v1.ERR, v1.GONE) else None
@@ -325,7 +327,7 @@ def _final_status(oid: str) -> int | None:
 
 async def _watch(websocket: WebSocket, message: str) -> bool:
     """Answer one ``download|<task id>``: when the task ends, or at once for an unknown one (507).
-    False when the message is not one (it is ignored, as seed 000's center ignores it)."""
+    False when the message is not one (it is ignored, as /v1 callers expect)."""
     kind, _, task_id = message.partition("|")
     if kind.lower() != "download" or not task_id:
         return False
@@ -351,7 +353,7 @@ async def _watch(websocket: WebSocket, message: str) -> bool:
 @ws_router.websocket("/")
 @ws_router.websocket("/{path:path}")
 async def task_channel(websocket: WebSocket, path: str = "") -> None:
-    """Seed 000's WebSocket on any path: each ``download|<task id>`` is answered once the task
+    """The /v1 WebSocket on any path: each ``download|<task id>`` is answered once the download task
     ends. No token: the tagged task id, which only its creator was given, is the credential,
     and the answer says only whether the task succeeded."""
     await websocket.accept()
