@@ -93,9 +93,9 @@ def run_export(export_id: str, worker_id: str) -> str:
 
 def _write(export: ExportRecord, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
     if export.center is not None:  # a download task: its rows come from its caller's source
-        from slave.center import write_task
+        from slave.center import write_download_task
 
-        rows, upload = write_task(export, file_id, progress.wrap, worker_id)
+        rows, upload = write_download_task(export, file_id, progress.wrap, worker_id)
         progress.write()  # last check: still ours, not cancelled
         upload.close()
         return rows, upload.length

@@ -82,7 +82,7 @@ def center_list(project_ids: str, status: str | None, page: int | None, page_siz
     params = {"project_ids": project_ids, "status": status, "page": page, "page_size": page_size}
     got = listing({k: v for k, v in params.items() if v is not None})
     click.echo(f"{'task_id':<26}{'project':>8}  {'status':<12}{'rows':>10}  name")
-    for t in got.tasks:
+    for t in got.download_tasks:
         rows = f"{t.rows_done}/{t.rows_total if t.rows_total is not None else '?'}"
         name = t.center.name if t.center is not None else None
         click.echo(f"{str(t.id):<26}{t.project:>8}  {t.state:<12}{rows:>10}  {name}")

@@ -97,7 +97,7 @@ class Written:
 
 @dataclass
 class Queued:
-    """Too large (or every slot busy) for a synchronous answer: the task queued instead."""
+    """Too large (or every slot busy) for a synchronous answer: the download task queued instead."""
     export: ExportRecord
     reason: str
 
@@ -191,15 +191,16 @@ def id_list(value: Any, what: str, parse) -> list:
 
 
 @dataclass
-class Page:
-    tasks: list[ExportRecord]
+class Listing:
+    """A page of download tasks: ``page`` of ``page_size``, ``total`` in all."""
+    download_tasks: list[ExportRecord]
     total: int
     page: int
     page_size: int
 
 
 def listing(params: dict, token: Token | None = None, states: list[str] | None = None,
-            first: int = 1, most: int = 100) -> Page:
+            first: int = 1, most: int = 100) -> Listing:
     """Download tasks of ``project_ids`` newest first, with the center's filters (status, operator_id,
     merchant_type, merchant_id, task_name: a part of the name) and paging (page from ``first``,
     at most ``most`` a page); ``states``: the states wanted (instead of ``status``)."""
@@ -225,17 +226,17 @@ def listing(params: dict, token: Token | None = None, states: list[str] | None =
             query[f"center.{key}"] = integer(params[key], key, 0, 2**53)
     if params.get("task_name") not in (None, ""):
         query["center.name"] = {"$regex": re.escape(str(params["task_name"])[:60])}
-    tasks, total = store.page(query, (page - first) * size, size)
-    return Page(tasks, total, page, size)
+    found, total = store.page(query, (page - first) * size, size)
+    return Listing(found, total, page, size)
 
 
 def delete(redis: Redis, task_ids: Any, project_ids: Any, token: Token | None = None,
            operator_id: Any = None) -> dict:
-    """Remove tasks (named by id, within ``project_ids``; with ``operator_id``, only that
+    """Remove download tasks (named by id, within ``project_ids``; with ``operator_id``, only that
     operator's) and their files; a running one stops at its next progress write. Ids not found
     (or not visible) are listed, not an error. Deleting is the requester's or an admin's, as
-    cancelling is: a task of another requester refuses the whole call (Forbidden) before anything
-    is removed. Each removal is audited as ``center.delete``."""
+    cancelling is: a download task of another requester refuses the whole call (Forbidden) before
+    anything is removed. Each removal is audited as ``center.delete``."""
     projects = id_list(project_ids, "project_ids", lambda v: check_project(token, v, "project_ids"))
     ids = id_list(task_ids, "task_ids", str)
     found, missing = [], []

@@ -48,7 +48,7 @@ def tagged(export_id: Any) -> str:
     return center_task_id(export_id)
 
 
-def task_oid(task_id: Any, need_tag: bool = False) -> str:
+def download_task_oid(task_id: Any, need_tag: bool = False) -> str:
     """The ObjectId of a /v1 download task id (tagged or plain; with ``need_tag``, tagged and the
     tag right); NotFound otherwise, as for a download task nobody has."""
     match = TAG_RE.match(str(task_id or "").strip().lower())

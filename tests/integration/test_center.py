@@ -168,7 +168,7 @@ def test_source_url_pulled_page_by_page_into_csv(fast, source):
     table = list(csv.reader(io.StringIO(_file(done.id).decode())))
     assert table[0] == ["name", "age", "city", "_row_head_"][:3]  # the first row's keys (but _row_head_)
     assert table[1] == ["姓名0", "20", "city 0"] and len(table) == 2346
-    got = center.describe(done)
+    got = center.describe(center.get(done.id))
     assert got["status"] == 3 and got["status_text"] == "done" and got["type"] == "csv"
     assert got["operator_id"] == "op1" and got["merchant_type"] == 1 and got["project_id"] == 7
 
@@ -245,7 +245,7 @@ def test_a_source_that_breaks_its_word_fails_the_task_in_one_line(fast, source, 
     assert done.state == "FAIL" and reason in done.error and "\n" not in done.error, done.error
     db = Export._get_collection().database
     assert db["export_fs.files"].count_documents({}) == 0 and db["export_fs.chunks"].count_documents({}) == 0
-    assert center.describe(done)["status"] == 4
+    assert center.describe(center.get(done.id))["status"] == 4
 
 
 @pytest.mark.parametrize("params, reason", [
@@ -498,7 +498,7 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
     Export.objects(id=old.id).update_one(set__finished_at=store_now() - timedelta(days=8))
     assert service.tend(fast.redis).expired == 1
     assert Export.objects.get(id=old.id).state == "EXPIRED"
-    assert center.describe(Export.objects.get(id=old.id))["status"] == 6
+    assert center.describe(center.get(old.id))["status"] == 6
     assert Export.objects.get(id=recent.id).state == "CANCEL"
 
 

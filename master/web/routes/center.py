@@ -130,7 +130,7 @@ def list_center_tasks(
               "task_name": task_name}
     got = center.listing({k: v for k, v in params.items() if v is not None}, token)
     return {"total": got.total, "page": got.page, "page_size": got.page_size,
-            "tasks": [center.describe(t) for t in got.tasks]}
+            "tasks": [center.describe(t) for t in got.download_tasks]}
 
 
 @api_router.get("/center/tasks/{task_id}", responses=answers(401, 404))

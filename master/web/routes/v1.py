@@ -109,11 +109,11 @@ async def _answer(request: Request, work: Handler, missing: int = 507,
     return got if isinstance(got, Response) else envelope(got)
 
 
-def _task(params: dict, token: Token | None) -> Any:
-    return center.get(v1.task_oid(params.get("task_id")), token)
+def _download_task(params: dict, token: Token | None) -> Any:
+    return center.get(v1.download_task_oid(params.get("task_id")), token)
 
 
-# --- tasks ----------------------------------------------------------------------------------
+# --- download tasks -------------------------------------------------------------------------
 
 def _deliver(multiple: bool = False) -> Handler:
     def work(params: dict, token: Token) -> dict:
@@ -133,13 +133,13 @@ async def deliver_task(request: Request) -> Response:
 
 @router.post("/v1/task/multiple")
 async def deliver_tables(request: Request) -> Response:
-    """Deliver a task of several tables on one sheet (excel; ``source_data`` a list of tables)."""
+    """Deliver a download task of several tables on one sheet (excel; ``source_data`` a list of tables)."""
     return await _answer(request, _deliver(multiple=True), missing=502)
 
 
 @router.get("/v1/task")
 async def one_task(request: Request) -> Response:
-    return await _answer(request, lambda p, t: v1.describe(_task(p, t)))
+    return await _answer(request, lambda p, t: v1.describe(_download_task(p, t)))
 
 
 def _list(params: dict, token: Token) -> dict:
@@ -150,7 +150,7 @@ def _list(params: dict, token: Token) -> dict:
     page = center.listing({"project_ids": ",".join(numbers), "page": params.get("page", 0),
                            "page_size": params.get("page_size") or 20, **filters}, token,
                           states=v1.states(params.get("status")), first=0, most=200)
-    return {"total": page.total, "data": [v1.describe(t) for t in page.tasks]}
+    return {"total": page.total, "data": [v1.describe(t) for t in page.download_tasks]}
 
 
 @router.get("/v1/tasks")
@@ -160,9 +160,9 @@ async def list_tasks(request: Request) -> Response:
 
 
 def _plain(task_id: str) -> str:
-    """A task id's ObjectId (a wrong tag: the id as given, which no task has)."""
+    """A download task id's ObjectId (a wrong tag: the id as given, which none has)."""
     try:
-        return v1.task_oid(task_id)
+        return v1.download_task_oid(task_id)
     except NotFound:
         return task_id.strip()[:40]
 
@@ -184,7 +184,7 @@ async def delete_tasks(request: Request) -> Response:
 # --- files ----------------------------------------------------------------------------------
 
 def _file_of(params: dict, token: Token | None) -> Response:
-    export = _task(params, token)
+    export = _download_task(params, token)
     if export.state != SUCCESS:
         raise _NoFile(f"任务{v1.tagged(export.id)}未处理成功: {v1.STATUS_NAME[v1.status_of(export)]}")
     return stream_file(export)
@@ -199,12 +199,12 @@ CODES[_NoFile] = 513
 
 @router.get("/v1/download/async")
 async def download_by_task(request: Request) -> Response:
-    """The file of a done task: for a caller (signed or Bearer), or through the link a callback
+    """The file of a done download task: for a caller (signed or Bearer), or through the link a callback
     carries (``expires`` and ``sig`` beside ``task_id``: no token needed)."""
     query = dict(request.query_params)
     if "sig" in query and "expires" in query and "token" not in query:
         try:
-            oid = v1.task_oid(query.get("task_id"))
+            oid = v1.download_task_oid(query.get("task_id"))
             problem = check_export_sig(oid, query["expires"], query["sig"])
             if problem is not None:
                 return envelope(None, 301, f"the link is {problem}")
@@ -217,7 +217,7 @@ async def download_by_task(request: Request) -> Response:
 
 
 def _url(params: dict, token: Token) -> dict:
-    export = _task(params, token)
+    export = _download_task(params, token)
     if export.state != SUCCESS:
         raise _NoFile(f"任务{v1.tagged(export.id)}未处理成功")
     signed = export_url(str(export.id))
@@ -267,7 +267,7 @@ def _sync(multiple: bool = False) -> Handler:
 @router.get("/v1/download/sync")
 @router.post("/v1/download/sync")
 async def download_sync(request: Request) -> Response:
-    """The file at once (small data); too large: 513 naming the task queued instead."""
+    """The file at once (small data); too large: 513 naming the download task queued instead."""
     return await _answer(request, _sync(), missing=502)
 
 
@@ -326,13 +326,14 @@ def _final_status(oid: str) -> int | None:
 
 
 async def _watch(websocket: WebSocket, message: str) -> bool:
-    """Answer one ``download|<task id>``: when the task ends, or at once for an unknown one (507).
+    """Answer one ``download|<task id>``: when the download task ends, or at once for an unknown
+    one (507).
     False when the message is not one (it is ignored, as /v1 callers expect)."""
     kind, _, task_id = message.partition("|")
     if kind.lower() != "download" or not task_id:
         return False
     try:
-        oid = v1.task_oid(task_id, need_tag=True)
+        oid = v1.download_task_oid(task_id, need_tag=True)
         waited = 0.0
         while (status := await run_in_threadpool(_final_status, oid)) is None and waited < WS_LIMIT:
             await asyncio.sleep(WS_POLL)
@@ -354,8 +355,8 @@ async def _watch(websocket: WebSocket, message: str) -> bool:
 @ws_router.websocket("/{path:path}")
 async def task_channel(websocket: WebSocket, path: str = "") -> None:
     """The /v1 WebSocket on any path: each ``download|<task id>`` is answered once the download task
-    ends. No token: the tagged task id, which only its creator was given, is the credential,
-    and the answer says only whether the task succeeded."""
+    ends. No token: the tagged download task id, which only its creator was given, is the
+    credential, and the answer says only whether the download task succeeded."""
     await websocket.accept()
     try:
         while True:
