@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 import tempfile
 from dataclasses import dataclass, replace
@@ -213,21 +212,27 @@ def listing(params: dict, token: Token | None = None, states: list[str] | None =
                        lambda v: check_project(token, v, "project_ids"))
     page = integer(params.get("page"), "page", first, 10**6, default=first)
     size = integer(params.get("page_size"), "page_size", 1, most, default=20)
-    query: dict[str, Any] = {"project": {"$in": projects}}
-    if states is not None:
-        query["state"] = {"$in": states}
-    elif params.get("status") not in (None, ""):
-        numbers = id_list(params.get("status"), "status", lambda v: integer(v, "status", 1, 6))
-        query["state"] = {"$in": [STATE_OF[n] for n in numbers]}
-    if params.get("operator_id") not in (None, ""):
-        query["center.operator_id"] = str(params["operator_id"])[:64]
-    for key in ("merchant_type", "merchant_id"):
-        if params.get(key) not in (None, ""):
-            query[f"center.{key}"] = integer(params[key], key, 0, 2**53)
-    if params.get("task_name") not in (None, ""):
-        query["center.name"] = {"$regex": re.escape(str(params["task_name"])[:60])}
-    found, total = store.page(query, (page - first) * size, size)
+    states = _states(params) if states is None else states
+    wanted = store.Wanted(
+        projects, states,
+        operator_id=None if params.get("operator_id") in (None, "") else str(params["operator_id"])[:64],
+        merchant_type=_filter_number(params, "merchant_type"),
+        merchant_id=_filter_number(params, "merchant_id"),
+        name_part=None if params.get("task_name") in (None, "") else str(params["task_name"])[:60])
+    found, total = store.page(wanted, (page - first) * size, size)
     return Listing(found, total, page, size)
+
+
+def _states(params: dict) -> list[str] | None:
+    """The states a listing's ``status`` numbers name (None: every state)."""
+    if params.get("status") in (None, ""):
+        return None
+    numbers = id_list(params.get("status"), "status", lambda v: integer(v, "status", 1, 6))
+    return [STATE_OF[n] for n in numbers]
+
+
+def _filter_number(params: dict, key: str) -> int | None:
+    return None if params.get(key) in (None, "") else integer(params[key], key, 0, 2**53)
 
 
 def delete(redis: Redis, task_ids: Any, project_ids: Any, token: Token | None = None,

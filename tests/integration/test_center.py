@@ -422,7 +422,7 @@ def test_a_listing_does_not_read_the_rows_a_task_carries(cluster):
     from common.store import center as store
 
     export = center.deliver(cluster.redis, task(source_data=json.dumps([{"a": "x" * 1000}] * 100)))
-    tasks, total = store.page({"project": {"$in": [7]}}, 0, 10)
+    tasks, total = store.page(store.Wanted([7]), 0, 10)
     assert total == 1 and tasks[0].id == export.id and tasks[0].center.source_data is None
     assert tasks[0].center.name == "orders" and center.describe(tasks[0])["source"] == "source_data"
 
