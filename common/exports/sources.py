@@ -1,7 +1,7 @@
 """Where a download task's rows come from (the general download center): ``source_data``,
-the rows given inline with the task, or ``source_url``, pulled page by page.
+the rows given inline with the download task, or ``source_url``, pulled page by page.
 
-The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's ``step``) and
+The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the download task's ``step``) and
 ``_task_id`` added to its query (and, when the center has CENTER_APP_ID, ``app_id`` and a
 ``token`` signed as the /v1 interface's callers sign: ``common.signing.wecar_token``); the answer is
 ``{"status", "msg", "data": {"data": [rows], "total"?, "force_continue"?, "header"?, "footer"?,
@@ -11,10 +11,10 @@ objects and lists than OBJECTS_PER_ROW a row of ``page_size`` (counted before it
 ``parse_page``) is refused, so one page costs about twice its bytes. It stops when ``total`` rows
 have come, or without a total at the first page shorter than page_size; ``force_continue`` (not
 0) asks for the next page whatever the length. An empty page before ``total``, a page that goes
-past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails. A page that
+past it, or more than SOURCE_MAX_ROWS rows means the source lied and the download task fails. A page that
 answers 5xx or 429, times out, or is not JSON of that shape is tried again (SOURCE_RETRIES tries,
 waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one line. The first page's
-``template``, ``header`` and ``footer`` override the task's.
+``template``, ``header`` and ``footer`` override the download task's.
 
 Addresses: the URL is read by the webhooks' parser (``common.notify.callback_target``: plain
 http(s), printable ASCII, no user info); its host is resolved once per pull and every address
@@ -22,7 +22,7 @@ judged by ``common/netguard.py`` (public only unless SOURCE_ALLOW_PRIVATE, never
 cluster); the requests connect to the judged address, with the name in ``Host`` and, for https,
 in SNI and the certificate check — no second lookup a rebinding name could answer differently.
 
-Pure of the store: the master checks a task's source here, the worker (``slave/exporter.py``) and
+Pure of the store: the master checks a download task's source here, the worker (``slave/exporter.py``) and
 the synchronous download pull and write with it.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ MAX_PAIRS, MAX_TEXT = 50, 2048
 OBJECTS_PER_ROW = 64
 
 
-# --- checking what a task says (the master, at delivery) ------------------------------------
+# --- checking what a download task says (the master, at delivery) ------------------------------------
 
 @dataclass(frozen=True)
 class Target:
@@ -130,7 +130,7 @@ def _json(value: Any, what: str) -> Any:
 
 @dataclass(frozen=True)
 class Look:
-    """How a task's file looks, from its parameters (one entry per table in multi-table mode);
+    """How a download task's file looks, from its parameters (one entry per table in multi-table mode);
     a source answer's template, header and footer override them."""
     template: Any = None                       # the template's data (JSON), or None: the rows' keys
     title: tuple[str | None, ...] = (None,)
@@ -145,7 +145,7 @@ class Look:
 
 
 def look_of(params: DownloadTaskParams) -> Look:
-    """The look a task's parameters give (``master.center.params.check`` made them)."""
+    """The look a download task's parameters give (``master.center.params.check`` made them)."""
     n = max(1, params.tables)
 
     def each(given: tuple) -> tuple:
@@ -170,9 +170,9 @@ def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], An
 
 def build_template(look: Look, first_rows: list | dict | None, answer: dict | None = None,
                    index: int = 0, tables: int = 1) -> Template:
-    """The template a task writes with: the source answer's (else the task's) template, or one
-    column per key of the first row; the task's title, summary, header, footer and widths, with
-    the answer's header and footer over them."""
+    """The template a download task writes with: the source answer's (else the download task's)
+    template, or one column per key of the first row; the download task's title, summary, header,
+    footer and widths, with the answer's header and footer over them."""
     answer = answer or {}
     template = _template_of(_given_template(look, answer, index, tables), first_rows)
     sheet = replace(template, default_width=look.default_width or template.default_width,
@@ -201,7 +201,7 @@ def _as_v1(sheet: Template, v1: DownloadTaskParams) -> Template:
 
 
 def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:
-    """The source answer's template, else the task's; in multi-table mode table ``index``'s."""
+    """The source answer's template, else the download task's; in multi-table mode table ``index``'s."""
     if look.keys_only:
         return None
     raw = answer.get("template") if answer.get("template") not in (None, "", [], {}) else look.template
@@ -224,7 +224,7 @@ def _template_of(raw: Any, first_rows: list | dict | None) -> Template:
 
 
 def _dressed(table: Table, look: Look, answer: dict, j: int) -> Table:
-    """``table`` with the task's title, summary, header and footer of table ``j`` over its own, and
+    """``table`` with the download task's title, summary, header and footer of table ``j`` over its own, and
     the source answer's header and footer over those."""
     header = pairs(answer["header"], "source header") if answer.get("header") else _nth(look.header, j)
     footer = pairs(answer["footer"], "source footer") if answer.get("footer") else _nth(look.footer, j)
@@ -243,7 +243,7 @@ def _nth(seq: tuple, j: int) -> Any:
 # --- the pull (a worker, or the web process for a synchronous download) ----------------------
 
 def pull_options(params: DownloadTaskParams) -> dict:
-    """A task's Puller options: signed with the center's own app id when it has one (settings),
+    """A download task's Puller options: signed with the center's own app id when it has one (settings),
     and the pause between pages a /v1 task asked for (``interval``, milliseconds)."""
     sign = (settings.CENTER_APP_ID, settings.CENTER_APP_SECRET) if settings.CENTER_APP_ID else None
     return {"sign": sign, "interval": float(params.interval or 0) / 1000}
@@ -258,7 +258,7 @@ class Page:
 
 
 class Puller:
-    """Pulls one task's source_url page by page over one connection pool to a judged address."""
+    """Pulls one download task's source_url page by page over one connection pool to a judged address."""
 
     def __init__(self, url: str, step: int, task_id: str, allow_private: bool | None = None,
                  sign: tuple[str, str] | None = None, interval: float = 0.0) -> None:
@@ -379,7 +379,7 @@ def parse_page(body: bytes | bytearray | str, number: int, step: int | None = No
     """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}.
 
     Parsed whole only when its objects and lists (counted by their ``{`` and ``[``, a count that
-    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the task's
+    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the download task's
     page_size): parsed, each costs some 60-100 bytes of memory for its 2-3 bytes of text, so a page
     of millions of ``{}`` is refused in one line before it is made into objects."""
     text = body if isinstance(body, str) else page_text(body)
@@ -505,7 +505,7 @@ def inline_tables(data: Any) -> list:
 
 def write_inline(look: Look, tables: list, fmt: str, out: IO[bytes],
                  wrap: Callable[[Iterator[dict]], Iterator[dict]] | None = None) -> tuple[Template, int]:
-    """Write source_data's rows with the task's look; (template, rows written)."""
+    """Write source_data's rows with the download task's look; (template, rows written)."""
     if len(tables) == 1:
         first = tables[0]
         template = build_template(look, first if isinstance(first, list) else None)
@@ -536,7 +536,7 @@ def write_pulled(pulled: Pulled, fmt: str, out: IO[bytes],
 
 
 def parse_task_template(value: Any, tables: int) -> Any:
-    """A task's template parameter checked now (one line if it is not one), kept as data."""
+    """A download task's template parameter checked now (one line if it is not one), kept as data."""
     raw = _json(value, "template")
     if raw in (None, "", [], {}):
         return None

@@ -28,8 +28,8 @@ def center() -> None:
 
 
 @center.command("request")
-@click.option("--project-id", required=True, help="The project the task belongs to (a whole number).")
-@click.option("--name", required=True, help="The task's name, 2-60 characters.")
+@click.option("--project-id", required=True, help="The download task's project (a whole number).")
+@click.option("--name", required=True, help="The download task's name, 2-60 characters.")
 @click.option("--source-url", default=None, help="Pulled page by page: GET with page, page_size, _task_id.")
 @click.option("--source-data", default=None, help=f"The rows ({JSON_TEXT}); wins over --source-url.")
 @click.option("--type", "kind", type=click.Choice(["csv", "excel"]), default="csv")
@@ -48,7 +48,7 @@ def center() -> None:
 @click.option("--default-height", type=float, default=None, help="Row height in points.")
 @click.option("--max-exec-time", type=int, default=None, help="Seconds an attempt may run (default 3600).")
 def center_request(**options) -> None:
-    """Deliver a task (as POST /v1/task); prints its id alone on the last line."""
+    """Deliver a download task (as POST /v1/task); prints its id alone on the last line."""
     from master.center.service import deliver
 
     params = {k: _text(v) if isinstance(v, str) else v for k, v in options.items() if v is not None}
@@ -62,7 +62,7 @@ def center_request(**options) -> None:
 @center.command("show")
 @click.argument("task_id")
 def center_show(task_id: str) -> None:
-    """A task as GET /v1/task/ID answers it (JSON)."""
+    """A download task as GET /v1/task/ID answers it (JSON)."""
     from master.center.service import describe, get
 
     connect()
@@ -75,7 +75,7 @@ def center_show(task_id: str) -> None:
 @click.option("--page", type=int, default=None)
 @click.option("--page-size", type=int, default=None)
 def center_list(project_ids: str, status: str | None, page: int | None, page_size: int | None) -> None:
-    """Tasks of these projects, newest first."""
+    """Download tasks of these projects, newest first."""
     from master.center.service import listing
 
     connect()
@@ -93,7 +93,7 @@ def center_list(project_ids: str, status: str | None, page: int | None, page_siz
 @click.option("--project-ids", required=True, help="Comma-separated project ids.")
 @click.argument("task_ids", nargs=-1, required=True)
 def center_delete(project_ids: str, task_ids: tuple[str, ...]) -> None:
-    """Delete tasks and their files (a running one stops)."""
+    """Delete download tasks and their files (a running one stops)."""
     from master.center.service import delete
 
     connect()

@@ -1,6 +1,6 @@
 """A download task's parameters, checked: a caller's request (the /v1 interface's names, which
 the /api/v1 center and ``downcluster center request`` share) made into a ``Delivery``, whose
-``params`` is the typed record stored as the task's ``center`` document
+``params`` is the typed record stored as the download task's ``center`` document
 (``common.store.records.DownloadTaskParams``). Each wrong parameter is answered in one line
 naming it; nothing is stored here.
 """

@@ -127,7 +127,7 @@ def _deliver(multiple: bool = False) -> Handler:
 
 @router.post("/v1/task")
 async def deliver_task(request: Request) -> Response:
-    """Deliver a task: ``data.task_id``."""
+    """Deliver a download task: ``data.task_id``."""
     return await _answer(request, _deliver(), missing=502)
 
 
