@@ -56,6 +56,11 @@ def add(export: ExportRecord) -> ExportRecord:
     return export
 
 
+def remove(export_id: ObjectId) -> None:
+    """Delete an export's document (its file is dropped by the caller)."""
+    _coll().delete_one({"_id": export_id})
+
+
 def join(export_id: ObjectId, callbacks: list[str], mails: list[str]) -> None:
     """Add the callbacks and mails of a request that joined the export."""
     _coll().update_one({"_id": export_id}, {"$addToSet": {"callback_urls": {"$each": callbacks},

@@ -30,8 +30,8 @@ from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store.clock import iso as iso
 from common.store.clock import utcnow as utcnow
 
-# ``iso`` and ``utcnow`` are re-exported for master/center.py alone (being moved to master/center/
-# by a change in parallel): once it imports them from common.store.clock, these two lines go.
+# ``iso`` and ``utcnow`` are re-exported for master/center/service.py alone (moved there by a change
+# made in parallel, left untouched here): once it imports them from common.store.clock, these go.
 
 ON, OFF = "ON", "OFF"
 

@@ -264,7 +264,7 @@ class ExportRecord(Record):
     digest: str
     job: ObjectId | None = None
     job_name: str = ""
-    center: Mapping[str, Any] = EMPTY
+    center: DownloadTaskParams | None = None  # a download task's parameters (stored: {} for a job's export)
     template: str = ""
     filter: Mapping[str, Any] = EMPTY
     callback_urls: Sequence[str] = ()
@@ -290,6 +290,21 @@ class ExportRecord(Record):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     expires_at: datetime | None = None
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> ExportRecord:
+        """The record of a document, its ``center`` read as a download task's parameters."""
+        made: ExportRecord = cls._from_doc(doc)
+        raw = doc.get("center")
+        object.__setattr__(made, "center", DownloadTaskParams.from_doc(raw) if raw else None)
+        return made
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document to store, ``center`` in its place: the parameters' document, {} for an
+        export of a job (as every export has been stored)."""
+        center = {} if self.center is None else self.center.to_doc()
+        return {key: center if attr == "center" else value for (key, _), attr in zip(self._spec, self._attrs)
+                if attr == "center" or (value := getattr(self, attr)) is not None}
 
     def rows_filter(self) -> ExportFilter:
         """Its ``filter`` as a record."""
@@ -437,6 +452,85 @@ class ExportFilter:
 
 
 NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
+
+Pairs = tuple[tuple[Any, Any], ...]  # a header's or footer's (key, value) lines
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadTaskParams:
+    """A download task's parameters (an export's ``center`` document), checked by
+    ``master.center.params.check``: what it is called, where its rows come from (``source_url``
+    or ``source_data``, exactly one), how its file looks (one entry per table of ``title`` ..
+    ``footer``), and what the /v1 interface keeps beside them (``v1`` and after). ``to_doc``
+    writes the keys in the order they have always been stored, so a document made now is the
+    same, byte for byte, as one made before the record existed."""
+
+    name: str = ""
+    file_name: str = ""
+    step: int = 1000                       # rows a page of source_url
+    operator_id: str | None = None
+    merchant_type: int | None = None
+    merchant_id: int | None = None
+    source_url: str | None = None
+    source_data: str | None = None         # JSON text (absent in a listing: the store leaves it out)
+    tables: int = 1
+    template: str | None = None            # JSON or TOML text
+    title: tuple[str | None, ...] = ()
+    summary: tuple[str | None, ...] = ()
+    header: tuple[Pairs | None, ...] = ()
+    footer: tuple[Pairs | None, ...] = ()
+    default_width: float | None = None
+    default_height: float | None = None
+    v1: bool = False                       # delivered through the /v1 interface
+    interval: int | None = None            # /v1: milliseconds between pages
+    rowoffset: int | None = None           # /v1: empty rows above the table
+    col_align: str | None = None
+    header_align: str | None = None
+    footer_align: str | None = None
+    keys_header: bool = False              # /v1 CSV: the header is the rows' keys
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> DownloadTaskParams:
+        get = doc.get
+
+        def each(key: str) -> tuple[Any, ...]:
+            return tuple(get(key) or ())
+
+        def pairs(key: str) -> tuple[Pairs | None, ...]:
+            return tuple(None if p is None else tuple(tuple(x) for x in p) for p in each(key))
+
+        return cls(get("name") or "", get("file_name") or "", get("step") or 1000, get("operator_id"),
+                   get("merchant_type"), get("merchant_id"), get("source_url"), get("source_data"),
+                   get("tables") or 1, get("template"), each("title"), each("summary"), pairs("header"),
+                   pairs("footer"), get("default_width"), get("default_height"), bool(get("v1")),
+                   get("interval"), get("rowoffset"), get("col_align"), get("header_align"),
+                   get("footer_align"), bool(get("keys_header")))
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "file_name": self.file_name, "step": self.step,
+                               "operator_id": self.operator_id, "merchant_type": self.merchant_type,
+                               "merchant_id": self.merchant_id}
+        if self.source_data is not None:
+            doc["source_data"] = self.source_data
+        if self.source_url is not None:
+            doc["source_url"] = self.source_url
+        doc |= {"tables": self.tables, "template": self.template, "title": list(self.title),
+                "summary": list(self.summary), "header": _pairs_doc(self.header),
+                "footer": _pairs_doc(self.footer), "default_width": self.default_width,
+                "default_height": self.default_height}
+        if self.v1:
+            doc |= {"v1": True, "interval": self.interval, "rowoffset": self.rowoffset}
+        for key, value in (("col_align", self.col_align), ("header_align", self.header_align),
+                           ("footer_align", self.footer_align)):
+            if value is not None:
+                doc[key] = value
+        if self.keys_header:
+            doc["keys_header"] = True
+        return doc
+
+
+def _pairs_doc(each: tuple[Pairs | None, ...]) -> list[list[list[Any]] | None]:
+    return [None if p is None else [list(x) for x in p] for p in each]
 
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     """``from_doc`` for ``cls`` written out field by field, setting each slot through its
