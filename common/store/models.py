@@ -27,11 +27,7 @@ from mongoengine import (
 )
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store.clock import iso as iso
-from common.store.clock import utcnow as utcnow
-
-# ``iso`` and ``utcnow`` are re-exported for master/center/service.py alone (moved there by a change
-# made in parallel, left untouched here): once it imports them from common.store.clock, these go.
+from common.store.clock import utcnow
 
 ON, OFF = "ON", "OFF"
 

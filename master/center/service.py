@@ -34,8 +34,9 @@ from common.exports.sources import Puller, look_of, pull, pull_options, write_in
 from common.signing import export_url
 from common.store import center as store
 from common.store import exports
+from common.store.clock import iso, utcnow
 from common.store.control import Token
-from common.store.models import SUCCESS, iso, utcnow
+from common.store.models import SUCCESS
 from common.store.records import DownloadTaskParams, ExportRecord
 from master import access, audit
 from master.center.params import Delivery, check, check_project, integer, private_allowed
