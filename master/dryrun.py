@@ -25,7 +25,7 @@ WAIT_MAX = 60.0  # seconds a request may wait for the answer
 def _queue(job: Job) -> str:
     ctx = jobs.context(job.id)
     foreign = ctx is not None and ctx.settings.prior == PRIOR_FOREIGN
-    return queue_name(QUEUE_NAMES[0], job.host, foreign=foreign and not job.host)
+    return queue_name(QUEUE_NAMES[0], job.worker_host, foreign=foreign and not job.worker_host)
 
 
 def start(redis: Redis, job: Job, url: str) -> str:

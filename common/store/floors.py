@@ -36,8 +36,9 @@ from typing import Any
 from bson import ObjectId
 
 from common.store import counts
+from common.store.connection import collection
 from common.store.counts import TOP  # the floor of a status with no task: the next to enter lowers it
-from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount, collection
+from common.store.models import TASK_STATUSES, CrawlerTask, CrawlerTaskCount
 from common.store.paging import Doc, Span, by_id
 from common.store.records import Task
 
