@@ -109,10 +109,11 @@ class CrawlCompare:
 
         pages = len(stamps)
         costs = self.cmp.costs(s0, s1, pages, held)
-        n = max(1, links)
-        per_link = {"store_cpu_ms_per_link": round(costs["store_cpu_ms_per_page"] * pages / n, 3),
-                    "store_write_ops_per_link": round(costs["store_write_ops_per_page"] * pages / n, 3),
-                    "store_bytes_in_per_link": round(costs["store_bytes_in_per_page"] * pages / n)}
+        per_link = {"store_cpu_ms_per_link": None, "store_write_ops_per_link": None,
+                    "store_bytes_in_per_link": None}
+        if links:  # the store's whole work over every link handed (known or new): the tree's only
+            per_link = {f"{k}_per_link": round(costs[f"{k}_per_page"] * pages / links, 3)
+                        for k in ("store_cpu_ms", "store_write_ops", "store_bytes_in")}
         redis_mb = round(int(self.bench.redis().info("memory")["used_memory"]) / 1e6, 1)
         return {"side": side, "pages_stored": pages, "outcome": watched["outcome"],
                 "links_handed": links, **steady(stamps, t0), **costs, **per_link,
@@ -233,7 +234,7 @@ def tree_links_of(total: int):
 
 
 def real_links_of(pages: int) -> int:
-    return 0  # not counted on the real site: the extractors differ (per page figures only)
+    return 0  # not counted on the real site: the extractors differ (figures a page only)
 
 
 def services(procs: Procs, budget: float):
