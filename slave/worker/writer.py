@@ -86,8 +86,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     bulk of settles (UpdateManys of the successes of each entry, ``leases.SETTLE_GROUP`` tasks
     each, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count says
     exactly whether every guarded settle matched. Returns each part's settled counts."""
-    s = _stored_and_sorted(parts, now)
-    _log_and_hand_over(s, now)  # both before the settle: no crash between loses a page's links
+    s, held = _stored_and_held(parts, now)
+    _log_and_hand_over(s, now, held)  # both before the settle: no crash between loses a page's links
     settles = _settles(s.ok, s.same, s.bad, now)
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(partial(tasks.settle, _hand_backs(s.later, now)), "hand back")
@@ -130,7 +130,22 @@ def _log(s: Sorted, now: datetime) -> None:
                 + [(p.ctx.name, "failed", reason_class(o.error)) for p, o in s.bad if o.error])
 
 
-def _log_and_hand_over(s: Sorted, now: datetime) -> None:
+def _stored_and_held(parts: list[Part], now: datetime) -> tuple[Sorted, set | None]:
+    """``_stored_and_sorted``, and beside the data's insert (on the helper thread) the read of
+    which pages that may yield links are still held (``found.held_of``; None: no such page)."""
+    maybe = [(p, o) for p in parts for o in p.outcomes
+             if o.error is None and o.deferred is None and (o.links is not None or o.sitemap is not None)]
+    if not maybe:
+        return _stored_and_sorted(parts, now), None
+    held = _HELPER.submit(found.held_of, maybe)  # (its reads retried as the hand-over's)
+    try:
+        s = _stored_and_sorted(parts, now)
+    finally:
+        got = held.result()
+    return s, got
+
+
+def _log_and_hand_over(s: Sorted, now: datetime, held: set | None = None) -> None:
     """The logs' insert (``_log``) and the hand-over of what the stored pages yield
     (``found.hand_over``) at once, the hand-over on a helper thread: neither needs the other,
     both end before the settle. In a crawl the hand-over is half the writer's time (its reads and
@@ -139,7 +154,7 @@ def _log_and_hand_over(s: Sorted, now: datetime) -> None:
     if not any(o.links is not None or o.sitemap is not None for _, o in s.ok):
         _log(s, now)  # nothing to hand over (no following job's page, no sitemap)
         return
-    handed = _HELPER.submit(found.hand_over, s.ok)
+    handed = _HELPER.submit(found.hand_over, s.ok, held)
     try:
         _log(s, now)
     finally:
