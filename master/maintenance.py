@@ -21,7 +21,7 @@ from redis import Redis
 from common.secrets import redact
 from common.sentry import capture
 from common.store import state
-from common.store.models import store_now
+from common.store.clock import store_now
 
 logger = logging.getLogger(__name__)
 

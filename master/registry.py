@@ -24,7 +24,8 @@ from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
 from common.store import due, generators, jobs, projects
-from common.store.models import OFF, ON, utcnow
+from common.store.clock import utcnow
+from common.store.models import OFF, ON
 from common.store.records import DownloadType, Job
 
 if TYPE_CHECKING:

@@ -19,9 +19,10 @@ from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
+from common.store.clock import iso
 from common.store.connection import as_text
 from common.store.logrecords import DownloadLog
-from common.store.models import TASK_STATUSES, iso
+from common.store.models import TASK_STATUSES
 from common.store.records import DataDoc, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
@@ -94,7 +95,7 @@ def job_rows(names: set[str] | None = None) -> list[dict]:
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
     default = projects.default_id()
     return [{"name": j.name, "status": j.status, "priority": j.priority, "type": kinds.get(j.id, "?"),
-             "host": j.host or "", "project": j.project if j.project is not None else default,
+             "host": j.worker_host or "", "project": j.project if j.project is not None else default,
              "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
             for j in jobs.ordered() if names is None or j.name in names]
 

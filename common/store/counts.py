@@ -1,5 +1,5 @@
 """A job's tasks per status, kept as they change: what every page and metric shows without
-reading the tasks (at ten million tasks a count over them takes seconds to minutes).
+reading the tasks (a count over them grows with the job: docs/scale.md).
 
 One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ..., first, last}``
 (no task, data or log of the job was made before ``first`` or after ``last``, give or take a host's
@@ -22,14 +22,9 @@ from typing import Any, Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
+from common.store.connection import collection
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import (
-    TASK_STATUSES,
-    CrawlerDownloadData,
-    CrawlerTask,
-    CrawlerTaskCount,
-    collection,
-)
+from common.store.models import TASK_STATUSES, CrawlerDownloadData, CrawlerTask, CrawlerTaskCount
 from common.store.paging import Span
 
 Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)

@@ -21,6 +21,7 @@ from mongoengine import Document
 from pymongo.collection import Collection
 
 from common.store import counts
+from common.store.connection import collection
 from common.store.data import gridfs_of
 from common.store.fence import shown
 from common.store.log_models import (
@@ -41,7 +42,6 @@ from common.store.models import (
     CrawlerLease,
     CrawlerTask,
     Job,
-    collection,
 )
 from common.store.paging import Doc, Span, by_id
 from common.store.records import DataDoc, Task
@@ -202,7 +202,7 @@ def _newest_of_jobs(coll: Collection[Doc], job_ids: list[ObjectId] | None, limit
     """The newest ``limit`` of the jobs' documents (of every job when None) beyond ``after``: each
     job's own newest, read by its (job, ``_id``) index window by window, merged. A filter of
     ``_id`` alone, or of ``job`` ``$in`` a list, makes the embedded store read the whole
-    collection for every window (a page of the download log took minutes at 726,000 tasks)."""
+    collection for every window (what that cost: docs/scale.md)."""
     spans = counts.spans(job_ids, "log")
     ids = job_ids if job_ids is not None else sorted(
         {*spans, *(j["_id"] for j in Job._get_collection().find({}, {"_id": 1}))} - {None})

@@ -5,7 +5,7 @@ An ObjectId begins with the second it was made, so a range of ``_id`` is a span 
 next twice as wide as the last — until it holds what was asked or the range is done. Each window is one
 query on the collection's (equality fields…, ``_id``) index, so a read costs what its windows
 hold, not what the job holds: MongoDB stops at the limit inside any range, but the embedded store
-reads a whole range before it applies one (a page of a job with a million tasks took 45 s).
+reads a whole range before it applies one (what that cost: docs/scale.md).
 
 The windows partition the ``_id`` order (each begins where the last ended, the last one is open),
 so a page is exact whatever the clocks that made the ids; the job's ``Span`` (what it wrote lies
@@ -24,8 +24,9 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 FIRST_WINDOW = timedelta(seconds=1)
-IN_MAX = 50  # values of one $in: the embedded store matches each document against the list (50: 0.4 ms a
-             # value; 3,500 in one list: 13 ms a value)
+# values of one $in: the embedded store matches each document against the whole list, so a
+# list's cost a value grows with its length (measured: docs/scale.md)
+IN_MAX = 50
 SKEW = timedelta(days=1)  # ids made by a host whose clock is behind (or ahead)
 Doc = dict[str, Any]  # a raw document: what the store's own modules read here and make records of
 

@@ -92,7 +92,7 @@ def _held(found: list[Pair]) -> list[Pair]:
     held: set[ObjectId] = set()
     for p in {id(p): p for p, _ in found}.values():
         ids = [o.task.id for q, o in found if q is p]
-        held |= with_retries(partial(leases.held_of, ids, p.lease, p.kind, p.sent_at), "task held")
+        held |= with_retries(partial(leases.held_of, ids, p.lease, p.attempt_kind, p.sent_at), "task held")
     return [(p, o) for p, o in found if o.task.id in held]
 
 

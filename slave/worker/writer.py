@@ -4,9 +4,10 @@ what the pages yield handed to intake, then the settle of the tasks — on the h
 insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
-stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
-the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
-(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
+stored, and only if it still belongs to this entry (the guard of ``common.store.leases``,
+``_held_by``). Data of a task the entry could not settle (recovered meanwhile, cancelled) is an
+orphan that no reader sees (the fence, ``common.store.orphans``); it is removed at once here, else
+by the defender's sweep.
 The links found on a following job's pages (``common.intake.add_found``), and the pages and
 sitemaps read in sitemap tasks (``add_from_sitemaps``), go to intake after the data is stored and
 before the settle (beside the logs' insert, on a helper thread), of the pages whose entry still
@@ -35,8 +36,9 @@ from common.queue.retry import next_retry_at
 from common.revisit import Revisit
 from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
+from common.store.clock import store_time
 from common.store.connection import redis_conn, with_retries
-from common.store.models import FAIL, LIVE, SUCCESS, store_time
+from common.store.models import FAIL, LIVE, SUCCESS
 from common.store.records import Lease, LeaseTask
 from slave.worker import found, page_data
 from slave.worker.outcome import Outcome, Pair, Part
@@ -163,8 +165,9 @@ def _log_and_hand_over(s: Sorted, now: datetime, held: set | None = None) -> Non
 
 def _hand_backs(later: list[Pair], now: datetime) -> list:
     """The guarded hand-backs of the outcomes ``later`` (``leases.hand_back``)."""
-    return [leases.hand_back(o.task.id, p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
-                             o.deferred or 0.0, now, p.sent_at)
+    return [leases.hand_back(o.task.id, p.lease, p.attempt_kind,
+                             redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
+                             p.sent_at)
             for p, o in later]
 
 
@@ -213,7 +216,7 @@ def _move_counts(parts: list[Part], counted: list[dict[str, int]]) -> None:
     """The jobs' kept counts follow what each part settled (``common.store.counts``)."""
     moves = []
     for p, c in zip(parts, counted):
-        held = leases.held_status(p.kind)
+        held = leases.held_status(p.attempt_kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
     with_retries(lambda: counts.move(moves), "task counts")
@@ -257,7 +260,7 @@ def _visit(p: Part, o: Outcome, now: datetime):
             stored = {**seen, "prev_lease": prev.data_lease if prev else None}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
     due = now + timedelta(seconds=every) if rv.on else None  # (revisits turned off meanwhile: none)
-    return leases.settle_visit(o.task.id, p.lease, p.kind, now, due, every,
+    return leases.settle_visit(o.task.id, p.lease, p.attempt_kind, now, due, every,
                                stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
@@ -273,13 +276,13 @@ def _settles(ok: list[Pair], same: list[Pair],
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task.id)
     for p, ids in ok_by_part.values():
-        settles.extend(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
+        settles.extend(leases.settle_success(ids, p.lease, p.attempt_kind, now, p.sent_at))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
         if o.kept:
             settles.append(_visit(p, o, now))
             continue
-        settles.append(leases.settle_failure(o.task.id, p.lease, p.kind, redact(o.error.reason),
+        settles.append(leases.settle_failure(o.task.id, p.lease, p.attempt_kind, redact(o.error.reason),
                                              o.retry_at, now, p.sent_at))
     return settles
 
@@ -309,7 +312,7 @@ class RunningEntry:
     """A queue entry this worker runs: its lease, job, tasks, and what the writer has stored of it."""
 
     def __init__(self, lease: Lease, ctx: JobContext, tasks: list[LeaseTask], loop) -> None:
-        self.lease_id, self.kind, self.ctx, self.total = lease.id, lease.kind, ctx, len(tasks)
+        self.lease_id, self.attempt_kind, self.ctx, self.total = lease.id, lease.attempt_kind, ctx, len(tasks)
         self.sent_at = lease.created_at
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
         self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
@@ -410,7 +413,7 @@ class Writer(threading.Thread):
         entries = [e for e, outs in groups.items() if outs]
         if not entries:
             return
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        parts = [Part(e.ctx, e.lease_id, e.attempt_kind, groups[e], e.sent_at) for e in entries]
         for e, got in zip(entries, store_many(parts, store_time())):
             for name, n in got.items():
                 e.counts[name] += n

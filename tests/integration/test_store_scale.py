@@ -13,6 +13,7 @@ from pymongo import monitoring
 
 from common.config import load, settings
 from common.store import counts
+from common.store.clock import utcnow
 from common.store.leases import claim
 from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
@@ -25,7 +26,6 @@ from common.store.models import (
     CrawlerTaskKey,
     DefenderState,
     Job,
-    utcnow,
 )
 from common.store.records import ExportFilter
 from master import maintenance as chores

@@ -14,10 +14,10 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.errors import ValidationError
+from common.store.clock import iso
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.control_models import ADMIN
-from common.store.models import iso
 from common.store.records import DownloadType
 from master import access, audit, generators, projects, registry, tokens, views
 from master.dispatch.runs import dispatch_in_child
@@ -262,7 +262,7 @@ class RequeueIn(Strict):
 
 def _intake(name: str, lines: list[str], host: str, token: Token) -> dict:
     job = access.job(name, token, change=True)
-    report = add_tasks(name, lines, host=host)
+    report = add_tasks(name, lines, worker_host=host)
     audit.record(token, "tasks.add", name, job.project, added=report.added)
     return {"added": report.added, "duplicate": report.duplicate,
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}
