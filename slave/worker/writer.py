@@ -10,11 +10,12 @@ orphan that no reader sees (the fence, ``common.store.orphans``); it is removed 
 by the defender's sweep.
 The links found on a following job's pages (``common.intake.add_found``), and the pages and
 sitemaps read in sitemap tasks (``add_from_sitemaps``), go to intake after the data is stored and
-before the settle, of the pages whose entry still holds their task (``slave/worker/found.py``):
-a worker that dies between the two loses none, its page runs again and offers them again (known
-by then), and a page whose lease was lost before adds no task. A result MongoDB cannot store
-fails that task alone. MongoDB hiccups are retried with backoff; if it stays away the entry
-raises and the defender recovers it. The counts returned are what was settled.
+before the settle (beside the logs' insert, on a helper thread), of the pages whose entry still
+holds their task (``slave/worker/found.py``): a worker that dies between the two loses none,
+its page runs again and offers them again (known by then), and a page whose lease was lost
+before adds no task. A result MongoDB cannot store fails that task alone. MongoDB hiccups are
+retried with backoff; if it stays away the entry raises and the defender recovers it. The
+counts returned are what was settled.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 WRITE_BATCH = 256   # outcomes per bulk write at most
+_HELPER = ThreadPoolExecutor(1, thread_name_prefix="hand-over")  # the writer's second thread
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 
@@ -87,9 +90,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     bulk of settles (UpdateManys of the successes of each entry, ``leases.SETTLE_GROUP`` tasks
     each, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count says
     exactly whether every guarded settle matched. Returns each part's settled counts."""
-    s = _stored_and_sorted(parts, now)
-    _log(s, now)
-    found.hand_over(s.ok)  # before the settle: no crash between the two loses a page's links
+    s, held = _stored_and_held(parts, now)
+    _log_and_hand_over(s, now, held)  # both before the settle: no crash between loses a page's links
     settles = _settles(s.ok, s.same, s.bad, now)
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(partial(tasks.settle, _hand_backs(s.later, now)), "hand back")
@@ -130,6 +132,37 @@ def _log(s: Sorted, now: datetime) -> None:
     count_pages(redis_conn(), [(p.ctx.name, "stored", "") for p, _ in s.ok]
                 + [(p.ctx.name, "not_modified", "") for p, _ in s.same]
                 + [(p.ctx.name, "failed", reason_class(o.error)) for p, o in s.bad if o.error])
+
+
+def _stored_and_held(parts: list[Part], now: datetime) -> tuple[Sorted, set | None]:
+    """``_stored_and_sorted``, and beside the data's insert (on the helper thread) the read of
+    which pages that may yield links are still held (``found.held_of``; None: no such page)."""
+    maybe = [(p, o) for p in parts for o in p.outcomes
+             if o.error is None and o.deferred is None and (o.links is not None or o.sitemap is not None)]
+    if not maybe:
+        return _stored_and_sorted(parts, now), None
+    held = _HELPER.submit(found.held_of, maybe)  # (its reads retried as the hand-over's)
+    try:
+        s = _stored_and_sorted(parts, now)
+    finally:
+        got = held.result()
+    return s, got
+
+
+def _log_and_hand_over(s: Sorted, now: datetime, held: set | None = None) -> None:
+    """The logs' insert (``_log``) and the hand-over of what the stored pages yield
+    (``found.hand_over``) at once, the hand-over on a helper thread: neither needs the other,
+    both end before the settle. In a crawl the hand-over is half the writer's time (its reads and
+    inserts: a round trip each), and the writer is one thread a worker. Either failing fails the
+    write (the hand-over's error first), after both have ended: nothing is settled."""
+    if not any(o.links is not None or o.sitemap is not None for _, o in s.ok):
+        _log(s, now)  # nothing to hand over (no following job's page, no sitemap)
+        return
+    handed = _HELPER.submit(found.hand_over, s.ok, held)
+    try:
+        _log(s, now)
+    finally:
+        handed.result()
 
 
 def _hand_backs(later: list[Pair], now: datetime) -> list:
