@@ -20,6 +20,7 @@ counts returned are what was settled.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -51,7 +52,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 WRITE_BATCH = 256   # outcomes per bulk write at most
-_HELPER = ThreadPoolExecutor(1, thread_name_prefix="hand-over")  # the writer's second thread
+_helpers: dict[int, ThreadPoolExecutor] = {}  # the writer's second thread, one per process
+
+
+def _helper() -> ThreadPoolExecutor:
+    """This process's helper thread pool: made on first use in each process, so a process forked
+    after its parent used one (an rq work-horse) never waits on a thread it did not inherit."""
+    pid = os.getpid()
+    if pid not in _helpers:
+        _helpers.clear()
+        _helpers[pid] = ThreadPoolExecutor(1, thread_name_prefix="hand-over")
+    return _helpers[pid]
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 
@@ -141,7 +152,7 @@ def _stored_and_held(parts: list[Part], now: datetime) -> tuple[Sorted, set | No
              if o.error is None and o.deferred is None and (o.links is not None or o.sitemap is not None)]
     if not maybe:
         return _stored_and_sorted(parts, now), None
-    held = _HELPER.submit(found.held_of, maybe)  # (its reads retried as the hand-over's)
+    held = _helper().submit(found.held_of, maybe)  # (its reads retried as the hand-over's)
     try:
         s = _stored_and_sorted(parts, now)
     finally:
@@ -158,7 +169,7 @@ def _log_and_hand_over(s: Sorted, now: datetime, held: set | None = None) -> Non
     if not any(o.links is not None or o.sitemap is not None for _, o in s.ok):
         _log(s, now)  # nothing to hand over (no following job's page, no sitemap)
         return
-    handed = _HELPER.submit(found.hand_over, s.ok, held)
+    handed = _helper().submit(found.hand_over, s.ok, held)
     try:
         _log(s, now)
     finally:
