@@ -101,10 +101,13 @@ BENCH_ARGS ?=
 CENTER_BENCH_ARGS ?=
 # CRAWL_BENCH_ARGS: options of scripts/bench_crawl.py (a site of 1,000,000 linked pages crawled)
 CRAWL_BENCH_ARGS ?=
+# CRAWL_CMP_BENCH_ARGS: options of scripts/bench_crawl_compare.py (our crawl against scrapy-redis's)
+CRAWL_CMP_BENCH_ARGS ?=
 bench: $(BENCH_STAMP) services-check bench-deps
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 	$(BIN)/python scripts/bench_center.py $(CENTER_BENCH_ARGS)
 	$(BIN)/python scripts/bench_crawl.py $(CRAWL_BENCH_ARGS)
+	$(BIN)/python scripts/bench_crawl_compare.py $(CRAWL_CMP_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache *.egg-info

@@ -318,23 +318,24 @@ SOURCE_DATA_MAX_BYTES = 4 * 1024 * 1024
 """Largest source_data (rows given inline with the task, as JSON text) a download task may carry."""
 
 CENTER_APP_ID = ""
-"""The download center's own app id (seed 000's callers know the center by it): its source pulls
-carry ``app_id`` and a ``token`` signed with CENTER_APP_SECRET, and so do its form callbacks
-(/v1 tasks). Empty: pulls are unsigned and /v1 callbacks carry no app_id or token."""
+"""The download center's own app id (the /v1 interface's callers know the center by it): its
+source pulls carry ``app_id`` and a ``token`` signed with CENTER_APP_SECRET, and so do its form
+callbacks (/v1 download tasks). Empty: pulls are unsigned and /v1 callbacks carry no app_id or token."""
 
 CENTER_APP_SECRET = ""
 """The secret of CENTER_APP_ID (give it to the sources and callback receivers that check it)."""
 
 CENTER_SIGNATURE_WINDOW = 300
 """Seconds a signed /v1 request's ``timestamp`` may be from the center's clock, when the caller
-sends one (seed 000's signature has no time of its own)."""
+sends one (the /v1 signature has no time of its own)."""
 
 CENTER_TASK_RETRIES = 3
-"""Runs of a /v1 download task whose source fails (seed 000's center: 3); the next run starts
-CENTER_RETRY_AFTER seconds after the last ended."""
+"""Runs of a /v1 download task whose source fails (3, as the center its callers used before); the
+next run starts CENTER_RETRY_AFTER seconds after the last ended."""
 
 CENTER_RETRY_AFTER = 60
-"""Seconds between the runs of a /v1 download task whose source failed (seed 000: 60)."""
+"""Seconds between the runs of a /v1 download task whose source failed (60, as the center its
+callers used before)."""
 
 CENTER_TASK_RETENTION_DAYS = 30
 """Days a download task of the center is kept after it ended (failed, cancelled, or expired: a

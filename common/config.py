@@ -62,7 +62,7 @@ def resolve(environ: Mapping[str, str], flags: Mapping[str, Any]) -> dict[str, A
         if name not in values:
             raise ConfigError(f"unknown setting {name}")
         values[name] = value
-    values["HOSTNAME"] = values["HOSTNAME"] or socket.gethostname()  # see host_name
+    values["HOSTNAME"] = values["HOSTNAME"] or socket.gethostname()  # see worker_host
     return values
 
 
@@ -119,8 +119,9 @@ def flag_env() -> dict[str, str]:
     return {ENV_PREFIX + name: str(value) for name, value in settings.flags.items()}
 
 
-def host_name() -> str:
-    """This host's one name: in its workers' names, its host queues, its leases and its logs.
+def worker_host() -> str:
+    """This worker host's one name (a machine running workers; never a site): in its workers'
+    names, its host queues, its leases and its logs.
     HOSTNAME however it was given (settings file, DOWNCLUSTER_HOSTNAME, ``worker --host``); empty
     means the machine's hostname."""
     return settings.HOSTNAME

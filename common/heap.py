@@ -1,14 +1,13 @@
 """The garbage collector of a long-running process (``downcluster worker``).
 
 Python's cyclic collector scans every container object it tracks: a worker's oldest generation
-holds the ~70,000 objects its imports and start built (modules, classes, the store's documents),
-and every full collection walked all of them again (45 ms each, measured). ``settle`` freezes what
-exists once the process is up (``gc.freeze``: those objects live as long as the process anyway)
-and lets the youngest generation grow to YOUNG objects before it is collected (default 700), so a
-page's short-lived objects are mostly gone before a collection looks at them. Every garbage
-cycle is still collected; only the moments change. In the 3,000-page bench (docs/benchmarks.md)
-the worker's collector time went from 0.23 s to 0.13 s; ``dispatch --loop`` (fewer objects made,
-rare full collections) gained nothing there, and does not call it.
+holds the objects its imports and start built (modules, classes, the store's documents), and
+every full collection walks all of them again. ``settle`` freezes what exists once the process
+is up (``gc.freeze``: those objects live as long as the process anyway) and lets the youngest
+generation grow to YOUNG objects before it is collected (default 700), so a page's short-lived
+objects are mostly gone before a collection looks at them. Invariant: every garbage cycle is
+still collected; only the moments change. ``dispatch --loop`` (fewer objects made, rare full
+collections) does not call it. What it saves, measured: docs/benchmarks.md ("What was cut").
 """
 from __future__ import annotations
 

@@ -28,8 +28,9 @@ from common.errors import ValidationError
 from common.jobsettings import Follow, check_sitemaps
 from common.scope import refusal
 from common.store import counts
+from common.store.clock import utcnow
+from common.store.jobs import named as job_named
 from common.store.known import Filter
-from common.store.models import job_named, utcnow
 from common.store.tasks import NewTask, commit, depths, due_by_lastmod, insert_numbered, known_uris, reserve
 from common.urls import check_url
 
@@ -58,15 +59,17 @@ def _reject(report: IntakeReport, number: int, reason: str) -> None:
 
 
 def parse_entries(lines: Iterable[str], report: IntakeReport, max_length: int,
-                  schemes: Iterable[str] | None = None, hosts: bool = False) -> Iterator[tuple[str, str]]:
-    """Yield (url, host) of the valid lines; record rejected ones (line number, reason). With
-    ``schemes``, only URLs of those schemes pass; with ``hosts``, a line may be ``URL<TAB>HOST``
-    (a generator's (url, host) pairs: HOST's workers take the task). Blank and # lines are skipped."""
+                  schemes: Iterable[str] | None = None,
+                  worker_hosts: bool = False) -> Iterator[tuple[str, str]]:
+    """Yield (url, worker host) of the valid lines; record rejected ones (line number, reason). With
+    ``schemes``, only URLs of those schemes pass; with ``worker_hosts``, a line may be
+    ``URL<TAB>HOST`` (a generator's (url, host) pairs: HOST's workers take the task). Blank and #
+    lines are skipped."""
     allowed = {s.lower() for s in schemes} if schemes is not None else None
     for number, line in enumerate(lines, 1):
         text = line.rstrip("\r\n")
         host = ""
-        if hosts and "\t" in text:
+        if worker_hosts and "\t" in text:
             text, _, host = text.partition("\t")
             host = host.strip()
             if host and not HOST_RE.match(host):
@@ -90,12 +93,12 @@ def parse_entries(lines: Iterable[str], report: IntakeReport, max_length: int,
 def add_tasks(
     job_name: str,
     lines: Iterable[str],
-    host: str = "",
+    worker_host: str = "",
     progress: Callable[[int], None] | None = None,
     schemes: Iterable[str] | None = None,
-    hosts: bool = False,
+    worker_hosts: bool = False,
 ) -> IntakeReport:
-    """Add the URLs of ``lines`` to job ``job_name`` (``host``: for every task, unless ``hosts``
+    """Add the URLs of ``lines`` to job ``job_name`` (``worker_host``: for every task, unless ``worker_hosts``
     lets a line name its own; ``schemes``: the only schemes accepted)."""
     job = job_named(job_name)
     report = IntakeReport()
@@ -112,12 +115,12 @@ def add_tasks(
             progress(len(chunk))
         chunk.clear()
 
-    for url, own in parse_entries(lines, report, settings.MAX_URL_LENGTH, schemes, hosts):
+    for url, own in parse_entries(lines, report, settings.MAX_URL_LENGTH, schemes, worker_hosts):
         if url in seen:
             report.duplicate += 1
             continue
         seen.add(url)
-        chunk.append(NewTask(url, own or host))
+        chunk.append(NewTask(url, own or worker_host))
         if sitemaps is not None and sitemaps.robots and len(robots) < MAX_ROBOTS:
             parts = urlsplit(url)
             robots.setdefault(f"{parts.scheme}://{parts.netloc}/robots.txt")
@@ -263,8 +266,8 @@ def add_from_sitemaps(job_id: ObjectId, follow: Follow | None, read: list[Sitema
     return report
 
 
-def preview(job_name: str, lines: Iterable[str], schemes: Iterable[str] | None = None, hosts: bool = False,
-            first: int = 20) -> tuple[IntakeReport, list[tuple[str, str]]]:
+def preview(job_name: str, lines: Iterable[str], schemes: Iterable[str] | None = None,
+            worker_hosts: bool = False, first: int = 20) -> tuple[IntakeReport, list[tuple[str, str]]]:
     """What ``add_tasks`` would do with ``lines`` (counts, rejected line numbers), and the first
     ``first`` URLs it would add; nothing is stored."""
     job = job_named(job_name)
@@ -284,7 +287,7 @@ def preview(job_name: str, lines: Iterable[str], schemes: Iterable[str] | None =
                 shown.append((url, own))
         chunk.clear()
 
-    for url, own in parse_entries(lines, report, settings.MAX_URL_LENGTH, schemes, hosts):
+    for url, own in parse_entries(lines, report, settings.MAX_URL_LENGTH, schemes, worker_hosts):
         if url in seen:
             report.duplicate += 1
             continue

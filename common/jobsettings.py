@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from common.errors import ValidationError
-from common.urls import check_url, host_name, url_pattern
+from common.urls import check_url, site_name, url_pattern
 
 ENGINES = ("aiohttp", "requests", "browser")  # built-in engines; the first is the default
 # ``prior``, a job's queueing class (not its ``priority``, the queue level): entries of an urgent
@@ -295,7 +295,7 @@ def check_follow(raw: Any) -> Follow | None:
     scope = raw.get("scope", "site")
     if scope not in SCOPES:
         raise ValidationError(f"follow.scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    sites = tuple(host_name(s, "follow.sites") for s in _strings(raw.get("sites", []), "follow.sites",
+    sites = tuple(site_name(s, "follow.sites") for s in _strings(raw.get("sites", []), "follow.sites",
                                                                   MAX_SITES, 253))
     if (scope == "sites") != bool(sites):
         raise ValidationError('follow.sites is needed with scope = "sites", and only then')

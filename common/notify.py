@@ -35,7 +35,7 @@ from common.queue.retry import backoff
 from common.secrets import redact
 from common.signing import webhook_signature
 from common.store import notifications
-from common.store.models import store_now, utcnow
+from common.store.clock import store_now, utcnow
 from common.store.records import NotificationRecord
 
 logger = logging.getLogger(__name__)
@@ -143,9 +143,10 @@ def deliver_due(limit: int = 50) -> int:
 def _attempt(doc: NotificationRecord) -> int:
     error = None
     try:
-        if doc.kind in ("webhook", "form"):
-            kind = "application/json" if doc.kind == "webhook" else "application/x-www-form-urlencoded"
-            _post(doc.target, doc.event, doc.body.encode(), kind)
+        if doc.channel in ("webhook", "form"):
+            form = doc.channel == "form"
+            content_type = "application/x-www-form-urlencoded" if form else "application/json"
+            _post(doc.target, doc.event, doc.body.encode(), content_type)
         else:
             _mail(doc.target, doc.subject, doc.body)
     except Exception as exc:  # any failure of the receiver or the network is retried
@@ -154,7 +155,7 @@ def _attempt(doc: NotificationRecord) -> int:
         )
     attempt, now = doc.attempts, utcnow()
     try:
-        notifications.log_attempt(_shown(doc), doc.kind, doc.event, "SENT" if error is None else "FAIL",
+        notifications.log_attempt(_shown(doc), doc.channel, doc.event, "SENT" if error is None else "FAIL",
                                   attempt, error)
         if error is None:
             notifications.delivered(doc)
@@ -169,7 +170,7 @@ def _attempt(doc: NotificationRecord) -> int:
 
 def _shown(doc: NotificationRecord) -> str:
     """The target as logged: a webhook URL without its query (it may carry a receiver's token)."""
-    if doc.kind == "mail":
+    if doc.channel == "mail":
         return doc.target
     parts = urlsplit(doc.target)
     return redact(
@@ -177,11 +178,11 @@ def _shown(doc: NotificationRecord) -> str:
     )
 
 
-def _post(url: str, event: str, body: bytes, kind: str = "application/json") -> None:
+def _post(url: str, event: str, body: bytes, content_type: str = "application/json") -> None:
     """POST to an address judged now (what a name resolves to may have changed since the request),
     connecting to that address, never to the name again."""
     target = callback_target(url)
-    headers = {"Host": target.host_header, "Content-Type": kind,
+    headers = {"Host": target.host_header, "Content-Type": content_type,
                "User-Agent": "downcluster-webhook/1.0", "X-Downcluster-Event": event,
                "X-Downcluster-Signature": webhook_signature(body)}
     failure: Exception | None = None

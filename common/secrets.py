@@ -40,6 +40,17 @@ def secret_header_values(headers: dict | None) -> list[str]:
     return [str(v) for k, v in (headers or {}).items() if is_secret_header(k) and v]
 
 
+def mask_proxy(url: str) -> str:
+    """A proxy URL as the API shows it to those who may change its job: its password ``***``
+    (``user:***@host:port``; a userinfo without ``:``, a token, is masked whole)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}"
+
+
 def keeps_credentials(first: str, then: str) -> bool:
     """Whether a request to ``then`` may carry the credentials (cookie, secret headers) meant for
     ``first``: the same host, and not from https down to http, nor to another port (an upgrade

@@ -1,6 +1,6 @@
 """Keys and signatures: signed export links (HMAC-SHA256 under SECRET_KEY), webhook
 signatures (``t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` under WEBHOOK_SECRET), and the
-download center's caller signatures (``wecar_token``: the scheme seed 000's callers sign with).
+download center's caller signatures (``wecar_token``: the scheme /v1 callers sign with).
 
 A key left empty in the settings is generated once for the whole cluster and kept in the
 control database (never the source database analysts read), so every web host signs and checks
@@ -87,7 +87,7 @@ def _php_encode(text: str) -> str:
 
 
 def wecar_token(params: dict[str, Any], secret: str) -> str:
-    """The token a seed 000 caller (and the center, on its pulls and callbacks) sends with
+    """The token a /v1 caller (and the center, on its pulls and callbacks) sends with
     ``params``: md5 of the parameters other than ``token`` sorted by name and written as
     ``http_build_query`` writes them, followed by the secret. It carries no time: see
     docs/exports.md for how replays are bounded."""

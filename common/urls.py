@@ -59,8 +59,8 @@ def check_url(url: str, max_length: int = 8192) -> str:
     return url
 
 
-def host_name(text: str, where: str) -> str:
-    """A host name as written in a manifest (``example.com``, no scheme or port), lower-cased and
+def site_name(text: str, where: str) -> str:
+    """A site's host name as written in a manifest (``example.com``, no scheme or port), lower-cased and
     IDNA-encoded, else a one-line ValidationError naming ``where``."""
     host = text.strip().lower().rstrip(".")
     try:

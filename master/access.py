@@ -47,6 +47,11 @@ def holds(token: Token | None, project_id: int | None) -> bool:
     return (project_id if project_id is not None else projects.default_id()) in ids
 
 
+def may_change(token: Token | None) -> bool:
+    """Whether the caller's role may change the jobs of its projects (not an analyst's)."""
+    return token is None or token.role != ANALYST
+
+
 def job(name: Any, token: Token | None, change: bool = False) -> Job:
     """The job ``name`` if the caller holds its project (else NotFound, as for no such job); with
     ``change``, the caller's role must also be admin or user (else Forbidden)."""

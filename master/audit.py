@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from common.store import audit
-from common.store.models import iso, utcnow
+from common.store.clock import iso, utcnow
 from master.views import clamp, object_id
 
 if TYPE_CHECKING:

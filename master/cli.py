@@ -1,7 +1,7 @@
 """The master's commands, one room per command group (common/cli.py loads each lazily):
 cli_jobs.py (job, generator, type), cli_tasks.py (task), cli_ops.py (dispatch, defender,
 migrate, scheduler, stats), cli_data.py (data, export, archive), cli_web.py (web, token),
-cli_access.py (project, audit) and center_cli.py (center); here, what the rooms share."""
+cli_access.py (project, audit) and center/cli.py (center, caller); here, what the rooms share."""
 from __future__ import annotations
 
 from common.store.connection import connect_mongo

@@ -30,7 +30,7 @@ def job_register(manifest: str, project: str | None) -> None:
     existed = _job_exists(manifest)
     stored = register(manifest, project=resolve(project) if project else None)
     audit.record(None, "job.change" if existed else "job.register", stored.name, stored.project)
-    host = f", host {stored.host}" if stored.host else ""
+    host = f", host {stored.worker_host}" if stored.worker_host else ""
     click.echo(f"registered job {stored.name} (priority {stored.priority}{host})")
     from master.generators import summary
 

@@ -25,9 +25,9 @@ def task_add(name: str, source, host: str) -> None:
     connect()
     if sys.stderr.isatty():
         with click.progressbar(length=0, label="adding", file=sys.stderr) as bar:
-            report = add_tasks(name, source, host=host, progress=bar.update)
+            report = add_tasks(name, source, worker_host=host, progress=bar.update)
     else:
-        report = add_tasks(name, source, host=host)
+        report = add_tasks(name, source, worker_host=host)
     for number, reason in report.errors[:50]:
         click.echo(f"line {number}: {reason}", err=True)
     if len(report.errors) > 50:

@@ -32,8 +32,9 @@ from common.queue.names import GENERATE_QUEUE
 from common.queue.rqbridge import push_generate
 from common.secrets import redact
 from common.store import generators, jobs
+from common.store.clock import iso, store_now, utcnow
 from common.store.logrecords import GeneratorRun
-from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, OFF, iso, store_now, utcnow
+from common.store.models import FAIL, GEN_OFF, GEN_ON, GEN_TEST, OFF
 from common.store.records import Generator, Job
 
 RUNS_SHOWN = 10

@@ -21,7 +21,7 @@ from redis import Redis
 from common.secrets import redact
 from common.sentry import capture
 from common.store import state
-from common.store.models import store_now
+from common.store.clock import store_now
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Chore:
 
 
 def table() -> tuple[Chore, ...]:
-    from common.store import due
+    from common.store import due, floors
     from master import generators
     from master.dispatch import defender
     from master.exports import service as exports
@@ -49,6 +49,9 @@ def table() -> tuple[Chore, ...]:
         Chore("revisits", 0, lambda redis, budget: due.make_due(time.monotonic() + budget)),
         Chore("orphan_sweep", 60, lambda redis, budget: defender.sweep(budget)),
         Chore("retention", 600, lambda redis, budget: retention.enforce(budget=budget)),
+        # each status's floor raised to its first task (common.store.floors): a status emptied
+        # in a quiet stretch is read as empty, so a burst after it begins its own first page
+        Chore("floors", 300, lambda redis, budget: floors.tend(budget)),
     )
 
 

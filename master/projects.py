@@ -9,8 +9,8 @@ from pymongo.errors import DuplicateKeyError
 
 from common.errors import Conflict, NotFound, ValidationError
 from common.store import control, projects
+from common.store.clock import iso
 from common.store.control_models import DEFAULT_PROJECT
-from common.store.models import iso
 from master import access, audit
 
 if TYPE_CHECKING:

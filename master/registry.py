@@ -23,8 +23,10 @@ from common.errors import Forbidden, NotFound, ValidationError, too_many_digits
 from common.jobsettings import ENGINES
 from common.notify import check_mail
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
+from common.secrets import mask_proxy
 from common.store import due, generators, jobs, projects
-from common.store.models import OFF, ON, utcnow
+from common.store.clock import utcnow
+from common.store.models import OFF, ON
 from common.store.records import DownloadType, Job
 
 if TYPE_CHECKING:
@@ -304,7 +306,7 @@ def store(spec: JobSpec, project: int | None = None, token: Token | None = None)
     dtype = jobs.download_type(spec.type)
     if dtype.is_support != "support":
         raise ValidationError(f"downloader type {spec.type} is not supported on this cluster")
-    fields = jobsettings.resolved(spec.settings, settings)
+    fields = jobsettings.resolved(_stored_proxy(spec.name, spec.settings), settings)
     fields["private_grant"] = private_grant(bool(fields.get("allow_private")), project, token)
     follow = None if spec.follow is None else {k: list(v) if isinstance(v, tuple) else v
                                                for k, v in asdict(spec.follow).items()}
@@ -322,6 +324,17 @@ def store(spec: JobSpec, project: int | None = None, token: Token | None = None)
     else:
         generators.store(job.id, g.type, g.code, g.schedule, g.schemes, g.digest, utcnow())
     return job, created
+
+
+def _stored_proxy(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with its proxy replaced by the job's stored one when it is that proxy as the API
+    shows it (password masked): a change that hands back what it was shown keeps the proxy."""
+    proxy = given.get("proxy") or ""
+    job = jobs.find(name) if "***" in proxy else None
+    stored = jobs.settings_of(job) if job is not None else None
+    if stored is not None and stored.proxy and mask_proxy(stored.proxy) == proxy:
+        return {**given, "proxy": stored.proxy}
+    return given
 
 
 def private_grant(wanted: bool, project: int | None, token: Token | None) -> str:

@@ -17,8 +17,8 @@ from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.store import control
 from common.store import projects as stored_projects
+from common.store.clock import utcnow
 from common.store.control_models import ADMIN, ROLES
-from common.store.models import utcnow
 
 TOKEN_PREFIX = "dct_"
 RESERVED = "cli"  # ``requested_by`` of the command line's exports (read by name before owners)

@@ -17,11 +17,13 @@ from redis import Redis
 from common.config import settings
 from common.errors import NotFound, ValidationError
 from common.queue.names import WORKER_KEY_PREFIX
+from common.secrets import mask_proxy
 from common.store import data as store_data
 from common.store import jobs, logs, pages, projects
+from common.store.clock import iso
 from common.store.connection import as_text
 from common.store.logrecords import DownloadLog
-from common.store.models import TASK_STATUSES, iso
+from common.store.models import TASK_STATUSES
 from common.store.records import DataDoc, Task
 from master import access, generators
 from master.ops.stats import COLUMNS, collect, task_counts
@@ -94,7 +96,7 @@ def job_rows(names: set[str] | None = None) -> list[dict]:
     counts = {row["job"]: {k: row[k] for k in COLUMNS} for row in task_counts()}
     default = projects.default_id()
     return [{"name": j.name, "status": j.status, "priority": j.priority, "type": kinds.get(j.id, "?"),
-             "host": j.host or "", "project": j.project if j.project is not None else default,
+             "host": j.worker_host or "", "project": j.project if j.project is not None else default,
              "counts": counts.get(j.name, dict.fromkeys(COLUMNS, 0))}
             for j in jobs.ordered() if names is None or j.name in names]
 
@@ -103,8 +105,11 @@ MEANING_OF_PRIOR = {0: "normal", 1: "urgency: entries go to the front of their q
                     2: "foreign: entries go to the foreign queues (workers with --foreign)"}
 
 
-def job_detail(name: Any) -> dict:
-    """One job: its row, its settings with secrets masked, and its last failures."""
+def job_detail(name: Any, secrets: bool = False) -> dict:
+    """One job: its row, its settings with secrets masked, and its last failures. ``secrets``
+    (for a caller who may change the job): its proxy with the password masked, its cookie and its
+    headers' values too, so that a change can hand them back (the masked proxy unchanged keeps
+    the stored one: ``master.registry``)."""
     job = jobs.named(name)
     row = next(r for r in job_rows() if r["name"] == job.name)
     s = jobs.settings_of(job)
@@ -125,6 +130,9 @@ def job_detail(name: Any) -> dict:
             "obey_robots": s.obey_robots is not False,
             "allow_private": bool(s.allow_private and s.private_grant),  # as the workers honour it
         }
+        if secrets:
+            row["settings"].update(proxy=mask_proxy(s.proxy or ""), cookie=s.cookie or "",
+                                   header_values=dict(s.headers or {}))
     row["code_chars"] = jobs.code_chars(job)
     row["generator"] = generators.summary(job.id)
     row["follow"] = dict(job.follow) if job.follow else None  # its [follow] table (None: follows no links)

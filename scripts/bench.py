@@ -303,7 +303,8 @@ class Bench:
         first), raw insert_many in chunks of 5,000; returns the seconds taken. ``urls``: these, not pages."""
         from bson import ObjectId
 
-        from common.store.models import LIVE, CrawlerTask, CrawlerTaskKey, utcnow
+        from common.store.clock import utcnow
+        from common.store.models import LIVE, CrawlerTask, CrawlerTaskKey
         from common.store.tasks import key_of
         from master.intake import commit, reserve
 
@@ -519,7 +520,8 @@ class Bench:
         RSS (bounded memory whatever the row count is the point)."""
         from bson import ObjectId
 
-        from common.store.models import CrawlerDownloadData, CrawlerTask, Export, utcnow
+        from common.store.clock import utcnow
+        from common.store.models import CrawlerDownloadData, CrawlerTask, Export
         from master.exports.service import request, tend
 
         self.fresh_store()

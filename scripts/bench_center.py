@@ -95,7 +95,7 @@ def measure(rows: int, step: int, formats: list[str]) -> list[dict]:
         load()
         from common.store.connection import connect_mongo, redis_conn
         from common.store.models import Export
-        from master.center import deliver
+        from master.center.service import deliver
 
         connect_mongo(ensure_indexes=True)
         from common.store import projects

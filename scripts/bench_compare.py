@@ -88,23 +88,26 @@ def wait_port(host: str, port: int, what: str, procs, name: str) -> None:
     raise RuntimeError(f"{what} did not start within 30 s: {procs.tail(name)}")
 
 
-def start_page_nginx(procs, env: dict, pages: int, hosts: int = SITE_HOSTS) -> str:
+def start_page_nginx(procs, env: dict, pages: int, hosts: int = SITE_HOSTS, tree: bool = False) -> str:
     """nginx serving ``/page/<n>`` (n < ``pages``) as static ``text/html; charset=utf-8`` files on
-    127.0.0.1 .. 127.0.0.<hosts>, gzip off (as the sample site): the 0 ms site of the comparison."""
+    127.0.0.1 .. 127.0.0.<hosts>, gzip off (as the sample site): the 0 ms site of the comparison.
+    ``tree``: ``/tree/<n>`` instead, bench_site.py's linked pages (the crawl comparison's 0 ms site)."""
+    from bench_site import tree_page
     from sample_site import page_body
     from services import free_port
 
     if nginx_binary() is None:
         raise RuntimeError("no nginx: `make bench` installs nginx-light")
-    root = procs.logdir / "pages"
-    (root / "page").mkdir(parents=True, exist_ok=True)
-    for d in (procs.logdir, root, root / "page"):  # nginx's workers run as another user
+    kind = "tree" if tree else "page"
+    root = procs.logdir / f"{kind}s"
+    (root / kind).mkdir(parents=True, exist_ok=True)
+    for d in (procs.logdir, root, root / kind):  # nginx's workers run as another user
         d.chmod(0o755)
     for n in range(pages):
-        f = root / "page" / str(n)
+        f = root / kind / str(n)
         if not f.exists():
-            f.write_bytes(page_body(n))
-    port, conf = free_port(), procs.logdir / "nginx-pages"
+            f.write_bytes(tree_page(n, pages) if tree else page_body(n))
+    port, conf = free_port(), procs.logdir / f"nginx-{kind}s"
     conf.mkdir(exist_ok=True)
     temp = " ".join(f"{k}_temp_path {conf}/{k};"
                     for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
@@ -126,19 +129,20 @@ http {{
 }}
 """)
     procs.spawn([nginx_binary(), "-c", str(conf / "nginx.conf"), "-e", str(conf / "error.log")], env,
-                "site-pages-0ms")
-    wait_port("127.0.0.1", port, "nginx (pages)", procs, "site-pages-0ms")
+                f"site-{kind}s-0ms")
+    wait_port("127.0.0.1", port, f"nginx ({kind}s)", procs, f"site-{kind}s-0ms")
     return f"http://127.0.0.1:{port}"
 
 
-def start_delay_site(procs, env: dict, delay_ms: int, hosts: int = SITE_HOSTS) -> str:
-    """scripts/bench_site.py: ``/page/<n>`` after ``delay_ms``, on an event loop."""
+def start_delay_site(procs, env: dict, delay_ms: int, hosts: int = SITE_HOSTS, tree: int = 0) -> str:
+    """scripts/bench_site.py: ``/page/<n>`` after ``delay_ms``, on an event loop (``tree``: also
+    ``/tree/<n>`` for n below it, linked pages, after ``delay_ms`` as well)."""
     from services import free_port
 
     port = free_port()
-    name = f"site-pages-{delay_ms}ms"
+    name = f"site-{'tree' if tree else 'page'}s-{delay_ms}ms"
     procs.spawn([sys.executable, str(ROOT / "scripts" / "bench_site.py"), "--port", str(port),
-                 "--delay-ms", str(delay_ms), "--hosts", str(hosts)], env, name)
+                 "--delay-ms", str(delay_ms), "--hosts", str(hosts), "--tree", str(tree)], env, name)
     wait_port("127.0.0.1", port, f"bench_site ({delay_ms} ms)", procs, name)
     return f"http://127.0.0.1:{port}"
 

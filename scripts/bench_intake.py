@@ -54,8 +54,9 @@ def crawl_mix(job_id, follow, tree: int, write: int, pid: int) -> dict:
     from bson import ObjectId
 
     from common.intake import add_found
-    from common.store.connection import mongo_client
-    from common.store.models import CrawlerTask, Job, collection, utcnow
+    from common.store.clock import utcnow
+    from common.store.connection import collection, mongo_client
+    from common.store.models import CrawlerTask, Job
 
     ids = {0: ObjectId()}
     collection(Job).insert_one({"_id": job_id, "name": "tree", "status": "ON", "priority": 5, "host": "",
@@ -109,7 +110,9 @@ def run_once(urls: int, pages: int, links: int, settled: int, tree: int, write: 
         from common.intake import add_found, add_tasks
         from common.jobsettings import Follow
         from common.store import connection
-        from common.store.models import Job, collection, utcnow
+        from common.store.clock import utcnow
+        from common.store.connection import collection
+        from common.store.models import Job
 
         connection.disconnect_mongo()
         connection.connect_mongo(ensure_indexes=True)

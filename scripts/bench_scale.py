@@ -118,15 +118,9 @@ def _run(bench, tasks: int) -> dict:
     from common.exports.templates import parse_template
     from common.queue.rqbridge import queue_key
     from common.store import counts
+    from common.store.clock import store_now, utcnow
     from common.store.data import export_fits
-    from common.store.models import (
-        CrawlerDownloadData,
-        CrawlerDownloadSetting,
-        CrawlerTask,
-        Job,
-        store_now,
-        utcnow,
-    )
+    from common.store.models import CrawlerDownloadData, CrawlerDownloadSetting, CrawlerTask, Job
     from common.store.orphans import tombstone
     from common.store.records import ExportFilter
     from common.store.tasks import build_keys
@@ -226,7 +220,8 @@ def _revisits(bench, redis, job, filled: dict, since) -> dict:
     revisits are off again (the retention below measures what it always did)."""
     from common.queue.names import QUEUE_NAMES
     from common.queue.rqbridge import queue_key
-    from common.store.models import CrawlerDownloadSetting, CrawlerLease, CrawlerTask, Job, store_now
+    from common.store.clock import store_now
+    from common.store.models import CrawlerDownloadSetting, CrawlerLease, CrawlerTask, Job
     from master import maintenance as chores
     from master.dispatch.dispatcher import dispatch_once
 

@@ -69,7 +69,8 @@ def _write_pages(job, entries: list, body: int) -> None:
     """Each entry's pages stored as the writer stores them on the happy path (store_many)."""
     from common.store import attempts, counts, leases
     from common.store import tasks as store_tasks
-    from common.store.models import FRESH, LIVE, SUCCESS, utcnow
+    from common.store.clock import utcnow
+    from common.store.models import FRESH, LIVE, SUCCESS
     from common.store.records import LeaseTask
     from slave.download.engines.base import Download
 
@@ -101,7 +102,8 @@ def run_once(tasks: int, settled: int, batch: int, failures: bool, group: int | 
 
         from common.store import connection, leases
         from common.store import tasks as store_tasks
-        from common.store.models import FAIL, FRESH, SUCCESS, CrawlerTask, utcnow
+        from common.store.clock import utcnow
+        from common.store.models import FAIL, FRESH, SUCCESS, CrawlerTask
         from common.store.records import Task
 
         if group:

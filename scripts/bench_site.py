@@ -2,7 +2,8 @@
 ~2 KB ``page_body(n)``, ``text/html; charset=utf-8``, each body built once) after ``--delay-ms``,
 on an asyncio event loop (aiohttp), listening on 127.0.0.1 .. 127.0.0.<hosts>. With ``--tree N``
 also ``/tree/<n>`` for n < N: a finite site of N linked pages (``tree_links``; every page reachable
-from ``/tree/0``), the crawl phase's (scripts/bench_crawl.py).
+from ``/tree/0``), the crawl phase's (scripts/bench_crawl.py; after ``--delay-ms`` too, for the
+crawl comparison, scripts/bench_crawl_compare.py).
 
 scripts/sample_site.py answers from one thread per connection and rebuilds each page: with 128
 connections open at once, its own CPU competes with both crawlers on a 2-core host. Here a
@@ -93,7 +94,13 @@ def app(delay_ms: int, tree: int = 0) -> web.Application:
         n = int(request.match_info["n"])
         if n >= tree:
             raise web.HTTPNotFound()
-        return web.Response(body=tree_page(n, tree), content_type="text/html", charset="utf-8")
+        gauge.move(1)
+        try:
+            if delay_ms:  # the crawl comparison's tree at 100 ms (scripts/bench_crawl_compare.py)
+                await asyncio.sleep(delay_ms / 1000)
+            return web.Response(body=tree_page(n, tree), content_type="text/html", charset="utf-8")
+        finally:
+            gauge.move(-1)
 
     a = web.Application()
     a.router.add_get("/page/{n:[0-9]+}", page)

@@ -1,8 +1,8 @@
 """One attempt of a download task of the general download center on a worker: its rows from
 ``source_data`` or pulled from ``source_url`` page by page (``common/exports/sources.py``),
 streamed into the export writers and up to GridFS as they come. Claimed, beaten, fenced and
-settled by the export protocol (``slave/exporter.py``): a task is an export whose rows come from
-its caller, so a failure here removes the partial file and nothing is published.
+settled by the export protocol (``slave/exporter.py``): a download task is an export whose rows
+come from its caller, so a failure here removes the partial file and nothing is published.
 """
 from __future__ import annotations
 
@@ -22,37 +22,41 @@ from common.exports.sources import (
 from common.exports.tabular import CONTENT_TYPES
 from common.store import exports, projects
 from common.store.data import Upload, export_upload
-from common.store.records import ExportRecord
+from common.store.records import DownloadTaskParams, ExportRecord
 
 if TYPE_CHECKING:
     from bson import ObjectId
 
 
-def file_name(task: ExportRecord) -> str:
-    return f"{task.center.get('file_name') or task.id}.{task.format}"
+def file_name(export: ExportRecord, params: DownloadTaskParams) -> str:
+    return f"{params.file_name or export.id}.{export.format}"
 
 
-def write_task(task: ExportRecord, file_id: ObjectId, wrap: Callable[[Iterator[dict]], Iterator[dict]],
-               worker_id: str) -> tuple[int, Upload]:
-    """Write the task's file; (rows, the closed-over upload, still open) — the caller checks it is
-    still its own before closing the upload, which publishes the file."""
-    center = task.center
-    meta = {"export": task.id, "project_id": task.project, "contentType": CONTENT_TYPES[task.format]}
-    upload = export_upload(file_id, file_name(task), meta)
+RowWrap = Callable[[Iterator[dict]], Iterator[dict]]
+
+
+def write_download_task(export: ExportRecord, file_id: ObjectId, wrap: RowWrap,
+                        worker_id: str) -> tuple[int, Upload]:
+    """Write the download task's file; (rows, the closed-over upload, still open) — the caller
+    checks it is still its own before closing the upload, which publishes the file."""
+    params = export.center
+    assert params is not None, "a download task has its parameters"
+    meta = {"export": export.id, "project_id": export.project, "contentType": CONTENT_TYPES[export.format]}
+    upload = export_upload(file_id, file_name(export, params), meta)
     out = cast(IO[bytes], upload)
-    look = look_of(center)
-    if center.get("source_data") is not None:
-        tables = inline_tables(center["source_data"])
-        exports.set_total(task.id, worker_id, sum(len(t) for t in tables if isinstance(t, list)))
-        publish(task.id)
-        _, rows = write_inline(look, tables, task.format, out, wrap)
+    look = look_of(params)
+    if params.source_data is not None:
+        tables = inline_tables(params.source_data)
+        exports.set_total(export.id, worker_id, sum(len(t) for t in tables if isinstance(t, list)))
+        publish(export.id)
+        _, rows = write_inline(look, tables, export.format, out, wrap)
         return rows, upload
-    allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(task.project)
-    with Puller(center["source_url"], int(center.get("step") or 1000), str(task.id), allow,
-                **pull_options(center)) as puller:
+    allow = bool(settings.SOURCE_ALLOW_PRIVATE) or projects.allows_private(export.project)
+    with Puller(params.source_url or "", params.step or 1000, str(export.id), allow,
+                **pull_options(params)) as puller:
         pulled = pull(puller, look)
         if pulled.total is not None:
-            exports.set_total(task.id, worker_id, pulled.total)
-            publish(task.id)
-        rows = write_pulled(pulled, task.format, out, wrap)
+            exports.set_total(export.id, worker_id, pulled.total)
+            publish(export.id)
+        rows = write_pulled(pulled, export.format, out, wrap)
     return rows, upload

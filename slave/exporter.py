@@ -28,8 +28,8 @@ from common.exports.templates import parse_template
 from common.secrets import redact
 from common.sentry import capture
 from common.store import claims, exports, jobs
+from common.store.clock import store_now, utcnow
 from common.store.data import drop_export_file, export_source, export_total, export_upload
-from common.store.models import store_now, utcnow
 from common.store.records import ExportRecord
 
 logger = logging.getLogger(__name__)
@@ -92,10 +92,10 @@ def run_export(export_id: str, worker_id: str) -> str:
 
 
 def _write(export: ExportRecord, file_id: ObjectId, progress: _Progress, worker_id: str) -> tuple[int, int]:
-    if export.center:  # a download task: its rows come from its caller's source
-        from slave.center import write_task
+    if export.center is not None:  # a download task: its rows come from its caller's source
+        from slave.center import write_download_task
 
-        rows, upload = write_task(export, file_id, progress.wrap, worker_id)
+        rows, upload = write_download_task(export, file_id, progress.wrap, worker_id)
         progress.write()  # last check: still ours, not cancelled
         upload.close()
         return rows, upload.length
@@ -122,8 +122,9 @@ def _failed(export: ExportRecord, worker_id: str, exc: Exception) -> str:
         exc, (ValidationError, SourceFailed)
     )  # a template no longer valid; a source that broke its word through its tries
     delay = settings.EXPORT_RETRY_DELAY
-    if isinstance(exc, SourceFailed) and (export.center or {}).get("v1"):
-        # seed 000's center runs a task whose source failed again, a minute apart, 3 runs in all
+    if isinstance(exc, SourceFailed) and export.center is not None and export.center.v1:
+        # a /v1 download task whose source failed runs again, CENTER_RETRY_AFTER apart, as the
+        # center its callers used before ran it (CENTER_TASK_RETRIES runs in all)
         final, delay = export.attempts >= settings.CENTER_TASK_RETRIES, settings.CENTER_RETRY_AFTER
     now = utcnow()
     changed = exports.fail(export.id, worker_id, reason, now, final, now + timedelta(seconds=delay))

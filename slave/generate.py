@@ -18,14 +18,15 @@ import time
 
 from bson import ObjectId
 
-from common.config import host_name, settings
+from common.config import settings, worker_host
 from common.cron import next_after
 from common.errors import DownloadError, NotFound
 from common.intake import add_tasks, preview
 from common.secrets import redact
 from common.store import claims, generators, jobs, logs
+from common.store.clock import store_now, store_time, utcnow
 from common.store.jobs import WorkerJob
-from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS, store_now, store_time, utcnow
+from common.store.models import FAIL, OFF, RUN_SKIPPED, SUCCESS
 from common.store.records import Generator
 from slave.download.engines import sandbox
 from slave.download.job import limits_from_settings
@@ -46,7 +47,7 @@ def _sandboxed(gen: Generator, context: WorkerJob | None) -> bytes:
 
 def run(run_id: str) -> dict:
     """Run generator run ``run_id`` once: its counts, or {"skipped": 1} if it was not ours to run."""
-    taken = generators.start_run(run_id, host_name(), store_time())
+    taken = generators.start_run(run_id, worker_host(), store_time())
     if taken is None:
         logger.info("generator run %s was taken or given up before it started: skipped", run_id)
         return {"skipped": 1}
@@ -66,7 +67,7 @@ def run(run_id: str) -> dict:
             if not claims.beat(generators.RUN, [gen.id], run_id):  # given up meanwhile: not ours
                 logger.warning("generator run %s was given up while it ran: its URLs not added", run_id)
                 return {"skipped": 1}
-            report = add_tasks(name, _lines(output), schemes=gen.schemes or None, hosts=True)
+            report = add_tasks(name, _lines(output), schemes=gen.schemes or None, worker_hosts=True)
     except DownloadError as exc:
         return _failed(run_id, job_id, name, size, started, exc.reason)
     except Exception as exc:  # MongoDB away mid-intake: what was added stays; the run says why it stopped
@@ -108,7 +109,7 @@ def dry_run(name: str, first: int = 20) -> dict:
         return {**out, "passed": False, "failed_reason": exc.reason, "state": gen.state,
                 "spend_time": int((time.monotonic() - started) * 1e6)}
     lines = _lines(output)
-    report, shown = preview(name, lines, gen.schemes or None, hosts=True, first=first)
+    report, shown = preview(name, lines, gen.schemes or None, worker_hosts=True, first=first)
     passed = report.added + report.duplicate > 0
     out.update(passed=passed, bytes=len(output), lines=len(lines), added=report.added,
                duplicate=report.duplicate, rejected=report.rejected,

@@ -8,7 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from common.cli import main
-from common.store.models import CrawlerLease, CrawlerTask, Job, store_now
+from common.store.clock import store_now
+from common.store.models import CrawlerLease, CrawlerTask, Job
 
 # An export template of the first form: header paths grouped by their common prefixes.
 TEMPLATE = '''
@@ -105,11 +106,11 @@ def burst_worker(cluster, *extra: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def store_outcomes(ctx, lease: str, kind: str, outcomes: list, now) -> dict:
+def store_outcomes(ctx, lease: str, attempt_kind: str, outcomes: list, now) -> dict:
     """Store one entry's outcomes as the worker's writer does (``store_many`` of one part)."""
     from slave.worker import writer
 
-    return writer.store_many([writer.Part(ctx, lease, kind, outcomes)], now)[0]
+    return writer.store_many([writer.Part(ctx, lease, attempt_kind, outcomes)], now)[0]
 
 
 def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):

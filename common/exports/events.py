@@ -12,7 +12,8 @@ from common.config import settings
 from common.notify import deliver_due, queue_form, queue_mail, queue_webhook
 from common.signing import center_download_url, center_task_id, export_url, php_query, wecar_token
 from common.store import exports
-from common.store.models import SUCCESS, iso
+from common.store.clock import iso
+from common.store.models import SUCCESS
 from common.store.records import ExportRecord
 
 FINAL_STATES = ("SUCCESS", "FAIL", "CANCEL", "EXPIRED")
@@ -53,11 +54,11 @@ def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
         event = "export.succeeded" if ok else "export.failed"
         payload = {"event": event, "id": str(export.id), "job": export.job_name, "state": export.state,
                    "rows": export.rows_done, "url": url}
-        if export.center:  # a download task of the center: its caller knows it by these
+        if export.center is not None:  # a download task of the center: its caller knows it by these
             payload |= {"task_id": str(export.id), "project_id": export.project,
-                        "name": export.center.get("name")}
+                        "name": export.center.name}
         targets = export.callback_urls if callbacks is None else callbacks
-        if export.center and export.center.get("v1"):
+        if export.center is not None and export.center.v1:
             _form_callbacks(export, targets, ok)
             targets = []
         for target in targets:
@@ -76,7 +77,7 @@ def announce(export: ExportRecord | None, callbacks: list[str] | None = None,
 
 
 def _form_callbacks(export: ExportRecord, targets: Sequence[str], ok: bool) -> None:
-    """A /v1 task's callback as seed 000's center sends it: on success only, a form POST of the
+    """A /v1 download task's callback as /v1 callers expect it: on success only, a form POST of the
     center's ``app_id``, ``data`` = JSON {task_id, download_url} and ``token`` (``wecar_token``
     under CENTER_APP_SECRET); ``download_url`` is a signed link that needs no token."""
     if not ok:

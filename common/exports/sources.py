@@ -1,9 +1,9 @@
 """Where a download task's rows come from (the general download center): ``source_data``,
-the rows given inline with the task, or ``source_url``, pulled page by page.
+the rows given inline with the download task, or ``source_url``, pulled page by page.
 
-The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the task's ``step``) and
+The pull: ``GET source_url`` with ``page`` (from 0), ``page_size`` (the download task's ``step``) and
 ``_task_id`` added to its query (and, when the center has CENTER_APP_ID, ``app_id`` and a
-``token`` signed as seed 000's callers sign: ``common.signing.wecar_token``); the answer is
+``token`` signed as the /v1 interface's callers sign: ``common.signing.wecar_token``); the answer is
 ``{"status", "msg", "data": {"data": [rows], "total"?, "force_continue"?, "header"?, "footer"?,
 "template"?}}``. Pages are read one at a time and their rows handed on (to an export writer)
 before the next is asked for, so memory holds one page whatever ``total`` says; a page of more
@@ -11,10 +11,10 @@ objects and lists than OBJECTS_PER_ROW a row of ``page_size`` (counted before it
 ``parse_page``) is refused, so one page costs about twice its bytes. It stops when ``total`` rows
 have come, or without a total at the first page shorter than page_size; ``force_continue`` (not
 0) asks for the next page whatever the length. An empty page before ``total``, a page that goes
-past it, or more than SOURCE_MAX_ROWS rows means the source lied and the task fails. A page that
+past it, or more than SOURCE_MAX_ROWS rows means the source lied and the download task fails. A page that
 answers 5xx or 429, times out, or is not JSON of that shape is tried again (SOURCE_RETRIES tries,
 waits doubling from SOURCE_RETRY_DELAY); then ``SourceFailed`` with one line. The first page's
-``template``, ``header`` and ``footer`` override the task's.
+``template``, ``header`` and ``footer`` override the download task's.
 
 Addresses: the URL is read by the webhooks' parser (``common.notify.callback_target``: plain
 http(s), printable ASCII, no user info); its host is resolved once per pull and every address
@@ -22,7 +22,7 @@ judged by ``common/netguard.py`` (public only unless SOURCE_ALLOW_PRIVATE, never
 cluster); the requests connect to the judged address, with the name in ``Host`` and, for https,
 in SNI and the certificate check — no second lookup a rebinding name could answer differently.
 
-Pure of the store: the master checks a task's source here, the worker (``slave/exporter.py``) and
+Pure of the store: the master checks a download task's source here, the worker (``slave/exporter.py``) and
 the synchronous download pull and write with it.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import certifi
@@ -43,16 +43,18 @@ from common.errors import AddressRefused, SourceFailed, ValidationError, too_man
 from common.exports.tabular import WRITERS, check_fits
 from common.exports.templates import Node, Style, Table, Template, from_data, parse_template
 
+if TYPE_CHECKING:
+    from common.store.records import DownloadTaskParams
+
 logger = logging.getLogger(__name__)
 SOURCE_HINT = "private sources need a project an administrator opened to them"
 USER_AGENT = "downcluster-center/1.0"
 MAX_PAIRS, MAX_TEXT = 50, 2048
-V1_LOOK = ("col_align", "header_align", "footer_align", "rowoffset")
 # objects and lists a source page may hold for each row of its page_size (a row, its cells' JSON)
 OBJECTS_PER_ROW = 64
 
 
-# --- checking what a task says (the master, at delivery) ------------------------------------
+# --- checking what a download task says (the master, at delivery) ------------------------------------
 
 @dataclass(frozen=True)
 class Target:
@@ -128,7 +130,7 @@ def _json(value: Any, what: str) -> Any:
 
 @dataclass(frozen=True)
 class Look:
-    """How a task's file looks, from its parameters (one entry per table in multi-table mode);
+    """How a download task's file looks, from its parameters (one entry per table in multi-table mode);
     a source answer's template, header and footer override them."""
     template: Any = None                       # the template's data (JSON), or None: the rows' keys
     title: tuple[str | None, ...] = (None,)
@@ -138,24 +140,20 @@ class Look:
     default_width: float | None = None
     default_height: float | None = None
     keys_only: bool = False                    # the header is the rows' keys (a /v1 task's CSV)
-    v1: Mapping[str, Any] | None = None        # a /v1 task's col_align, header_align, footer_align,
-                                               # rowoffset; its widths in characters
+    v1: DownloadTaskParams | None = None       # a /v1 task's (col_align, header_align, footer_align,
+                                               # rowoffset); its widths in characters
 
 
-def look_of(center: Mapping[str, Any]) -> Look:
-    """The look a task stored (``master.center.check`` made it)."""
-    n = max(1, int(center.get("tables") or 1))
+def look_of(params: DownloadTaskParams) -> Look:
+    """The look a download task's parameters give (``master.center.params.check`` made them)."""
+    n = max(1, params.tables)
 
-    def each(key: str) -> tuple:
-        return tuple(center.get(key) or (None,) * n)
+    def each(given: tuple) -> tuple:
+        return given or (None,) * n
 
-    def as_pairs(p: Any) -> tuple | None:
-        return None if p is None else tuple(tuple(x) for x in p)
-
-    return Look(center.get("template"), each("title"), each("summary"),
-                tuple(as_pairs(p) for p in each("header")), tuple(as_pairs(p) for p in each("footer")),
-                center.get("default_width"), center.get("default_height"), bool(center.get("keys_header")),
-                {k: center.get(k) for k in V1_LOOK} if center.get("v1") else None)
+    return Look(params.template, each(params.title), each(params.summary), each(params.header),
+                each(params.footer), params.default_width, params.default_height, params.keys_header,
+                params if params.v1 else None)
 
 
 def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], Any]) -> tuple:
@@ -172,9 +170,9 @@ def per_table(value: Any, tables: int, what: str, check: Callable[[Any, str], An
 
 def build_template(look: Look, first_rows: list | dict | None, answer: dict | None = None,
                    index: int = 0, tables: int = 1) -> Template:
-    """The template a task writes with: the source answer's (else the task's) template, or one
-    column per key of the first row; the task's title, summary, header, footer and widths, with
-    the answer's header and footer over them."""
+    """The template a download task writes with: the source answer's (else the download task's)
+    template, or one column per key of the first row; the download task's title, summary, header,
+    footer and widths, with the answer's header and footer over them."""
     answer = answer or {}
     template = _template_of(_given_template(look, answer, index, tables), first_rows)
     sheet = replace(template, default_width=look.default_width or template.default_width,
@@ -185,10 +183,10 @@ def build_template(look: Look, first_rows: list | dict | None, answer: dict | No
                                        for i, table in enumerate(sheet.tables)))
 
 
-def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
-    """A /v1 task's template as seed 000's center draws it: widths in Excel's characters, the
+def _as_v1(sheet: Template, v1: DownloadTaskParams) -> Template:
+    """A /v1 download task's template as /v1 callers expect it drawn: widths in Excel's characters, the
     rows offset, header and footer aligned, ``col_align`` for the leaves that give no align."""
-    align = v1.get("col_align") or ""
+    align = v1.col_align or ""
 
     def aligned(node: Node) -> Node:
         if node.children:
@@ -198,12 +196,12 @@ def _as_v1(sheet: Template, v1: Mapping[str, Any]) -> Template:
         return replace(node, style=replace(node.style or Style(), align=align))
 
     tables = tuple(replace(t, col=tuple(aligned(n) for n in t.col)) for t in sheet.tables)
-    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.get("rowoffset") or 0),
-                   header_align=v1.get("header_align") or "", footer_align=v1.get("footer_align") or "")
+    return replace(sheet, tables=tables, width_chars=True, row_offset=int(v1.rowoffset or 0),
+                   header_align=v1.header_align or "", footer_align=v1.footer_align or "")
 
 
 def _given_template(look: Look, answer: dict, index: int, tables: int) -> Any:
-    """The source answer's template, else the task's; in multi-table mode table ``index``'s."""
+    """The source answer's template, else the download task's; in multi-table mode table ``index``'s."""
     if look.keys_only:
         return None
     raw = answer.get("template") if answer.get("template") not in (None, "", [], {}) else look.template
@@ -226,7 +224,7 @@ def _template_of(raw: Any, first_rows: list | dict | None) -> Template:
 
 
 def _dressed(table: Table, look: Look, answer: dict, j: int) -> Table:
-    """``table`` with the task's title, summary, header and footer of table ``j`` over its own, and
+    """``table`` with the download task's title, summary, header and footer of table ``j`` over its own, and
     the source answer's header and footer over those."""
     header = pairs(answer["header"], "source header") if answer.get("header") else _nth(look.header, j)
     footer = pairs(answer["footer"], "source footer") if answer.get("footer") else _nth(look.footer, j)
@@ -244,11 +242,11 @@ def _nth(seq: tuple, j: int) -> Any:
 
 # --- the pull (a worker, or the web process for a synchronous download) ----------------------
 
-def pull_options(center: Mapping[str, Any]) -> dict:
-    """A task's Puller options: signed with the center's own app id when it has one (settings),
+def pull_options(params: DownloadTaskParams) -> dict:
+    """A download task's Puller options: signed with the center's own app id when it has one (settings),
     and the pause between pages a /v1 task asked for (``interval``, milliseconds)."""
     sign = (settings.CENTER_APP_ID, settings.CENTER_APP_SECRET) if settings.CENTER_APP_ID else None
-    return {"sign": sign, "interval": float(center.get("interval") or 0) / 1000}
+    return {"sign": sign, "interval": float(params.interval or 0) / 1000}
 
 
 @dataclass
@@ -260,7 +258,7 @@ class Page:
 
 
 class Puller:
-    """Pulls one task's source_url page by page over one connection pool to a judged address."""
+    """Pulls one download task's source_url page by page over one connection pool to a judged address."""
 
     def __init__(self, url: str, step: int, task_id: str, allow_private: bool | None = None,
                  sign: tuple[str, str] | None = None, interval: float = 0.0) -> None:
@@ -381,7 +379,7 @@ def parse_page(body: bytes | bytearray | str, number: int, step: int | None = No
     """A page's answer checked: {"status"?, "msg"?, "data": {"data": [objects], "total": n, ...}}.
 
     Parsed whole only when its objects and lists (counted by their ``{`` and ``[``, a count that
-    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the task's
+    strings can only make larger) number at most OBJECTS_PER_ROW a row of ``step`` (the download task's
     page_size): parsed, each costs some 60-100 bytes of memory for its 2-3 bytes of text, so a page
     of millions of ``{}`` is refused in one line before it is made into objects."""
     text = body if isinstance(body, str) else page_text(body)
@@ -430,7 +428,7 @@ def pull(puller: Puller, look: Look) -> Pulled:
 
     The end: ``total`` rows, or (no total) the first page shorter than page_size; a page whose
     answer carries ``force_continue`` goes on to the next whatever its length, unless it is 0
-    (seed 000's center: a source that filters its pages after reading them), up to the total."""
+    (as /v1 sources use it: one that filters its pages after reading them), up to the total."""
     first = puller.page(0)
     total, step = first.total, puller.step
     if total is not None and total > settings.SOURCE_MAX_ROWS:
@@ -507,7 +505,7 @@ def inline_tables(data: Any) -> list:
 
 def write_inline(look: Look, tables: list, fmt: str, out: IO[bytes],
                  wrap: Callable[[Iterator[dict]], Iterator[dict]] | None = None) -> tuple[Template, int]:
-    """Write source_data's rows with the task's look; (template, rows written)."""
+    """Write source_data's rows with the download task's look; (template, rows written)."""
     if len(tables) == 1:
         first = tables[0]
         template = build_template(look, first if isinstance(first, list) else None)
@@ -538,7 +536,7 @@ def write_pulled(pulled: Pulled, fmt: str, out: IO[bytes],
 
 
 def parse_task_template(value: Any, tables: int) -> Any:
-    """A task's template parameter checked now (one line if it is not one), kept as data."""
+    """A download task's template parameter checked now (one line if it is not one), kept as data."""
     raw = _json(value, "template")
     if raw in (None, "", [], {}):
         return None

@@ -14,8 +14,8 @@ from typing import IO, Any, Callable, Iterable
 from common.errors import ValidationError
 from common.exports.sheets import cell_text, write_xlsx
 from common.exports.templates import Table, Template
+from common.store.clock import iso
 from common.store.data import WholeDocuments
-from common.store.models import iso
 
 # What a spreadsheet reads as the start of a formula (OWASP's CSV-injection advice): such a cell
 # gets a leading single quote in CSV, so Excel and LibreOffice show it as text. JSON Lines keeps the

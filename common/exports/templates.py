@@ -32,7 +32,7 @@ MAX_TEMPLATE = 64 * 1024
 MAX_DEPTH, MAX_LEAVES, MAX_TABLES, MAX_PAIRS = 8, 200, 20, 50
 MAX_ROW_HEAD_ROWS = 10_000  # rows reserved by row headers, all tables together
 TABLE_KEYS = {"title", "summary", "header", "footer", "col", "row", "row_field", "status", "columns"}
-# a caller's (general) template's nodes may also carry seed 000's style keys, flat or in "style"
+# a caller's (general) template's nodes may also carry the /v1 interface's style keys, flat or in "style"
 STYLE_KEYS = {"type", "color", "bg_color", "bold", "align", "height", "style"}
 ALIGNS = ("left", "center", "right")
 COLOR_RE = re.compile(r"^(black|white|red|green|blue|yellow|cyan|#?[0-9A-Fa-f]{6}|#?[0-9A-Fa-f]{3})?$")
@@ -41,7 +41,7 @@ SHEET_KEYS = {"sheet", "default_width", "default_height", "tables"}
 
 @dataclass(frozen=True)
 class Style:
-    """How a column's data cells look (the keys seed 000's callers give a template's leaves)."""
+    """How a column's data cells look (the keys /v1 callers give a template's leaves)."""
     align: str = ""                # left, center or right
     bold: bool = False
     color: str = ""                # the font's colour: a name or RRGGBB
@@ -401,7 +401,7 @@ def _node(raw: Any, where: str, rows: bool, level: int, general: bool = False) -
 
 
 def _style(raw: dict, where: str) -> tuple[Style | None, float | None, bool]:
-    """A caller's leaf style (seed 000: ``style`` {...}, else the flat keys): the look of its
+    """A caller's leaf style (/v1: ``style`` {...}, else the flat keys): the look of its
     cells, its width (0: the default; negative: as wide as its cells) and whether it is automatic.
     ``type`` and ``height`` are taken and not used (the cell's type follows its value; rows have
     the task's default_height)."""

@@ -2,13 +2,14 @@
 rq's public API, in one module. Matches rq 3.0.0 (``RQ_VERSION``); ``tests/integration/test_rqbridge.py``
 fails when rq changes a format relied on here.
 
-Entries are real rq jobs of three kinds (``Kind``), each kind stated in the job's meta
+Entries are real rq jobs of four entry kinds (``EntryKind``), each stated in the job's meta
 (``{"kind": ...}``): a download entry ``dc-<lease>`` calls ``slave.worker.entries.run_batch(lease)``,
 an export entry ``dcx-<export id>`` calls ``slave.worker.entries.run_export(id)``, a generator run
-``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, so a plain ``rq worker`` runs any,
+``dcg-<run id>`` calls ``slave.worker.entries.run_generator(id)``, a job's dry run on one URL
+``dcd-<dry run id>`` calls ``slave.worker.entries.run_dry_run(id)``, so a plain ``rq worker`` runs any,
 and rq's tools (``rq info``, rq-dashboard, ``Worker.all()``) read them. ``fetch_entry`` reads an
-entry as an ``Entry`` (its kind and the record it names); an entry queued before kinds were stated
-gets its kind from its function, there and only there.
+entry as an ``Entry`` (its entry kind and the record it names); an entry queued before kinds were
+stated gets its kind from its function, there and only there.
 
 Below rq's public API, and only here:
   * the capped push (Lua): rq has no conditional enqueue. The script writes the entry's job
@@ -50,14 +51,16 @@ RQ_VERSION = "3.0.0"
 DOWNLOAD_FUNCTION = "slave.worker.entries.run_batch"
 EXPORT_FUNCTION = "slave.worker.entries.run_export"
 GENERATE_FUNCTION = "slave.worker.entries.run_generator"
+DRY_RUN_FUNCTION = "slave.worker.entries.run_dry_run"
 
 
-class Kind(str, Enum):
+class EntryKind(str, Enum):
     """What a queue entry runs."""
 
     DOWNLOAD = "download"  # a lease's tasks (the download queues)
     EXPORT = "export"      # one attempt of an export (down_export)
     GENERATE = "generate"  # one generator run (down_generate)
+    DRY_RUN = "dry_run"    # a job's engine on one URL, storing nothing (down_super: common/dryrun.py)
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,10 @@ class _Form:
 
 
 FORMS = {
-    Kind.DOWNLOAD: _Form("dc-", DOWNLOAD_FUNCTION),
-    Kind.EXPORT: _Form("dcx-", EXPORT_FUNCTION),
-    Kind.GENERATE: _Form("dcg-", GENERATE_FUNCTION),
+    EntryKind.DOWNLOAD: _Form("dc-", DOWNLOAD_FUNCTION),
+    EntryKind.EXPORT: _Form("dcx-", EXPORT_FUNCTION),
+    EntryKind.GENERATE: _Form("dcg-", GENERATE_FUNCTION),
+    EntryKind.DRY_RUN: _Form("dcd-", DRY_RUN_FUNCTION),
 }
 # what entries queued before the rooms layout call: still run (slave/jobs.py keeps the names for plain rq
 # workers)
@@ -109,19 +113,19 @@ def queue_name_of(key: str) -> str:
 
 
 def entry_id(lease: str) -> str:
-    return FORMS[Kind.DOWNLOAD].prefix + lease
+    return FORMS[EntryKind.DOWNLOAD].prefix + lease
 
 
 def export_entry_id(export_id) -> str:
-    return FORMS[Kind.EXPORT].prefix + str(export_id)
+    return FORMS[EntryKind.EXPORT].prefix + str(export_id)
 
 
 def generate_entry_id(run_id: str) -> str:
-    return FORMS[Kind.GENERATE].prefix + run_id
+    return FORMS[EntryKind.GENERATE].prefix + run_id
 
 
-def _meta(kind: Kind) -> dict:
-    return {"kind": kind.value}
+def _meta(entry_kind: EntryKind) -> dict:
+    return {"kind": entry_kind.value}
 
 
 def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
@@ -129,14 +133,23 @@ def push_generate(redis: Redis, queue: str, run_id: str, timeout: int) -> None:
     most one entry per generator is ever out)."""
     rq_queue(queue, redis).enqueue_call(GENERATE_FUNCTION, args=(run_id,), job_id=generate_entry_id(run_id),
                                         result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
-                                        description=f"generator run {run_id}", meta=_meta(Kind.GENERATE))
+                                        description=f"generator run {run_id}", meta=_meta(EntryKind.GENERATE))
+
+
+def push_dry_run(redis: Redis, queue: str, ref: str, timeout: int, ttl: int) -> None:
+    """Queue dry run ``ref`` on ``queue`` (down_super; not capped: one person's click, and a
+    worker takes it before any download entry); gone unrun after ``ttl`` seconds."""
+    entry = f"{FORMS[EntryKind.DRY_RUN].prefix}{ref}"
+    rq_queue(queue, redis).enqueue_call(DRY_RUN_FUNCTION, args=(ref,), job_id=entry, result_ttl=0,
+                                        failure_ttl=ttl, ttl=ttl, timeout=timeout,
+                                        description=f"dry run {ref}", meta=_meta(EntryKind.DRY_RUN))
 
 
 def push_export(redis: Redis, queue: str, export_id: str, timeout: int) -> None:
     """Queue an attempt of export ``export_id`` on ``queue`` (down_export; not capped)."""
     rq_queue(queue, redis).enqueue_call(EXPORT_FUNCTION, args=(export_id,), job_id=export_entry_id(export_id),
                                         result_ttl=0, failure_ttl=7 * 24 * 3600, timeout=timeout,
-                                        meta=_meta(Kind.EXPORT))
+                                        meta=_meta(EntryKind.EXPORT))
 
 
 def our_queues(redis: Redis) -> list[str]:
@@ -152,7 +165,7 @@ def entry_mapping(queue: Queue, lease: str, timeout: int, failure_ttl: int, desc
     """The rq job hash of a download entry, as ``Queue.enqueue_job`` would save it."""
     job = queue.create_job(DOWNLOAD_FUNCTION, args=(lease,), job_id=entry_id(lease), timeout=timeout,
                            result_ttl=0, failure_ttl=failure_ttl, description=description,
-                           status=JobStatus.QUEUED, meta=_meta(Kind.DOWNLOAD))
+                           status=JobStatus.QUEUED, meta=_meta(EntryKind.DOWNLOAD))
     job.origin = queue.name
     job.enqueued_at = enqueued_at.replace(tzinfo=timezone.utc) if enqueued_at.tzinfo is None else enqueued_at
     return {k: v.value if isinstance(v, Enum) else v for k, v in job.to_dict().items()}
@@ -230,9 +243,9 @@ def _decoded(reply: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class Entry:
-    """A queue entry as read by a worker: its kind, the record it names, rq's job."""
+    """A queue entry as read by a worker: its entry kind, the record it names, rq's job."""
 
-    kind: Kind
+    entry_kind: EntryKind
     ref: str  # the lease, export or generator run id
     job: RqJob
 
@@ -241,17 +254,17 @@ def _ours(entry: str) -> bool:
     return any(entry.startswith(form.prefix) for form in FORMS.values())
 
 
-def _kind_of(job: RqJob, function: str) -> Kind | None:
-    """The kind an entry states; for one queued before kinds were stated, the kind of the function
+def _entry_kind_of(job: RqJob, function: str) -> EntryKind | None:
+    """The entry kind an entry states; for one queued before kinds were stated, the kind of the function
     it calls (the one place this is derived)."""
     stated = job.meta.get("kind")
     if stated is None:
-        return next((kind for kind, form in FORMS.items() if form.function == function), None)
-    return next((kind for kind in Kind if kind.value == stated), None)
+        return next((entry_kind for entry_kind, form in FORMS.items() if form.function == function), None)
+    return next((entry_kind for entry_kind in EntryKind if entry_kind.value == stated), None)
 
 
 def fetch_entry(redis: Redis, entry: str) -> Entry | None:
-    """Our entry ``entry`` read as JSON and checked to call what its kind and id say; None if it is
+    """Our entry ``entry`` read as JSON and checked to call what its entry kind and id say; None if it is
     gone. ForeignEntry for anything else: an id not ours is not even read."""
     if not _ours(entry):
         raise ForeignEntry(f"{entry[:80]!r} is not a downcluster entry")
@@ -260,18 +273,18 @@ def fetch_entry(redis: Redis, entry: str) -> Entry | None:
         name = job.func_name or ""
         function = LEGACY_FUNCTIONS.get(name, name)
         call = (function, list(job.args), dict(job.kwargs))
-        kind = _kind_of(job, function)
+        entry_kind = _entry_kind_of(job, function)
     except NoSuchJobError:
         return None
     except Exception as exc:  # pickle, bad JSON, a hash of another shape
         raise ForeignEntry(f"{entry[:80]!r} is not JSON of rq's form ({type(exc).__name__})") from None
-    if kind is None or not entry.startswith(FORMS[kind].prefix):
+    if entry_kind is None or not entry.startswith(FORMS[entry_kind].prefix):
         raise ForeignEntry(f"{entry[:80]!r} is of no kind its id allows ({str(call[0])[:80]!r})")
-    form = FORMS[kind]
+    form = FORMS[entry_kind]
     ref = entry[len(form.prefix):]
     if call != (form.function, [ref], {}):
         raise ForeignEntry(f"{entry[:80]!r} calls {str(call[0])[:80]!r}, not {form.function}")
-    return Entry(kind, ref, job)
+    return Entry(entry_kind, ref, job)
 
 
 def refuse_entry(redis: Redis, queue_name: str, entry: str, why: str) -> None:

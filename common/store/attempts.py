@@ -28,9 +28,10 @@ from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
 from common.config import settings
+from common.store.connection import collection
 from common.store.data import body_of, gridfs_of
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import FAIL, SUCCESS, CrawlerDownloadData, collection
+from common.store.models import FAIL, SUCCESS, CrawlerDownloadData
 from common.store.paging import Doc
 from common.store.records import DataDoc, LeaseTask
 

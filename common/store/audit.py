@@ -11,8 +11,8 @@ from typing import Any
 
 from bson import ObjectId
 
+from common.store.connection import collection
 from common.store.control_models import AuditEntry
-from common.store.models import collection
 from common.store.records import AuditEntry as Entry
 
 

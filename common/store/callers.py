@@ -12,8 +12,8 @@ from bson import ObjectId
 from mongoengine.errors import NotUniqueError
 from pymongo.errors import DuplicateKeyError
 
+from common.store.connection import collection
 from common.store.control_models import ApiToken, CenterCaller, CenterKey
-from common.store.models import collection
 from common.store.records import Token
 
 

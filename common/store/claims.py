@@ -40,7 +40,7 @@ from pymongo import ReturnDocument
 from pymongo.collection import Collection
 
 from common.store import logs
-from common.store.models import utcnow
+from common.store.clock import utcnow
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 
 import mongoengine
 from pymongo import MongoClient
+from pymongo.collection import Collection
 from pymongo.errors import ConnectionFailure, OperationFailure
 from redis import Redis
 from redis.maint_notifications import MaintNotificationsConfig
@@ -87,6 +88,12 @@ def disconnect_mongo_unlocked() -> None:
 def disconnect_mongo() -> None:
     with _lock:
         disconnect_mongo_unlocked()
+
+
+def collection(model: Any) -> Collection[dict[str, Any]]:
+    """The pymongo collection of a document class (typed: mongoengine's own calls are not)."""
+    found: Collection[dict[str, Any]] = model._get_collection()
+    return found
 
 
 def mongo_client(alias: str = "source") -> MongoClient[dict[str, Any]]:

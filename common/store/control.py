@@ -17,8 +17,8 @@ from bson import ObjectId
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
+from common.store.connection import collection
 from common.store.control_models import ApiToken, ClusterSecret, WebSession
-from common.store.models import collection
 from common.store.records import Session, Token
 
 __all__ = ["Token", "Session"]

@@ -16,7 +16,7 @@ from mongoengine import (
     StringField,
 )
 
-from common.store.models import utcnow
+from common.store.clock import utcnow
 
 ADMIN, USER, ANALYST = "admin", "user", "analyst"
 ROLES = (ADMIN, USER, ANALYST)
@@ -82,7 +82,7 @@ class ClusterSecret(Document):
 
 
 class CenterCaller(Document):
-    """A calling system of the download center's /v1 interface (seed 000): its ``app_id``, the
+    """A calling system of the download center's /v1 interface: its ``app_id``, the
     secret it signs with (kept here, in clear, because its md5 signature can only be checked with
     the secret itself; never in the analysts' databases, never logged) and the token whose
     projects and role it acts with."""

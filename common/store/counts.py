@@ -1,5 +1,5 @@
 """A job's tasks per status, kept as they change: what every page and metric shows without
-reading the tasks (at ten million tasks a count over them takes seconds to minutes).
+reading the tasks (a count over them grows with the job: docs/scale.md).
 
 One document per job in ``crawler_task_count``: ``{_id: job, LIVE: n, DISPATCH: n, ..., first, last}``
 (no task, data or log of the job was made before ``first`` or after ``last``, give or take a host's
@@ -22,36 +22,60 @@ from typing import Any, Iterable
 from bson import ObjectId
 from pymongo import UpdateOne
 
+from common.store.connection import collection
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import (
-    TASK_STATUSES,
-    CrawlerDownloadData,
-    CrawlerTask,
-    CrawlerTaskCount,
-    collection,
-)
+from common.store.models import TASK_STATUSES, CrawlerDownloadData, CrawlerTask, CrawlerTaskCount
 from common.store.paging import Span
 
+TOP = ObjectId("f" * 24)  # the floor of a status with no task (``common.store.floors``)
+
 Move = tuple[ObjectId | None, str | None, str | None, int]  # (job, status before / after or None, tasks)
+Floors = dict[tuple[ObjectId | None, str], ObjectId]  # {(job, status entered): lowest ``_id`` entering}
 
 
-def move(moves: Iterable[Move], first: dict[ObjectId, ObjectId] | None = None) -> None:
+def move(moves: Iterable[Move], first: dict[ObjectId, ObjectId] | None = None,
+         floors: Floors | None = None) -> None:
     """Apply tasks' moves between statuses (None: added or removed), in one bulk write;
-    ``first``: {job id: the lowest ``_id`` among tasks it adds}."""
+    ``first``: {job id: the lowest ``_id`` among tasks it adds}; ``floors``: the lowest ``_id``
+    among the tasks each move put in its status, where known (``common.store.floors``: that
+    status's floor is lowered to it, or forgotten where not known)."""
     by_job: dict[ObjectId | None, Counter[str]] = defaultdict(Counter)
+    entered: dict[ObjectId | None, dict[str, ObjectId | None]] = defaultdict(dict)
+    first, floors = first or {}, floors or {}
     for job, before, after, n in moves:
         if n and before != after:
             if before:
                 by_job[job][before] -= n
             if after:
                 by_job[job][after] += n
-    first = first or {}
+                low = floors.get((job, after))
+                if low is None and before is None and job is not None:
+                    low = first.get(job)
+                had = entered[job].get(after, low)
+                entered[job][after] = None if low is None or had is None else min(low, had)
     made = ObjectId()  # after whatever this move follows was written (by this process's clock)
-    ops = [UpdateOne({"_id": job}, {"$inc": {k: v for k, v in c.items() if v}, "$max": {"last": made},
-                                    **({"$min": {"first": first[job]}} if job in first else {})}, upsert=True)
-           for job, c in by_job.items() if any(c.values())]
+    ops = [UpdateOne({"_id": job}, _change(c, entered[job], first.get(job) if job else None, made),
+                     upsert=True) for job, c in by_job.items() if any(c.values())]
     if ops:
         collection(CrawlerTaskCount).bulk_write(ops, ordered=False)
+
+
+def _change(counted: Counter[str], entered: dict[str, ObjectId | None], first: ObjectId | None,
+            made: ObjectId) -> dict[str, Any]:
+    """One job's update: its counts, ``last`` and ``first``; the floors of the statuses tasks
+    entered lowered (``$min``) or forgotten (``$unset``), their versions each one up."""
+    lower: dict[str, Any] = {f"floor.{s}": low for s, low in entered.items() if low is not None}
+    if first is not None:
+        lower["first"] = first
+    out: dict[str, Any] = {"$inc": {**{k: v for k, v in counted.items() if v},
+                                    **{f"floor_v.{s}": 1 for s in entered}},
+                           "$max": {"last": made}}
+    if lower:
+        out["$min"] = lower
+    forget = {f"{f}.{s}": "" for s, low in entered.items() if low is None for f in ("floor", "floor_ok")}
+    if forget:
+        out["$unset"] = forget
+    return out
 
 
 def of_jobs(job_ids: Iterable[ObjectId] | None = None) -> dict[ObjectId, dict[str, int]]:
@@ -96,16 +120,19 @@ def raise_floor(job_id: ObjectId, first: ObjectId) -> None:
 
 
 def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
-    """Rebuild the counts from the tasks (of one job, or all) and return them."""
     match: list[dict[str, Any]] = [] if job_id is None else [{"$match": {"job": job_id}}]
+    """Rebuild the counts (and the floors, ``common.store.floors``) from the tasks (of one job, or all)
+    and return them."""
     counted: dict[ObjectId, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TASK_STATUSES, 0))
     firsts: dict[ObjectId, ObjectId] = {}
     lasts: dict[ObjectId, ObjectId] = {}
     group = {"_id": {"job": "$job", "status": "$status"}, "n": {"$sum": 1}, "first": {"$min": "$_id"},
              "last": {"$max": "$_id"}, "changed": {"$max": "$last_update_datetime"}}
+    floors: dict[ObjectId, dict[str, ObjectId]] = defaultdict(dict)
     for row in collection(CrawlerTask).aggregate([*match, {"$group": group}]):
         job = row["_id"]["job"]
         counted[job][row["_id"]["status"]] = row["n"]
+        floors[job][row["_id"]["status"]] = row["first"]
         firsts[job] = min(firsts.get(job, row["first"]), row["first"])
         last = max(row["last"], ObjectId.from_datetime(row["changed"])) if row.get("changed") else row["last"]
         lasts[job] = max(lasts.get(job, last), last)
@@ -120,6 +147,8 @@ def recount(job_id: ObjectId | None = None) -> dict[ObjectId, dict[str, int]]:
         data, log = extents["data"].get(job), extents["log"].get(job)
         coll.replace_one({"_id": job}, {
             "_id": job, **c, "first": firsts[job], "last": lasts[job],
+            "floor": {s: floors[job].get(s, TOP) for s in TASK_STATUSES},
+            "floor_ok": dict.fromkeys(TASK_STATUSES, True),
             **({"data_first": data[0]} if data else {}),
             **({"log_last": log[1]} if log else {})}, upsert=True)
     return dict(counted)

@@ -184,8 +184,8 @@ class ExportRow:
     ``common.exports.templates.FIELDS`` (and the page's ``version``), by name through ``get``, as
     the writers read any source's rows. The body's fields are set only when the export asks for
     one, the response headers only when it asks for them. Made once per row exported and never
-    changed, but not frozen: a frozen dataclass's ``__init__`` costs three times as much (1.5 µs
-    against 0.45, a dict's cost; measured in docs/layout.md)."""
+    changed, but not frozen: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` (the costs: docs/layout.md)."""
 
     url: str | None
     status_code: int | None
@@ -214,7 +214,7 @@ def data_rows(job_id: ObjectId, flt: ExportFilter, status: tuple[int, ...] = (),
     the HTTP status codes ``status``: a table's own filter), one at a time (a small cursor batch;
     a GridFS body is read only when a body field is asked for): in the order they were stored,
     or with ``task_order`` in the order their URLs were added (what a printed sheet wants; it
-    costs the store a sort, about twice the reading time on SecantusDB)."""
+    costs the store a sort: docs/exports.md)."""
     coll = CrawlerDownloadData._get_collection()
     fs = gridfs_of(coll.database)
     projection = {"requests_body": 0, "requests_headers": 0}

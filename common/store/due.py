@@ -17,15 +17,9 @@ from typing import Any
 from bson import ObjectId
 
 from common.store import counts
-from common.store.models import (
-    DISPATCH,
-    FAIL,
-    LIVE,
-    SUCCESS,
-    Job,
-    collection,
-    store_now,
-)
+from common.store.clock import store_now
+from common.store.connection import collection
+from common.store.models import DISPATCH, FAIL, LIVE, SUCCESS, Job
 from common.store.paging import by_id, in_chunks
 from common.store.records import Job as JobRecord
 from common.store.records import Prev
@@ -37,10 +31,10 @@ WINDOW_MIN = 64
 
 @dataclass
 class Picked:
-    """One due task: its id, target host and (fresh tasks) seq."""
+    """One due task: its id, the worker host it must go to ("": any) and (fresh tasks) seq."""
 
     id: ObjectId
-    host: str
+    worker_host: str
     seq: int = 0
     uri: str = ""
     attempts: int = 0
@@ -194,9 +188,10 @@ FROM_START = ObjectId("0" * 24)  # a backlog not begun
 def make_due(end: float, batch: int = 2000) -> int:
     """The "revisits" chore: make the SUCCESS tasks each job had stored when its revisits were
     turned on due now, in ``_id`` order from its ``revisit_backlog``, in batches read window by
-    window, until ``end`` (monotonic time); a job's backlog is gone once all are (a million pages
-    took about 12 minutes, once inside the registering request). Due by the store's clock when
-    written: after the floor of any dispatcher run begun before. Returns how many came due."""
+    window, until ``end`` (monotonic time): a chore bounded in time however large the backlog,
+    never the registering request (why: docs/revisits.md); a job's backlog is gone once all are.
+    Due by the store's clock when written: after the floor of any dispatcher run begun before.
+    Returns how many came due."""
     made = 0
     for job in collection(Job).find({"revisit_backlog": {"$ne": None}}, {"revisit_backlog": 1}):
         job_id, mark = job["_id"], job["revisit_backlog"]
@@ -228,6 +223,7 @@ def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], no
     (``due_again`` checked the rest). By ``_id`` and one status at a time, as an ``$or`` makes
     some servers scan every task; the counts move by what each update changed, in one write."""
     moves: list[tuple[ObjectId | None, str | None, str, int]] = []
+    lowest = min((t.id for _, _, picked in entries for t in picked), default=None)
     for lease, queue, picked in entries:
         for status in (FAIL, LIVE, SUCCESS):
             ids = [t.id for t in picked if t.status == status]
@@ -241,4 +237,4 @@ def mark_sent(job_id: ObjectId, entries: list[tuple[str, str, list[Picked]]], no
                 {"_id": {"$in": ids}, "status": status, "retry_at": {"$gte": EPOCH, "$lte": now}},
                 {"$set": sent}).modified_count
             moves.append((job_id, status, DISPATCH, moved))
-    counts.move(moves)
+    counts.move(moves, floors={(job_id, DISPATCH): lowest} if lowest is not None else None)

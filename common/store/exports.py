@@ -24,8 +24,9 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.connection import collection
 from common.store.data import EXPORT_BUCKET
-from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export, collection
+from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS, Export
 from common.store.records import ExportRecord
 
 
@@ -53,6 +54,11 @@ def add(export: ExportRecord) -> ExportRecord:
     """Insert a new (PENDING) export; as stored."""
     _coll().insert_one(export.to_doc())
     return export
+
+
+def remove(export_id: ObjectId) -> None:
+    """Delete an export's document (its file is dropped by the caller)."""
+    _coll().delete_one({"_id": export_id})
 
 
 def join(export_id: ObjectId, callbacks: list[str], mails: list[str]) -> None:

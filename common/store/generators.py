@@ -29,17 +29,10 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.connection import collection
 from common.store.log_models import CrawlerGeneratorLog
 from common.store.logrecords import GeneratorRun
-from common.store.models import (
-    FAIL,
-    GEN_ON,
-    GEN_TEST,
-    RUN_RUNNING,
-    RUN_SKIPPED,
-    CrawlerGenerator,
-    collection,
-)
+from common.store.models import FAIL, GEN_ON, GEN_TEST, RUN_RUNNING, RUN_SKIPPED, CrawlerGenerator
 from common.store.records import Generator
 
 LOG_FIELDS = {"run": 1, "trigger": 1, "status": 1, "added": 1, "duplicate": 1, "rejected": 1, "lines": 1,

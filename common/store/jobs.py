@@ -18,16 +18,10 @@ from typing import Any
 
 from bson import ObjectId
 
+from common.errors import NotFound, ValidationError
+from common.store.clock import utcnow
 from common.store.log_models import CrawlerRegistrationErrorLog
-from common.store.models import (
-    OFF,
-    ON,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerDownloadType,
-    job_named,
-    utcnow,
-)
+from common.store.models import OFF, ON, CrawlerDownload, CrawlerDownloadSetting, CrawlerDownloadType
 from common.store.models import Job as JobDoc
 from common.store.records import DownloadType, Job, JobSettings
 
@@ -36,7 +30,12 @@ UNSET = JobSettings.from_doc({})  # the settings of a job without a settings doc
 
 def named(name: object) -> Job:
     """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
-    return job_named(name)
+    if not isinstance(name, str):
+        raise ValidationError("job must be a string")
+    job = JobDoc._get_collection().find_one({"name": name})
+    if job is None:
+        raise NotFound(f"no job named {name!r}")
+    return Job.from_doc(job)
 
 
 def find(name: str) -> Job | None:
@@ -89,7 +88,7 @@ def download_type(language: str) -> DownloadType:
     return found
 
 
-def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
+def store(name: str, priority: int, worker_host: str, code: str, dtype: DownloadType, fields: dict[str, Any],
           project: int | None = None, follow: dict[str, Any] | None = None,
           sitemaps: dict[str, Any] | None = None) -> tuple[Job, bool]:
     """Create or update job ``name`` (in ``project``, if given), its download (``code`` of type
@@ -99,7 +98,7 @@ def store(name: str, priority: int, host: str, code: str, dtype: DownloadType, f
     doc = JobDoc.objects(name=name).first()
     created = doc is None
     doc = doc or JobDoc(name=name, add_datetime=now)
-    doc.priority, doc.host, doc.follow, doc.last_update_datetime = priority, host, follow, now
+    doc.priority, doc.worker_host, doc.follow, doc.last_update_datetime = priority, worker_host, follow, now
     doc.sitemaps = sitemaps
     if project is not None:
         doc.project = project

@@ -12,8 +12,11 @@ One ``crawler_lease`` document per queue entry (the rq job ``dc-<lease>``):
                           RUNNING without a beat for HEARTBEAT_TTL, or older than LEASE_TIMEOUT
     release (defender)    LOST (compare-and-set), its tasks given back under the same guard, deleted
 
-Invariant: every change to a task sent in an entry is guarded by ``_held_by(lease, kind)``, so
-each task ends settled by the worker or released by the defender, never both.
+A lease's *attempt kind* (stored as ``kind``) says what its tasks were when sent: FRESH (LIVE,
+never sent), AGAIN (sent again: DISPATCH) or REVISIT (SUCCESS, due again); it picks the guard.
+
+Invariant: every change to a task sent in an entry is guarded by ``_held_by(lease, attempt_kind)``,
+so each task ends settled by the worker or released by the defender, never both.
 
 The fence (why a returning worker changes nothing a reader sees) is ``common.store.orphans``:
 data an attempt stored that no task names is never read, and is removed.
@@ -28,6 +31,7 @@ from pymongo import UpdateMany, UpdateOne
 
 from common.config import settings
 from common.store import claims, counts
+from common.store.connection import collection
 from common.store.models import (
     DEAD,
     DISPATCH,
@@ -43,7 +47,6 @@ from common.store.models import (
     CrawlerLease,
     CrawlerOldVersion,
     CrawlerTask,
-    collection,
 )
 
 # the writer reaches these here, with the settles (re-exported)
@@ -65,38 +68,39 @@ LEASE = claims.Claimed("download lease", CrawlerLease._get_collection, owner="wo
 
 # --- the guard --------------------------------------------------------------------------
 
-def _held_by(lease: str, kind: str, sent_at: datetime | None = None) -> Doc:
+def _held_by(lease: str, attempt_kind: str, sent_at: datetime | None = None) -> Doc:
     """What a task must still look like to belong to the entry ``lease``: the one guard of
     every change that settles or gives back an entry's tasks (worker, defender, dispatcher).
     Fresh tasks and revisits are sent without a write of their own: a fresh task is LIVE and
     never due, a revisit SUCCESS and due at the latest when its entry was made (``sent_at``, the
     lease's ``created_at``); any settle or release moves ``retry_at`` past that, so no other
     attempt under the same entry, nor one of an entry made before, can match it again."""
-    if kind == FRESH:
+    if attempt_kind == FRESH:
         return {"status": LIVE, "retry_at": None}
-    if kind == REVISIT:
+    if attempt_kind == REVISIT:
         if sent_at is None:
             raise ValueError("a revisit entry's guard needs the time it was made")
         return {"status": SUCCESS, "retry_at": {"$lte": sent_at}}
     return {"status": DISPATCH, "lease": lease}
 
 
-def held_status(kind: str) -> str:
-    """The status of a task while an entry of ``kind`` holds it (``_held_by``)."""
-    return {FRESH: LIVE, REVISIT: SUCCESS}.get(kind, DISPATCH)
+def held_status(attempt_kind: str) -> str:
+    """The status of a task while an entry of ``attempt_kind`` holds it (``_held_by``)."""
+    return {FRESH: LIVE, REVISIT: SUCCESS}.get(attempt_kind, DISPATCH)
 
 
-def holds(task_id: ObjectId, lease: str, kind: str, sent_at: datetime | None = None) -> bool:
+def holds(task_id: ObjectId, lease: str, attempt_kind: str, sent_at: datetime | None = None) -> bool:
     """Whether the entry ``lease`` still holds the task (``_held_by``)."""
-    return bool(held_of([task_id], lease, kind, sent_at))
+    return bool(held_of([task_id], lease, attempt_kind, sent_at))
 
 
-def held_of(ids: list[ObjectId], lease: str, kind: str, sent_at: datetime | None = None) -> set[ObjectId]:
+def held_of(ids: list[ObjectId], lease: str, attempt_kind: str,
+            sent_at: datetime | None = None) -> set[ObjectId]:
     """The tasks among ``ids`` that the entry ``lease`` still holds (``_held_by``)."""
     if not ids:
         return set()
     return {d["_id"] for d in CrawlerTask._get_collection().find(
-        {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)}, {"_id": 1})}
+        {"_id": {"$in": ids}, **_held_by(lease, attempt_kind, sent_at)}, {"_id": 1})}
 
 
 # --- create, claim, beat, finish ------------------------------------------------------------
@@ -112,14 +116,14 @@ class Sent(Protocol):
     depth: int
 
 
-def new_lease(lease: str, job_id: ObjectId, queue: str, kind: str, tasks: Sequence[Sent],
+def new_lease(lease: str, job_id: ObjectId, queue: str, attempt_kind: str, tasks: Sequence[Sent],
               now: datetime) -> Lease:
     """The lease of a new entry of ``tasks``."""
     prev = [t.prev.to_doc() if t.prev else {} for t in tasks] if any(t.prev for t in tasks) else None
     maps = ([[t.sitemap, t.depth] if t.sitemap else [] for t in tasks]
             if any(t.sitemap for t in tasks) else None)
     depths = [t.depth for t in tasks] if any(t.depth for t in tasks) else None
-    return Lease(id=lease, job=job_id, queue=queue, kind=kind, ids=[t.id for t in tasks],
+    return Lease(id=lease, job=job_id, queue=queue, attempt_kind=attempt_kind, ids=[t.id for t in tasks],
                  uris=[t.uri for t in tasks], attempts=[t.attempts for t in tasks], prev=prev, sitemaps=maps,
                  depths=depths, state=QUEUED,
                  hostname=settings.HOSTNAME, created_at=now)
@@ -168,22 +172,22 @@ def finish(lease_ids: list[str], worker_id: str) -> None:
 SETTLE_GROUP = 16  # tasks named by one settle statement (see ``settle_success``)
 
 
-def settle_success(ids: list[ObjectId], lease: str, kind: str, now: datetime,
+def settle_success(ids: list[ObjectId], lease: str, attempt_kind: str, now: datetime,
                    sent_at: datetime | None = None) -> list[UpdateMany]:
     """The successes of one entry: each names its data (``data_lease``). One UpdateMany per
     SETTLE_GROUP tasks: a store that checks ``$in`` by walking its list (the embedded one does,
-    twice per document) pays per task for the list's length, and per statement for the rest;
-    groups of 16 cost it about a tenth less per task than one statement of a whole entry
-    (``scripts/bench_settle.py``). The guard and the change are the same for every group."""
+    twice per document) pays per task for the list's length, and per statement for the rest, so
+    a group bounds the first (the choice of 16, measured with ``scripts/bench_settle.py``:
+    docs/benchmarks.md). The guard and the change are the same for every group."""
     change = {"$set": {"status": SUCCESS, "data_lease": lease, "failed_reason": None, "retry_at": None,
                        "last_update_datetime": now},
               "$inc": {"download_times": 1}, "$unset": UNSET_LEASE}
-    guard = _held_by(lease, kind, sent_at)
+    guard = _held_by(lease, attempt_kind, sent_at)
     return [UpdateMany({"_id": {"$in": ids[i:i + SETTLE_GROUP]}, **guard}, change)
             for i in range(0, len(ids), SETTLE_GROUP)]
 
 
-def settle_visit(task_id: ObjectId, lease: str, kind: str, now: datetime, retry_at: datetime | None,
+def settle_visit(task_id: ObjectId, lease: str, attempt_kind: str, now: datetime, retry_at: datetime | None,
                  every: float, stored: Doc | None, not_modified: bool, reason: str | None = None,
                  sent_at: datetime | None = None, seen: Doc | None = None) -> UpdateOne:
     """A visit of a job with revisits: SUCCESS, due again at ``retry_at`` (``every`` seconds on).
@@ -207,7 +211,7 @@ def settle_visit(task_id: ObjectId, lease: str, kind: str, now: datetime, retry_
     elif not_modified:
         change["$inc"]["not_modified"] = 1
         change["$set"].update(seen or {})  # the same body again: its validators, for the next visit
-    return UpdateOne({"_id": task_id, **_held_by(lease, kind, sent_at)}, change)
+    return UpdateOne({"_id": task_id, **_held_by(lease, attempt_kind, sent_at)}, change)
 
 
 def mark_superseded(settled: list[tuple[ObjectId, ObjectId, int, str | None]]) -> None:
@@ -235,12 +239,12 @@ def remark_versions(lease: str, ids: list[ObjectId]) -> None:
 
 
 def settle_failure(
-    task_id: ObjectId, lease: str, kind: str, reason: str, retry_at: datetime | None, now: datetime,
+    task_id: ObjectId, lease: str, attempt_kind: str, reason: str, retry_at: datetime | None, now: datetime,
     sent_at: datetime | None = None,
 ) -> UpdateOne:
     """A failed attempt: FAIL, due again at ``retry_at`` (None: never)."""
     return UpdateOne(
-        {"_id": task_id, **_held_by(lease, kind, sent_at)},
+        {"_id": task_id, **_held_by(lease, attempt_kind, sent_at)},
         {
             "$set": {
                 "status": FAIL,
@@ -254,24 +258,25 @@ def settle_failure(
     )
 
 
-def hand_back(task_id: ObjectId, lease: str, kind: str, reason: str, after: float, now: datetime,
+def hand_back(task_id: ObjectId, lease: str, attempt_kind: str, reason: str, after: float, now: datetime,
               sent_at: datetime | None = None) -> UpdateOne:
     """Handed back before any request (host busy, robots.txt unavailable): no attempt counted."""
     return UpdateOne(
-        {"_id": task_id, **_held_by(lease, kind, sent_at)},
+        {"_id": task_id, **_held_by(lease, attempt_kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now + timedelta(seconds=after), "last_update_datetime": now,
                   "failed_reason": reason[:10240]},
          "$unset": UNSET_LEASE})
 
 
-def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, kind: str, reason: str, now: datetime,
-              sent_at: datetime | None = None) -> int:
+def give_back(job_id: ObjectId, ids: list[ObjectId], lease: str, attempt_kind: str, reason: str,
+              now: datetime, sent_at: datetime | None = None) -> int:
     """Tasks of an entry that made no attempt go again at once (LIVE, ``retry_at`` now)."""
     given = CrawlerTask._get_collection().update_many(
-        {"_id": {"$in": ids}, **_held_by(lease, kind, sent_at)},
+        {"_id": {"$in": ids}, **_held_by(lease, attempt_kind, sent_at)},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job_id, held_status(kind), LIVE, given)])
+    counts.move([(job_id, held_status(attempt_kind), LIVE, given)],
+                floors={(job_id, LIVE): min(ids)} if ids else None)
     return int(given)
 
 
@@ -359,47 +364,59 @@ def release(lease_id: str, reason: str, attempt: bool, now: datetime) -> tuple[i
     if lease is None:
         return 0, 0, 0
     ids = lease.get("ids") or []
-    tasks = CrawlerTask._get_collection()
-    flt = {"_id": {"$in": ids}, **_held_by(lease_id, lease["kind"], lease.get("created_at"))}
     recovered = dead = again = 0
     if attempt:
-        dead = tasks.update_many(
-            {**flt, **claims.spent(LEASE)},
-            {
-                "$set": {
-                    "status": DEAD,
-                    "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
-                    "retry_at": None,
-                    "last_update_datetime": now,
-                },
-                "$inc": {"recoveries": 1},
-                "$unset": UNSET_LEASE,
-            },
-        ).modified_count
-        recovered = tasks.update_many(
-            flt,
-            {
-                "$set": {
-                    "status": LIVE,
-                    "retry_at": now,
-                    "failed_reason": f"recovered: {reason}",
-                    "last_update_datetime": now,
-                },
-                "$inc": {"recoveries": 1},
-                "$unset": UNSET_LEASE,
-            },
-        ).modified_count
-        held = _held_by(lease_id, lease["kind"], lease.get("created_at"))["status"]
-        counts.move([(lease.get("job"), held, DEAD, dead), (lease.get("job"), held, LIVE, recovered)])
-        if dead:
-            claims.give_up_alert(LEASE, lease.get("job"), f"{dead} task(s) of entry {lease_id} DEAD after "
-                                                          f"{settings.MAX_RECOVERIES} recoveries: {reason}")
+        recovered, dead = _recover(lease, reason, now)
     else:
         again = give_back(lease.get("job"), ids, lease_id, lease["kind"], f"sent again: {reason}", now,
                           lease.get("created_at"))
-    # Only now can no attempt under this lease settle a task: what it stored unsettled can go.
-    tombstone(lease_id, lease.get("job"), reason, ids, now)  # before the lease ends (fence.shown)
+    _forget(lease_id, lease.get("job"), ids, reason, now)
+    return recovered, dead, again
+
+
+def _recover(lease: Doc, reason: str, now: datetime) -> tuple[int, int]:
+    """The tasks a lost attempt held go again at once, counting a recovery; those out of
+    recoveries end DEAD (with an alert). Returns (recovered, dead)."""
+    lease_id, job = lease["_id"], lease.get("job")
+    tasks = CrawlerTask._get_collection()
+    guard = _held_by(lease_id, lease["kind"], lease.get("created_at"))
+    flt = {"_id": {"$in": lease.get("ids") or []}, **guard}
+    dead: int = tasks.update_many(
+        {**flt, **claims.spent(LEASE)},
+        {
+            "$set": {
+                "status": DEAD,
+                "failed_reason": f"dead after {settings.MAX_RECOVERIES} recoveries: {reason}",
+                "retry_at": None,
+                "last_update_datetime": now,
+            },
+            "$inc": {"recoveries": 1},
+            "$unset": UNSET_LEASE,
+        },
+    ).modified_count
+    recovered: int = tasks.update_many(
+        flt,
+        {
+            "$set": {"status": LIVE, "retry_at": now, "failed_reason": f"recovered: {reason}",
+                     "last_update_datetime": now},
+            "$inc": {"recoveries": 1},
+            "$unset": UNSET_LEASE,
+        },
+    ).modified_count
+    held = held_status(lease["kind"])
+    ids = lease.get("ids") or []
+    counts.move([(job, held, DEAD, dead), (job, held, LIVE, recovered)],
+                floors={(job, s): min(ids) for s in (DEAD, LIVE)} if ids else None)
+    if dead:
+        claims.give_up_alert(LEASE, job, f"{dead} task(s) of entry {lease_id} DEAD after "
+                                         f"{settings.MAX_RECOVERIES} recoveries: {reason}")
+    return recovered, dead
+
+
+def _forget(lease_id: str, job: ObjectId | None, ids: list[ObjectId], reason: str, now: datetime) -> None:
+    """The lease's tasks are given back: no attempt under it can settle one any more, so what it
+    stored unsettled can go, and the lease ends (its tombstone first, for ``fence.shown``)."""
+    tombstone(lease_id, job, reason, ids, now)  # before the lease ends (fence.shown)
     drop_unsettled(lease_id, ids)
     remark_versions(lease_id, ids)
     CrawlerLease._get_collection().delete_one({"_id": lease_id})
-    return recovered, dead, again

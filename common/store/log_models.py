@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mongoengine import DateTimeField, DictField, Document, IntField, ListField, ReferenceField, StringField
 
-from common.store.models import FAIL, RUN_STATUSES, SUCCESS, CrawlerTask, Job, utcnow
+from common.store.clock import utcnow
+from common.store.models import FAIL, RUN_STATUSES, SUCCESS, CrawlerTask, Job
 
 
 class CrawlerDownloadLog(Document):
@@ -70,7 +71,7 @@ class NotificationLog(Document):
     """One delivery attempt of a webhook or mail."""
 
     target = StringField()
-    kind = StringField()
+    channel = StringField(db_field="kind")  # webhook, form or mail
     event = StringField()
     status = StringField()                       # SENT or FAIL
     attempt = IntField()

@@ -19,9 +19,10 @@ from typing import Any, Iterator
 from bson import ObjectId
 
 from common.config import settings
+from common.store.connection import collection
 from common.store.log_models import CrawlerDispatchAlertLog, CrawlerDispatchLog, CrawlerDownloadLog
 from common.store.logrecords import DispatchLog, DownloadLog
-from common.store.models import FAIL, SUCCESS, collection
+from common.store.models import FAIL, SUCCESS
 
 DOWNLOAD_FIELDS = {"status": 1, "failed_reason": 1, "spend_time": 1, "response_size": 1,
                    "downloads_hostname": 1, "coalesced_from": 1, "add_datetime": 1}

@@ -1,5 +1,5 @@
 """MongoDB documents (mongoengine) of the "source" database (jobs, tasks and their keys, data,
-leases, exports, notifications, generators), the statuses they hold and the store's clock. The
+leases, exports, notifications, generators), their indexes and the statuses they hold. The
 other two databases, one per connection alias, have modules of their own: "log"
 (``common.store.log_models``: download, dispatch, alert, registration error, notification and
 generator run logs) and "control" (``common.store.control_models``: projects, the audit log, API
@@ -8,14 +8,10 @@ tokens, web sessions, cluster secrets); ``common.store.schema`` lists every clas
 Collection names are mongoengine's defaults for the class names unless ``meta`` names them;
 analysts query them directly, so field names and status strings are part of the interface (README "Schema").
 Hot paths use ``Model._get_collection()`` for bulk writes; the classes define the schema
-and the indexes.
+and the indexes. The store's clock and the text form of a stored time are ``common.store.clock``.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from bson import ObjectId
 from mongoengine import (
     BinaryField,
     BooleanField,
@@ -29,66 +25,9 @@ from mongoengine import (
     ReferenceField,
     StringField,
 )
-from pymongo.collection import Collection
 
 from common.queue.names import DEFAULT_PRIORITY, PRIORITIES
-from common.store.records import Job as JobRecord
-
-
-def collection(model: Any) -> Collection[dict[str, Any]]:
-    """The pymongo collection of a document class (typed: mongoengine's own calls are not)."""
-    found: Collection[dict[str, Any]] = model._get_collection()
-    return found
-
-
-def utcnow() -> datetime:
-    """Naive UTC, as BSON stores it."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def store_now() -> datetime:
-    """The source store's clock (naive UTC): the one clock leases and exports are stamped with
-    (``$currentDate`` by workers) and judged by (the defender), whatever each machine's clock says."""
-    now: datetime = collection(CrawlerLease).database.command("hello")["localTime"]
-    return now
-
-
-_store_offset = timedelta(0)  # the store's clock minus this machine's, as last measured
-
-
-def sync_store_clock() -> None:
-    """Measure this machine's clock against the store's (to within half a round trip); the
-    worker's heartbeat does so every beat."""
-    global _store_offset
-    before = utcnow()
-    store = store_now()
-    after = utcnow()
-    _store_offset = store - (before + (after - before) / 2)
-
-
-def store_time() -> datetime:
-    """Now by the store's clock without asking it (this machine's, corrected by the last
-    ``sync_store_clock``): the due times and stamps a worker writes."""
-    return utcnow() + _store_offset
-
-
-OBJECT_ID_TIMES = (
-    datetime(1970, 1, 1),
-    datetime(2106, 2, 7, 6, 28, 15),
-)  # what an ObjectId's 4-byte time holds
-
-
-def id_at(when: datetime) -> ObjectId:
-    """The smallest ObjectId made at ``when`` (naive UTC), for ranges by ``_id`` time: times
-    outside what an ObjectId can hold are clamped (a 100-year retention, a date in 9999)."""
-    return ObjectId.from_datetime(min(max(when, OBJECT_ID_TIMES[0]), OBJECT_ID_TIMES[1]))
-
-
-def iso(value: object) -> object:
-    """A stored (naive UTC) time as RFC 3339 in one shape, to the millisecond BSON keeps
-    (``2026-11-25T09:40:35.120Z``, ``.000Z`` on a whole second); anything else unchanged."""
-    return value.isoformat(timespec="milliseconds") + "Z" if isinstance(value, datetime) else value
-
+from common.store.clock import utcnow
 
 ON, OFF = "ON", "OFF"
 
@@ -101,7 +40,7 @@ class Job(Document):
     name = StringField(required=True, unique=True, max_length=128)
     status = StringField(choices=(ON, OFF), default=ON)
     priority = IntField(min_value=PRIORITIES[0], max_value=PRIORITIES[-1], default=DEFAULT_PRIORITY)
-    host = StringField(default="")
+    worker_host = StringField(db_field="host", default="")  # the worker host whose queues take it ("": any)
     project = IntField()  # the project it belongs to (null: the ``default`` project, before ``migrate``)
     # The fresh-task cursor (see common/store/tasks.py): intake numbers a job's tasks 1, 2, ...
     # (``seq``); the dispatcher has sent out every fresh task with seq <= ``seq_sent``.
@@ -122,18 +61,6 @@ class Job(Document):
     follow = DictField(default=None)  # the [follow] table registration checked (None: follows nothing)
     sitemaps = DictField(default=None)  # the [sitemaps] table registration checked (None: no sitemap)
     meta = {"db_alias": "source", "indexes": [("status", "priority")]}
-
-
-def job_named(name: object) -> JobRecord:
-    """The job called ``name`` (a plain string, looked up as a literal), or NotFound."""
-    from common.errors import NotFound, ValidationError
-
-    if not isinstance(name, str):
-        raise ValidationError("job must be a string")
-    job = Job._get_collection().find_one({"name": name})
-    if job is None:
-        raise NotFound(f"no job named {name!r}")
-    return JobRecord.from_doc(job)
 
 
 class CrawlerDownloadType(Document):
@@ -203,7 +130,7 @@ class CrawlerTask(Document):
     status = StringField(choices=TASK_STATUSES, default=LIVE)
     download_times = IntField(default=0)
     recoveries = IntField(default=0)
-    host_name = StringField(default="")
+    host_name = StringField(default="")  # the worker host that must take it ("": any); never a site
     lease = StringField()
     queue = StringField()
     dispatched_at = DateTimeField()
@@ -280,12 +207,12 @@ class CrawlerLease(Document):
     id = StringField(primary_key=True)
     job = ReferenceField(Job, required=True)
     queue = StringField(required=True)
-    kind = StringField(choices=(FRESH, AGAIN, REVISIT), required=True)
+    attempt_kind = StringField(db_field="kind", choices=(FRESH, AGAIN, REVISIT), required=True)
     ids = ListField(ObjectIdField())
     uris = ListField(StringField())   # the tasks' URLs, in ``ids`` order (the worker reads no task)
     attempts = ListField(IntField())  # their download_times when sent
-    prev = ListField(DictField())     # revisits: each task's latest version (``common.store.tasks.Prev``)
-    sitemaps = ListField(ListField())  # jobs with [sitemaps]: each sitemap task's [kind, depth] ([]: a page)
+    prev = ListField(DictField())     # revisits: each task's latest version (``common.store.records.Prev``)
+    sitemaps = ListField(ListField())  # [sitemaps]: each sitemap task's [sitemap, depth] ([]: a page)
     depths = ListField(IntField())    # each task's depth, when any was found on a page (else none)
     state = StringField(choices=(QUEUED, RUNNING, LOST), default=QUEUED)
     worker = StringField()
@@ -422,7 +349,8 @@ class Export(Document):
 class Notification(Document):
     """A webhook or mail to deliver; retried with backoff until delivered or out of attempts."""
 
-    kind = StringField(choices=("webhook", "form", "mail"), required=True)  # form: a /v1 task's callback
+    # how it goes (form: a /v1 download task's callback)
+    channel = StringField(db_field="kind", choices=("webhook", "form", "mail"), required=True)
     target = StringField(required=True)          # URL or address
     event = StringField(required=True)           # export.succeeded, export.failed, job.report, job.alert
     subject = StringField(default="")

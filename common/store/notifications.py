@@ -17,8 +17,9 @@ from pymongo.collection import Collection
 
 from common.config import settings
 from common.store import claims
+from common.store.connection import collection
 from common.store.log_models import NotificationLog
-from common.store.models import FAIL, PENDING, SUCCESS, Notification, collection
+from common.store.models import FAIL, PENDING, SUCCESS, Notification
 from common.store.records import NotificationRecord
 
 HOLD = 120  # seconds a delivery may take (connect and read timeouts included) before its claim lapses
@@ -33,9 +34,9 @@ OUTBOX = claims.Claimed("notification", _coll, owner="worker", ttl=lambda: float
 RELEASE = {"worker": None, claims.BEAT: None}  # a claim cleared
 
 
-def add(kind: str, target: str, event: str, body: str, subject: str = "") -> None:
+def add(channel: str, target: str, event: str, body: str, subject: str = "") -> None:
     """Queue a notification, due now."""
-    Notification(kind=kind, target=target, event=event, subject=subject, body=body).save()
+    Notification(channel=channel, target=target, event=event, subject=subject, body=body).save()
 
 
 def claim(now: datetime, owner: str) -> NotificationRecord | None:
@@ -81,5 +82,6 @@ def upgrade_claims() -> int:
     return moved
 
 
-def log_attempt(target: str, kind: str, event: str, status: str, attempt: int, error: str | None) -> None:
-    NotificationLog(target=target, kind=kind, event=event, status=status, attempt=attempt, error=error).save()
+def log_attempt(target: str, channel: str, event: str, status: str, attempt: int, error: str | None) -> None:
+    NotificationLog(target=target, channel=channel, event=event, status=status, attempt=attempt,
+                    error=error).save()

@@ -23,9 +23,10 @@ from datetime import datetime, timedelta
 from bson import ObjectId
 
 from common.config import settings
+from common.store.clock import utcnow
 from common.store.data import gridfs_of
 from common.store.fence import named
-from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease, utcnow
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, LostLease
 from common.store.paging import Doc
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from bson import ObjectId
 from mongoengine import Document
 from pymongo.collection import Collection
 
-from common.store import counts
+from common.store import counts, floors
+from common.store.connection import collection
 from common.store.data import gridfs_of
 from common.store.fence import shown
 from common.store.log_models import (
@@ -41,7 +42,6 @@ from common.store.models import (
     CrawlerLease,
     CrawlerTask,
     Job,
-    collection,
 )
 from common.store.paging import Doc, Span, by_id
 from common.store.records import DataDoc, Task
@@ -91,6 +91,8 @@ def tasks(job_id: ObjectId, status: str | None, limit: int, after: ObjectId | No
           newest: bool) -> list[Task]:
     """Up to ``limit`` of the job's tasks (of ``status``) after ``after`` in ``_id`` order (what
     ``SHOWN["tasks"]`` shows of each: the rest of a record is left at its defaults)."""
+    if status is not None and not newest:  # from where the status's tasks begin (common.store.floors)
+        return floors.page(job_id, status, limit, after, counts.span(job_id), TASK_FIELDS)
     flt: dict[str, Any] = {"job": job_id}
     if status is not None:
         flt["status"] = status
@@ -202,7 +204,7 @@ def _newest_of_jobs(coll: Collection[Doc], job_ids: list[ObjectId] | None, limit
     """The newest ``limit`` of the jobs' documents (of every job when None) beyond ``after``: each
     job's own newest, read by its (job, ``_id``) index window by window, merged. A filter of
     ``_id`` alone, or of ``job`` ``$in`` a list, makes the embedded store read the whole
-    collection for every window (a page of the download log took minutes at 726,000 tasks)."""
+    collection for every window (what that cost: docs/scale.md)."""
     spans = counts.spans(job_ids, "log")
     ids = job_ids if job_ids is not None else sorted(
         {*spans, *(j["_id"] for j in Job._get_collection().find({}, {"_id": 1}))} - {None})

@@ -5,7 +5,7 @@ An ObjectId begins with the second it was made, so a range of ``_id`` is a span 
 next twice as wide as the last — until it holds what was asked or the range is done. Each window is one
 query on the collection's (equality fields…, ``_id``) index, so a read costs what its windows
 hold, not what the job holds: MongoDB stops at the limit inside any range, but the embedded store
-reads a whole range before it applies one (a page of a job with a million tasks took 45 s).
+reads a whole range before it applies one (what that cost: docs/scale.md).
 
 The windows partition the ``_id`` order (each begins where the last ended, the last one is open),
 so a page is exact whatever the clocks that made the ids; the job's ``Span`` (what it wrote lies
@@ -24,9 +24,11 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 FIRST_WINDOW = timedelta(seconds=1)
-IN_MAX = 50  # values of one $in: the embedded store matches each document against the list (50: 0.4 ms a
-             # value; 3,500 in one list: 13 ms a value)
+# values of one $in: the embedded store matches each document against the whole list, so a
+# list's cost a value grows with its length (measured: docs/scale.md)
+IN_MAX = 50
 SKEW = timedelta(days=1)  # ids made by a host whose clock is behind (or ahead)
+FINE_FIRST = 32  # ids: the first window of a ``fine`` read (one process's ids of one second are consecutive)
 Doc = dict[str, Any]  # a raw document: what the store's own modules read here and make records of
 
 
@@ -38,10 +40,31 @@ class Span:
     last: ObjectId | None = None
 
 
+def _fine(after: ObjectId, before: ObjectId | None) -> Iterator[Doc]:
+    """Ranges from just above ``after`` to the end of its second, the first ``FINE_FIRST`` ids
+    wide, each next twice as wide (the last one ends at ``before`` if that comes first)."""
+    low, width = int(str(after), 16) + 1, FINE_FIRST
+    second_ends = min((low >> 64) + 1 << 64, (1 << 96) - 1)
+    end = min(second_ends, int(str(before), 16)) if before is not None else second_ends
+    while low < end:
+        high = min(low + width, end)
+        yield {"$gte": ObjectId(f"{low:024x}"), "$lt": ObjectId(f"{high:024x}")}
+        low, width = high, width * 2
+
+
 def windows(span: Span, after: ObjectId | None = None, newest: bool = False,
-            before: ObjectId | None = None) -> Iterator[Doc]:
+            before: ObjectId | None = None, fine: bool = False) -> Iterator[Doc]:
     """``_id`` ranges that partition everything beyond ``after`` (exclusive), in order; oldest
-    first, ``before`` (exclusive) ends the last range instead of leaving it open."""
+    first, ``before`` (exclusive) ends the last range instead of leaving it open. ``fine``
+    (oldest first from ``after``): the rest of ``after``'s second is read first in ranges that
+    begin a few ids wide (a page that starts where a burst of ids does reads a few of them,
+    not the burst's first second)."""
+    if fine and after is not None and not newest and int(str(after), 16) + 1 < 1 << 96:
+        yield from _fine(after, before)
+        second_ends = min((int(str(after), 16) + 1 >> 64) + 1 << 64, (1 << 96) - 1)
+        if before is not None and int(str(before), 16) <= second_ends:
+            return
+        after = ObjectId(f"{second_ends - 1:024x}")
     now = datetime.now(timezone.utc)
     start = span.first.generation_time if span.first is not None else now
     end = span.last.generation_time + FIRST_WINDOW if span.last is not None else now
@@ -70,13 +93,14 @@ def _within(flt: Doc, rng: Doc) -> Doc:
 
 def by_id(coll: Collection[Doc], flt: Doc, limit: int, *, span: Span, after: ObjectId | None = None,
           newest: bool = False, before: ObjectId | None = None, projection: Doc | None = None,
-          computed: bool = False) -> list[Doc]:
+          computed: bool = False, fine: bool = False) -> list[Doc]:
     """Up to ``limit`` documents matching ``flt`` (which names no ``_id``) in ``_id`` order — newest
     first if ``newest`` — beyond ``after`` (and, oldest first, below ``before``). ``computed``:
-    ``projection`` is an aggregation ``$project`` (fields computed on the server, such as a body's size)."""
+    ``projection`` is an aggregation ``$project`` (fields computed on the server, such as a body's size);
+    ``fine``: see ``windows``."""
     out: list[Doc] = []
     order = -1 if newest else 1
-    for rng in windows(span, after, newest, before):
+    for rng in windows(span, after, newest, before, fine):
         query, k = _within(flt, rng), limit - len(out)
         if computed:
             out += coll.aggregate([{"$match": query}, {"$sort": {"_id": order}}, {"$limit": k},

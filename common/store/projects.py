@@ -12,8 +12,10 @@ from typing import Any
 from bson import ObjectId
 from pymongo.errors import DuplicateKeyError
 
+from common.store.clock import utcnow
+from common.store.connection import collection
 from common.store.control_models import ADMIN, DEFAULT_PROJECT, ApiToken, Project
-from common.store.models import Export, Job, collection, utcnow
+from common.store.models import Export, Job
 from common.store.records import Project as ProjectRecord
 from common.store.records import Token
 

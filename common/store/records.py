@@ -3,7 +3,8 @@ MongoDB document here and nowhere else (``from_doc`` / ``to_doc``), as rq keeps 
 ``Job.to_dict`` / ``Job.restore``. Store functions take and return these; no module outside
 ``common/store/`` names a field of a document (``tests/unit/test_store_fields.py``).
 
-An attribute is its document's field of the same name (``id`` is ``_id``); a field a document
+An attribute is its document's field of the same name (``id`` is ``_id``; one whose name says
+more than its field's names the field in its metadata, ``db_field``, as mongoengine does); a field a document
 lacks or holds null (an older document, or a read that projects it out) takes the attribute's
 default, the model's default where ``common/store/models.py`` declares one. ``Mapping`` and ``Sequence``
 attributes hold what the driver read (not copied: a record is built thousands of times a second
@@ -12,7 +13,7 @@ on the worker's hot path, see ``docs/layout.md``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Callable, ClassVar, TypeVar
 
@@ -79,7 +80,7 @@ class Job(Record):
     name: str
     status: str = "ON"
     priority: int = DEFAULT_PRIORITY
-    host: str = ""
+    worker_host: str = field(default="", metadata={"db_field": "host"})  # a machine of workers, never a site
     project: int | None = None
     seq_next: int = 0
     seq_sent: int = 0
@@ -154,7 +155,7 @@ class Task(Record):
     status: str = "LIVE"
     download_times: int = 0
     recoveries: int = 0
-    host_name: str = ""
+    host_name: str = ""  # the worker host (its name, shown as is in pages and the archive); never a site
     lease: str | None = None
     queue: str | None = None
     dispatched_at: datetime | None = None
@@ -184,12 +185,12 @@ class Lease(Record):
     id: str
     job: ObjectId
     queue: str
-    kind: str
+    attempt_kind: str = field(metadata={"db_field": "kind"})  # FRESH, AGAIN or REVISIT (common.store.leases)
     ids: Sequence[ObjectId] = ()
     uris: Sequence[str] = ()
     attempts: Sequence[int] = ()
     prev: Sequence[Mapping[str, Any]] | None = None  # revisits: each task's ``Prev`` ({}: a first visit)
-    sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [kind, depth] ([]: a page)
+    sitemaps: Sequence[Sequence[Any]] | None = None  # each sitemap task's [sitemap, depth] ([]: a page)
     depths: Sequence[int] | None = None  # each task's depth, when any was found on a page (else None)
     state: str = "QUEUED"
     worker: str | None = None
@@ -225,7 +226,7 @@ class LeaseTask:
     uri: str
     attempts: int = 0
     prev: Prev | None = None
-    sitemap: tuple[str, int] | None = None  # a sitemap task: (kind, depth); None: a page
+    sitemap: tuple[str, int] | None = None  # a sitemap task: (its ``sitemap``, depth); None: a page
     depth: int | None = None  # its depth as the lease carries it (None: not carried, read from the task)
 
 
@@ -263,7 +264,7 @@ class ExportRecord(Record):
     digest: str
     job: ObjectId | None = None
     job_name: str = ""
-    center: Mapping[str, Any] = EMPTY
+    center: DownloadTaskParams | None = None  # a download task's parameters (stored: {} for a job's export)
     template: str = ""
     filter: Mapping[str, Any] = EMPTY
     callback_urls: Sequence[str] = ()
@@ -289,6 +290,21 @@ class ExportRecord(Record):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     expires_at: datetime | None = None
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> ExportRecord:
+        """The record of a document, its ``center`` read as a download task's parameters."""
+        made: ExportRecord = cls._from_doc(doc)
+        raw = doc.get("center")
+        object.__setattr__(made, "center", DownloadTaskParams.from_doc(raw) if raw else None)
+        return made
+
+    def to_doc(self) -> dict[str, Any]:
+        """The document to store, ``center`` in its place: the parameters' document, {} for an
+        export of a job (as every export has been stored)."""
+        center = {} if self.center is None else self.center.to_doc()
+        return {key: center if attr == "center" else value for (key, _), attr in zip(self._spec, self._attrs)
+                if attr == "center" or (value := getattr(self, attr)) is not None}
 
     def rows_filter(self) -> ExportFilter:
         """Its ``filter`` as a record."""
@@ -324,7 +340,7 @@ class NotificationRecord(Record):
     """A webhook or mail of the outbox (``notification``)."""
 
     id: ObjectId
-    kind: str
+    channel: str = field(metadata={"db_field": "kind"})  # webhook, form or mail
     target: str
     event: str
     subject: str = ""
@@ -437,11 +453,89 @@ class ExportFilter:
 
 NO_FILTER = ExportFilter()  # every document of the job, each page's latest version
 
+Pairs = tuple[tuple[Any, Any], ...]  # a header's or footer's (key, value) lines
+
+
+@dataclass(frozen=True, slots=True)
+class DownloadTaskParams:
+    """A download task's parameters (an export's ``center`` document), checked by
+    ``master.center.params.check``: what it is called, where its rows come from (``source_url``
+    or ``source_data``, exactly one), how its file looks (one entry per table of ``title`` ..
+    ``footer``), and what the /v1 interface keeps beside them (``v1`` and after). ``to_doc``
+    writes the keys in the order they have always been stored, so a document made now is the
+    same, byte for byte, as one made before the record existed."""
+
+    name: str = ""
+    file_name: str = ""
+    step: int = 1000                       # rows a page of source_url
+    operator_id: str | None = None
+    merchant_type: int | None = None
+    merchant_id: int | None = None
+    source_url: str | None = None
+    source_data: str | None = None         # JSON text (absent in a listing: the store leaves it out)
+    tables: int = 1
+    template: str | None = None            # JSON or TOML text
+    title: tuple[str | None, ...] = ()
+    summary: tuple[str | None, ...] = ()
+    header: tuple[Pairs | None, ...] = ()
+    footer: tuple[Pairs | None, ...] = ()
+    default_width: float | None = None
+    default_height: float | None = None
+    v1: bool = False                       # delivered through the /v1 interface
+    interval: int | None = None            # /v1: milliseconds between pages
+    rowoffset: int | None = None           # /v1: empty rows above the table
+    col_align: str | None = None
+    header_align: str | None = None
+    footer_align: str | None = None
+    keys_header: bool = False              # /v1 CSV: the header is the rows' keys
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> DownloadTaskParams:
+        get = doc.get
+
+        def each(key: str) -> tuple[Any, ...]:
+            return tuple(get(key) or ())
+
+        def pairs(key: str) -> tuple[Pairs | None, ...]:
+            return tuple(None if p is None else tuple(tuple(x) for x in p) for p in each(key))
+
+        return cls(get("name") or "", get("file_name") or "", get("step") or 1000, get("operator_id"),
+                   get("merchant_type"), get("merchant_id"), get("source_url"), get("source_data"),
+                   get("tables") or 1, get("template"), each("title"), each("summary"), pairs("header"),
+                   pairs("footer"), get("default_width"), get("default_height"), bool(get("v1")),
+                   get("interval"), get("rowoffset"), get("col_align"), get("header_align"),
+                   get("footer_align"), bool(get("keys_header")))
+
+    def to_doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "file_name": self.file_name, "step": self.step,
+                               "operator_id": self.operator_id, "merchant_type": self.merchant_type,
+                               "merchant_id": self.merchant_id}
+        if self.source_data is not None:
+            doc["source_data"] = self.source_data
+        if self.source_url is not None:
+            doc["source_url"] = self.source_url
+        doc |= {"tables": self.tables, "template": self.template, "title": list(self.title),
+                "summary": list(self.summary), "header": _pairs_doc(self.header),
+                "footer": _pairs_doc(self.footer), "default_width": self.default_width,
+                "default_height": self.default_height}
+        if self.v1:
+            doc |= {"v1": True, "interval": self.interval, "rowoffset": self.rowoffset}
+        for key, value in (("col_align", self.col_align), ("header_align", self.header_align),
+                           ("footer_align", self.footer_align)):
+            if value is not None:
+                doc[key] = value
+        if self.keys_header:
+            doc["keys_header"] = True
+        return doc
+
+
+def _pairs_doc(each: tuple[Pairs | None, ...]) -> list[list[list[Any]] | None]:
+    return [None if p is None else [list(x) for x in p] for p in each]
+
 def _fast_from_doc(cls: type[Record]) -> Callable[[Mapping[str, Any]], Any]:
     """``from_doc`` for ``cls`` written out field by field, setting each slot through its
-    descriptor: a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, three
-    times the cost (25 fields: 2 µs against 6, measured in docs/layout.md), and the worker makes
-    records of every task it settles."""
+    descriptor, where a frozen dataclass's ``__init__`` sets each through ``object.__setattr__``
+    (the costs of both: docs/layout.md): the worker makes records of every task it settles."""
     names: dict[str, Any] = {"new": object.__new__, "cls": cls}
     lines = ["def from_doc(doc):", "    get = doc.get", "    made = new(cls)"]
     for i, ((key, default), attr) in enumerate(zip(cls._spec, cls._attrs)):
@@ -459,7 +553,8 @@ def generated() -> None:
         if "_from_doc" in cls.__dict__ or "__slots__" not in cls.__dict__:
             continue  # done, or the class a slotted dataclass was made from (not the record)
         cls._attrs = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-        cls._spec = tuple(("_id" if f.name == "id" else f.name, None if f.default is MISSING else f.default)
+        cls._spec = tuple((f.metadata.get("db_field") or ("_id" if f.name == "id" else f.name),
+                           None if f.default is MISSING else f.default)
                           for f in fields(cls))  # type: ignore[arg-type]
         cls._from_doc = staticmethod(_fast_from_doc(cls))
 

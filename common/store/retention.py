@@ -25,6 +25,7 @@ from pymongo.collection import Collection
 
 from common.store import counts, known
 from common.store import tasks as store_tasks
+from common.store.clock import id_at
 from common.store.data import body_of, gridfs_of
 from common.store.fence import named as named_by_tasks
 from common.store.fence import visible
@@ -49,7 +50,6 @@ from common.store.models import (
     CrawlerTask,
     Job,
     Notification,
-    id_at,
 )
 from common.store.pages import TASK_FIELDS
 from common.store.paging import Doc, Span, by_id, in_chunks

@@ -47,19 +47,10 @@ from pymongo.errors import BulkWriteError, PyMongoError
 
 from common.errors import ValidationError
 from common.store import counts
+from common.store.clock import store_now, utcnow
+from common.store.connection import collection
 from common.store.leases import UNSET_LEASE
-from common.store.models import (
-    CANCEL,
-    DISPATCH,
-    LIVE,
-    SUCCESS,
-    CrawlerTask,
-    CrawlerTaskKey,
-    Job,
-    collection,
-    store_now,
-    utcnow,
-)
+from common.store.models import CANCEL, DISPATCH, LIVE, SUCCESS, CrawlerTask, CrawlerTaskKey, Job
 from common.store.paging import in_chunks
 from common.store.records import Task
 
@@ -75,12 +66,12 @@ def _tasks() -> Collection[dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class NewTask:
-    """A task intake adds (LIVE, never sent): its URL, its host ("" for any) and, for a URL found
+    """A task intake adds (LIVE, never sent): its URL, its worker host ("" for any) and, for a URL found
     on a page, its ``depth`` and the ``parent`` task it was found on; ``sitemap`` for a sitemap
     ("xml", ``depth``: the indexes that led to it) or a robots.txt read for its ("robots")."""
 
     uri: str
-    host: str = ""
+    worker_host: str = ""
     depth: int = 0
     parent: ObjectId | None = None
     sitemap: str = ""
@@ -221,19 +212,7 @@ def insert_numbered(job_id: ObjectId, new: list[NewTask], first: int, now: datet
     ids = [ObjectId() for _ in new]
     keys = {key_of(job_id, t.uri): i for t, i in zip(new, ids)}
     won, taken = _insert_keys(job_id, keys, now)
-    docs: list[dict[str, Any]] = []
-    for i, t in enumerate(new):
-        key = key_of(job_id, t.uri)
-        if key not in won or keys[key] != ids[i]:  # a URL twice in ``new``: its last is the one keyed
-            continue
-        doc: dict[str, Any] = {
-            "_id": ids[i], "job": job_id, "uri": t.uri, "seq": first + i, "status": LIVE, "download_times": 0,
-            "recoveries": 0, "host_name": t.host, "add_datetime": now, "last_update_datetime": now}
-        if t.parent is not None:
-            doc["depth"], doc["parent"] = t.depth, t.parent
-        if t.sitemap:
-            doc["sitemap"], doc["depth"] = t.sitemap, t.depth
-        docs.append(doc)
+    docs = _keyed_docs(job_id, new, ids, keys, won, first, now)
     dupes = len(new) - len(docs)
     if not docs:
         return 0, dupes
@@ -252,11 +231,37 @@ def insert_numbered(job_id: ObjectId, new: list[NewTask], first: int, now: datet
     if taken:  # a stalled intake's task that came after its key was taken over: the second task
         _drop(job_id, list(taken.values()))
     if time.monotonic() - started > INTAKE_STALE.total_seconds() / 2:
-        mine = [key_of(job_id, d["uri"]) for d in docs]
-        held = {k["_id"]: k["task"] for k in _keys().find({"_id": {"$in": mine}}, {"task": 1})}
-        lost = _drop(job_id, [d["_id"] for d in docs if held.get(key_of(job_id, d["uri"])) != d["_id"]])
+        lost = _drop_taken_over(job_id, docs)
         added, dupes = added - lost, dupes + lost
     return added, dupes
+
+
+def _keyed_docs(job_id: ObjectId, new: list[NewTask], ids: list[ObjectId], keys: dict[str, ObjectId],
+                won: set[str], first: int, now: datetime) -> list[dict[str, Any]]:
+    """The task documents of ``new`` whose keys this intake won (``ids[i]`` for ``new[i]``,
+    numbered from ``first``): a URL twice in ``new`` is keyed by its last."""
+    docs: list[dict[str, Any]] = []
+    for i, t in enumerate(new):
+        key = key_of(job_id, t.uri)
+        if key not in won or keys[key] != ids[i]:
+            continue
+        doc: dict[str, Any] = {
+            "_id": ids[i], "job": job_id, "uri": t.uri, "seq": first + i, "status": LIVE, "download_times": 0,
+            "recoveries": 0, "host_name": t.worker_host, "add_datetime": now, "last_update_datetime": now}
+        if t.parent is not None:
+            doc["depth"], doc["parent"] = t.depth, t.parent
+        if t.sitemap:
+            doc["sitemap"], doc["depth"] = t.sitemap, t.depth
+        docs.append(doc)
+    return docs
+
+
+def _drop_taken_over(job_id: ObjectId, docs: list[dict[str, Any]]) -> int:
+    """After a slow intake (its keys may have been taken over meanwhile): remove its tasks
+    ``docs`` whose key now names another task. Returns how many were removed."""
+    mine = [key_of(job_id, d["uri"]) for d in docs]
+    held = {k["_id"]: k["task"] for k in _keys().find({"_id": {"$in": mine}}, {"task": 1})}
+    return _drop(job_id, [d["_id"] for d in docs if held.get(key_of(job_id, d["uri"])) != d["_id"]])
 
 
 def reserve(job_id: ObjectId, count: int) -> int:
@@ -349,12 +354,13 @@ def dispatched_leases(before: datetime) -> set[str]:
 def send_again(lease: str, reason: str, now: datetime) -> int:
     """The DISPATCH tasks of ``lease`` (an entry that can no longer be claimed) go again at
     once, no attempt counted. Returns how many (counts moved)."""
-    job = (_tasks().find_one({"status": DISPATCH, "lease": lease}, {"job": 1}) or {}).get("job")
+    held = list(_tasks().find({"status": DISPATCH, "lease": lease}, {"job": 1}).sort("_id", 1).limit(1))
+    job, lowest = (held[0].get("job"), held[0]["_id"]) if held else (None, None)
     again = _tasks().update_many(
         {"status": DISPATCH, "lease": lease},
         {"$set": {"status": LIVE, "retry_at": now, "failed_reason": reason, "last_update_datetime": now},
          "$unset": UNSET_LEASE}).modified_count
-    counts.move([(job, DISPATCH, LIVE, again)])
+    counts.move([(job, DISPATCH, LIVE, again)], floors={(job, LIVE): lowest} if lowest is not None else None)
     return again
 
 

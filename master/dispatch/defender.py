@@ -34,8 +34,9 @@ from common.config import settings
 from common.queue.rqbridge import delete_entry, entries_waiting, entry_id, failed_unread, our_queues
 from common.store import leases, orphans
 from common.store import logs as store_logs
+from common.store.clock import store_now
 from common.store.connection import redis_conn
-from common.store.models import LOST, QUEUED, store_now
+from common.store.models import LOST, QUEUED
 from common.store.records import Lease
 
 logger = logging.getLogger(__name__)

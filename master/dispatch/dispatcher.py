@@ -48,10 +48,11 @@ from common.queue.rqbridge import (
 )
 from common.store import due, leases
 from common.store import logs as store_logs
+from common.store.clock import store_now, utcnow
 from common.store.connection import redis_conn
 from common.store.due import Picked, due_again, due_fresh, due_revisits, fresh_cursor
 from common.store.jobs import UNSET, dispatch_settings, on_jobs
-from common.store.models import AGAIN, FRESH, REVISIT, store_now, utcnow
+from common.store.models import AGAIN, FRESH, REVISIT
 from common.store.records import Job
 from master import maintenance as chores
 from master.dispatch import defender
@@ -64,9 +65,10 @@ ORDERS = ("priority", "host", "priority,host", "host,priority")
 
 @dataclass
 class PlannedEntry:
-    """A queue entry the run means to send: its kind (FRESH or AGAIN), target queue and tasks."""
+    """A queue entry the run means to send: its attempt kind (FRESH, AGAIN or REVISIT), target
+    queue and tasks."""
 
-    kind: str
+    attempt_kind: str
     queue: str
     tasks: list[Picked] = field(default_factory=list)
 
@@ -106,7 +108,7 @@ class JobWork:
         """The job's level; a host's own queue when the task or job names one, else the
         foreign queue for ``prior = 2``, else the shared queue."""
         level = queue_for_priority(self.job.priority)
-        host = picked.host or self.job.host or ""
+        host = picked.worker_host or self.job.worker_host or ""
         return queue_name(level, host, foreign=self.prior == PRIOR_FOREIGN)
 
 
@@ -137,7 +139,7 @@ class DispatchReport:
 
 def order_key(job: Job, order: str = "priority") -> tuple:
     """Sort key for jobs drawing on the caps: by priority, by host (host-bound first), or both."""
-    host, priority, name = job.host or "", job.priority, job.name or ""
+    host, priority, name = job.worker_host or "", job.priority, job.name or ""
     host_key = (0 if host else 1, host)
     if order == "host":
         return (*host_key, priority, name)
@@ -146,12 +148,12 @@ def order_key(job: Job, order: str = "priority") -> tuple:
     return (priority, name)
 
 
-def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
+def pack(attempt_kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: int,
          batch_size: int) -> tuple[list[PlannedEntry], int, str | None]:
     """Fill entries of ``batch_size`` per queue from ``tasks`` within each queue's free entries
     and ``total`` tasks. FRESH tasks and revisits stop at the first that does not fit, so the
     cursor (the revisit floor) can follow. Returns (entries, tasks taken, why some were left or None)."""
-    prefix = kind in (FRESH, REVISIT)
+    prefix = attempt_kind in (FRESH, REVISIT)
     entries: list[PlannedEntry] = []
     open_: dict[str, PlannedEntry] = {}
     taken, why = 0, None
@@ -168,7 +170,7 @@ def pack(kind: str, tasks: list[Picked], queue_of, free: dict[str, int], total: 
                     break
                 continue
             free[q] = free.get(q, 0) - 1
-            cur = open_[q] = PlannedEntry(kind, q)
+            cur = open_[q] = PlannedEntry(attempt_kind, q)
             entries.append(cur)
         cur.tasks.append(t)
         taken += 1
@@ -181,14 +183,14 @@ def plan(
     """Give each work its entries in job order; return alerts as (work, type, reason)."""
     alerts = []
     for work in works:
-        for kind, picked in ((AGAIN, work.again), (FRESH, work.fresh), (REVISIT, work.revisits)):
-            entries, taken, why = pack(kind, picked, work.queue_of, free, total, batch_size)
+        for attempt_kind, picked in ((AGAIN, work.again), (FRESH, work.fresh), (REVISIT, work.revisits)):
+            entries, taken, why = pack(attempt_kind, picked, work.queue_of, free, total, batch_size)
             work.entries += entries
             total -= taken
-            if kind == FRESH:
+            if attempt_kind == FRESH:
                 work.fresh_taken = taken
             if taken < len(picked):
-                what = {FRESH: "fresh", AGAIN: "retry", REVISIT: "revisit"}[kind]
+                what = {FRESH: "fresh", AGAIN: "retry", REVISIT: "revisit"}[attempt_kind]
                 left = f"{len(picked) - taken} of {len(picked)} {what} tasks stay for a later run"
                 if why and why.startswith("queue_full:"):
                     q = why.split(":", 1)[1]
@@ -256,9 +258,9 @@ def _load_works(jobs: list[Job], now: datetime) -> list[JobWork]:
 
 # --- sending -----------------------------------------------------------------------------
 
-def release_entry(job_id, lease: str, kind: str, ids: list, reason: str, now: datetime) -> None:
+def release_entry(job_id, lease: str, attempt_kind: str, ids: list, reason: str, now: datetime) -> None:
     """An entry that never reached its queue: its tasks go again at once (no attempt counted)."""
-    leases.give_back(job_id, ids, lease, kind, f"not sent: {reason}", now, now)
+    leases.give_back(job_id, ids, lease, attempt_kind, f"not sent: {reason}", now, now)
     leases.drop(lease)
 
 
@@ -277,17 +279,18 @@ class Run:
             return
         now = self.now
         lease_ids = [uuid.uuid4().hex for _ in work.entries]
-        leases.create([leases.new_lease(lease, work.job.id, e.queue, e.kind, e.tasks, now)
+        leases.create([leases.new_lease(lease, work.job.id, e.queue, e.attempt_kind, e.tasks, now)
                        for lease, e in zip(lease_ids, work.entries)])
-        again = [(lease, e.queue, e.tasks) for lease, e in zip(lease_ids, work.entries) if e.kind == AGAIN]
+        again = [(lease, e.queue, e.tasks) for lease, e in zip(lease_ids, work.entries)
+                 if e.attempt_kind == AGAIN]
         due.mark_sent(work.job.id, again, now)
         if work.fresh:
             new = fresh_cursor(work.fresh, work.read_to, work.fresh_taken)
             if not due.advance_cursor(work.job.id, work.job.seq_sent, new):
                 # another dispatcher sent these fresh tasks: send nothing
                 for lease, e in zip(lease_ids, work.entries):
-                    if e.kind == AGAIN:
-                        release_entry(work.job.id, lease, e.kind, e.ids, "another dispatcher ran", now)
+                    if e.attempt_kind == AGAIN:
+                        release_entry(work.job.id, lease, AGAIN, e.ids, "another dispatcher ran", now)
                     else:  # the other run owns them now
                         leases.drop(lease)
                 self.lost_lock = True
@@ -326,7 +329,7 @@ class Run:
                 self.lost_lock = True
             # Only a missing reply leaves doubt whether the entry is in Redis: the defender decides
             if res is not None:
-                release_entry(work.job.id, lease, e.kind, e.ids, why, now)
+                release_entry(work.job.id, lease, e.attempt_kind, e.ids, why, now)
             logs.append(store_logs.entry_log(work.job.id, e.queue, lease, len(e.tasks), now, why))
             with self._mutex:
                 self.report.failed_entries += 1

@@ -20,8 +20,8 @@ from typing import IO, Iterator
 from common.errors import ValidationError
 from common.exports.tabular import WRITERS, csv_row
 from common.store import jobs
+from common.store.clock import iso
 from common.store.data import documents, export_source, text_of
-from common.store.models import iso
 from common.store.records import NO_FILTER, DataDoc, ExportFilter
 
 FIELDS = ("task_id", "url", "status_code", "encoding", "hostname", "remote_ip", "add_datetime", "version")

@@ -37,10 +37,11 @@ from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import entry_exists, export_entry_id, push_export, rq_queue
 from common.signing import export_url
 from common.store import exports, projects
+from common.store.clock import iso, store_now, utcnow
 from common.store.control import Token
 from common.store.control_models import ADMIN
 from common.store.data import drop_export_file
-from common.store.models import EXPORT_FORMATS, SUCCESS, iso, store_now, utcnow
+from common.store.models import EXPORT_FORMATS, EXPORT_RUNNING, PENDING, SUCCESS
 from common.store.records import ExportFilter, ExportRecord
 from master import access
 from master.views import object_id
@@ -221,9 +222,34 @@ def push(redis: Redis, export: ExportRecord) -> None:
     exports.mark_queued(export.id, utcnow())
 
 
+def submit(redis: Redis, export: ExportRecord, dedup: bool = False) -> ExportRecord:
+    """Store a new export (of a job, or a download task of the center) and queue it; with
+    ``dedup``, the newest one of the same owner and digest underway, or done within
+    EXPORT_DEDUP_WINDOW, is answered instead and nothing is stored."""
+    if dedup:
+        window = timedelta(seconds=settings.EXPORT_DEDUP_WINDOW)
+        same = exports.earlier(export.digest, utcnow(), window, export.owner)
+        if same is not None:
+            return same
+    exports.add(export)
+    push(redis, export)
+    return export
+
+
+def delete(redis: Redis, export: ExportRecord) -> None:
+    """Remove an export for good: stopped if underway (its entry taken off the queue; a running
+    worker stops at its next progress write), its document and its file removed, listeners told."""
+    if export.state in (PENDING, EXPORT_RUNNING):
+        exports.cancel(export.id, utcnow())
+        rq_queue(EXPORT_QUEUE, redis).remove(export_entry_id(export.id))
+    exports.remove(export.id)
+    drop_export_file(export.file_id)
+    publish(export.id)
+
+
 def owns(token: Token, export: ExportRecord) -> bool:
     """Whether ``token`` requested ``export`` (by id; an export stored before owners counts by
-    name, if it is not older than the token: see ``common.store.exports.owned_by``)."""
+    name, if it is not older than the token: see ``common.store.exports.Viewer``)."""
     if export.owner is not None:
         return bool(export.owner == token.id)
     since = token.add_datetime
@@ -240,7 +266,7 @@ def may_see(token: Token | None, export: ExportRecord) -> bool:
         return True
     if not access.holds(token, export.project):
         return False
-    return bool(export.center) or owns(token, export) or export.job_name in token.jobs
+    return export.center is not None or owns(token, export) or export.job_name in token.jobs
 
 
 def get(export_id: Any, token: Token | None = None) -> ExportRecord:

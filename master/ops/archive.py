@@ -29,7 +29,8 @@ from bson import ObjectId
 from common.errors import ValidationError
 from common.store import counts
 from common.store import retention as store
-from common.store.models import id_at, job_named
+from common.store.clock import id_at
+from common.store.jobs import named as job_named
 from common.store.pages import SHOWN
 from common.store.records import DataDoc
 from master.exports.dump import data_record

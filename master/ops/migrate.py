@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from common.store import control, counts, exports, jobs, leases, notifications, projects, tasks
-from common.store.models import utcnow
+from common.store.clock import utcnow
 from common.store.upgrade import move_secrets, retire_indexes
 
 CHUNK = 5000

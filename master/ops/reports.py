@@ -17,7 +17,8 @@ from common.config import settings
 from common.notify import queue_mail
 from common.store import counts as tallies
 from common.store import jobs, logs, pages
-from common.store.models import DEAD, FAIL, SUCCESS, utcnow
+from common.store.clock import utcnow
+from common.store.models import DEAD, FAIL, SUCCESS
 from common.store.records import Job
 
 EPOCH = datetime(1970, 1, 1)

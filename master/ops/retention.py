@@ -29,7 +29,7 @@ from bson import ObjectId
 from common.config import settings
 from common.store import counts
 from common.store import retention as store
-from common.store.models import id_at, utcnow
+from common.store.clock import id_at, utcnow
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from common.config import settings
 from common.queue.names import EXPORT_QUEUE
 from common.queue.rqbridge import rq_queue
 from common.store import logs, pages
+from common.store.clock import utcnow
 from common.store.connection import as_text
-from common.store.models import utcnow
 from master.ops.stats import queue_stats
 
 HEADS = "downcluster:stall:heads"

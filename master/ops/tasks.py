@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from common.errors import ValidationError
 from common.store import tasks
-from common.store.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE, job_named, utcnow
+from common.store.clock import utcnow
+from common.store.jobs import named as job_named
+from common.store.models import CANCEL, DEAD, DISPATCH, FAIL, LIVE
 
 CANCELLABLE = {LIVE, FAIL, DISPATCH}
 REQUEUEABLE = {FAIL, DEAD, CANCEL}

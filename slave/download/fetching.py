@@ -87,13 +87,13 @@ class Fetcher:
         except Exception as exc:  # Redis (etiquette) failed: try again later
             return _etiquette_unavailable(task, exc)
         request_size = len(task.uri) + (len(result.request_body) if result else 0)
-        kind = task.sitemap if ctx.sitemaps is not None else None  # carried in the lease
-        sitemap = None if kind is None else await self._sitemap(ctx, task, result, *kind)
+        carried = task.sitemap if ctx.sitemaps is not None else None  # (sitemap kind, depth), in the lease
+        sitemap = None if carried is None else await self._sitemap(ctx, task, result, *carried)
         return Fetched(task=task, download=result, error=error, coalesce_key=lead, coalesced_from=copied_from,
                        spend_us=_spent(start), request_size=request_size, sitemap=sitemap,
                        links=None if sitemap is not None else await self._links(ctx, task, result))
 
-    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None, kind: str,
+    async def _sitemap(self, ctx: JobContext, task: LeaseTask, result: Download | None, sitemap_kind: str,
                        depth: int) -> sitemaps.Read:
         """A sitemap task's pages and sitemaps (in a thread: a sitemap takes a parse). A sitemap
         that is not one we read (malformed, a bomb, nested too deep), a failure or not a 2xx reads
@@ -103,7 +103,7 @@ class Fetcher:
         try:
             with_lastmod = bool(ctx.sitemaps and ctx.sitemaps.lastmod)
             read = await asyncio.get_running_loop().run_in_executor(
-                None, sitemaps.read, result.body, task.uri, kind, depth, with_lastmod)
+                None, sitemaps.read, result.body, task.uri, sitemap_kind, depth, with_lastmod)
         except sitemaps.SitemapError as exc:
             logger.warning("job %s task %s: sitemap %s not read: %s", ctx.name, task.id,
                            redact(task.uri)[:200], exc)

@@ -2,10 +2,10 @@
 returned by a python downloader, resolved, canonicalised and capped.
 
 Bounded whatever the page: only its first MAX_PARSE_BYTES are parsed, for at most PARSE_SECONDS
-of CPU (the standard library's ``html.parser``, which never raises on broken HTML; about 1 s for
-100,000 links on this machine, and a page of 4 MB of ``<`` needs ten times that), at most twice
-the cap of candidate strings are kept while parsing, and only the cap's worth are resolved. What
-was left is counted in ``Found`` so the caller can log it. Scope is not judged here: ``common.scope`` does.
+of CPU (the standard library's ``html.parser``, which never raises on broken HTML; its times on
+the largest pages: docs/crawling.md), at most twice the cap of candidate strings are kept while
+parsing, and only the cap's worth are resolved. What was left is counted in ``Found`` so the
+caller can log it. Scope is not judged here: ``common.scope`` does.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from common.secrets import redact
 from common.sentry import capture
 from common.sitelimits import site_of
 from common.store import attempts
-from common.store.models import store_time
+from common.store.clock import store_time
 from common.store.records import LeaseTask
 from slave.download.coalescing import Coalescing
 from slave.download.engines import aio

@@ -54,7 +54,7 @@ class Entry:
 
 @dataclass
 class Sitemap:
-    kind: str                       # "urlset" (pages) or "sitemapindex" (more sitemaps)
+    root: str                       # its root element: "urlset" (pages) or "sitemapindex" (more sitemaps)
     entries: list[Entry] = field(default_factory=list)
     excess: int = 0                 # entries beyond MAX_ENTRIES, not kept
     skipped: int = 0                # <loc>s that are not http(s) URLs we fetch
@@ -84,7 +84,7 @@ def parse(body: bytes, sitemap_url: str, depth: int = 0) -> Sitemap:
                            f"(line {exc.lineno})") from None
     if reader.result is None:
         raise SitemapError("sitemap is empty")
-    if reader.result.kind == "sitemapindex" and depth >= MAX_INDEX_DEPTH:
+    if reader.result.root == "sitemapindex" and depth >= MAX_INDEX_DEPTH:
         raise SitemapError(f"sitemap index nested more than {MAX_INDEX_DEPTH} deep")
     return reader.result
 
@@ -150,8 +150,8 @@ class _Reader:
         if self.result is None:
             if local not in ROOTS:
                 raise SitemapError(f"not a sitemap: root element <{local.lstrip('?')[:40]}>")
-            self.result = Sitemap(kind=local)
-        elif len(self.path) == 1 and local == ROOTS[self.result.kind]:
+            self.result = Sitemap(root=local)
+        elif len(self.path) == 1 and local == ROOTS[self.result.root]:
             self.loc = self.lastmod = None
         elif len(self.path) == 2 and local in ("loc", "lastmod"):
             self.buffer, self.size = [], 0
@@ -172,7 +172,7 @@ class _Reader:
             else:
                 self.lastmod = value
             self.buffer = None
-        elif len(self.path) == 1 and local == ROOTS[self.result.kind] and self.loc is not None:
+        elif len(self.path) == 1 and local == ROOTS[self.result.root] and self.loc is not None:
             self._entry(self.result)
 
     def _entry(self, result: Sitemap) -> None:
@@ -210,16 +210,16 @@ def lastmod(text: str | None) -> datetime | None:
     return at.astimezone(timezone.utc)
 
 
-def read(body: bytes, url: str, kind: str, depth: int, with_lastmod: bool = False) -> Read:
-    """The pages and sitemaps of a sitemap task's ``body`` fetched from ``url``: ``kind`` "xml"
+def read(body: bytes, url: str, sitemap_kind: str, depth: int, with_lastmod: bool = False) -> Read:
+    """The pages and sitemaps of a sitemap task's ``body`` fetched from ``url``: ``sitemap_kind`` "xml"
     (a urlset's pages, an index's sitemaps) or "robots" (its Sitemap: lines), and their
     ``lastmod`` if ``with_lastmod``; SitemapError."""
-    if kind == "robots":
+    if sitemap_kind == "robots":
         return Read(depth, sitemaps=robots_sitemaps(body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace"), url))
     found = parse(body, url, depth)
     urls = [e.url for e in found.entries]
     stamps = {e.url: e.lastmod for e in found.entries if e.lastmod is not None} if with_lastmod else {}
-    if found.kind == "sitemapindex":
+    if found.root == "sitemapindex":
         return Read(depth, sitemaps=urls, lastmods=stamps, excess=found.excess)
     return Read(depth, pages=urls, lastmods=stamps, excess=found.excess)
 

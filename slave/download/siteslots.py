@@ -10,9 +10,10 @@ monotonic clock. Redis cannot expire it before then, so a download still running
 deadline (Redis unreachable, or the slot found gone) is stopped there (``guard``) and its task
 handed back: no other worker can hold the slot meanwhile.
 
-The cluster settings keep their names (HOST_CONCURRENCY, HOST_DELAY, HOST_SLOT_TTL, HOST_WAIT_MAX)
-and so do a job's ``host_concurrency`` and ``host_delay`` (stored fields of
-``crawler_download_setting``): there "host" is a site, a URL's host.
+Words: a *site* is a URL's host and port (``common.sitelimits.site_of``), a *worker host* a
+machine running workers (``common.config.worker_host``). Names that are interfaces keep the
+older "host" for a site: the settings HOST_CONCURRENCY, HOST_DELAY, HOST_SLOT_TTL, HOST_WAIT_MAX
+and a job's stored ``host_concurrency`` and ``host_delay`` (``crawler_download_setting``).
 """
 from __future__ import annotations
 

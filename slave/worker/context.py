@@ -19,6 +19,12 @@ _contexts: dict[ObjectId, tuple[float, JobContext | None]] = {}
 MAX_CONTEXTS = 1024  # above it stale entries go: holds at most this or the jobs read in the last CONTEXT_TTL
 
 
+def fresh_context(job_id: ObjectId) -> JobContext | None:
+    """The job as it is stored now (a dry run right after a change of its settings sees it)."""
+    _contexts.pop(job_id, None)
+    return load_context(job_id)
+
+
 def load_context(job_id: ObjectId) -> JobContext | None:
     """The job, its downloader and settings (None if the job is gone), cached CONTEXT_TTL s."""
     hit = _contexts.get(job_id)

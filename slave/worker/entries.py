@@ -22,12 +22,20 @@ def run_export(export_id: str) -> str:
     down_export`` runs it; ``downcluster worker`` takes these entries itself)."""
     import os
 
-    from common.config import host_name
+    from common.config import worker_host
     from common.store.connection import connect_mongo
     from slave.exporter import run_export as run
 
     connect_mongo()
-    return run(export_id, f"rq-{host_name()}-{os.getpid()}")
+    return run(export_id, f"rq-{worker_host()}-{os.getpid()}")
+
+
+def run_dry_run(ref: str) -> dict:
+    """Entry point for rq on ``down_super``: a job's dry run on one URL, storing nothing
+    (``slave/worker/dryrun.py``); ``downcluster worker`` takes these entries itself."""
+    from slave.worker.dryrun import run
+
+    return run(ref)
 
 
 def run_generator(run_id: str) -> dict:

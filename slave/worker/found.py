@@ -51,12 +51,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def hand_over(ok: list[Pair]) -> None:
-    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held; when
-    any task was added, wake the dispatcher (``common.queue.wake``): they go out now, not at its
-    next scheduled run."""
+def hand_over(ok: list[Pair], held: set[ObjectId] | None = None) -> None:
+    """Add what the stored pages ``ok`` yield to their jobs' tasks, of those still held (``held``:
+    the tasks found held by ``held_of`` beside the data's insert, else read now); when any task
+    was added, wake the dispatcher (``common.queue.wake``): they go out now, not at its next
+    scheduled run."""
+    found = _yielding(ok)
+    kept = _held(found) if held is None else [(p, o) for p, o in found if o.task.id in held]
     added = 0
-    for job_id, (ctx, pages, read, deep) in _by_job(_held(_yielding(ok))).items():
+    for job_id, (ctx, pages, read, deep) in _by_job(kept).items():
         added += _add(job_id, ctx, "found links", partial(intake.add_found, carried=deep), pages)
         added += _add(job_id, ctx, "sitemap entries", intake.add_from_sitemaps, read)
     if added:
@@ -76,12 +79,20 @@ def _yielding(ok: list[Pair]) -> list[Pair]:
     return [(p, o) for p, o in ok if (o.links is not None or o.sitemap is not None) and _yields(p, o)]
 
 
+def held_of(pairs: list[Pair]) -> set[ObjectId]:
+    """The tasks of the pages among ``pairs`` that may yield something (before their data is
+    stored) whose entry still holds them: one read per entry. Read beside the data's insert, it
+    moves the check earlier by that insert: a lease lost meanwhile adds its page's links, as one
+    lost between the check and the hand-over always could (its next attempt offers the same)."""
+    return {o.task.id for _, o in _held(_yielding(pairs))}
+
+
 def _held(found: list[Pair]) -> list[Pair]:
     """The pages of ``found`` whose entry still holds their task: one read per entry."""
     held: set[ObjectId] = set()
     for p in {id(p): p for p, _ in found}.values():
         ids = [o.task.id for q, o in found if q is p]
-        held |= with_retries(partial(leases.held_of, ids, p.lease, p.kind, p.sent_at), "task held")
+        held |= with_retries(partial(leases.held_of, ids, p.lease, p.attempt_kind, p.sent_at), "task held")
     return [(p, o) for p, o in found if o.task.id in held]
 
 

@@ -13,18 +13,18 @@ import time
 import uuid
 from typing import Any
 
-from common.config import host_name, settings
+from common.config import settings, worker_host
 from common.queue.names import WORKER_KEY_PREFIX
 from common.store import leases
+from common.store.clock import sync_store_clock
 from common.store.connection import redis_conn
-from common.store.models import sync_store_clock
 
 logger = logging.getLogger(__name__)
 
 
 def new_worker_id() -> str:
     """This worker's name: in rq, in its leases and in logs (host.pid.random)."""
-    return f"{host_name()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    return f"{worker_host()}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
 
 
 class Heartbeat(threading.Thread):
@@ -53,7 +53,7 @@ class Heartbeat(threading.Thread):
         try:
             key = WORKER_KEY_PREFIX + runner.worker_id
             pipe = redis_conn().pipeline(transaction=False)
-            pipe.hset(key, mapping={"host": host_name(), "inflight": runner.inflight,
+            pipe.hset(key, mapping={"host": worker_host(), "inflight": runner.inflight,
                                     "peak_inflight": runner.peak_inflight, "entries": runner.entries_done})
             pipe.expire(key, max(settings.HEARTBEAT_TTL, 3 * settings.HEARTBEAT_INTERVAL))
             pipe.execute()

@@ -13,7 +13,7 @@ import logging
 
 from rq.serializers import JSONSerializer
 
-from common.config import host_name, settings
+from common.config import settings, worker_host
 from common.queue.names import GENERATE_QUEUE, worker_queue_names
 from common.queue.rqbridge import JsonJob, rq_queue
 from common.secrets import install_logging_filter
@@ -27,7 +27,7 @@ def build_worker(simple: bool = False, name: str | None = None,
     """An rq worker reading down_generate (generator runs), then each level's host queue (and
     foreign queue) before the shared one."""
     redis = redis_conn()
-    queues = [rq_queue(n, redis) for n in [GENERATE_QUEUE, *worker_queue_names(host_name(), foreign)]]
+    queues = [rq_queue(n, redis) for n in [GENERATE_QUEUE, *worker_queue_names(worker_host(), foreign)]]
     cls = ClassicSimpleWorker if simple else ClassicWorker
     return cls(queues, connection=redis, name=name, serializer=JSONSerializer, job_class=JsonJob)
 
@@ -48,13 +48,13 @@ def run_worker(burst: bool = False, mode: str = "async", name: str | None = None
                exports: bool = True) -> bool:
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_logging_filter()
-    init_sentry(settings.SENTRY_DSN, server_name=host_name())
+    init_sentry(settings.SENTRY_DSN, server_name=worker_host())
     build_the_wall()
     if mode == "async":
         from slave.worker.runner import serve
 
         serve(
-            worker_queue_names(host_name(), foreign),
+            worker_queue_names(worker_host(), foreign),
             burst=burst,
             max_jobs=max_jobs,
             exports=exports,

@@ -33,7 +33,7 @@ class Part:
 
     ctx: JobContext
     lease: str
-    kind: str
+    attempt_kind: str  # the lease's (FRESH, AGAIN, REVISIT): which guard its settles take
     outcomes: list[Outcome]
     sent_at: datetime | None = None  # the lease's created_at (a revisit entry's guard)
 

@@ -99,7 +99,8 @@ def _take_version(p: Part, o: Outcome, doc: attempts.Insert, held: DataDoc | Non
     whether ``doc`` is stored; a version that cannot be taken makes the outcome a retryable
     failure, so that no settle names data that is not stored."""
     for _ in range(VERSION_TRIES):
-        if not with_retries(partial(leases.holds, o.task.id, p.lease, p.kind, p.sent_at), "task held"):
+        holds = partial(leases.holds, o.task.id, p.lease, p.attempt_kind, p.sent_at)
+        if not with_retries(holds, "task held"):
             return False
         stored, held = with_retries(partial(attempts.replace, held, doc), "data replace")
         if stored:

@@ -13,9 +13,9 @@ A heartbeat thread (``slave/worker/heartbeat.py``) keeps the leases and rq infor
 etiquette's keeps the host slots (``slave/download/etiquette.py``).
 
 ``serve`` is ``downcluster worker``: an rq worker (``slave/worker/rqworker.py``) whose loop takes
-each entry through the lane of its kind (``Loop.lanes``, kind -> lane): download entries, in strict
-queue order, while fewer than twice WORKER_INFLIGHT of their tasks are loaded and not yet done,
-looked for again as soon as room opens; at most WORKER_INFLIGHT of them download at once
+each entry through the lane of its entry kind (``Loop.lanes``, entry kind -> lane): download
+entries, in strict queue order, while fewer than twice WORKER_INFLIGHT of their tasks are loaded
+and not yet done, looked for again as soon as room opens; at most WORKER_INFLIGHT of them download at once
 (``Runner.gate``: a higher queue's first, then first come first served), the rest wait their
 turn in the process, so a page that ends is followed at once by the next, not after an entry's
 claim (looking only when a whole entry ended left downloads idle: docs/benchmarks.md, its
@@ -44,12 +44,13 @@ from common.config import settings
 from common.notify import deliver_due
 from common.queue import rqbridge
 from common.queue.names import EXPORT_QUEUE, GENERATE_QUEUE, QUEUE_NAMES, WORKER_AHEAD, base_of
-from common.queue.rqbridge import Kind
+from common.queue.rqbridge import EntryKind
 from common.secrets import redact
 from common.sentry import capture
 from common.store import leases
+from common.store.clock import store_time
 from common.store.connection import connect_mongo, redis_conn
-from common.store.models import OFF, store_time
+from common.store.models import OFF
 from common.store.records import Lease
 from slave.download.fetching import Fetcher
 from slave.worker.context import load_context
@@ -163,7 +164,7 @@ class Runner:
 
     async def _give_back_all(self, lease: Lease) -> dict[str, int]:
         """The entry's job is off or gone: its tasks go back unattempted and the lease ends."""
-        back = await self._db(leases.give_back, lease.job, list(lease.ids), lease.id, lease.kind,
+        back = await self._db(leases.give_back, lease.job, list(lease.ids), lease.id, lease.attempt_kind,
                               "job disabled before download", store_time(), lease.created_at)
         logger.info("job %s is off or gone: %s tasks given back", lease.job, back)
         await self._db(leases.finish, [lease.id], self.worker_id)
@@ -210,11 +211,13 @@ class Loop:
         self.running: set[asyncio.Task] = set()  # download entries and generator runs under way
         self.last_notify = 0.0
         self.lanes = {  # in the order their queues are read
-            Kind.GENERATE: _Lane(lambda: [GENERATE_QUEUE] if self.generating < GENERATE_LANES else [],
+            EntryKind.GENERATE: _Lane(lambda: [GENERATE_QUEUE] if self.generating < GENERATE_LANES else [],
                                  GENERATE_QUEUE, self._generate),
-            Kind.DOWNLOAD: _Lane(lambda: self.queues if self._room() else [], None, self._download),
-            Kind.EXPORT: _Lane(lambda: [EXPORT_QUEUE] if self.exports and self._export_idle() else [],
+            EntryKind.DOWNLOAD: _Lane(lambda: self.queues if self._room() else [], None, self._download),
+            EntryKind.EXPORT: _Lane(lambda: [EXPORT_QUEUE] if self.exports and self._export_idle() else [],
                                EXPORT_QUEUE, self._export),
+            # read from the download queues (a dry run waits in down_super, before any download)
+            EntryKind.DRY_RUN: _Lane(lambda: [], None, self._dry_run),
         }
 
     def _room(self) -> bool:
@@ -297,7 +300,7 @@ class Loop:
         if begun is None:
             return False
         entry, execution = begun
-        task = self.lanes[entry.kind].start(entry.ref, execution, entry_id)
+        task = self.lanes[entry.entry_kind].start(entry.ref, execution, entry_id)
         if task is not None:
             self.running.add(task)
         return task is not None
@@ -316,9 +319,9 @@ class Loop:
             return None
         queue = rqbridge.rq_queue(queue_name, self.redis)
         execution = await loop.run_in_executor(None, self.rq.begin, entry.job, queue)
-        home = self.lanes[entry.kind].home
+        home = self.lanes[entry.entry_kind].home
         if home not in (None, queue_name):
-            why = f"a {entry.kind.value} entry outside {home}: requeue it there"
+            why = f"a {entry.entry_kind.value} entry outside {home}: requeue it there"
             logger.warning("%s: %s in %s", why, entry_id, queue_name)
             await loop.run_in_executor(None, self.rq.failed, execution, why)
             return None
@@ -339,6 +342,11 @@ class Loop:
         work = asyncio.get_running_loop().run_in_executor(self.export_pool, _export, export_id,
                                                           self.runner.worker_id)
         self.export_running = asyncio.create_task(self._run(execution, work, entry_id))
+
+    def _dry_run(self, ref: str, execution: Execution, entry_id: str) -> asyncio.Task:
+        from slave.worker.dryrun import perform
+
+        return asyncio.create_task(self._run(execution, perform(self.runner.fetcher, ref), entry_id))
 
     def _generated(self) -> None:
         self.generating -= 1

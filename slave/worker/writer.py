@@ -4,27 +4,33 @@ what the pages yield handed to intake, then the settle of the tasks — on the h
 insert of data, one of logs and one update.
 
 Order matters: a task is settled (SUCCESS naming its data, or FAIL) only after its data is
-stored, and only if it still belongs to this entry (``common.store.leases.held_by``). Data of a task
-the entry could not settle (recovered meanwhile, cancelled) is an orphan that no reader sees
-(the fence, ``common.store.leases``); it is removed at once here, else by the defender's sweep.
+stored, and only if it still belongs to this entry (the guard of ``common.store.leases``,
+``_held_by``). Data of a task the entry could not settle (recovered meanwhile, cancelled) is an
+orphan that no reader sees (the fence, ``common.store.orphans``); it is removed at once here, else
+by the defender's sweep.
 The links found on a following job's pages (``common.intake.add_found``), and the pages and
 sitemaps read in sitemap tasks (``add_from_sitemaps``), go to intake after the data is stored and
-before the settle, of the pages whose entry still holds their task (``slave/worker/found.py``):
-a worker that dies between the two loses none, its page runs again and offers them again (known
-by then), and a page whose lease was lost before adds no task. A result MongoDB cannot store
-fails that task alone. MongoDB hiccups are retried with backoff; if it stays away the entry
-raises and the defender recovers it. The counts returned are what was settled.
+before the settle (beside the logs' insert, on a helper thread), of the pages whose entry still
+holds their task (``slave/worker/found.py``): a worker that dies between the two loses none,
+its page runs again and offers them again (known by then), and a page whose lease was lost
+before adds no task. A result MongoDB cannot store fails that task alone. MongoDB hiccups are
+retried with backoff; if it stays away the entry raises and the defender recovers it. The
+counts returned are what was settled.
 """
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
+
+from bson import ObjectId
 
 from common import revisit
 from common.config import settings
@@ -33,8 +39,9 @@ from common.queue.retry import next_retry_at
 from common.revisit import Revisit
 from common.secrets import redact
 from common.store import attempts, counts, leases, tasks
+from common.store.clock import store_time
 from common.store.connection import redis_conn, with_retries
-from common.store.models import FAIL, LIVE, SUCCESS, store_time
+from common.store.models import FAIL, LIVE, SUCCESS
 from common.store.records import Lease, LeaseTask
 from slave.worker import found, page_data
 from slave.worker.outcome import Outcome, Pair, Part
@@ -45,6 +52,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 WRITE_BATCH = 256   # outcomes per bulk write at most
+_helpers: dict[int, ThreadPoolExecutor] = {}  # the writer's second thread, one per process
+
+
+def _helper() -> ThreadPoolExecutor:
+    """This process's helper thread pool: made on first use in each process, so a process forked
+    after its parent used one (an rq work-horse) never waits on a thread it did not inherit."""
+    pid = os.getpid()
+    if pid not in _helpers:
+        _helpers.clear()
+        _helpers[pid] = ThreadPoolExecutor(1, thread_name_prefix="hand-over")
+    return _helpers[pid]
 LINGER = 0.002      # seconds the writer waits for more outcomes before a write
 
 
@@ -83,9 +101,8 @@ def store_many(parts: list[Part], now: datetime) -> list[dict[str, int]]:
     bulk of settles (UpdateManys of the successes of each entry, ``leases.SETTLE_GROUP`` tasks
     each, an UpdateOne per failure) and, apart, one of hand-backs, so the settles' count says
     exactly whether every guarded settle matched. Returns each part's settled counts."""
-    s = _stored_and_sorted(parts, now)
-    _log(s, now)
-    found.hand_over(s.ok)  # before the settle: no crash between the two loses a page's links
+    s, held = _stored_and_held(parts, now)
+    _log_and_hand_over(s, now, held)  # both before the settle: no crash between loses a page's links
     settles = _settles(s.ok, s.same, s.bad, now)
     settled = with_retries(lambda: tasks.settle(settles), "task settle")
     handed = with_retries(partial(tasks.settle, _hand_backs(s.later, now)), "hand back")
@@ -128,10 +145,42 @@ def _log(s: Sorted, now: datetime) -> None:
                 + [(p.ctx.name, "failed", reason_class(o.error)) for p, o in s.bad if o.error])
 
 
+def _stored_and_held(parts: list[Part], now: datetime) -> tuple[Sorted, set | None]:
+    """``_stored_and_sorted``, and beside the data's insert (on the helper thread) the read of
+    which pages that may yield links are still held (``found.held_of``; None: no such page)."""
+    maybe = [(p, o) for p in parts for o in p.outcomes
+             if o.error is None and o.deferred is None and (o.links is not None or o.sitemap is not None)]
+    if not maybe:
+        return _stored_and_sorted(parts, now), None
+    held = _helper().submit(found.held_of, maybe)  # (its reads retried as the hand-over's)
+    try:
+        s = _stored_and_sorted(parts, now)
+    finally:
+        got = held.result()
+    return s, got
+
+
+def _log_and_hand_over(s: Sorted, now: datetime, held: set | None = None) -> None:
+    """The logs' insert (``_log``) and the hand-over of what the stored pages yield
+    (``found.hand_over``) at once, the hand-over on a helper thread: neither needs the other,
+    both end before the settle. In a crawl the hand-over is half the writer's time (its reads and
+    inserts: a round trip each), and the writer is one thread a worker. Either failing fails the
+    write (the hand-over's error first), after both have ended: nothing is settled."""
+    if not any(o.links is not None or o.sitemap is not None for _, o in s.ok):
+        _log(s, now)  # nothing to hand over (no following job's page, no sitemap)
+        return
+    handed = _helper().submit(found.hand_over, s.ok, held)
+    try:
+        _log(s, now)
+    finally:
+        handed.result()
+
+
 def _hand_backs(later: list[Pair], now: datetime) -> list:
     """The guarded hand-backs of the outcomes ``later`` (``leases.hand_back``)."""
-    return [leases.hand_back(o.task.id, p.lease, p.kind, redact(o.error.reason if o.error else "handed back"),
-                             o.deferred or 0.0, now, p.sent_at)
+    return [leases.hand_back(o.task.id, p.lease, p.attempt_kind,
+                             redact(o.error.reason if o.error else "handed back"), o.deferred or 0.0, now,
+                             p.sent_at)
             for p, o in later]
 
 
@@ -178,12 +227,20 @@ def _read_back(p: Part, ok: list[Pair], kept: list[Pair], failed: list[Pair], la
 
 def _move_counts(parts: list[Part], counted: list[dict[str, int]]) -> None:
     """The jobs' kept counts follow what each part settled (``common.store.counts``)."""
-    moves = []
+    moves: list[counts.Move] = []
+    floors: counts.Floors = {}
     for p, c in zip(parts, counted):
-        held = leases.held_status(p.kind)
+        held = leases.held_status(p.attempt_kind)
         moves += [(p.ctx.job_id, held, SUCCESS, c["success"]), (p.ctx.job_id, held, FAIL, c["fail"]),
                   (p.ctx.job_id, held, LIVE, c["handed_back"])]
-    with_retries(lambda: counts.move(moves), "task counts")
+        ids: list[ObjectId] = [o.task.id for o in p.outcomes]
+        if not ids:
+            continue
+        lowest = min(ids)  # of every task the part held: at or below any it settled
+        for status in (SUCCESS, FAIL, LIVE):
+            key = (p.ctx.job_id, status)
+            floors[key] = min(floors.get(key, lowest), lowest)
+    with_retries(lambda: counts.move(moves, floors=floors), "task counts")
 
 
 def _retry_at(p: Part, o: Outcome, now: datetime) -> datetime | None:
@@ -224,7 +281,7 @@ def _visit(p: Part, o: Outcome, now: datetime):
             stored = {**seen, "prev_lease": prev.data_lease if prev else None}
     reason = f"revisit failed: {redact(o.error.reason)}" if o.error is not None else None
     due = now + timedelta(seconds=every) if rv.on else None  # (revisits turned off meanwhile: none)
-    return leases.settle_visit(o.task.id, p.lease, p.kind, now, due, every,
+    return leases.settle_visit(o.task.id, p.lease, p.attempt_kind, now, due, every,
                                stored, bool(o.not_modified), reason, p.sent_at, seen)
 
 
@@ -240,13 +297,13 @@ def _settles(ok: list[Pair], same: list[Pair],
         else:
             ok_by_part.setdefault(id(p), (p, []))[1].append(o.task.id)
     for p, ids in ok_by_part.values():
-        settles.extend(leases.settle_success(ids, p.lease, p.kind, now, p.sent_at))
+        settles.extend(leases.settle_success(ids, p.lease, p.attempt_kind, now, p.sent_at))
     for p, o in bad:
         assert o.error is not None  # what puts an outcome in ``bad``
         if o.kept:
             settles.append(_visit(p, o, now))
             continue
-        settles.append(leases.settle_failure(o.task.id, p.lease, p.kind, redact(o.error.reason),
+        settles.append(leases.settle_failure(o.task.id, p.lease, p.attempt_kind, redact(o.error.reason),
                                              o.retry_at, now, p.sent_at))
     return settles
 
@@ -276,7 +333,7 @@ class RunningEntry:
     """A queue entry this worker runs: its lease, job, tasks, and what the writer has stored of it."""
 
     def __init__(self, lease: Lease, ctx: JobContext, tasks: list[LeaseTask], loop) -> None:
-        self.lease_id, self.kind, self.ctx, self.total = lease.id, lease.kind, ctx, len(tasks)
+        self.lease_id, self.attempt_kind, self.ctx, self.total = lease.id, lease.attempt_kind, ctx, len(tasks)
         self.sent_at = lease.created_at
         self.written, self.counts = 0, {"success": 0, "fail": 0, "handed_back": 0}
         self.etiquette: Etiquette | None = None  # set by the runner: publishes its coalesced leaders
@@ -377,7 +434,7 @@ class Writer(threading.Thread):
         entries = [e for e, outs in groups.items() if outs]
         if not entries:
             return
-        parts = [Part(e.ctx, e.lease_id, e.kind, groups[e], e.sent_at) for e in entries]
+        parts = [Part(e.ctx, e.lease_id, e.attempt_kind, groups[e], e.sent_at) for e in entries]
         for e, got in zip(entries, store_many(parts, store_time())):
             for name, n in got.items():
                 e.counts[name] += n

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from common.queue.rqbridge import queue_key
 from common.store.models import Export, Job
 from master.dispatch.dispatcher import dispatch_once
 from tests.e2e.test_console_browser import BIN, CHROMIUM, DRIVER, ROOT, click, wait_text
-from tests.helpers import cli, statuses
+from tests.helpers import cli, statuses, wait_for
 from tests.web_helpers import WebServer
 
 pytestmark = [
@@ -36,6 +37,8 @@ CHANGES = {
     "add_job_tasks",
     "cancel_tasks",
     "requeue_tasks",
+    "dry_run_job",
+    "show_dry_run",
     "create_project",
     "create_token",
     "grant_token",
@@ -55,6 +58,8 @@ code = "shop.py"
 dispatch_num = 1000
 obey_robots = false
 allow_private = true
+cookie = "sid=team-a"
+headers = { "X-Team" = "a" }
 """
 BROKEN = "import urllib.request\n\n\ndef download(task)\n    return {}\n"  # line 4: no colon
 CODE = """import urllib.request
@@ -149,18 +154,22 @@ def shoot(driver, name: str, width: int, height: int = 0) -> Path:
     return path
 
 
+def run_worker(cluster) -> None:
+    done = subprocess.run(
+        [str(BIN / "downcluster"), "worker", "--burst", "--no-exports"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **cluster.env},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def worker_until_stored(cluster, name: str, n: int) -> None:
     end = time.monotonic() + 240
     while statuses(name).get("SUCCESS", 0) < n and time.monotonic() < end:
         dispatch_once(cluster.redis)
-        done = subprocess.run(
-            [str(BIN / "downcluster"), "worker", "--burst", "--no-exports"],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env={**os.environ, **cluster.env},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
+        run_worker(cluster)
     assert statuses(name) == {"SUCCESS": n}
 
 
@@ -232,6 +241,15 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
         worker_until_stored(cluster, "shop", 1000)
         wait_text(user, "#job-counts", "SUCCESS 1,000", timeout=20)  # the page updates by itself
         seen |= visit(user, web.base, "#/job/shop", "SUCCESS 1,000")
+        # a dry run on one URL: a worker answers, the page shows status, headers and body; nothing stored
+        set_value(user, "dry-url", f"{cluster.site}/page/3")
+        click(user, "//button[text()='Dry run']")
+        wait_for(lambda: cluster.redis.llen(queue_key("down_super")) > 0, 30, "the dry run's entry")
+        run_worker(cluster)
+        assert wait_text(user, "#dry-summary", "HTTP 200", timeout=30).startswith("HTTP 200")
+        assert "page 3" in user.find_element(By.ID, "dry-body").text
+        assert statuses("shop") == {"SUCCESS": 1000}
+        shoot(user, "dry-run", 1280, 1400)
         shoot(user, "job", 1280, 1100)
         shoot(user, "job", 390, 844)
         user.set_window_size(1280, 900)
@@ -248,6 +266,8 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
             lambda d: "dispatch_num = 1000" in d.find_element(By.ID, "manifest").get_attribute("value")
         )
         manifest = user.find_element(By.ID, "manifest").get_attribute("value")
+        assert 'cookie = "sid=team-a"' in manifest and '"X-Team" = "a"' in manifest, manifest  # handed back
+        shoot(user, "edit", 1280, 900)
         set_value(user, "manifest", manifest.replace("priority = 5", "priority = 7"))
         click(user, "//button[text()='Save changes']")  # out of range: the error beside its key's line
         assert "priority must be" in wait_text(user, "#manifest-error", "line 2")
@@ -301,6 +321,7 @@ def test_console_as_each_role(cluster, chrome, tmp_path):
             "list_tasks",
             "find_task",
             "get_body",
+            "dry_run_job",
         } <= seen, seen
         assert not seen & {"create_project", "create_token", "revoke_token", "get_audit", "dispatch"}
 

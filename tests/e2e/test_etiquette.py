@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from common.sitelimits import ACQUIRE, ACQUIRE_MANY, RELEASE_MANY, keys, site_of, throttled
+from common.store.clock import store_now
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import CrawlerDownloadData, CrawlerTask, store_now
+from common.store.models import CrawlerDownloadData, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import ROBOTS, TRAFFIC, page_body
 from slave.download.robots import ROBOTS_PREFIX

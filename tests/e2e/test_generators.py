@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from common.store.clock import store_now
 from common.store.log_models import CrawlerGeneratorLog
-from common.store.models import CrawlerGenerator, CrawlerTask, Job, store_now
+from common.store.models import CrawlerGenerator, CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import cli, statuses, wait_for, write_job
 

@@ -16,8 +16,9 @@ import pytest
 
 import sample_site
 from common.config import settings
+from common.store.clock import store_now
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import CrawlerDownloadData, CrawlerTask, Job, store_now
+from common.store.models import CrawlerDownloadData, CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
 from master.exports.dump import export
 from tests.helpers import (

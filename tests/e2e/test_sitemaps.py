@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from common.store.models import CrawlerTask, Job, store_now
+from common.store.clock import store_now
+from common.store.models import CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import add_urls, burst_worker, cli, wait_for, write_job
 from tests.web_helpers import WebServer

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.store.clock import store_now
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, store_now
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job
 from master.dispatch.dispatcher import dispatch_once
 from sample_site import page_body
 from tests.helpers import add_urls, register, sent, statuses, wait_for

@@ -16,9 +16,10 @@ from rq import Queue
 import sample_site
 from common.config import load, settings
 from common.queue.names import QUEUE_NAMES, cap
+from common.store.clock import utcnow
 from common.store.connection import connect_mongo, disconnect_mongo
 from common.store.log_models import CrawlerDispatchAlertLog
-from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, utcnow
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask
 from master.dispatch.dispatcher import dispatch_once
 from services import MongoServer
 from tests.helpers import add_urls, heartbeats_stale, register, statuses, wait_for, with_settings

@@ -19,8 +19,9 @@ from rq import Queue
 import sample_site
 from common.queue.names import QUEUE_NAMES, cap
 from common.store import orphans
+from common.store.clock import utcnow
 from common.store.data import data_rows
-from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from common.store.models import CrawlerDownloadData, CrawlerLease, CrawlerTask, Job
 from common.store.records import ExportFilter
 from master.dispatch.dispatcher import dispatch_once
 from tests.helpers import (

@@ -17,7 +17,8 @@ import requests
 
 from common.errors import ValidationError
 from common.store.models import Export
-from master import center
+from master.center import params as center_params
+from master.center import service as center
 from slave.exporter import run_export
 from tests.helpers import burst_worker, cli, with_settings
 from tests.integration.test_exports import _file
@@ -167,7 +168,7 @@ def test_source_url_pulled_page_by_page_into_csv(fast, source):
     table = list(csv.reader(io.StringIO(_file(done.id).decode())))
     assert table[0] == ["name", "age", "city", "_row_head_"][:3]  # the first row's keys (but _row_head_)
     assert table[1] == ["姓名0", "20", "city 0"] and len(table) == 2346
-    got = center.describe(done)
+    got = center.describe(center.get(done.id))
     assert got["status"] == 3 and got["status_text"] == "done" and got["type"] == "csv"
     assert got["operator_id"] == "op1" and got["merchant_type"] == 1 and got["project_id"] == 7
 
@@ -205,7 +206,7 @@ def test_source_data_one_table_and_multi_table(fast):
     cells = _cells(done)
     assert ["表格标题1"] in cells and ["表格标题2"] in cells and ["城市"] in cells and ["x"] in cells
     with pytest.raises(ValidationError, match="excel"):
-        center.check(task(source_data=json.dumps([rows, rows])))
+        center_params.check(task(source_data=json.dumps([rows, rows])))
     # row headers: rows keyed by their row leaf (the seed's three-dimensional form)
     keyed = {"front_end": [{"name": "a"}, {"name": "b"}], "back_end": [{"name": "c"}]}
     tpl = {"col": [{"title": "Name", "name": "name"}],
@@ -244,7 +245,7 @@ def test_a_source_that_breaks_its_word_fails_the_task_in_one_line(fast, source, 
     assert done.state == "FAIL" and reason in done.error and "\n" not in done.error, done.error
     db = Export._get_collection().database
     assert db["export_fs.files"].count_documents({}) == 0 and db["export_fs.chunks"].count_documents({}) == 0
-    assert center.describe(done)["status"] == 4
+    assert center.describe(center.get(done.id))["status"] == 4
 
 
 @pytest.mark.parametrize("params, reason", [
@@ -272,18 +273,18 @@ def test_a_source_that_breaks_its_word_fails_the_task_in_one_line(fast, source, 
 ])
 def test_bad_input_is_refused_at_delivery_with_one_line(cluster, params, reason):
     with pytest.raises(ValidationError, match=reason.replace("(", r"\(").replace(")", r"\)")):
-        center.check(params)
+        center_params.check(params)
     assert Export.objects.count() == 0
 
 
 def test_private_sources_only_where_allowed_and_never_the_clusters_services(cluster, monkeypatch, source):
     with pytest.raises(ValidationError, match="is not a public address .*an administrator opened"):
-        center.check(task(source_url=f"{source}/rows?n=1"))
+        center_params.check(task(source_url=f"{source}/rows?n=1"))
     with_settings(cluster, monkeypatch, FAST)
-    center.check(task(source_url=f"{source}/rows?n=1"))
+    center_params.check(task(source_url=f"{source}/rows?n=1"))
     redis_port = cluster.redis.connection_pool.connection_kwargs["port"]
     with pytest.raises(ValidationError, match="127.0.0.1 is not a public address"):
-        center.check(task(source_url=f"http://127.0.0.1:{redis_port}/"))
+        center_params.check(task(source_url=f"http://127.0.0.1:{redis_port}/"))
 
 
 def _v1(web, method: str, path: str, token: str | None, **kw) -> dict:
@@ -421,9 +422,9 @@ def test_a_listing_does_not_read_the_rows_a_task_carries(cluster):
     from common.store import center as store
 
     export = center.deliver(cluster.redis, task(source_data=json.dumps([{"a": "x" * 1000}] * 100)))
-    tasks, total = store.page({"project": {"$in": [7]}}, 0, 10)
-    assert total == 1 and tasks[0].id == export.id and "source_data" not in tasks[0].center
-    assert tasks[0].center["name"] == "orders" and center.describe(tasks[0])["source"] == "source_data"
+    tasks, total = store.page(store.Wanted([7]), 0, 10)
+    assert total == 1 and tasks[0].id == export.id and tasks[0].center.source_data is None
+    assert tasks[0].center.name == "orders" and center.describe(tasks[0])["source"] == "source_data"
 
 
 def test_a_seed_template_over_a_callers_rows_opens_in_libreoffice(fast, source, tmp_path):
@@ -469,7 +470,7 @@ def test_the_pull_goes_to_the_address_judged_when_it_starts(fast, monkeypatch, s
 
         load()
         with pytest.raises(ValidationError, match="is not a public address") as refused:
-            center.check(task(source_url=url))
+            center_params.check(task(source_url=url))
         assert "127.0.0.1" not in str(refused.value) or "localhost" not in url  # a name's address untold
     with_settings(fast, monkeypatch, FAST)
     Source.seen.clear()
@@ -488,7 +489,7 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
     one's file expires by EXPORT_TTL as every export's does)."""
     from datetime import timedelta
 
-    from common.store.models import store_now
+    from common.store.clock import store_now
     from master.exports import service
 
     old, recent = (center.deliver(fast.redis, task(source_data="[]")) for _ in range(2))
@@ -497,7 +498,7 @@ def test_a_task_that_ended_without_a_file_expires_after_seven_days(fast, source)
     Export.objects(id=old.id).update_one(set__finished_at=store_now() - timedelta(days=8))
     assert service.tend(fast.redis).expired == 1
     assert Export.objects.get(id=old.id).state == "EXPIRED"
-    assert center.describe(Export.objects.get(id=old.id))["status"] == 6
+    assert center.describe(center.get(old.id))["status"] == 6
     assert Export.objects.get(id=recent.id).state == "CANCEL"
 
 
@@ -552,12 +553,12 @@ def test_private_sources_where_the_project_allows_them(cluster, monkeypatch, sou
     made = cli("project", "create", "intranet", "--allow-private")
     assert made.exit_code == 0, made.output
     intranet = int(made.stdout.strip().splitlines()[-1])
-    assert center.check(task(project_id=intranet, source_url=f"{source}/rows?n=3"))
+    assert center_params.check(task(project_id=intranet, source_url=f"{source}/rows?n=3"))
     with pytest.raises(ValidationError, match="is not a public address"):
-        center.check(task(project_id=7, source_url=f"{source}/rows?n=3"))
+        center_params.check(task(project_id=7, source_url=f"{source}/rows?n=3"))
     redis_port = cluster.redis_server.port
     with pytest.raises(ValidationError, match="is not a public address"):
-        center.check(task(project_id=intranet, source_url=f"http://127.0.0.1:{redis_port}/"))
+        center_params.check(task(project_id=intranet, source_url=f"http://127.0.0.1:{redis_port}/"))
     export = center.deliver(cluster.redis, task(project_id=intranet, source_url=f"{source}/rows?n=3",
                                                 step=100))
     assert run(export).state == "SUCCESS"

@@ -51,7 +51,7 @@ def test_a_cell_behind_invisible_characters_never_runs_as_a_formula(fast, tmp_pa
 
 
 def _deliver(fast, kind: str, rows: list[dict]):
-    from master import center
+    from master.center import service as center
 
     return center.deliver(fast.redis, task(type=kind, source_data=json.dumps(rows)))
 

@@ -286,9 +286,9 @@ def test_a_failed_source_runs_again_on_the_seeds_schedule(cluster, monkeypatch, 
     (CENTER_TASK_RETRIES, CENTER_RETRY_AFTER); meanwhile callers see it 处理中 (3)."""
     from datetime import timedelta
 
-    from common.store.models import store_now
-    from master import center as center_module
-    from master import center_v1
+    from common.store.clock import store_now
+    from master.center import service as center_module
+    from master.center import v1 as center_v1
     from slave.exporter import run_export
 
     with_settings(cluster, monkeypatch, {**FAST, "DOWNCLUSTER_CENTER_TASK_RETRIES": "3"})
@@ -311,8 +311,8 @@ def test_a_failed_source_runs_again_on_the_seeds_schedule(cluster, monkeypatch, 
 def test_ended_tasks_are_archived_then_removed(cluster, monkeypatch, tmp_path):
     from datetime import timedelta
 
-    from common.store.models import store_now
-    from master import center as center_module
+    from common.store.clock import store_now
+    from master.center import service as center_module
     from master.exports import service
     from master.ops import retention
 

@@ -10,8 +10,9 @@ from datetime import timedelta
 from common.config import settings
 from common.store import claims, notifications
 from common.store import generators as store_generators
+from common.store.clock import store_now, utcnow
 from common.store.log_models import CrawlerDispatchAlertLog, CrawlerGeneratorLog
-from common.store.models import CrawlerGenerator, Notification, store_now, utcnow
+from common.store.models import CrawlerGenerator, Notification
 from master import generators
 from tests.integration.test_generators import _due_generator
 

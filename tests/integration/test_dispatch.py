@@ -103,7 +103,7 @@ def test_dispatch_maps_priorities_to_queues_and_marks_tasks(cluster, tmp_path):
         lease.state == "QUEUED"
         and lease.queue == "down_super"
         and len(lease.ids) == 30
-        and lease.kind == "FRESH"
+        and lease.attempt_kind == "FRESH"
     )
     assert Job.objects.get(name="s").seq_sent == 30
     assert CrawlerDispatchLog.objects(status="SUCCESS").count() == 4

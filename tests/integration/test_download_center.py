@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from common.store.models import Export, utcnow
+from common.store.clock import utcnow
+from common.store.models import Export
 from master.dispatch.dispatcher import dispatch_once
 from master.exports import service as exports
 from services import env_for

@@ -22,16 +22,9 @@ from bson import ObjectId
 
 from common.config import load, settings
 from common.errors import ValidationError
+from common.store.clock import store_now, utcnow
 from common.store.log_models import NotificationLog
-from common.store.models import (
-    CrawlerDownloadData,
-    CrawlerTask,
-    Export,
-    Job,
-    Notification,
-    store_now,
-    utcnow,
-)
+from common.store.models import CrawlerDownloadData, CrawlerTask, Export, Job, Notification
 from master.dispatch.dispatcher import dispatch_once
 from master.exports import service as exports
 from sample_site import page_body

@@ -16,16 +16,9 @@ import sample_site
 from common.intake import add_found
 from common.jobsettings import Follow, Sitemaps
 from common.store import counts, leases
+from common.store.clock import utcnow
 from common.store.log_models import CrawlerRegistrationErrorLog
-from common.store.models import (
-    FRESH,
-    CrawlerDownload,
-    CrawlerDownloadSetting,
-    CrawlerLease,
-    CrawlerTask,
-    Job,
-    utcnow,
-)
+from common.store.models import FRESH, CrawlerDownload, CrawlerDownloadSetting, CrawlerLease, CrawlerTask, Job
 from common.store.records import JobSettings, Lease, LeaseTask
 from master.dispatch import defender
 from master.dispatch.dispatcher import dispatch_once

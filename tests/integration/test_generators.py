@@ -13,8 +13,9 @@ import pytest
 
 from common.queue.names import GENERATE_QUEUE
 from common.queue.rqbridge import queue_key
+from common.store.clock import store_now
 from common.store.log_models import CrawlerGeneratorLog, CrawlerRegistrationErrorLog
-from common.store.models import CrawlerGenerator, CrawlerTask, Job, store_now
+from common.store.models import CrawlerGenerator, CrawlerTask, Job
 from master import generators
 from tests.helpers import add_urls, cli, write_job
 

@@ -77,8 +77,9 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     from datetime import timedelta
 
     from common.config import load, settings
+    from common.store.clock import utcnow
     from common.store.log_models import CrawlerDispatchLog, NotificationLog
-    from common.store.models import CrawlerDownloadSetting, Job, Notification, utcnow
+    from common.store.models import CrawlerDownloadSetting, Job, Notification
     from master.ops import retention
     from tests.integration.test_exports import _job_with_pages
 
@@ -89,9 +90,9 @@ def test_retention_keeps_by_default_removes_by_job_override_and_ttl_indexes(clus
     assert CrawlerDownloadSetting.objects.get(job=short).data_retention_days == 1
     before = {"keep": _counts(keep), "short": _counts(short)}
     assert before["keep"]["data"] == 3 and before["keep"]["gridfs"] == 6 and before["short"]["logs"] == 3
-    done = Notification(kind="mail", target="a@example.org", event="job.report", state="SUCCESS")
+    done = Notification(channel="mail", target="a@example.org", event="job.report", state="SUCCESS")
     done.save()
-    waiting = Notification(kind="mail", target="b@example.org", event="job.report")
+    waiting = Notification(channel="mail", target="b@example.org", event="job.report")
     waiting.save()
 
     report = retention.enforce(now=utcnow() + timedelta(days=2))  # two days on
@@ -137,7 +138,8 @@ def test_archive_saves_then_removes_and_data_export_readers_read_it(cluster, tmp
     import gzip
     from datetime import timedelta
 
-    from common.store.models import CrawlerDownloadData, CrawlerTask, Job, utcnow
+    from common.store.clock import utcnow
+    from common.store.models import CrawlerDownloadData, CrawlerTask, Job
     from sample_site import page_body
     from tests.integration.test_exports import _job_with_pages
 
@@ -177,7 +179,8 @@ def test_archive_with_tasks_saves_pages_then_removes_them_with_their_tasks(clust
     import gzip
     from datetime import timedelta
 
-    from common.store.models import CrawlerDownloadData, CrawlerTask, Job, utcnow
+    from common.store.clock import utcnow
+    from common.store.models import CrawlerDownloadData, CrawlerTask, Job
     from sample_site import page_body
     from tests.integration.test_exports import _job_with_pages
 
@@ -451,8 +454,8 @@ def test_retention_and_archive_take_dates_beyond_what_an_objectid_holds(cluster,
 def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnight_utc(cluster, tmp_path):
     from datetime import timedelta
 
+    from common.store.clock import utcnow
     from common.store.log_models import CrawlerDownloadLog
-    from common.store.models import utcnow
     from tests.integration.test_exports import _job_with_pages
 
     _job_with_pages(cluster, tmp_path, n=2, name="dated")
@@ -482,7 +485,8 @@ def test_every_date_option_of_the_command_line_takes_a_plain_date_as_its_midnigh
 
 def test_stats_counts_a_page_out_for_a_revisit_once(cluster, tmp_path):
     from common.store import counts
-    from common.store.models import CrawlerLease, CrawlerTask, utcnow
+    from common.store.clock import utcnow
+    from common.store.models import CrawlerLease, CrawlerTask
     from master.dispatch.dispatcher import dispatch_once
     from master.ops import stats
     from tests.helpers import add_urls, register

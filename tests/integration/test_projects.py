@@ -97,6 +97,8 @@ def _routes(job: str, ids: dict, project: int) -> list[tuple[str, str, dict]]:
         ("POST", f"/api/v1/jobs/{job}/generator/on", {}),
         ("POST", f"/api/v1/jobs/{job}/generator/off", {}),
         ("POST", f"/api/v1/jobs/{job}/generator/run", {}),
+        ("POST", f"/api/v1/jobs/{job}/dry-run", {"json": {"url": "http://127.0.0.1:1/x"}}),
+        ("GET", f"/api/v1/jobs/{job}/dry-run/{'0' * 32}", {}),
         ("POST", "/api/v1/jobs", {"json": {"manifest": f'name = "{job}"\ntype = "none"\n'}}),
         ("POST", "/api/v1/jobs", {"json": {"manifest": 'name = "fresh"\ntype = "none"\n',
                                            "project": project}}),
@@ -172,6 +174,7 @@ def test_roles_decide_what_a_token_may_change(cluster, three, tmp_path):
             ("POST", "/api/v1/jobs/job-alpha/disable", {}),
             ("POST", "/api/v1/jobs/job-alpha/tasks", {"json": {"urls": ["http://127.0.0.1:1/y"]}}),
             ("POST", "/api/v1/jobs/job-alpha/tasks/cancel", {"json": {}}),
+            ("POST", "/api/v1/jobs/job-alpha/dry-run", {"json": {"url": "http://127.0.0.1:1/y"}}),
             ("POST", "/api/v1/jobs", {"json": {"manifest": 'name = "new-a"\ntype = "none"\n'}}),
             ("POST", "/api/v1/projects", {"json": {"name": "delta"}}),
             ("GET", "/api/v1/audit", {}),
@@ -413,3 +416,43 @@ def test_a_token_made_without_a_project_holds_default_at_every_door(cluster, tmp
             assert names == ["plainjob"]
     admin = tokens.create("carol", "admin")
     assert admin and ApiToken.objects.get(name="carol").projects == []
+
+
+def test_the_roles_that_may_change_a_job_are_shown_its_proxy_cookie_and_headers(cluster, tmp_path):
+    """A user (or admin) of the job's project reads back its proxy (the password masked), cookie
+    and headers' values, and a change that hands back the masked proxy keeps the stored one; an
+    analyst reads them masked, as before."""
+    from common.store.models import CrawlerDownloadSetting
+
+    project = _project("secrets")
+    proxy = "http://bob:s3cret@proxy.example.com:3128"
+    manifest = write_job(tmp_path, "guarded", proxy=proxy, cookie="sid=abc123", allow_private=False)
+    manifest.write_text(manifest.read_text() + 'headers = { "X-Api-Key" = "k-1", Accept = "text/html" }\n')
+    assert cli("job", "register", str(manifest), "--project", str(project)).exit_code == 0
+    user, analyst = new_token("u-s", "user", "secrets"), new_token("a-s", "analyst", "secrets")
+    stored = lambda: CrawlerDownloadSetting.objects.get(job=Job.objects.get(name="guarded").id)  # noqa: E731
+    with WebServer(cluster.env) as web:
+        for token in (user, new_token("root", "admin")):
+            shown = web.call("GET", "/api/v1/jobs/guarded", token).json()["settings"]
+            assert shown["proxy"] == "http://bob:***@proxy.example.com:3128"
+            assert shown["cookie"] == "sid=abc123"
+            assert shown["header_values"] == {"X-Api-Key": "k-1", "Accept": "text/html"}
+            assert shown["headers"] == ["Accept", "X-Api-Key"]
+        seen = web.call("GET", "/api/v1/jobs/guarded", analyst).json()["settings"]
+        assert seen["proxy"] == "***" and seen["cookie"] == "***" and "header_values" not in seen
+        assert "s3cret" not in web.call("GET", "/api/v1/jobs/guarded", user).text
+
+        def change(proxy_line: str) -> None:
+            text = ('name = "guarded"\ntype = "none"\n[settings]\n'
+                    f'{proxy_line}cookie = "sid=abc123"\nheaders = {{ "X-Api-Key" = "k-2" }}\n')
+            got = web.call("POST", "/api/v1/jobs", user, json={"manifest": text})
+            assert got.status_code == 200, got.text
+
+        change('proxy = "http://bob:***@proxy.example.com:3128"\n')  # handed back unchanged: kept
+        assert stored().proxy == proxy and stored().headers == {"X-Api-Key": "k-2"}
+        change('proxy = "http://bob:n3w@proxy.example.com:3128"\n')  # a new one: taken
+        assert stored().proxy == "http://bob:n3w@proxy.example.com:3128"
+        change('proxy = "http://eve:***@proxy.example.com:3128"\n')  # not the stored one masked: as given
+        assert stored().proxy == "http://eve:***@proxy.example.com:3128"
+        change("")  # left out: dropped
+        assert not stored().proxy

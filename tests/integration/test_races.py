@@ -13,16 +13,9 @@ from common.errors import DispatchLocked, DownloadError
 from common.queue.names import LOCK_KEY
 from common.store import due, leases
 from common.store import tasks as task_store
+from common.store.clock import utcnow
 from common.store.log_models import CrawlerDownloadLog
-from common.store.models import (
-    FRESH,
-    LIVE,
-    CrawlerDownloadData,
-    CrawlerLease,
-    CrawlerTask,
-    Job,
-    utcnow,
-)
+from common.store.models import FRESH, LIVE, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job
 from master import intake
 from master.dispatch import defender, dispatcher
 from master.dispatch.dispatcher import dispatch_once

@@ -48,7 +48,7 @@ def test_a_pushed_entry_is_an_rq_job_that_rq_reads(cluster):
     assert job.origin == "down_mid" and job.get_status() == JobStatus.QUEUED
     assert job.meta == {"kind": "download"}  # the entry states its kind
     entry = rqbridge.fetch_entry(cluster.redis, "dc-abc")
-    assert entry is not None and (entry.kind, entry.ref) == (rqbridge.Kind.DOWNLOAD, "abc")
+    assert entry is not None and (entry.entry_kind, entry.ref) == (rqbridge.EntryKind.DOWNLOAD, "abc")
     assert job.enqueued_at == datetime(2026, 11, 23, 12, 0, tzinfo=timezone.utc).replace(
         tzinfo=job.enqueued_at.tzinfo
     )
@@ -126,7 +126,8 @@ def test_an_entry_queued_before_the_rooms_layout_still_runs(cluster, func, entry
         func, args=(arg,), job_id=entry)
     got = rqbridge.fetch_entry(cluster.redis, entry)
     assert got is not None and list(got.job.args) == [arg] and got.ref == arg
-    assert got.kind == (rqbridge.Kind.DOWNLOAD if entry.startswith("dc-") else rqbridge.Kind.EXPORT)
+    kinds = rqbridge.EntryKind
+    assert got.entry_kind == (kinds.DOWNLOAD if entry.startswith("dc-") else kinds.EXPORT)
 
 
 def test_generator_and_export_entries_state_their_kind(cluster):
@@ -134,9 +135,9 @@ def test_generator_and_export_entries_state_their_kind(cluster):
     rqbridge.push_export(cluster.redis, "down_export", "exp1", 60)
     got = [rqbridge.fetch_entry(cluster.redis, e) for e in ("dcg-run1", "dcx-exp1")]
     # rq's meta may carry more (Sentry's trace headers once an earlier test started Sentry)
-    assert [(e.kind, e.ref, e.job.meta["kind"]) for e in got if e] == [
-        (rqbridge.Kind.GENERATE, "run1", "generate"),
-        (rqbridge.Kind.EXPORT, "exp1", "export"),
+    assert [(e.entry_kind, e.ref, e.job.meta["kind"]) for e in got if e] == [
+        (rqbridge.EntryKind.GENERATE, "run1", "generate"),
+        (rqbridge.EntryKind.EXPORT, "exp1", "export"),
     ]
 
 

@@ -13,8 +13,9 @@ from common.config import load, settings
 from common.errors import DownloadError, NotFound
 from common.queue import rqbridge
 from common.store import attempts, leases, orphans
+from common.store.clock import utcnow
 from common.store.data import data_rows
-from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job, utcnow
+from common.store.models import AGAIN, FRESH, CrawlerDownloadData, CrawlerLease, CrawlerTask, Job
 from common.store.records import ExportFilter, Lease
 from master import views
 from master.dispatch import defender

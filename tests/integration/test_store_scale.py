@@ -13,6 +13,7 @@ from pymongo import monitoring
 
 from common.config import load, settings
 from common.store import counts
+from common.store.clock import utcnow
 from common.store.leases import claim
 from common.store.log_models import CrawlerDownloadLog
 from common.store.models import (
@@ -25,7 +26,6 @@ from common.store.models import (
     CrawlerTaskKey,
     DefenderState,
     Job,
-    utcnow,
 )
 from common.store.records import ExportFilter
 from master import maintenance as chores
@@ -33,6 +33,21 @@ from master.dispatch.dispatcher import dispatch_once
 from master.ops import retention
 from master.ops import tasks as task_ops
 from tests.helpers import add_urls, burst_worker, register
+
+
+def floors_hold(job_id) -> None:
+    from tests.integration.test_status_floors import floors_hold as hold
+
+    hold(job_id)
+
+
+def listed_as_sorted(job_id, status: str) -> bool:
+    from master import views
+    from tests.integration.test_status_floors import _plain
+
+    name = Job.objects.get(id=job_id).name
+    page = views.task_page(name, status=status, limit=20)["tasks"]
+    return [ObjectId(t["id"]) for t in page] == _plain(job_id, status)
 
 
 def _recounted(job_id) -> dict[str, int]:
@@ -57,6 +72,9 @@ def test_counts_kept_as_tasks_change_equal_a_recount_at_every_step(cluster, tmp_
     def check(step: str) -> None:
         steps.append(step)
         assert _kept(job.id) == _recounted(job.id), step
+        floors_hold(job.id)  # every status's floor at or below its first task (common.store.floors)
+        for status in TASK_STATUSES:  # each page equals a plain sort's (and raises its floor)
+            assert listed_as_sorted(job.id, status), (step, status)
 
     add_urls("c", [f"{site}/page/{i}" for i in range(30)] + [f"{site}/status/500?{i}" for i in range(6)]
              + [f"{site}/page/1", "ftp://refused"])  # a duplicate and a rejected line
@@ -97,6 +115,7 @@ def test_counts_kept_as_tasks_change_equal_a_recount_at_every_step(cluster, tmp_
     assert _kept(job.id) != _recounted(job.id)
     counts.recount()
     assert _kept(job.id) == _recounted(job.id)  # what `downcluster stats --recount` repairs
+    floors_hold(job.id)
 
 
 def test_a_cron_dispatch_runs_a_chore_only_when_it_is_due_cluster_wide(cluster, tmp_path):
@@ -344,6 +363,8 @@ def test_pages_read_in_windows_are_exact_whatever_the_ids_times(cluster):
                     newest,
                     size,
                 )
+            for size in (1, 7, 500):  # fine windows from each page's last id
+                assert walk(size, span=span, fine=True) == ids, (span, size)
         for cut in (ids[0], ids[1], ids[60], ids[150], ids[-1]):  # oldest first, below a bound
             for size in (3, 1000):
                 assert walk(size, span=span, before=cut) == [i for i in ids if i < cut], (span, cut, size)

@@ -16,8 +16,9 @@ from bson import ObjectId
 
 from common.store import counts, known, pages
 from common.store import tasks as task_store
+from common.store.clock import utcnow
 from common.store.connection import connect_mongo, disconnect_mongo
-from common.store.models import SUCCESS, CrawlerTask, CrawlerTaskKey, Job, utcnow
+from common.store.models import SUCCESS, CrawlerTask, CrawlerTaskKey, Job
 from common.store.upgrade import retired_left
 from master import intake
 from tests.helpers import add_urls, register, statuses

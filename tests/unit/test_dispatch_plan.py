@@ -15,18 +15,18 @@ NOW = datetime(2026, 1, 1, 12, 0, 0)
 
 
 def _job(name: str, priority: int, host: str) -> Job:
-    return Job(id=ObjectId(), name=name, priority=priority, host=host)
+    return Job(id=ObjectId(), name=name, priority=priority, worker_host=host)
 
 
 def _work(name: str, priority: int, n: int, again: int = 0, host: str = "") -> JobWork:
-    job = Job(id=ObjectId(), name=name, priority=priority, host=host)
+    job = Job(id=ObjectId(), name=name, priority=priority, worker_host=host)
     return JobWork(job=job, dispatch_num=n + again, max_retry_times=5,
                    again=[Picked(f"{name}-a{i}", "") for i in range(again)],
                    fresh=[Picked(f"{name}-{i}", "", i + 1) for i in range(n)])
 
 
-def _taken(work: JobWork, kind: str = FRESH) -> int:
-    return sum(len(e.ids) for e in work.entries if e.kind == kind)
+def _taken(work: JobWork, attempt_kind: str = FRESH) -> int:
+    return sum(len(e.ids) for e in work.entries if e.attempt_kind == attempt_kind)
 
 
 def test_plan_respects_queue_room_and_writes_alert():

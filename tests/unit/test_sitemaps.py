@@ -26,7 +26,7 @@ def url(loc: str, mod: str = "") -> str:
 def test_a_urlset_with_lastmod():
     got = parse(urlset(url("https://example.com/b?z=1&amp;a=2#f", "2024-05-17T10:00:00+02:00"),
                        url(" /rel ", "2024"), url("https://example.com/c", "not a date")), SITEMAP)
-    assert got.kind == "urlset" and got.excess == 0 and got.skipped == 0
+    assert got.root == "urlset" and got.excess == 0 and got.skipped == 0
     assert [(e.url, e.lastmod) for e in got.entries] == [
         ("https://example.com/b?a=2&z=1", datetime(2024, 5, 17, 8, tzinfo=timezone.utc)),
         ("https://example.com/rel", datetime(2024, 1, 1, tzinfo=timezone.utc)),
@@ -38,10 +38,10 @@ def test_an_index_names_more_sitemaps():
             '<lastmod>2024-05</lastmod></sitemap><sitemap><loc>https://example.com/s2.xml</loc></sitemap>'
             '</sitemapindex>').encode()
     got = parse(body, SITEMAP)
-    assert got.kind == "sitemapindex" and [e.url for e in got.entries] == [
+    assert got.root == "sitemapindex" and [e.url for e in got.entries] == [
         "https://example.com/s1.xml.gz", "https://example.com/s2.xml"]
     assert got.entries[0].lastmod == datetime(2024, 5, 1, tzinfo=timezone.utc)
-    assert parse(body, SITEMAP, depth=sitemaps.MAX_INDEX_DEPTH - 1).kind == "sitemapindex"
+    assert parse(body, SITEMAP, depth=sitemaps.MAX_INDEX_DEPTH - 1).root == "sitemapindex"
     with pytest.raises(SitemapError, match="nested more than"):
         parse(body, SITEMAP, depth=sitemaps.MAX_INDEX_DEPTH)
     assert parse(urlset(url("https://example.com/p")), SITEMAP, depth=9).entries  # a urlset at any depth

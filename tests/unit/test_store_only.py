@@ -6,9 +6,10 @@ A module outside the store may not
   * query through mongoengine: ``.objects``;
   * change a document through mongoengine: ``.save()``, ``.modify()``, ``.delete()`` without
     arguments, ``.update()`` with mongoengine's operator keywords (``set__name=...``);
-  * import a mongoengine Document class, or ``collection`` (a class's pymongo collection), from
-    ``common.store.models``, ``log_models``, ``control_models`` or ``schema`` (status constants,
-    roles, clocks and plain helpers such as ``job_named`` may be imported);
+  * import a mongoengine Document class from ``common.store.models``, ``log_models``,
+    ``control_models`` or ``schema`` (status constants and roles may be imported), or
+    ``collection`` (a class's pymongo collection) from ``common.store.connection`` (its Redis
+    clients may be imported, and the clock of ``common.store.clock``);
   * make a MongoDB client or a GridFS bucket (``MongoClient``, ``GridFS``, ``GridFSBucket``):
     the store's connection module holds the connections.
 """
@@ -60,6 +61,8 @@ def breaches(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module in MODEL_MODULES:
             found += [f"{node.lineno}: imports {a.name}" for a in node.names
                       if a.name in DOCUMENT_CLASSES | {"collection", "ALL_MODELS"}]
+        elif isinstance(node, ast.ImportFrom) and node.module == "common.store.connection":
+            found += [f"{node.lineno}: imports collection" for a in node.names if a.name == "collection"]
         elif isinstance(node, ast.ImportFrom) and node.module == "common.store":
             found += [f"{node.lineno}: imports the models module" for a in node.names
                       if f"common.store.{a.name}" in MODEL_MODULES]
@@ -87,6 +90,7 @@ def test_only_the_store_touches_mongodb():
 @pytest.mark.parametrize("source", [
     "from common.store.models import CrawlerTask\n",
     "from common.store.models import collection\n",
+    "from common.store.connection import collection\n",
     "from common.store import models\n",
     "from common.store.log_models import CrawlerDownloadLog\n",
     "from common.store.control_models import ApiToken\n",
@@ -107,7 +111,10 @@ def test_the_rule_catches(source):
 
 
 @pytest.mark.parametrize("source", [
-    "from common.store.models import LIVE, store_now, job_named\n",
+    "from common.store.models import LIVE, TASK_STATUSES\n",
+    "from common.store.clock import store_now, iso\n",
+    "from common.store.connection import redis_conn\n",
+    "from common.store.jobs import named\n",
     "from common.store.control_models import ADMIN, ROLES\n",
     "redis.delete(key)\n",
     "fs.delete(file_id)\n",

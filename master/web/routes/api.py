@@ -14,12 +14,12 @@ from starlette.concurrency import run_in_threadpool
 
 from common.config import settings
 from common.errors import ValidationError
+from common.store.clock import iso
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.control_models import ADMIN
-from common.store.models import iso
 from common.store.records import DownloadType
-from master import access, audit, generators, projects, registry, tokens, views
+from master import access, audit, dryrun, generators, projects, registry, tokens, views
 from master.dispatch.runs import dispatch_in_child
 from master.intake import add_tasks
 from master.ops import stats, tasks
@@ -175,7 +175,9 @@ def register_job(body: JobIn, response: Response, token: Reader) -> dict:
 
 @router.get("/jobs/{name}", tags=["jobs"], responses=answers(401, 404))
 def show_job(name: JobName, token: Reader) -> dict:
-    return views.job_detail(access.job(name, token).name)
+    """One job: counts, settings (to a user or admin of its project also its proxy, password
+    masked, its cookie and its headers' values: a change hands them back), its last failures."""
+    return views.job_detail(access.job(name, token).name, secrets=access.may_change(token))
 
 
 @router.post("/jobs/{name}/enable", tags=["jobs"], responses=answers(401, 403, 404))
@@ -190,6 +192,47 @@ def disable_job(name: JobName, token: Reader) -> dict:
     job = access.job(name, token, change=True)
     audit.record(token, "job.off", name, job.project)
     return {"name": name, "status": registry.set_status(name, "OFF").status}
+
+
+class DryRunIn(Strict):
+    url: str = Field(min_length=1, max_length=8192, pattern=r"^[^\r\n]*$", description="the one URL to fetch")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"url": "https://example.org/a"}]})
+
+
+DRY_RUN_WHY = {403: "the token's role may not change this job (an analyst)",
+               404: "no such job (or not one of the token's projects), or no such dry run of it "
+                    "(kept 10 minutes)"}
+DRY_RUN_INVALID = "the URL is not one intake accepts (an http or https URL with a host)"
+RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the `id` of a dry run")]
+DryWait = Annotated[float, Query(ge=0, le=dryrun.WAIT_MAX, description="seconds to wait for the answer")]
+
+
+@router.post("/jobs/{name}/dry-run", tags=["jobs"], status_code=202, responses={
+    202: {"description": "queued: its answer is read with GET .../dry-run/{id} (which may wait for it)"},
+    **answers(401, 403, 404, why=DRY_RUN_WHY, invalid=DRY_RUN_INVALID)})
+def dry_run_job(name: JobName, body: DryRunIn, token: Reader) -> dict:
+    """Run the job's engine on one URL on a worker, with every wall a task has (sandbox, private
+    reach, time and size limits, robots.txt), storing nothing; ``show_dry_run`` answers what it
+    fetched (status, headers, the body's text cut to 20,000 characters, or the failure in one line)."""
+    job = access.job(name, token, change=True)
+    redis = redis_conn()
+    ref = dryrun.start(redis, job, body.url)
+    audit.record(token, "job.dry_run", name, job.project)
+    return dryrun.show(redis, job, ref, 0)
+
+
+@router.get("/jobs/{name}/dry-run/{run_id}", tags=["jobs"], responses={
+    200: {"description": "answered: `state` done, with `response` or `error`"},
+    202: {"description": "not answered within `wait`: `state` queued"},
+    **answers(401, 403, 404, why=DRY_RUN_WHY)})
+def show_dry_run(name: JobName, run_id: RunId, response: Response, token: Reader,
+                 wait: DryWait = 0.0) -> dict:
+    """A dry run of the job (``dry_run_job``): its answer, waiting up to ``wait`` seconds (at most
+    60) for it to come."""
+    job = access.job(name, token, change=True)
+    shown = dryrun.show(redis_conn(), job, run_id, wait)
+    response.status_code = 200 if shown["state"] == "done" else 202
+    return shown
 
 
 # --- generators ----------------------------------------------------------------------------
@@ -262,7 +305,7 @@ class RequeueIn(Strict):
 
 def _intake(name: str, lines: list[str], host: str, token: Token) -> dict:
     job = access.job(name, token, change=True)
-    report = add_tasks(name, lines, host=host)
+    report = add_tasks(name, lines, worker_host=host)
     audit.record(token, "tasks.add", name, job.project, added=report.added)
     return {"added": report.added, "duplicate": report.duplicate,
             "rejected": [{"line": n, "reason": r} for n, r in report.errors[:1000]]}

@@ -1,7 +1,7 @@
-"""The download center's tasks (seed 000) with typed JSON, in the /api/v1 description
-(``api_router``: /api/v1/center/tasks), and the parameter reading the seed's /v1 interface shares
+"""The download center's download tasks with typed JSON, in the /api/v1 description
+(``api_router``: /api/v1/center/tasks), and the parameter reading the /v1 interface shares
 (``_params``: the query, and a form or JSON body over it; ``master/web/routes/v1.py``).
-Thin: each route reads its parameters and calls ``master.center``.
+Thin: each route reads its parameters and calls ``master.center.service``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from pydantic import BeforeValidator, ConfigDict, Field
 from common.config import settings
 from common.errors import ValidationError, too_many_digits
 from common.store.connection import redis_conn
-from master import audit, callers, center
+from master import audit
+from master.center import callers
+from master.center import service as center
+from master.center.params import MAX_PROJECT
 from master.projects import resolve
 from master.web.contract import ObjectIdPath, answers, whole
 from master.web.errors import ApiError
@@ -59,16 +62,16 @@ async def _params(request: Request) -> dict:
 
 api_router = APIRouter(tags=["center"])
 SOURCE_URL = r"^[hH][tT][tT][pP][sS]?://[^/?#\s]+"
-ProjectId = Annotated[int, Field(ge=1, le=center.MAX_PROJECT)]
+ProjectId = Annotated[int, Field(ge=1, le=MAX_PROJECT)]
 ProjectIds = Annotated[str, Query(pattern=r"^[1-9][0-9]{0,8}(,[1-9][0-9]{0,8}){0,99}$",
                                   description="project ids, comma-separated")]
 Pairs = dict[str, Annotated[str, Field(max_length=1024)]]
 INVALID_TASK = ("source_url or callback does not resolve to addresses a source may have, the template or "
-                "source_data does not fit the seed's forms, or a name is blank")
+                "source_data does not fit the forms the center takes, or a name is blank")
 
 
 class TaskIn(Strict):
-    """A download task (seed 000): the seed's parameters with their limits (docs/exports.md)."""
+    """A download task: the center's parameters with their limits (docs/exports.md)."""
     project_id: ProjectId
     name: str = Field(min_length=2, max_length=60)
     file_name: str | None = Field(None, min_length=1, max_length=100, pattern=r'^[^/\\"\x00-\x1f\x7f]+$')
@@ -79,7 +82,7 @@ class TaskIn(Strict):
     merchant_type: int | None = Field(None, ge=0, le=3, description="0 platform 1 station 2 group 3 stations")
     merchant_id: int | None = Field(None, ge=0, le=2**53)
     template: str | dict[str, Any] | list[Any] | None = Field(
-        None, description="the seed's Excel template (leaves name keys of the rows); one per table")
+        None, description="the Excel template (leaves name keys of the rows); one per table")
     title: str | list[str] | None = Field(None, description="a list, one per table, in multi-table mode")
     summary: str | list[str] | None = None
     header: Pairs | list[Pairs] | None = None
@@ -121,13 +124,13 @@ def list_center_tasks(
     merchant_id: Annotated[int | None, Query(ge=0, le=2**53)] = None,
     task_name: Annotated[str | None, Query(max_length=60, description="a part of the task's name")] = None,
 ) -> dict:
-    """Download tasks of these projects, newest first, with the seed's filters and paging."""
+    """Download tasks of these projects, newest first, with the center's filters and paging."""
     params = {"project_ids": project_ids, "page": page, "page_size": page_size, "status": status,
               "operator_id": operator_id, "merchant_type": merchant_type, "merchant_id": merchant_id,
               "task_name": task_name}
     got = center.listing({k: v for k, v in params.items() if v is not None}, token)
     return {"total": got.total, "page": got.page, "page_size": got.page_size,
-            "tasks": [center.describe(t) for t in got.tasks]}
+            "tasks": [center.describe(t) for t in got.download_tasks]}
 
 
 @api_router.get("/center/tasks/{task_id}", responses=answers(401, 404))
@@ -146,7 +149,7 @@ def delete_center_tasks(token: Reader, task_ids: Annotated[str, Query(
 
 # --- the callers of the /v1 interface (admins) ----------------------------------------------
 
-WholeProject = Annotated[int, Field(ge=1, le=center.MAX_PROJECT), BeforeValidator(whole)]
+WholeProject = Annotated[int, Field(ge=1, le=MAX_PROJECT), BeforeValidator(whole)]
 
 
 class CallerIn(Strict):

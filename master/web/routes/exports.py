@@ -296,6 +296,38 @@ def _current(export_id: str, token) -> dict | None:
         return None
 
 
+async def _follow(websocket: WebSocket, pubsub, export_id: str, token, last: dict) -> bool:
+    """Send each change of the export after ``last`` until a final state (True); False when the
+    client went away, or the token was revoked meanwhile (then closed with 1008)."""
+    closed = asyncio.ensure_future(websocket.receive())
+    checked = time.monotonic()
+    while last["state"] not in FINAL_STATES:
+        got = asyncio.ensure_future(
+            pubsub.get_message(ignore_subscribe_messages=True, timeout=WS_RECHECK))
+        done, _ = await asyncio.wait({got, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if closed in done:
+            got.cancel()
+            return False
+        if time.monotonic() - checked >= WS_RECHECK:  # a token revoked meanwhile ends the stream
+            checked = time.monotonic()
+            if await run_in_threadpool(_ws_token, websocket) is None:
+                got.cancel()
+                await websocket.send_json({"error": "the token was revoked or the session ended"})
+                await websocket.close(code=1008)
+                return False
+        message = got.result()
+        now = (
+            json.loads(message["data"])
+            if message
+            else await run_in_threadpool(_current, export_id, token)
+        )
+        if now and now != last:  # a quiet spell is checked by reading: a lost event is made good
+            last = now
+            await websocket.send_json(now)
+    closed.cancel()
+    return True
+
+
 @router.websocket("/exports/{export_id}/events")
 async def export_events(websocket: WebSocket, export_id: str) -> None:
     """Every change of the export's state and progress as a JSON text message (the same fields as
@@ -321,33 +353,8 @@ async def export_events(websocket: WebSocket, export_id: str) -> None:
             await run_in_threadpool(_current, export_id, token) or first
         )  # read after subscribing: nothing missed
         await websocket.send_json(last)
-        closed = asyncio.ensure_future(websocket.receive())
-        checked = time.monotonic()
-        while last["state"] not in FINAL_STATES:
-            got = asyncio.ensure_future(
-                pubsub.get_message(ignore_subscribe_messages=True, timeout=WS_RECHECK))
-            done, _ = await asyncio.wait({got, closed}, return_when=asyncio.FIRST_COMPLETED)
-            if closed in done:
-                got.cancel()
-                return
-            if time.monotonic() - checked >= WS_RECHECK:  # a token revoked meanwhile ends the stream
-                checked = time.monotonic()
-                if await run_in_threadpool(_ws_token, websocket) is None:
-                    got.cancel()
-                    await websocket.send_json({"error": "the token was revoked or the session ended"})
-                    await websocket.close(code=1008)
-                    return
-            message = got.result()
-            now = (
-                json.loads(message["data"])
-                if message
-                else await run_in_threadpool(_current, export_id, token)
-            )
-            if now and now != last:  # a quiet spell is checked by reading: a lost event is made good
-                last = now
-                await websocket.send_json(now)
-        closed.cancel()
-        await websocket.close(code=1000)
+        if await _follow(websocket, pubsub, export_id, token, last):
+            await websocket.close(code=1000)
     except WebSocketDisconnect:
         pass
     finally:

@@ -13,8 +13,8 @@ from common.signing import check_export_sig
 from common.store import exports
 from common.store.models import SUCCESS
 from common.store.records import ExportRecord
-from master.center import disposition
-from master.center import file_name as center_file_name
+from master.center.service import disposition
+from master.center.service import file_name as center_file_name
 from master.exports.service import get
 from master.web.contract import ObjectIdPath, answers
 from master.web.errors import ApiError

@@ -1,17 +1,18 @@
-"""Seed 000's interface under /v1, as its callers use it, so that one switches by changing its
-base URL (``master.center_v1`` translates; ``master.center`` does the work).
+"""The /v1 interface (that of linvanda/download, which existing callers use) under /v1, so that a
+caller switches by changing its base URL (``master.center.v1`` translates;
+``master.center.service`` does the work).
 
 Who is asking: a registered caller's signed parameters (``app_id`` + ``token``:
-``master.callers.signed``), or ``Authorization: Bearer`` as on /api/v1. Parameters come from the
+``master.center.callers.signed``), or ``Authorization: Bearer`` as on /api/v1. Parameters come from the
 query and a form or JSON body; a ``data`` parameter (JSON text) holds them all when a caller
 wraps them (the signature is then over ``app_id`` and ``data``). Every answer but a file is
 ``{"status", "msg", "info", "data", "retry"}`` with HTTP 200: status 200 when it went well, else
-seed 000's codes (300 bad parameters or no signature, 301 a signature that does not verify,
-502 no such project, 503-505 projects and groups, 507 no such task, 509 not now, 510 the source
+the /v1 codes (300 bad parameters or no signature, 301 a signature that does not verify, 502 no
+such project, 503-505 projects and groups, 507 no such download task, 509 not now, 510 the source
 failed, 513 no file to download, 500 anything else).
 
-The WebSocket (``download|<task id>`` on any path, ``ws_router``) needs no token: the tagged task
-id is the credential (``master.center_v1.tagged``).
+The WebSocket (``download|<task id>`` on any path, ``ws_router``) needs no token: the tagged
+download task id is the credential (``master.center.v1.tagged``).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from common.store import exports, projects
 from common.store.connection import redis_conn
 from common.store.control import Token
 from common.store.models import SUCCESS
-from master import access, audit, callers, center
-from master import center_v1 as v1
+from master import access, audit
+from master.center import callers, v1
+from master.center import service as center
 from master.web.errors import ApiError
 from master.web.routes.api import bearer
 from master.web.routes.center import _params
@@ -52,7 +54,7 @@ CODES: dict[type, int] = {ValidationError: 300, Forbidden: 301, Conflict: 509, S
 
 
 def envelope(data: Any = None, status: int = 200, msg: str = "") -> JSONResponse:
-    """Seed 000's answer: always HTTP 200, the outcome in ``status``."""
+    """The /v1 answer: always HTTP 200, the outcome in ``status``."""
     return JSONResponse({"status": status, "msg": msg, "info": msg, "data": data if data is not None else [],
                          "retry": 0})
 
@@ -91,7 +93,7 @@ Handler = Callable[[dict, Token], Any]
 async def _answer(request: Request, work: Handler, missing: int = 507,
                   params: dict | None = None) -> Response:
     """Read, authorise and unwrap the request, run ``work`` (in a thread), and answer it: a
-    Response as it is, anything else as the envelope's data; errors as seed 000's codes."""
+    Response as it is, anything else as the envelope's data; errors as the /v1 codes."""
     try:
         raw = await _params(request) if params is None else params
         token = await run_in_threadpool(_who, request, raw)
@@ -107,11 +109,11 @@ async def _answer(request: Request, work: Handler, missing: int = 507,
     return got if isinstance(got, Response) else envelope(got)
 
 
-def _task(params: dict, token: Token | None) -> Any:
-    return center.get(v1.task_oid(params.get("task_id")), token)
+def _download_task(params: dict, token: Token | None) -> Any:
+    return center.get(v1.download_task_oid(params.get("task_id")), token)
 
 
-# --- tasks ----------------------------------------------------------------------------------
+# --- download tasks -------------------------------------------------------------------------
 
 def _deliver(multiple: bool = False) -> Handler:
     def work(params: dict, token: Token) -> dict:
@@ -125,19 +127,19 @@ def _deliver(multiple: bool = False) -> Handler:
 
 @router.post("/v1/task")
 async def deliver_task(request: Request) -> Response:
-    """Deliver a task: ``data.task_id``."""
+    """Deliver a download task: ``data.task_id``."""
     return await _answer(request, _deliver(), missing=502)
 
 
 @router.post("/v1/task/multiple")
 async def deliver_tables(request: Request) -> Response:
-    """Deliver a task of several tables on one sheet (excel; ``source_data`` a list of tables)."""
+    """Deliver a download task of several tables on one sheet (excel; ``source_data`` a list of tables)."""
     return await _answer(request, _deliver(multiple=True), missing=502)
 
 
 @router.get("/v1/task")
 async def one_task(request: Request) -> Response:
-    return await _answer(request, lambda p, t: v1.describe(_task(p, t)))
+    return await _answer(request, lambda p, t: v1.describe(_download_task(p, t)))
 
 
 def _list(params: dict, token: Token) -> dict:
@@ -148,7 +150,7 @@ def _list(params: dict, token: Token) -> dict:
     page = center.listing({"project_ids": ",".join(numbers), "page": params.get("page", 0),
                            "page_size": params.get("page_size") or 20, **filters}, token,
                           states=v1.states(params.get("status")), first=0, most=200)
-    return {"total": page.total, "data": [v1.describe(t) for t in page.tasks]}
+    return {"total": page.total, "data": [v1.describe(t) for t in page.download_tasks]}
 
 
 @router.get("/v1/tasks")
@@ -158,9 +160,9 @@ async def list_tasks(request: Request) -> Response:
 
 
 def _plain(task_id: str) -> str:
-    """A task id's ObjectId (a wrong tag: the id as given, which no task has)."""
+    """A download task id's ObjectId (a wrong tag: the id as given, which none has)."""
     try:
-        return v1.task_oid(task_id)
+        return v1.download_task_oid(task_id)
     except NotFound:
         return task_id.strip()[:40]
 
@@ -182,14 +184,14 @@ async def delete_tasks(request: Request) -> Response:
 # --- files ----------------------------------------------------------------------------------
 
 def _file_of(params: dict, token: Token | None) -> Response:
-    export = _task(params, token)
+    export = _download_task(params, token)
     if export.state != SUCCESS:
         raise _NoFile(f"任务{v1.tagged(export.id)}未处理成功: {v1.STATUS_NAME[v1.status_of(export)]}")
     return stream_file(export)
 
 
 class _NoFile(DownclusterError):
-    """A task without a file to give (seed 000's 513)."""
+    """A download task without a file to give (the /v1 code 513)."""
 
 
 CODES[_NoFile] = 513
@@ -197,12 +199,12 @@ CODES[_NoFile] = 513
 
 @router.get("/v1/download/async")
 async def download_by_task(request: Request) -> Response:
-    """The file of a done task: for a caller (signed or Bearer), or through the link a callback
+    """The file of a done download task: for a caller (signed or Bearer), or through the link a callback
     carries (``expires`` and ``sig`` beside ``task_id``: no token needed)."""
     query = dict(request.query_params)
     if "sig" in query and "expires" in query and "token" not in query:
         try:
-            oid = v1.task_oid(query.get("task_id"))
+            oid = v1.download_task_oid(query.get("task_id"))
             problem = check_export_sig(oid, query["expires"], query["sig"])
             if problem is not None:
                 return envelope(None, 301, f"the link is {problem}")
@@ -215,7 +217,7 @@ async def download_by_task(request: Request) -> Response:
 
 
 def _url(params: dict, token: Token) -> dict:
-    export = _task(params, token)
+    export = _download_task(params, token)
     if export.state != SUCCESS:
         raise _NoFile(f"任务{v1.tagged(export.id)}未处理成功")
     signed = export_url(str(export.id))
@@ -265,7 +267,7 @@ def _sync(multiple: bool = False) -> Handler:
 @router.get("/v1/download/sync")
 @router.post("/v1/download/sync")
 async def download_sync(request: Request) -> Response:
-    """The file at once (small data); too large: 513 naming the task queued instead."""
+    """The file at once (small data); too large: 513 naming the download task queued instead."""
     return await _answer(request, _sync(), missing=502)
 
 
@@ -315,22 +317,23 @@ WS_POLL, WS_LIMIT = 1.0, 7200.0
 
 
 def _final_status(oid: str) -> int | None:
-    """The task's seed 000 status when it has ended (4 or 6), None while it runs; NotFound."""
+    """The download task's /v1 status when it has ended (4, 6 or 100), None while it runs; NotFound."""
     export = exports.get(v1.as_object_id(oid))
-    if export is None or not export.center:
+    if export is None or export.center is None:
         raise NotFound("任务不存在")
     status = v1.status_of(export)
     return status if status in (v1.SUC, v1.ERR, v1.GONE) else None
 
 
 async def _watch(websocket: WebSocket, message: str) -> bool:
-    """Answer one ``download|<task id>``: when the task ends, or at once for an unknown one (507).
-    False when the message is not one (it is ignored, as seed 000's center ignores it)."""
+    """Answer one ``download|<task id>``: when the download task ends, or at once for an unknown
+    one (507).
+    False when the message is not one (it is ignored, as /v1 callers expect)."""
     kind, _, task_id = message.partition("|")
     if kind.lower() != "download" or not task_id:
         return False
     try:
-        oid = v1.task_oid(task_id, need_tag=True)
+        oid = v1.download_task_oid(task_id, need_tag=True)
         waited = 0.0
         while (status := await run_in_threadpool(_final_status, oid)) is None and waited < WS_LIMIT:
             await asyncio.sleep(WS_POLL)
@@ -351,9 +354,9 @@ async def _watch(websocket: WebSocket, message: str) -> bool:
 @ws_router.websocket("/")
 @ws_router.websocket("/{path:path}")
 async def task_channel(websocket: WebSocket, path: str = "") -> None:
-    """Seed 000's WebSocket on any path: each ``download|<task id>`` is answered once the task
-    ends. No token: the tagged task id, which only its creator was given, is the credential,
-    and the answer says only whether the task succeeded."""
+    """The /v1 WebSocket on any path: each ``download|<task id>`` is answered once the download task
+    ends. No token: the tagged download task id, which only its creator was given, is the
+    credential, and the answer says only whether the download task succeeded."""
     await websocket.accept()
     try:
         while True:

@@ -16,7 +16,7 @@ const $ = (id) => document.getElementById(id);
 const ADMIN_OPS = ["create_project", "list_tokens", "create_token", "grant_token", "revoke_token", "get_audit",
   "enable_type", "disable_type", "dispatch"];
 const CHANGE_OPS = ["register_job", "enable_job", "disable_job", "generator_on", "generator_off", "generator_run",
-  "add_job_tasks", "cancel_tasks", "requeue_tasks"];
+  "add_job_tasks", "cancel_tasks", "requeue_tasks", "dry_run_job", "show_dry_run"];
 function may(op) {
   const role = state.me ? state.me.role : "";
   if (role === "admin") return true;
@@ -266,6 +266,7 @@ views.job = async function (name) {
     el("p", {}, `project ${j.project ?? "-"} · priority ${j.priority} · ${j.type} downloader (${num(j.code_chars)} chars of code) · engine ${j.settings ? j.settings.download_engine : "-"} · host ${j.host || "any"}`),
     el("p", { class: "muted", id: "job-counts" }, counts),
     ...generatorSection(j, n),
+    ...(may("dry_run_job") ? dryRunSection(name) : []),
     ...(may("add_job_tasks") ? addUrlsSection(name) : []),
     ...(may("cancel_tasks") ? bulkSection(name) : []),
     el("h2", {}, "Tasks"),
@@ -294,6 +295,33 @@ function lookupForm(name) {
     try { const t = await api("GET", `/jobs/${q(name)}/tasks/lookup?url=${q(input.value.trim())}`); location.hash = `#/task/${t.id}`; }
     catch (x) { err.textContent = oneLine(x.message); }
   } }, input, el("button", { type: "submit", "data-action": "find_task" }, "Find"), err);
+}
+
+// Dry run: the job's engine on one URL, on a worker, with a task's walls; nothing stored. Its
+// answer is waited for 20 s a request (a blocking pop on the server), asked again while it waits.
+function dryRunSection(name) {
+  const form = keep(`dry:${name}`, () => {
+    const url = el("input", { id: "dry-url", type: "url", required: true, placeholder: "https://example.org/page", "aria-label": "the URL to fetch" });
+    const result = el("div", { id: "dry-result", "aria-live": "polite" });
+    const f = el("form", { id: "dry-form", class: "panel" }, el("div", { class: "row" }, url,
+      el("button", { type: "submit", "data-action": "dry_run_job" }, "Dry run"), el("span", { class: "error form-error" })), result);
+    f.onsubmit = (e) => { e.preventDefault(); submitting(f, async () => {
+      result.replaceChildren(el("p", { class: "muted" }, "waiting for a worker…"));
+      let r = await api("POST", `/jobs/${q(name)}/dry-run`, { url: url.value.trim() });
+      for (let i = 0; r.state !== "done" && i < 15; i++) r = await api("GET", `/jobs/${q(name)}/dry-run/${r.id}?wait=20`);
+      result.replaceChildren(...dryRunResult(r));
+    }); };
+    return f;
+  });
+  return [el("h2", {}, "Dry run on one URL"), el("p", { class: "muted" }, "What this job would fetch (a worker runs its engine with every limit a task has); nothing is stored."), form];
+}
+function dryRunResult(r) {
+  if (r.state !== "done") return [el("p", { class: "error", id: "dry-error" }, "no worker answered yet: is one running?")];
+  if (r.error) return [el("p", { class: "error", id: "dry-error" }, oneLine(r.error))];
+  const d = r.response;
+  return [el("p", { class: "ok", id: "dry-summary" }, `HTTP ${d.status_code} · ${num(d.size)} bytes · ${d.encoding} · ${(r.spend_time / 1e6).toFixed(2)} s${d.url !== r.url ? ` · from ${d.url}` : ""}`),
+    table([col("header", "k"), col("value", "v")], Object.entries(d.headers).map(([k, v]) => ({ k, v })), "no headers"),
+    el("pre", { class: "body", id: "dry-body" }, d.body + (d.truncated ? "\n… (cut)" : ""))];
 }
 
 // Add URLs: pasted, or read from a file the browser opens (nothing uploaded but its lines).
@@ -439,7 +467,7 @@ function registerForm(editing, name, held) {
   if (state.project) pick.value = state.project;
   const form = el("form", { id: "register-form", class: "panel" },
     el("p", { class: "muted" }, editing
-      ? "Registering again under the same name changes the job: its settings and code are replaced by these (the API does not hand back a stored manifest or code: the manifest below is rebuilt from what it shows; paste the code)."
+      ? "Registering again under the same name changes the job: its settings and code are replaced by these. The manifest below is rebuilt from what the API shows (its proxy, password masked: left as it is, the stored one is kept; its cookie and headers); the code is not handed back: paste it."
       : "The manifest (TOML) and, for a python or shell job, its code. Nothing is stored unless both validate; the error is shown beside the line it names."),
     held.length > 1 && !editing ? field("project", pick) : "",
     el("div", { class: "editors" }, editor("manifest", "manifest (TOML)", editing ? "" : SAMPLE_MANIFEST, 14), editor("code", "code (python or shell)", editing ? "" : SAMPLE_CODE, 14)),
@@ -473,7 +501,15 @@ async function prefill(name, area) {
     const v = s[k], float = k === "host_delay" && Number.isInteger(v); // TOML: 0 is an integer, 0.0 a float
     lines.push(`${k} = ${typeof v === "string" ? JSON.stringify(v) : float ? v.toFixed(1) : String(v)}`);
   }
-  const hidden = ["proxy", "cookie"].filter((k) => s[k]).concat(s.headers && s.headers.length ? ["headers"] : [], s.download_js_chars ? ["download_js"] : [], s.report_mails ? ["report_mails"] : []);
+  if (s.report_mails) lines.push(`report_mails = ${JSON.stringify(s.report_mails)}`);
+  const handed = s.header_values !== undefined; // proxy, cookie and header values: to those who may change the job
+  if (handed && s.proxy) lines.push(`proxy = ${JSON.stringify(s.proxy)}`);
+  if (handed && s.cookie) lines.push(`cookie = ${JSON.stringify(s.cookie)}`);
+  if (handed && Object.keys(s.header_values).length) {
+    lines.push(`headers = { ${Object.entries(s.header_values).map(([k, v]) => `${JSON.stringify(k)} = ${JSON.stringify(v)}`).join(", ")} }`);
+  }
+  const hidden = (handed ? [] : ["proxy", "cookie"].filter((k) => s[k]).concat(s.headers && s.headers.length ? ["headers"] : []))
+    .concat(s.download_js_chars ? ["download_js"] : []);
   if (hidden.length) lines.push(`# not handed back by the API (set again, or they are dropped): ${hidden.join(", ")}`);
   for (const [table, value] of [["follow", j.follow], ["sitemaps", j.sitemaps]]) if (value) lines.push("", `[${table}]`, ...tomlPairs(value));
   if (j.generator) lines.push("", "# this job has a [generator] (its code is not handed back by the API): declare it again here or it is removed");

@@ -1,4 +1,4 @@
-"""The download center's calling systems (seed 000's callers) and their own ids.
+"""The download center's calling systems (the callers of its /v1 interface) and their own ids.
 
 A caller is registered by an admin with the ``app_id`` and secret it already signs with
 (``downcluster caller add``, ``POST /api/v1/callers``) and the projects it may use; it acts as a
@@ -7,9 +7,9 @@ cluster applies to it unchanged. Its requests carry ``app_id`` and ``token`` (``
 over the other parameters); ``signed`` finds the caller and checks the token. The secret is kept
 in the control database, shown once when generated, and never logged.
 
-A caller names projects by strings (the ids seed 000's center gave it, or ``POST /v1/project``
-gives): ``center_key`` maps them to the cluster's project numbers; a plain number is the project
-of that number.
+A caller names projects by strings (the ids the center it used before gave it, or ``POST
+/v1/project`` gives): ``center_key`` maps them to the cluster's project numbers; a plain number is
+the project of that number.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ PREFIX = "caller."  # the name of a caller's token: caller.<app_id>
 
 class Refused(Exception):
     """A signed request refused: ``code`` 300 (no app_id or token, or an unknown app_id) or 301
-    (the token does not verify), as seed 000's center answers them."""
+    (the token does not verify), as the /v1 interface's callers expect them."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -173,7 +173,7 @@ def _name(name: Any) -> str:
 
 
 class Exists(Exception):
-    """A project or group the caller names that exists (or does not): seed 000's code 503-505."""
+    """A project or group the caller names that exists (or does not): the /v1 codes 503-505."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)

@@ -1,17 +1,19 @@
-"""The download center as seed 000's callers know it (the /v1 interface): their parameters, ids,
-status numbers and answers, translated onto ``master.center`` (whose typed form is /api/v1/center).
+"""The /v1 dialect of the download center: the interface of linvanda/download that existing
+callers use (their parameters, ids, status numbers and answers), translated onto
+``master.center.service`` (whose typed form is /api/v1/center).
 
-- Parameters: a caller's ``project_id`` is its own string (``master.callers.project_of``); a
+- Parameters: a caller's ``project_id`` is its own string (``callers.project_of``); a
   ``step`` outside 100-5000 becomes 1000; ``interval`` (ms between pages), ``rowoffset``,
-  ``col_align``, ``header_align``, ``footer_align`` and ``multi_type`` are kept with the task;
+  ``col_align``, ``header_align`` and ``footer_align`` are kept with the download task;
   parameters the center does not know are ignored (a caller sends ``app_id``, ``token``, ...).
 - A CSV's header is the rows' keys (the template, title, header and footer are Excel's).
 - The callback is a form POST of the center's own ``app_id``, ``data`` = JSON {task_id,
   download_url} and ``token``, on success only (``common.exports.events``).
-- Task ids: ``tagged`` adds a 16-hex tag (HMAC under SECRET_KEY) to the task's ObjectId. The
-  /v1 answers give the tagged form; every /v1 route takes either form (the caller is checked
-  anyway); the WebSocket takes only the tagged form, so knowing it is what authorises listening.
-- Statuses (seed 000's numbers): waiting, queued, running and a failed run that will be retried
+- Download task ids (``task_id``): ``tagged`` adds a 16-hex tag (HMAC under SECRET_KEY) to the
+  download task's ObjectId. The /v1 answers give the tagged form; every /v1 route takes either
+  form (the caller is checked anyway); the WebSocket takes only the tagged form, so knowing it is
+  what authorises listening.
+- Statuses (the numbers /v1 callers know): waiting, queued, running and a failed run that will be retried
   are all shown 3 (处理中), success 4 (处理成功), failed and cancelled 6 (处理失败), expired 100
   (已过期). The list's status filter takes these numbers (3 also means 1, 2 and 5).
 """
@@ -26,29 +28,29 @@ from bson import ObjectId
 from common.errors import NotFound
 from common.signing import center_tag, center_task_id
 from common.store.models import CANCELLED, EXPIRED, EXPORT_RUNNING, FAIL, PENDING, SUCCESS
-from common.store.records import ExportRecord
-from master import callers
+from common.store.records import DownloadTaskParams, ExportRecord
+from master.center import callers
+from master.center.params import PARAMS
 
 DOING, SUC, ERR, GONE = 3, 4, 6, 100
 STATUS_OF = {PENDING: DOING, EXPORT_RUNNING: DOING, SUCCESS: SUC, FAIL: ERR, CANCELLED: ERR, EXPIRED: GONE}
 STATUS_NAME = {DOING: "处理中", SUC: "处理成功", ERR: "处理失败", GONE: "已过期"}
 STATES_OF = {1: (PENDING,), 2: (PENDING,), 3: (PENDING, EXPORT_RUNNING), 5: (PENDING,), 4: (SUCCESS,),
              6: (FAIL, CANCELLED), 100: (EXPIRED,)}
-EXTRA = ("interval", "rowoffset", "col_align", "header_align", "footer_align", "multi_type")
 ALIGNS = ("left", "center", "right")
 TAG_RE = re.compile(r"^([0-9a-f]{24})([0-9a-f]{16})?$")
 
 
-# --- task ids ------------------------------------------------------------------------------
+# --- download task ids ---------------------------------------------------------------------
 
 def tagged(export_id: Any) -> str:
-    """The task id a /v1 caller is given: the ObjectId and its tag (40 hex characters)."""
+    """The download task id a /v1 caller is given: the ObjectId and its tag (40 hex characters)."""
     return center_task_id(export_id)
 
 
-def task_oid(task_id: Any, need_tag: bool = False) -> str:
-    """The ObjectId of a /v1 task id (tagged or plain; with ``need_tag``, tagged and the tag
-    right); NotFound otherwise, as for a task nobody has."""
+def download_task_oid(task_id: Any, need_tag: bool = False) -> str:
+    """The ObjectId of a /v1 download task id (tagged or plain; with ``need_tag``, tagged and the
+    tag right); NotFound otherwise, as for a download task nobody has."""
     match = TAG_RE.match(str(task_id or "").strip().lower())
     if match is None or (need_tag and (match.group(2) is None or not hmac.compare_digest(
             match.group(2), center_tag(match.group(1))))):
@@ -61,10 +63,8 @@ def task_oid(task_id: Any, need_tag: bool = False) -> str:
 # --- parameters ----------------------------------------------------------------------------
 
 def params_of(params: dict) -> tuple[dict, dict]:
-    """A caller's task parameters as ``master.center.check`` takes them, and what the center keeps
-    beside them (interval, alignments, offsets)."""
-    from master.center import PARAMS
-
+    """A caller's parameters as ``params.check`` takes them, and the /v1 interface's own kept
+    beside them in the download task's parameters (interval, alignments, offsets)."""
     given = {k: v for k, v in params.items() if k in PARAMS and v is not None}
     given["project_id"] = callers.project_of(params.get("project_id"))
     given["step"] = _step(params.get("step"))
@@ -84,7 +84,7 @@ def params_of(params: dict) -> tuple[dict, dict]:
 
 
 def _step(value: Any) -> int:
-    """Seed 000's step: a whole number from 100 to 5000, else 1000."""
+    """The /v1 step: a whole number from 100 to 5000, else 1000."""
     try:
         step = int(str(value).strip())
     except (TypeError, ValueError):
@@ -113,16 +113,16 @@ def _unix(at) -> int | None:
 
 
 def describe(export: ExportRecord) -> dict:
-    """A task as seed 000's center lists it (its fields, numbers and names)."""
-    center = export.center or {}
+    """A download task as /v1 callers read it (their fields, numbers and names)."""
+    params = export.center or DownloadTaskParams()
     status = status_of(export)
     return {
-        "id": tagged(export.id), "task_id": tagged(export.id), "name": center.get("name"),
-        "project_id": callers.key_of(export.project), "file_name": center.get("file_name"),
+        "id": tagged(export.id), "task_id": tagged(export.id), "name": params.name or None,
+        "project_id": callers.key_of(export.project), "file_name": params.file_name or None,
         "type": "excel" if export.format == "xlsx" else export.format, "status": status,
-        "status_name": STATUS_NAME[status], "operator_id": center.get("operator_id"),
-        "merchant_id": center.get("merchant_id"), "merchant_type": center.get("merchant_type"),
-        "step": center.get("step"), "rows": export.rows_done, "size": export.bytes,
+        "status_name": STATUS_NAME[status], "operator_id": params.operator_id,
+        "merchant_id": params.merchant_id, "merchant_type": params.merchant_type,
+        "step": params.step, "rows": export.rows_done, "size": export.bytes,
         "retry_num": max(0, (export.attempts or 0) - 1), "failed_reason": export.error or "",
         "ctime": _unix(export.created_at), "ftime": _unix(export.finished_at),
     }

@@ -1,7 +1,7 @@
-"""``downcluster center``: the general download center's tasks (seed 000) at the command line,
-the same actions as ``/v1/task`` and ``/v1/tasks`` (``master/center.py``) with the seed's
+"""``downcluster center``: the general download center's download tasks at the command line, the
+same actions as ``/v1/task`` and ``/v1/tasks`` (``master.center.service``) with the /v1
 parameter names as options; ``downcluster caller``: the calling systems of its /v1 interface
-(``master/callers.py``)."""
+(``master.center.callers``)."""
 from __future__ import annotations
 
 import json
@@ -24,12 +24,12 @@ def _text(value: str | None) -> str | None:
 
 @click.group()
 def center() -> None:
-    """Download tasks whose rows come from a caller's source_url or source_data (seed 000)."""
+    """Download tasks whose rows come from a caller's source_url or source_data."""
 
 
 @center.command("request")
-@click.option("--project-id", required=True, help="The project the task belongs to (a whole number).")
-@click.option("--name", required=True, help="The task's name, 2-60 characters.")
+@click.option("--project-id", required=True, help="The download task's project (a whole number).")
+@click.option("--name", required=True, help="The download task's name, 2-60 characters.")
 @click.option("--source-url", default=None, help="Pulled page by page: GET with page, page_size, _task_id.")
 @click.option("--source-data", default=None, help=f"The rows ({JSON_TEXT}); wins over --source-url.")
 @click.option("--type", "kind", type=click.Choice(["csv", "excel"]), default="csv")
@@ -48,8 +48,8 @@ def center() -> None:
 @click.option("--default-height", type=float, default=None, help="Row height in points.")
 @click.option("--max-exec-time", type=int, default=None, help="Seconds an attempt may run (default 3600).")
 def center_request(**options) -> None:
-    """Deliver a task (as POST /v1/task); prints its id alone on the last line."""
-    from master.center import deliver
+    """Deliver a download task (as POST /v1/task); prints its id alone on the last line."""
+    from master.center.service import deliver
 
     params = {k: _text(v) if isinstance(v, str) else v for k, v in options.items() if v is not None}
     if "kind" in params:
@@ -62,8 +62,8 @@ def center_request(**options) -> None:
 @center.command("show")
 @click.argument("task_id")
 def center_show(task_id: str) -> None:
-    """A task as GET /v1/task/ID answers it (JSON)."""
-    from master.center import describe, get
+    """A download task as GET /v1/task/ID answers it (JSON)."""
+    from master.center.service import describe, get
 
     connect()
     click.echo(json.dumps(describe(get(task_id)), indent=2, ensure_ascii=False))
@@ -75,16 +75,17 @@ def center_show(task_id: str) -> None:
 @click.option("--page", type=int, default=None)
 @click.option("--page-size", type=int, default=None)
 def center_list(project_ids: str, status: str | None, page: int | None, page_size: int | None) -> None:
-    """Tasks of these projects, newest first."""
-    from master.center import listing
+    """Download tasks of these projects, newest first."""
+    from master.center.service import listing
 
     connect()
     params = {"project_ids": project_ids, "status": status, "page": page, "page_size": page_size}
     got = listing({k: v for k, v in params.items() if v is not None})
     click.echo(f"{'task_id':<26}{'project':>8}  {'status':<12}{'rows':>10}  name")
-    for t in got.tasks:
+    for t in got.download_tasks:
         rows = f"{t.rows_done}/{t.rows_total if t.rows_total is not None else '?'}"
-        click.echo(f"{str(t.id):<26}{t.project:>8}  {t.state:<12}{rows:>10}  {t.center.get('name')}")
+        name = t.center.name if t.center is not None else None
+        click.echo(f"{str(t.id):<26}{t.project:>8}  {t.state:<12}{rows:>10}  {name}")
     click.echo(f"{got.total} in all", err=True)
 
 
@@ -92,8 +93,8 @@ def center_list(project_ids: str, status: str | None, page: int | None, page_siz
 @click.option("--project-ids", required=True, help="Comma-separated project ids.")
 @click.argument("task_ids", nargs=-1, required=True)
 def center_delete(project_ids: str, task_ids: tuple[str, ...]) -> None:
-    """Delete tasks and their files (a running one stops)."""
-    from master.center import delete
+    """Delete download tasks and their files (a running one stops)."""
+    from master.center.service import delete
 
     connect()
     got = delete(redis_conn(), list(task_ids), project_ids)
@@ -115,7 +116,8 @@ def caller_add(app_id: str, project_keys: tuple[str, ...], secret: str | None) -
     """Register APP_ID for these projects; prints the generated secret alone on the last line."""
     import os
 
-    from master import audit, callers
+    from master import audit
+    from master.center import callers
     from master.projects import resolve
 
     connect()
@@ -131,7 +133,7 @@ def caller_add(app_id: str, project_keys: tuple[str, ...], secret: str | None) -
 @caller.command("list")
 def caller_list() -> None:
     """Every caller: app id, projects (never secrets)."""
-    from master import callers
+    from master.center import callers
 
     connect()
     for c in callers.listing():
@@ -142,7 +144,8 @@ def caller_list() -> None:
 @click.argument("app_id")
 def caller_remove(app_id: str) -> None:
     """Remove APP_ID: its signed requests are refused from now on."""
-    from master import audit, callers
+    from master import audit
+    from master.center import callers
 
     connect()
     callers.remove(app_id)
@@ -156,7 +159,8 @@ def caller_remove(app_id: str) -> None:
 def caller_alias(key: str, project_key: str) -> None:
     """Let callers name project PROJECT_KEY (id or name) by KEY: the string id an earlier center
     gave them (``project_id`` of their requests)."""
-    from master import audit, callers
+    from master import audit
+    from master.center import callers
     from master.projects import resolve
 
     connect()
