@@ -10,8 +10,10 @@ from typing import Iterable
 from urllib.parse import unquote_plus, urlsplit
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+# a secret header or field, also inside JSON that was escaped once more (``\"cookie\": \"…\"``, as
+# pymongo's command log writes a reply)
 _HEADER_SECRET = re.compile(
-    r"(?i)(authorization|proxy-authorization|cookie|set-cookie)(['\"]?\s*[:=]\s*['\"]?)[^'\"\n,}]+"
+    r"(?i)(authorization|proxy-authorization|cookie|set-cookie)(\\*['\"]?\s*[:=]\s*\\*['\"]?)[^'\"\\\n,}]+"
 )
 
 SENSITIVE_KEYS = (

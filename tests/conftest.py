@@ -114,6 +114,11 @@ XDIST_GROUPS = {
     "tests/e2e/test_multihost.py": "machine-net",
     "tests/e2e/test_sandbox_walls.py": "machine-net",
     "tests/e2e/test_wall_blind_spots.py": "machine-net",
+    # the second checks that the cluster fixture undid what the first wrote: one worker, in order
+    "tests/integration/test_infra.py::test_isolation_write": "infra-isolation",
+    "tests/integration/test_infra.py::test_isolation_clean_with_indexes": "infra-isolation",
+    "tests/integration/test_infra.py::test_cluster_env_and_settings": "infra-isolation",
+    "tests/integration/test_infra.py::test_settings_restored_after_a_test": "infra-isolation",
     # whole Chromiums with page waits: one at a time here, beside the console's
     "tests/e2e/test_browser_engine.py": "chromium",
     "tests/e2e/test_center_browser.py": "chromium",

@@ -113,15 +113,17 @@ def store_outcomes(ctx, lease: str, attempt_kind: str, outcomes: list, now) -> d
     return writer.store_many([writer.Part(ctx, lease, attempt_kind, outcomes)], now)[0]
 
 
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+def wait_for(predicate, timeout: float = 60.0, what="condition"):
     """``predicate()``'s first truthy value, asked every 0.05 s; AssertionError naming ``what``
-    after ``timeout`` seconds. A generous timeout costs nothing when the event comes."""
+    (a text, or a function that makes one then) after ``timeout`` seconds. A generous timeout
+    costs nothing when the event comes."""
     end = time.monotonic() + timeout
     while True:
         got = predicate()
         if got:
             return got
         if time.monotonic() > end:
+            what = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.05)
 

@@ -193,6 +193,10 @@ class CrawlerTaskCount(Document):
     DEAD = IntField(default=0)
     first = ObjectIdField()  # no task, data or log of the job was made before (common.store.paging)
     last = ObjectIdField()   # ... nor after
+    # by status: no task of the job in it has an _id below floor while floor_ok (common.store.floors)
+    floor = DictField()
+    floor_ok = DictField()
+    floor_v = DictField()    # each floor's version, for the compare-and-set that raises it
     meta = {"db_alias": "source", "collection": "crawler_task_count"}
 
 

@@ -61,6 +61,13 @@ def test_secrets_are_redacted():
     assert "pw" not in out and "s3cr3t-cookie" not in out and "xyz" not in out and "a=b" not in out
 
 
+def test_a_cookie_in_json_escaped_once_more_is_redacted_before_any_worker_remembered_it():
+    # pymongo's command log at DEBUG writes a reply as JSON inside JSON: a job's settings read
+    reply = r'{"reply": "{\"proxy\": \"http://a:p4ss@h:1\", \"cookie\": \"sid=never-remembered\", \"n\": 1}"}'
+    out = redact(reply)
+    assert "never-remembered" not in out and "p4ss" not in out and r'\"n\": 1' in out
+
+
 def test_remembered_secrets_are_bounded_least_recently_remembered_first():
     from common import secrets
 
