@@ -24,6 +24,18 @@ from scrapy_redis.spiders import RedisSpider
 from twisted.internet import task
 
 CONCURRENCY = int(os.environ.get("PEER_CONCURRENCY", "64"))
+# what both peer spiders set alike (this one and bench_peer_crawl.py's): no robots, cookies or
+# console, Scrapy's retries, every item through the MongoDB pipeline, progress counted in Redis
+STORING = {
+    "ROBOTSTXT_OBEY": False,
+    "RETRY_ENABLED": True,
+    "COOKIES_ENABLED": False,
+    "TELNETCONSOLE_ENABLED": False,
+    "LOG_LEVEL": "WARNING",
+    "ITEM_PIPELINES": {f"{__name__}.MongoPipeline": 300},
+    "EXTENSIONS": {f"{__name__}.Progress": 500},
+    "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+}
 
 
 class MongoPipeline:
@@ -87,14 +99,7 @@ class PeerSpider(RedisSpider):
         # recommends for many domains at once, which hands out requests by the domains' free slots
         **({"SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue"}
            if os.environ.get("PEER_BROAD") == "1" and os.environ.get("PEER_SCHEDULER") == "local" else {}),
-        "ROBOTSTXT_OBEY": False,
-        "RETRY_ENABLED": True,
-        "COOKIES_ENABLED": False,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
-        "ITEM_PIPELINES": {f"{__name__}.MongoPipeline": 300},
-        "EXTENSIONS": {f"{__name__}.Progress": 500},
-        "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+        **STORING,
     }
 
     def parse(self, response):

@@ -20,7 +20,7 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import Rule
 from scrapy_redis.spiders import RedisCrawlSpider
 
-from bench_peer import CONCURRENCY, MongoPipeline, Progress  # noqa: F401  (the settings name them here)
+from bench_peer import CONCURRENCY, STORING
 
 
 class PeerCrawlSpider(RedisCrawlSpider):
@@ -38,14 +38,7 @@ class PeerCrawlSpider(RedisCrawlSpider):
         "CONCURRENT_REQUESTS": CONCURRENCY,
         "CONCURRENT_REQUESTS_PER_DOMAIN": CONCURRENCY,
         "REDIS_START_URLS_BATCH_SIZE": int(os.environ.get("PEER_BATCH", str(CONCURRENCY))),
-        "ROBOTSTXT_OBEY": False,
-        "RETRY_ENABLED": True,
-        "COOKIES_ENABLED": False,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "WARNING",
-        "ITEM_PIPELINES": {f"{__name__}.MongoPipeline": 300},
-        "EXTENSIONS": {f"{__name__}.Progress": 500},
-        "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+        **STORING,
     }
 
     def parse_start_url(self, response, **kwargs):
