@@ -4,6 +4,7 @@ a worker runs it (``slave/worker/dryrun.py``) and the answer is read back from R
 (``common/dryrun.py``). Nothing of it is stored in MongoDB."""
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -20,6 +21,10 @@ from common.store.records import Job
 from common.urls import check_url
 
 WAIT_MAX = 60.0  # seconds a request may wait for the answer
+# requests of this process waiting for an answer at once, at most: each holds one of the web's
+# worker threads and a Redis connection while it waits; one more is answered at once (``queued``)
+WAITERS_MAX = 8
+_waiters = threading.BoundedSemaphore(WAITERS_MAX)
 
 
 def _queue(job: Job) -> str:
@@ -45,7 +50,14 @@ def show(redis: Redis, job: Job, ref: str, wait: float) -> dict[str, Any]:
     if asked is None or asked.get("job") != str(job.id):
         raise NotFound(f"no dry run {ref[:40]!r} of job {job.name} "
                        f"(they are kept {dryrun.TTL // 60} minutes)")
-    found = dryrun.wait(redis, ref, min(max(wait, 0.0), WAIT_MAX))
+    wait = min(max(wait, 0.0), WAIT_MAX)
+    if wait > 0 and _waiters.acquire(blocking=False):
+        try:
+            found = dryrun.wait(redis, ref, wait)
+        finally:
+            _waiters.release()
+    else:
+        found = dryrun.result(redis, ref)
     if found is None:
         return {"id": ref, "job": job.name, "url": asked["url"], "state": "queued"}
     return {"id": ref, "job": job.name, **found}

@@ -90,3 +90,27 @@ def test_a_dry_run_of_a_shell_job_runs_in_the_sandbox(cluster, tmp_path):
     assert got["state"] == "done", got
     assert got["response"]["body"] == "shell saw https://example.invalid/a?b=1", got
     assert CrawlerTask._get_collection().count_documents({}) == 0
+
+
+def test_waiting_for_dry_runs_holds_at_most_a_few_of_the_webs_threads(cluster, tmp_path, monkeypatch):
+    """Each waiting request holds a thread of the web and a Redis connection: past WAITERS_MAX of
+    them at once, a request is answered at once (``queued``) instead of waiting."""
+    from common import dryrun
+    from common.store import jobs
+    from common.store.connection import redis_conn
+    from master import dryrun as master_dryrun
+
+    register(tmp_path, "dry", obey_robots=False)
+    job = jobs.named("dry")
+    ref = master_dryrun.start(redis_conn(), job, f"{cluster.site}/page/1")  # no worker: unanswered
+    waited: list[float] = []
+    monkeypatch.setattr(dryrun, "wait", lambda redis, ref, timeout: waited.append(timeout))
+    held = [master_dryrun._waiters.acquire(blocking=False) for _ in range(master_dryrun.WAITERS_MAX)]
+    assert all(held)
+    try:
+        shown = master_dryrun.show(redis_conn(), job, ref, 30)
+    finally:
+        for _ in held:
+            master_dryrun._waiters.release()
+    assert shown["state"] == "queued" and waited == []
+    assert master_dryrun.show(redis_conn(), job, ref, 30)["state"] == "queued" and waited == [30]
