@@ -48,12 +48,14 @@ sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent),) if p not in s
 from bench_common import (  # noqa: E402  (scripts/ on the path first)
     BIN,
     CAP,
+    PEER_BIN,
     ROOT,
     SITE_HOSTS,
     Procs,
     RssSampler,
     cpu_tree,
     nginx_binary,
+    peer_installed,
     run_bounded,
     spread,
     stop_on_sigterm,
@@ -862,10 +864,10 @@ def parse_args(argv=None):
     a.baseline_pages = a.baseline_pages or (50 if a.smoke else 500)
     a.budget = a.budget or (420.0 if a.smoke else 4200.0)
     a.compare = a.smoke or not a.skip_peer
-    if a.smoke:
-        import importlib.util
-
-        a.skip_peer = a.skip_peer or importlib.util.find_spec("scrapy_redis") is None
+    if not a.skip_peer and not peer_installed():
+        print(f"note: the peer's install ({PEER_BIN.parent}) is missing: `make bench` makes it; "
+              "our side only", file=sys.stderr)
+        a.skip_peer = True
     a.runs = a.runs or (1 if a.smoke else 3)
     a.comparisons = ("one_0ms",) if a.smoke else tuple(a.comparisons.split(","))
     a.dispatch_tasks, a.backlog = (500, 2000) if a.smoke else (7000, 100_000)

@@ -18,6 +18,14 @@ for _p in (str(ROOT / "scripts"), str(ROOT)):
         sys.path.insert(0, _p)
 
 BIN = Path(sys.executable).parent
+# the peer's own install (the Makefile's PEER_VENV): Scrapy's dependencies (pyOpenSSL, which pymongo
+# loads at start when it can) stay out of ours, as for their users and ours
+PEER_BIN = Path(os.environ.get("BENCH_PEER_VENV") or ROOT / ".venv-peer") / "bin"
+
+
+def peer_installed() -> bool:
+    """Whether the peer's install (scrapy and scrapy-redis) is there: ``make bench`` makes it."""
+    return (PEER_BIN / "scrapy").exists()
 TICKS = os.sysconf("SC_CLK_TCK")
 CAP = 100_000              # queue caps (entries) during the bench: never the limit
 

@@ -34,7 +34,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from bench_common import BIN, ROOT, SITE_HOSTS, cpu_tree, nginx_binary, spread
+from bench_common import BIN, PEER_BIN, ROOT, SITE_HOSTS, cpu_tree, nginx_binary, spread
 
 PROGRESS_POLL = 0.5      # seconds between reads of the Redis counters (never the store)
 SETTLE = 1.0             # after the last page is counted: the last settles land, both sides
@@ -301,7 +301,7 @@ class Compare:
         def progress() -> int:
             return sum(int(v) for v in redis.hgetall(prog).values())
 
-        spider = [str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")]
+        spider = [str(PEER_BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer.py")]
         s0 = self.store()
         t0 = time.time()
         procs = [bench.procs.spawn(spider, env, f"cmp-peer-{label}-{i}") for i in range(self.peer_procs)]

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent),) if p not in sys.path]
-from bench_common import BIN, ROOT, Procs, cpu_tree, nginx_binary, stop_on_sigterm  # noqa: E402
+from bench_common import BIN, PEER_BIN, ROOT, Procs, cpu_tree, nginx_binary, peer_installed, stop_on_sigterm  # noqa: E402
 
 SITES = ("tree_0ms", "tree_100ms", "real")
 PEER_PROCS, PEER_CONCURRENCY = 2, 64
@@ -187,7 +187,7 @@ class CrawlCompare:
         def progress() -> int:
             return sum(int(v) for v in redis.hgetall(prog).values())
 
-        spider = [str(BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer_crawl.py")]
+        spider = [str(PEER_BIN / "scrapy"), "runspider", str(ROOT / "scripts" / "bench_peer_crawl.py")]
         s0, t0 = self.cmp.store(), time.time()
         procs = [bench.procs.spawn(spider, env, f"crawl-peer-{label}-{i}") for i in range(self.peer_procs)]
         try:
@@ -285,6 +285,10 @@ def main(argv=None) -> int:
     bench = None
     try:
         bench = services(procs, a.budget)
+        if not a.skip_peer and not peer_installed():
+            print(f"note: the peer's install ({PEER_BIN.parent}) is missing: `make bench` makes it; "
+                  "our side only", file=sys.stderr)
+            a.skip_peer = True
         cc = CrawlCompare(bench, 0 if a.skip_peer else PEER_PROCS, peer_queue=a.peer_queue)
         for label in a.sites.split(","):
             try:

@@ -50,7 +50,7 @@ def test_bench_smoke_measures_every_figure(tmp_path):
         assert _positive(e["cores_busy"]["store"]) and _positive(e["cores_busy"]["workers"]), (label, e)
 
     # the comparison, measured alike for both sides: one run a side on one host at 0 ms (the peer's
-    # only when scrapy-redis, a bench extra, is installed); rates from the stored pages' stamps
+    # only when its own install, `make bench`'s .venv-peer, is there); rates from the stored pages' stamps
     c = r["cmp_one_0ms"]
     sides = ["ours", "peer"] if c["peer"] else ["ours"]
     assert c["order"] == sides and len(c["ours"]) == 1, c
