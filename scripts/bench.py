@@ -53,6 +53,7 @@ from bench_common import (  # noqa: E402  (scripts/ on the path first)
     SITE_HOSTS,
     Procs,
     RssSampler,
+    compile_ours,
     cpu_tree,
     nginx_binary,
     peer_installed,
@@ -1063,6 +1064,7 @@ def main(argv=None) -> int:
     bench = Bench(args, procs)
 
     stop_on_sigterm()
+    compile_ours()
     try:
         Run(args, bench, results).all()
     except KeyboardInterrupt as exc:

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent),) if p not in sys.path]
-from bench_common import BIN, ROOT, Procs, cpu_tree, proc_tree, stop_on_sigterm  # noqa: E402  (scripts/ first)
+from bench_common import BIN, ROOT, Procs, compile_ours, cpu_tree, proc_tree, stop_on_sigterm  # noqa: E402  (scripts/ first)
 
 MEMORY_MAX = 200_000      # pages: above, the store keeps its data in a directory
 DISPATCH_NUM = 1000       # the job's tasks per dispatcher run (as the e2e bench's)
@@ -292,6 +292,7 @@ def main(argv=None) -> int:
     if a.pages < 2:
         p.error("--pages must be at least 2")
     stop_on_sigterm()
+    compile_ours()
     logdir = Path(tempfile.mkdtemp(prefix="bench-crawl-logs-"))
     procs = Procs(logdir)
     bench = CrawlBench(a.pages, a.budget, procs)

@@ -38,7 +38,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path[:0] = [p for p in (str(Path(__file__).resolve().parent),) if p not in sys.path]
-from bench_common import BIN, PEER_BIN, ROOT, Procs, cpu_tree, nginx_binary, peer_installed, stop_on_sigterm  # noqa: E402
+from bench_common import (  # noqa: E402
+    BIN,
+    PEER_BIN,
+    ROOT,
+    Procs,
+    compile_ours,
+    cpu_tree,
+    nginx_binary,
+    peer_installed,
+    stop_on_sigterm,
+)
 
 SITES = ("tree_0ms", "tree_100ms", "real")
 PEER_PROCS, PEER_CONCURRENCY = 2, 64
@@ -58,11 +68,12 @@ class CrawlCompare:
     """Symmetric crawl runs of ours and the peer on one Bench's services (scripts/bench.py)."""
 
     def __init__(self, bench, peer_procs: int = PEER_PROCS, peer_concurrency: int = PEER_CONCURRENCY,
-                 peer_queue: str = "PriorityQueue") -> None:
+                 peer_queue: str = "PriorityQueue", workers: int = 1) -> None:
         from bench_compare import Compare
 
         self.bench, self.cmp = bench, Compare(bench, peer_procs, peer_concurrency, scheduler="redis")
         self.peer_procs, self.peer_concurrency, self.peer_queue = peer_procs, peer_concurrency, peer_queue
+        self.workers = workers  # our worker processes (1: what a 2-core host runs; more shows what binds us)
 
     def watch(self, progress, procs: list, total: int, timeout: float, stall: float) -> dict:
         """Poll ``progress()`` (a Redis read) until ``total`` pages (0: until it stalls), a stall or the
@@ -148,8 +159,8 @@ class CrawlCompare:
                        if k.decode().startswith(f"{name}|") and "|not_modified|" not in k.decode())
 
         s0, t0 = self.cmp.store(), time.time()
-        procs = [bench.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], env,
-                                   f"crawl-worker-{label}"),
+        procs = [*(bench.procs.spawn([str(BIN / "downcluster"), "worker", "--logging-level", "WARNING"], env,
+                                     f"crawl-worker-{label}-{i}") for i in range(self.workers)),
                  bench.procs.spawn([str(BIN / "downcluster"), "dispatch", "--loop", "--interval", "1"],
                                    env, f"crawl-dispatch-{label}")]
         try:
@@ -163,7 +174,7 @@ class CrawlCompare:
         out = self.figures("ours", [epoch(d["add_datetime"]) for d in docs], t0, s0, s1, cpus, watched,
                            self.cmp.data_size(["bench", "bench_log"]), links_of(len(docs)))
         out.update(tasks=tasks.count_documents({"job": job.id}), distinct_task_urls=len(uris),
-                   worker_cpu_s=round(cpus[0], 2), dispatch_cpu_s=round(cpus[1], 2))
+                   worker_cpu_s=round(sum(cpus[:-1]), 2), dispatch_cpu_s=round(cpus[-1], 2))
         return out
 
     # the peer's side
@@ -270,6 +281,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of each side per site, alternated (default 3)")
     p.add_argument("--sites", default=",".join(SITES), help=f"comma-separated, of {','.join(SITES)}")
     p.add_argument("--skip-peer", action="store_true", help="our side only")
+    p.add_argument("--workers", type=int, default=1,
+                   help="our worker processes (default 1, as the fed comparison: what a 2-core host runs)")
     p.add_argument("--peer-queue", default="PriorityQueue",
                    choices=("PriorityQueue", "FifoQueue", "LifoQueue"),
                    help="scrapy-redis's SCHEDULER_QUEUE_CLASS (default its own default, PriorityQueue)")
@@ -277,6 +290,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=str(ROOT / "var" / "bench-crawl-compare.json"))
     a = p.parse_args(argv)
     stop_on_sigterm()
+    compile_ours()
     logdir = Path(tempfile.mkdtemp(prefix="bench-crawl-cmp-"))
     procs = Procs(logdir)
     results: dict = {"pages": a.pages, "runs": a.runs, "errors": [], "loadavg_at_start":
@@ -289,7 +303,7 @@ def main(argv=None) -> int:
             print(f"note: the peer's install ({PEER_BIN.parent}) is missing: `make bench` makes it; "
                   "our side only", file=sys.stderr)
             a.skip_peer = True
-        cc = CrawlCompare(bench, 0 if a.skip_peer else PEER_PROCS, peer_queue=a.peer_queue)
+        cc = CrawlCompare(bench, 0 if a.skip_peer else PEER_PROCS, peer_queue=a.peer_queue, workers=a.workers)
         for label in a.sites.split(","):
             try:
                 seed, total = site_for(bench, label, a.pages)
