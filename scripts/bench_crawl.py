@@ -257,18 +257,19 @@ def summary(crawl: dict, fed: dict, links: int) -> dict:
 
 
 def print_report(r: dict) -> None:
-    c, f = r["crawl"], r["fed"]
+    c, f = r["crawl"], r.get("fed")
     print(f"\ncrawl of a site of {r['pages']:,} linked pages (one host, one worker; "
           f"{r['links_handed']:,} links handed to intake):")
-    for x, what in ((c, "crawled from one seed"), (f, "fed by task add")):
+    for x, what in ((c, "crawled from one seed"), *(((f, "fed by task add"),) if f else ())):
         print(f"  {what:24} {x['outcome']}: {x['tasks']:,} tasks, {x['success']:,} SUCCESS; "
               f"steady {x['steady_pages_per_s']} pages/s (5th-95th percentile page), last page at "
               f"{x['to_last_s']} s; store CPU {x['store_cpu_ms_per_page']} ms/page, worker CPU "
               f"{x['worker_cpu_ms_per_page']} ms/page")
-    print(f"  crawled / fed: x{r['crawl_over_fed']}; fed's intake: {f['intake_s']} s, store CPU "
-          f"{f['intake_store_cpu_s']} s")
-    print(f"  store CPU per found link (crawl's store CPU less the fed run's and its intake's): "
-          f"{r['store_cpu_ms_per_found_link']} ms")
+    if f:
+        print(f"  crawled / fed: x{r['crawl_over_fed']}; fed's intake: {f['intake_s']} s, store CPU "
+              f"{f['intake_store_cpu_s']} s")
+        print(f"  store CPU per found link (crawl's store CPU less the fed run's and its intake's): "
+              f"{r['store_cpu_ms_per_found_link']} ms")
     m = c["memory"]
     print(f"  memory during the crawl (largest frontier {m['largest_frontier']:,} tasks):")
     for p in m["checkpoints"]:
@@ -288,6 +289,8 @@ def main(argv=None) -> int:
     p.add_argument("--pages", type=int, default=1_000_000, help="pages of the site (default 1,000,000)")
     p.add_argument("--budget", type=float, default=6 * 3600, help="seconds for the whole (default 6 h)")
     p.add_argument("--json", default="", help="also write the figures to this file")
+    p.add_argument("--crawl-only", action="store_true",
+                   help="the crawl alone (its rates and memory), not the fed run of the same URLs")
     a = p.parse_args(argv)
     if a.pages < 2:
         p.error("--pages must be at least 2")
@@ -302,15 +305,16 @@ def main(argv=None) -> int:
         crawl = bench.run("crawl", follow=True)
         if a.json:  # the crawl's figures kept even if the fed run does not finish
             Path(a.json).write_text(json.dumps({"pages": a.pages, "crawl": crawl}, indent=2))
-        fed = bench.run("fed", follow=False)
+        fed = None if a.crawl_only else bench.run("fed", follow=False)
     finally:
         procs.stop_all()
         bench.stop()
-    result = summary(crawl, fed, links_handed(a.pages))
+    links = links_handed(a.pages)
+    result = summary(crawl, fed, links) if fed else {"pages": a.pages, "links_handed": links, "crawl": crawl}
     print_report(result)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
-    return 0 if crawl["outcome"] == fed["outcome"] == "complete" else 1
+    return 0 if crawl["outcome"] == (fed or crawl)["outcome"] == "complete" else 1
 
 
 if __name__ == "__main__":
