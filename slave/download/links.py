@@ -1,18 +1,23 @@
 """Links found on a downloaded page: parsed from HTML (the built-in and browser engines) or
 returned by a python downloader, resolved, canonicalised and capped.
 
-Bounded whatever the page: only its first MAX_PARSE_BYTES are parsed, for at most PARSE_SECONDS
-of CPU (the standard library's ``html.parser``, which never raises on broken HTML; its times on
-the largest pages: docs/crawling.md), at most twice the cap of candidate strings are kept while
-parsing, and only the cap's worth are resolved. What was left is counted in ``Found`` so the
-caller can log it. Scope is not judged here: ``common.scope`` does.
+The page is tokenized by libxml2's HTML parser (lxml, in C: an HTML5 tokenizer that never raises
+on broken HTML and recovers as browsers do), which calls back only at start tags and builds no
+tree (``_Collector``, lxml's parser target), so a page costs its tokenizing and one Python call a
+tag. Bounded whatever the page: only its first MAX_PARSE_BYTES are parsed, fed in FEED_CHARS
+pieces, and parsing stops once it has taken PARSE_SECONDS of its thread's CPU (read between
+pieces and every CLOCK_EVERY start tags); at most twice the cap of candidate strings are kept
+while parsing, and only the cap's worth are resolved. What was left is counted in ``Found`` so
+the caller can log it. Scope is not judged here: ``common.scope`` does. Why libxml2 and not the
+standard library's ``html.parser``: docs/crawling.md (a real page's links in a fifth of the CPU).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from urllib.parse import urljoin
+
+from lxml import etree
 
 from common.errors import ValidationError
 from common.jobsettings import MAX_URL_LENGTH, Follow
@@ -21,9 +26,11 @@ from slave.download.engines.base import Download
 
 MAX_PARSE_BYTES = 4 * 1024 * 1024  # a longer page is parsed for links up to here only
 PARSE_SECONDS = 2.0                # and for at most this much of its thread's CPU time
-CLOCK_EVERY = 256                  # the parser's callbacks between two readings of that clock
+FEED_CHARS = 64 * 1024             # the parser is fed this much text at a time (the clock read between)
+CLOCK_EVERY = 256                  # start tags between two readings of that clock
 LINK_ATTRS = {"a": "href", "area": "href", "frame": "src", "iframe": "src", "link": "href", "base": "href"}
 LINK_RELS = {"next", "canonical"}  # the <link rel=...> that name a page to fetch
+Memo = dict[str, "str | None"]    # ``resolve``'s memos
 
 
 @dataclass
@@ -40,63 +47,58 @@ class _OutOfTime(Exception):
     """The page took its PARSE_SECONDS: the links read so far are kept."""
 
 
-class _Parser(HTMLParser):
-    """Collects the raw link strings of a page (at most ``room``) and its first ``<base href>``;
-    every callback counts, and every CLOCK_EVERY-th reads the thread's CPU clock (the parser calls
-    back at least once per tag or run of text, so no page parses long between two readings)."""
+class _Collector:
+    """lxml's parser target: collects the raw link strings of a page (at most ``room``) and its
+    first ``<base href>``; every CLOCK_EVERY-th start tag reads the thread's CPU clock against
+    ``until``. (lxml calls a target's ``start``, ``end``, ``data``, ``comment``... when it has
+    them: this one has only ``start`` and ``close``.)"""
 
-    def __init__(self, room: int) -> None:
-        super().__init__(convert_charrefs=True)
-        self.room, self.over, self.too_long, self.calls = room, 0, 0, 0
+    def __init__(self, room: int, until: float) -> None:
+        self.room, self.over, self.too_long, self.calls, self.until = room, 0, 0, 0, until
         self.raw: list[str] = []
         self.base: str | None = None
-        self.end = time.thread_time() + PARSE_SECONDS
 
-    def _tick(self) -> None:
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
         self.calls += 1
-        if self.calls % CLOCK_EVERY == 0 and time.thread_time() > self.end:
+        if self.calls % CLOCK_EVERY == 0 and time.thread_time() > self.until:
             raise _OutOfTime
-
-    def handle_endtag(self, tag: str) -> None:
-        self._tick()
-
-    def handle_data(self, data: str) -> None:
-        self._tick()
-
-    def handle_comment(self, data: str) -> None:
-        self._tick()
-
-    def handle_decl(self, decl: str) -> None:
-        self._tick()
-
-    def handle_pi(self, data: str) -> None:
-        self._tick()
-
-    def unknown_decl(self, data: str) -> None:
-        self._tick()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._tick()
         name = LINK_ATTRS.get(tag)
         if name is None:
             return
-        value = next((v for k, v in attrs if k == name and v), None)
-        if value is None:
+        value = attrib.get(name)
+        if not value:
             return
         if tag == "base":
             if self.base is None:
                 self.base = value.strip()
             return
-        if tag == "link":
-            rel = next((v for k, v in attrs if k == "rel" and v), "")
-            if not LINK_RELS & set(rel.lower().split()):
-                return
+        if tag == "link" and not LINK_RELS & set((attrib.get("rel") or "").lower().split()):
+            return
         if len(value) > MAX_URL_LENGTH * 2:  # cannot shrink below the cap: never copied
             self.too_long += 1
         elif len(self.raw) < self.room:
             self.raw.append(value)
         else:
             self.over += 1
+
+    def close(self) -> None:
+        return None
+
+
+def _collect(text: str, collector: _Collector) -> bool:
+    """Feed ``text`` to an HTML parser calling ``collector``; whether it stopped at its CPU budget."""
+    parser = etree.HTMLParser(target=collector, no_network=True, remove_comments=True, remove_pis=True)
+    try:
+        for at in range(0, len(text), FEED_CHARS):
+            if time.thread_time() > collector.until:
+                return True
+            parser.feed(text[at:at + FEED_CHARS])
+        parser.close()
+    except _OutOfTime:
+        return True
+    except etree.LxmlError:  # (libxml2 recovers from any HTML; a page it gives up on keeps what was read)
+        pass
+    return False
 
 
 def parse_html(body: bytes, page_url: str, encoding: str | None, cap: int) -> Found:
@@ -107,46 +109,65 @@ def parse_html(body: bytes, page_url: str, encoding: str | None, cap: int) -> Fo
         text = body[:MAX_PARSE_BYTES].decode(encoding or "utf-8", "replace")
     except LookupError:  # an encoding Python does not know
         text = body[:MAX_PARSE_BYTES].decode("utf-8", "replace")
-    parser, truncated = _Parser(room=2 * cap), len(body) > MAX_PARSE_BYTES
-    try:
-        parser.feed(text)  # in one piece: fed in parts, an unclosed comment is searched again each time
-        parser.close()
-    except _OutOfTime:
-        truncated = True
+    collector = _Collector(2 * cap, time.thread_time() + PARSE_SECONDS)
+    truncated = _collect(text, collector) or len(body) > MAX_PARSE_BYTES
     base = page_url
-    if parser.base:
+    if collector.base:
         try:
-            base = urljoin(page_url, parser.base)
+            base = urljoin(page_url, collector.base)
         except ValueError:
             pass
-    found = resolve(parser.raw, base, cap)
-    found.excess += parser.over
-    found.skipped += parser.too_long
+    found = resolve(collector.raw, base, cap)
+    found.excess += collector.over
+    found.skipped += collector.too_long
     found.truncated = truncated
     return found
 
 
 def resolve(raw: list[str], base: str, cap: int) -> Found:
     """``raw`` link strings resolved against ``base`` and canonicalised; the first ``cap`` unique
-    ones taken (``base`` itself left out), the rest counted unread."""
+    ones taken (``base`` itself left out), the rest counted unread. A page repeats its links
+    (a menu, a table of contents, ``#section`` anchors): each string is joined once, and each
+    joined URL canonicalised once without its fragment (which canonical forms drop)."""
     found, seen = Found(), set()
     try:
         seen.add(canonical(base, MAX_URL_LENGTH))
     except ValidationError:
         pass
+    joined: Memo = {}  # a raw string: that URL against ``base`` (None: malformed)
+    canon: Memo = {}   # a joined URL without its fragment: its canonical form, or None
     for at, value in enumerate(raw):
         if len(found.urls) >= cap:  # the rest counted unread
             found.excess += len(raw) - at
             break
-        try:
-            url = canonical(urljoin(base, value.strip()), MAX_URL_LENGTH)
-        except (ValidationError, ValueError):
+        url = _canonical(value.strip(), base, joined, canon)
+        if url is None:
             found.skipped += 1
-            continue
-        if url not in seen:
+        elif url not in seen:
             seen.add(url)
             found.urls.append(url)
     return found
+
+
+def _canonical(value: str, base: str, joined: Memo, canon: Memo) -> str | None:
+    """``canonical(urljoin(base, value))``, or None where that raises, through the two memos:
+    the same as computing it each time (a URL over MAX_URL_LENGTH is refused before its fragment
+    is dropped, as ``canonical`` refuses it)."""
+    if value not in joined:
+        try:
+            joined[value] = urljoin(base, value)
+        except ValueError:
+            joined[value] = None
+    full = joined[value]
+    if full is None or len(full) > MAX_URL_LENGTH:
+        return None
+    bare = full.split("#", 1)[0]
+    if bare not in canon:
+        try:
+            canon[bare] = canonical(bare, MAX_URL_LENGTH)
+        except (ValidationError, ValueError):
+            canon[bare] = None
+    return canon[bare]
 
 
 def media_type(headers: dict[str, str]) -> str:

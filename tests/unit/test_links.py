@@ -170,3 +170,55 @@ def test_a_frame_the_downloader_wrote_itself_is_held_to_the_same_caps(links, dro
 
     assert _is_links(links, dropped) is ok
 
+
+
+def test_resolving_through_the_memos_is_resolving_each_string():
+    """``resolve`` joins each distinct string once and canonicalises each joined URL once without its
+    fragment: the same URLs, skips and excess as canonical(urljoin()) of every string in turn."""
+    from urllib.parse import urljoin
+
+    from common.errors import ValidationError
+    from common.urls import canonical
+
+    def reference(raw, base, cap):
+        urls, skipped, seen = [], 0, {canonical(base, MAX_URL_LENGTH)}
+        for at, value in enumerate(raw):
+            if len(urls) >= cap:
+                return urls, skipped, len(raw) - at
+            try:
+                url = canonical(urljoin(base, value.strip()), MAX_URL_LENGTH)
+            except (ValidationError, ValueError):
+                skipped += 1
+                continue
+            if url not in seen:
+                seen.add(url)
+                urls.append(url)
+        return urls, skipped, 0
+
+    near = MAX_URL_LENGTH - len("https://example.com/")
+    tricky = ["#a", "#", "", "  /x#y ", "http://[::1#x", "javascript:a#b", "/a#b#c", "?q#z",
+              "//other.org/p#q", "HTTP://EXAMPLE.com/%7euser#k", "/ä ö?q=ü#x", "mailto:a#b",
+              "http://exa mple.com/#x",
+              "/" + "x" * (near - 1), "/" + "x" * (near - 1) + "#over", "/" + "y" * (near - 5) + "#ok"]
+    raw = [tricky[(i * 7) % len(tricky)] for i in range(200)]
+    for cap in (100, 3):
+        found = links.resolve(raw, PAGE, cap)
+        assert (found.urls, found.skipped, found.excess) == reference(raw, PAGE, cap)
+
+
+@pytest.mark.parametrize("body,last", [
+    ("<div>" * 5000 + '<a href="/deep">', "/deep"),                          # no depth limit
+    ("<table><tr><td>" * 2000 + '<a href="/t">', "/t"),
+    ("<a " + " ".join(f'x{i}="{i}"' for i in range(20000)) + ' href="/m">', "/m"),
+    ("x" * 3_000_000 + '<a href="/late">', "/late"),
+    ('<svg><a href="/svg"></a></svg>', "/svg"),
+])
+def test_pathological_pages_still_give_their_links(body, last):
+    assert _urls(body)[-1] == "https://example.com" + last
+
+
+def test_raw_text_elements_hold_no_links_as_in_a_browser():
+    """textarea, noframes (as script and style): their contents are text, as a browser reads them."""
+    html = ('<textarea><a href="/ta"></textarea><frameset><frame src="/f"><noframes><a href="/nf"></noframes>'
+            '<style>a{} <a href="/st"></style><a href="/after">')
+    assert _urls(html) == ["https://example.com/f", "https://example.com/after"]
