@@ -201,7 +201,8 @@ class CrawlBench:
                     break
                 if time.monotonic() >= next_print:
                     print(f"    {label}: {time.monotonic() - start:.0f} s, {settled:,} settled, "
-                          f"frontier {frontier:,}", flush=True)
+                          f"frontier {frontier:,}; RSS dispatcher {samples[-1]['dispatcher_mb']:.1f} MB, "
+                          f"worker {samples[-1]['worker_mb']:.1f} MB", flush=True)
                     next_print += 15
                 time.sleep(POLL)
             elapsed = time.monotonic() - start
