@@ -819,7 +819,7 @@ def parse_args(argv=None):
                    help="end-to-end pages, ours and the peer's (default 10000; --smoke 300)")
     p.add_argument("--smoke", action="store_true",
                    help="a few hundred pages, quick (the test suite runs it): one comparison run a side "
-                        "on one host at 0 ms, the peer's only when scrapy-redis is installed")
+                        "on one host at 0 ms, the peer's only when its own install (.venv-peer) is there")
     p.add_argument("--json", default=str(ROOT / "var" / "bench.json"), help="where to write the figures")
     p.add_argument("--workers", type=int, default=1,
                    help="downcluster worker processes (default 1: what a 2-core host should run)")

@@ -1,6 +1,7 @@
 """The crawl comparison of `make bench` (scripts/bench_crawl_compare.py) on a tree of 120 pages
 at 0 ms, one run a side, so it never rots: each side reaches every page once from the seed and
-every figure is there (no timing asserted; the peer's side only when scrapy-redis is installed)."""
+every figure is there (no timing asserted; the peer's side only when its own install, `make
+bench`'s .venv-peer, is there)."""
 from __future__ import annotations
 
 import json
